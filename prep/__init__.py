@@ -1,0 +1,1 @@
+"""ping-pack ETL: measurements -> validated columns -> contexts -> tokens -> packed rows -> shards."""

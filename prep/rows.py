@@ -1,0 +1,121 @@
+"""The bytes of one packed row: the only module that writes or reads them.
+
+A shard record (one ArrayRecord record) is one row of ``row_len`` tokens:
+
+    offset  size            field
+    0       4               magic  b"PPRW"
+    4       2               format version (little-endian uint16) = ROW_FORMAT_VERSION
+    6       2               row_len (uint16)
+    8       2               number of segments in the row (uint16)
+    10      6               reserved, zero
+    16      2 * row_len     tokens, little-endian uint16, pad token 0
+    16+2L   row_len         segment_ids, uint8: 1..n for the row's contexts, 0 = padding
+
+Worked row (row_len 16, two contexts of 6 and 7 tokens, 3 tokens of padding):
+
+    tokens      = [0 1 11 12 13 14 | 0 3 11 11 11 12 10 | 0 0 0]
+    segment_ids = [1 1  1  1  1  1 | 2 2  2  2  2  2  2 | 0 0 0]
+    positions   = [0 1  2  3  4  5 | 0 1  2  3  4  5  6 | 0 0 0]   (derived, not stored)
+
+Loss at position t exists only where segment_ids[t] == segment_ids[t+1] != 0.
+
+Reading a row is three ``np.frombuffer`` calls (see ``decode_row``); the trainer
+derives positions and targets on the device. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+MAGIC = b"PPRW"
+ROW_FORMAT_VERSION = 1
+HEADER_SIZE = 16
+MAX_SEGMENTS = 255  # segment ids are uint8
+_HEADER = struct.Struct("<4sHHH6x")
+
+
+class RowFormatError(ValueError):
+    """A record whose bytes are not a row of this format."""
+
+
+def record_size(row_len: int) -> int:
+    return HEADER_SIZE + 3 * row_len
+
+
+def encode_row(tokens: np.ndarray, segment_ids: np.ndarray) -> bytes:
+    """One row's record bytes. ``tokens`` and ``segment_ids`` have the same length."""
+    row_len = len(tokens)
+    if len(segment_ids) != row_len:
+        raise ValueError("tokens and segment_ids differ in length")
+    n_segments = int(segment_ids.max()) if row_len else 0
+    if n_segments > MAX_SEGMENTS:
+        raise ValueError(f"{n_segments} segments in a row; at most {MAX_SEGMENTS}")
+    header = _HEADER.pack(MAGIC, ROW_FORMAT_VERSION, row_len, n_segments)
+    return (
+        header
+        + np.asarray(tokens, dtype="<u2").tobytes()
+        + np.asarray(segment_ids, dtype=np.uint8).tobytes()
+    )
+
+
+def encode_rows(tokens: np.ndarray, segment_ids: np.ndarray) -> list[bytes]:
+    """Record bytes for a [n_rows, row_len] block of rows."""
+    n_rows, row_len = tokens.shape
+    n_segments = segment_ids.max(axis=1) if n_rows else np.zeros(0, np.int64)
+    if n_rows and int(n_segments.max()) > MAX_SEGMENTS:
+        raise ValueError(f"more than {MAX_SEGMENTS} segments in a row")
+    toks = np.ascontiguousarray(tokens, dtype="<u2")
+    segs = np.ascontiguousarray(segment_ids, dtype=np.uint8)
+    return [
+        _HEADER.pack(MAGIC, ROW_FORMAT_VERSION, row_len, int(n_segments[r]))
+        + toks[r].tobytes()
+        + segs[r].tobytes()
+        for r in range(n_rows)
+    ]
+
+
+def decode_row(record: bytes, *, where: str = "record") -> tuple[np.ndarray, np.ndarray]:
+    """(tokens uint16[row_len], segment_ids uint8[row_len]) of one record, validated.
+
+    ``where`` names the shard and record in the error, e.g. ``"shards/train/x.array_record#12"``.
+    """
+    if len(record) < HEADER_SIZE:
+        raise RowFormatError(f"{where}: {len(record)} bytes is shorter than a row header; "
+                             "re-run `prep shards` to rebuild the dataset")
+    magic, version, row_len, n_segments = _HEADER.unpack_from(record)
+    if magic != MAGIC:
+        raise RowFormatError(f"{where}: not a ping-pack row (magic {magic!r}); "
+                             "re-run `prep shards` to rebuild the dataset")
+    if version != ROW_FORMAT_VERSION:
+        raise RowFormatError(f"{where}: row format version {version}, this code reads "
+                             f"{ROW_FORMAT_VERSION}; re-run `prep shards` with this version")
+    if len(record) != record_size(row_len):
+        raise RowFormatError(f"{where}: {len(record)} bytes, expected {record_size(row_len)} "
+                             f"for row_len {row_len}; the shard is damaged, re-run `prep shards`")
+    tokens = np.frombuffer(record, dtype="<u2", count=row_len, offset=HEADER_SIZE)
+    segment_ids = np.frombuffer(record, dtype=np.uint8, count=row_len,
+                                offset=HEADER_SIZE + 2 * row_len)
+    return tokens, segment_ids
+
+
+def row_len_of(record: bytes) -> int:
+    return _HEADER.unpack_from(record)[2]
+
+
+def positions(segment_ids: np.ndarray) -> np.ndarray:
+    """Position of each token within its segment (0 at each segment start and on padding)."""
+    seg = np.asarray(segment_ids)
+    idx = np.arange(seg.shape[-1])
+    starts = np.concatenate([np.ones(seg.shape[:-1] + (1,), bool),
+                             seg[..., 1:] != seg[..., :-1]], axis=-1)
+    start_idx = np.maximum.accumulate(np.where(starts, idx, 0), axis=-1)
+    return np.where(seg > 0, idx - start_idx, 0)
+
+
+def loss_mask(segment_ids: np.ndarray) -> np.ndarray:
+    """True at t where the token at t+1 is a target: same segment, not padding."""
+    seg = np.asarray(segment_ids)
+    nxt = np.concatenate([seg[..., 1:], np.zeros(seg.shape[:-1] + (1,), seg.dtype)], axis=-1)
+    return (seg == nxt) & (seg != 0)
