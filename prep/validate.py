@@ -1,0 +1,241 @@
+"""Validation: the one gate every entry point (parquet, RIPE Atlas import, synth) passes.
+
+Columns (DESIGN section 1): ``event_time`` (timestamp in any unit, tz-aware or naive UTC,
+or integer Unix seconds), ``src_addr`` and ``dst_addr`` (strings), ``ip_version`` (integer),
+``rtt`` (float or integer ms; ``rtt_avg`` is accepted when ``rtt`` is absent), optional
+``prb_id`` (integer). A missing required column or a wrong type is an ``InputError`` that
+names the file and the fix. Everything else is judged per row.
+
+Rejection reasons, checked in this order (a row is counted under the first that applies):
+
+    missing_timestamp   event_time is null
+    empty_src_addr      src_addr is null or ""
+    invalid_src_addr    src_addr is not an IPv4/IPv6 address
+    empty_dst_addr      dst_addr is null or ""
+    invalid_dst_addr    dst_addr is not an IPv4/IPv6 address
+    bad_ip_version      ip_version is null or not 4/6
+    family_mismatch     src_addr or dst_addr is not of the family ip_version says
+    bad_rtt             rtt is null, NaN, inf, or negative other than -1
+    bad_prb_id          prb_id is negative (null is fine: the key falls back to src_addr)
+
+Invariant, for every call: rows in == accepted rows + sum(rejected.values()).
+
+Addresses repeat heavily (a probe's own address, a few hundred targets), so each batch is
+dictionary-encoded by Arrow and only the distinct texts are parsed, with a cache that
+lives across the batches of one ``iter_validated`` run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from prep.errors import InputError
+from prep.measurements import Measurements, addr_words, empty, stable_key
+
+REASONS = ("missing_timestamp", "empty_src_addr", "invalid_src_addr", "empty_dst_addr",
+           "invalid_dst_addr", "bad_ip_version", "family_mismatch", "bad_rtt", "bad_prb_id")
+REQUIRED = ("event_time", "src_addr", "dst_addr", "ip_version", "rtt")
+_CACHE_LIMIT = 2_000_000  # distinct addresses kept between batches; bounds memory
+_UNIT_DIV = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+
+
+@dataclass(frozen=True)
+class Batch:
+    source: str
+    rows_in: int
+    measurements: Measurements
+    rejected: dict[str, int]
+
+
+def list_inputs(paths: Iterable[str | Path]) -> list[Path]:
+    """Parquet files named directly or found under folders (recursively), sorted by path."""
+    found: set[Path] = set()
+    for p in map(Path, paths):
+        if p.is_dir():
+            found.update(f for f in p.rglob("*.parquet") if f.is_file() and not f.name.startswith("."))
+        elif p.is_file():
+            found.add(p)
+        else:
+            raise InputError(f"{p}: no such file or folder; check the path")
+    if not found:
+        raise InputError(f"{', '.join(map(str, paths))}: no .parquet files found; "
+                         "point at parquet files or a folder of them (make some with `prep synth`)")
+    return sorted(found)
+
+
+def _resolve_columns(schema: pa.Schema, source: str) -> dict[str, str]:
+    """Our column name -> the table's, checking presence and types (InputError otherwise)."""
+    names = set(schema.names)
+    cols = {c: c for c in REQUIRED}
+    if "rtt" not in names and "rtt_avg" in names:
+        cols["rtt"] = "rtt_avg"
+    missing = [c for c in REQUIRED if cols[c] not in names]
+    if missing:
+        raise InputError(f"{source}: missing required column {', '.join(missing)} "
+                         f"(needs {', '.join(REQUIRED)}; rtt_avg is accepted for rtt)")
+    if "prb_id" in names:
+        cols["prb_id"] = "prb_id"
+    checks = {
+        "event_time": (lambda t: pa.types.is_timestamp(t) or pa.types.is_integer(t),
+                       "a timestamp or integer Unix seconds"),
+        "src_addr": (_is_text, "a string"), "dst_addr": (_is_text, "a string"),
+        "ip_version": (pa.types.is_integer, "an integer (4 or 6)"),
+        "rtt": (lambda t: pa.types.is_floating(t) or pa.types.is_integer(t), "a float in ms"),
+        "prb_id": (pa.types.is_integer, "an integer"),
+    }
+    for ours, theirs in cols.items():
+        t = schema.field(theirs).type
+        ok, want = checks[ours]
+        if not (ok(t) or pa.types.is_null(t)):
+            raise InputError(f"{source}: column {theirs} has type {t}, expected {want}; "
+                             "convert it before running prep")
+    return cols
+
+
+def _is_text(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _ints(col, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(values as ``dtype`` with nulls as 0, null mask)."""
+    col = pc.cast(col, pa.int64()) if not pa.types.is_integer(col.type) else col
+    return (pc.fill_null(col, 0).to_numpy().astype(dtype, copy=False),
+            pc.is_null(col).to_numpy(zero_copy_only=False))
+
+
+def _times(col) -> tuple[np.ndarray, np.ndarray]:
+    t = col.type
+    if pa.types.is_null(t):
+        return np.zeros(len(col), np.int64), np.ones(len(col), bool)
+    if pa.types.is_timestamp(t):
+        # Arrow stores tz-aware and naive timestamps alike as UTC ticks since the epoch.
+        v, null = _ints(pc.cast(col, pa.int64()), np.int64)
+        return v // _UNIT_DIV[t.unit], null
+    return _ints(col, np.int64)
+
+
+def _addresses(col, cache: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list]:
+    """(status, family, hi, lo) per row and the distinct texts; status 0 ok, 1 empty, 2 invalid.
+
+    Parses each distinct text once; ``cache`` maps text -> (status, family, hi, lo).
+    """
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    if not pa.types.is_string(col.type) and not pa.types.is_large_string(col.type):
+        col = pc.cast(col, pa.string())
+    enc = pc.dictionary_encode(col, null_encoding="encode")
+    idx = enc.indices.to_numpy(zero_copy_only=False)
+    texts = enc.dictionary.to_pylist()
+    table = np.zeros((len(texts), 4), dtype=np.uint64)
+    for i, s in enumerate(texts):
+        hit = cache.get(s)
+        if hit is None:
+            if not s:
+                hit = (1, 0, 0, 0)
+            else:
+                try:
+                    hit = (0, *addr_words(s))
+                except ValueError:
+                    hit = (2, 0, 0, 0)
+            if len(cache) >= _CACHE_LIMIT:
+                cache.clear()
+            cache[s] = hit
+        table[i] = hit
+    rows = table[idx]
+    return rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], (texts, idx)
+
+
+def validate_rows(table: pa.Table, *, source: str, _cache: dict | None = None
+                  ) -> tuple[np.ndarray, Measurements, dict[str, int]]:
+    """(accepted-row mask, accepted Measurements, {reason: count}); used by importers too."""
+    cols = _resolve_columns(table.schema, source)
+    cache = {} if _cache is None else _cache
+    n = table.num_rows
+    time, t_null = _times(table.column(cols["event_time"]))
+    s_st, s_fam, s_hi, s_lo, (s_texts, s_idx) = _addresses(table.column(cols["src_addr"]), cache)
+    d_st, d_fam, d_hi, d_lo, _ = _addresses(table.column(cols["dst_addr"]), cache)
+    ipv, ipv_null = _ints(table.column(cols["ip_version"]), np.int64)
+    rtt_col = table.column(cols["rtt"])
+    rtt = pc.cast(rtt_col, pa.float64()).to_numpy(zero_copy_only=False)  # nulls become NaN
+    if "prb_id" in cols:
+        prb, prb_null = _ints(table.column(cols["prb_id"]), np.int64)
+    else:
+        prb, prb_null = np.zeros(n, np.int64), np.ones(n, bool)
+
+    checks = [
+        t_null, s_st == 1, s_st == 2, d_st == 1, d_st == 2,
+        ipv_null | ((ipv != 4) & (ipv != 6)),
+        (s_fam != ipv) | (d_fam != ipv),
+        ~np.isfinite(rtt) | ((rtt < 0) & (rtt != -1.0)),
+        ~prb_null & (prb < 0),
+    ]
+    code = np.zeros(n, np.uint8)
+    for i in range(len(checks) - 1, -1, -1):  # reverse, so the first reason that applies wins
+        code[checks[i]] = i + 1
+    counts = np.bincount(code, minlength=len(REASONS) + 1)
+    rejected = {r: int(c) for r, c in zip(REASONS, counts[1:]) if c}
+    keep = code == 0
+
+    probe = prb.astype(np.uint64)
+    if prb_null.any():
+        # Only rows without prb_id need the hashed key; hash each distinct src text once.
+        keys = np.array([stable_key(s) if s else 0 for s in s_texts], dtype=np.uint64)
+        probe = np.where(prb_null, keys[s_idx], probe)
+    m = Measurements(probe=probe[keep], time=time[keep], family=s_fam[keep].astype(np.uint8),
+                     src_hi=s_hi[keep], src_lo=s_lo[keep], dst_hi=d_hi[keep], dst_lo=d_lo[keep],
+                     rtt=rtt[keep])
+    return keep, m, rejected
+
+
+def validate_table(table: pa.Table, *, source: str) -> tuple[Measurements, dict[str, int]]:
+    """The accepted rows of ``table`` and ``{reason: rejected count}``."""
+    _, m, rejected = validate_rows(table, source=source)
+    return m, rejected
+
+
+def _open(path: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(f"{path}: not a readable parquet file ({_first_line(e)}); "
+                         "re-create or remove it") from None
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def iter_validated(paths: Iterable[str | Path], *, batch_rows: int = 1 << 20) -> Iterator[Batch]:
+    """Validated batches of at most ``batch_rows`` rows, file by file, row group by row group."""
+    cache: dict = {}
+    for path in list_inputs(paths):
+        pf = _open(path)
+        cols = _resolve_columns(pf.schema_arrow, str(path))
+        try:
+            for rb in pf.iter_batches(batch_size=batch_rows, columns=sorted(set(cols.values()))):
+                t = pa.Table.from_batches([rb])
+                _, m, rejected = validate_rows(t, source=str(path), _cache=cache)
+                yield Batch(source=str(path), rows_in=t.num_rows, measurements=m, rejected=rejected)
+        except (OSError, pa.ArrowException) as e:
+            raise InputError(f"{path}: damaged or truncated parquet ({_first_line(e)}); "
+                             "re-create or remove it") from None
+
+
+def read_validated(paths: Iterable[str | Path]) -> tuple[Measurements, dict[str, int], int]:
+    """Every accepted row of every input, the rejected counts by reason, and rows in."""
+    parts, rejected, rows_in = [], {}, 0
+    for b in iter_validated(paths):
+        parts.append(b.measurements)
+        rows_in += b.rows_in
+        for k, v in b.rejected.items():
+            rejected[k] = rejected.get(k, 0) + v
+    return (Measurements.concat(parts) if parts else empty()), rejected, rows_in
