@@ -1,0 +1,306 @@
+"""The tokenizer's Numba kernels: column arrays in, token arrays out.
+
+Three kernels, each with a pure-Python twin in ``prep.reference`` that the tests hold
+them to, token for token:
+
+- ``cut_contexts``: walks one sorted bucket once and decides, per context, the timestamp
+  mode and where the context ends, and per measurement whether it carries a timestamp
+  and how many tokens it costs (the numbers the packer plans with).
+- ``piece_lengths_kernel``: the piece length rule of docs/CONTRACTS.md.
+- ``encode_kernel``: writes the tokens of every piece into one preallocated array.
+
+Randomness is counter-based: every draw is ``mix64(key + counter * GOLDEN)`` with
+``key = mix64(mix64(seed + stream * GOLDEN) ^ probe)`` and the counter being the
+measurement's index in its probe's sorted history (SplitMix64's finalizer). No state is
+carried from one measurement to the next, so a draw does not depend on which worker,
+bucket or piece a measurement lands in. The streams:
+
+- MODE, FRAC (counter = index of a context's first measurement): the context's timestamp
+  mode, and in ``partial`` mode the fraction of measurements that lose their timestamp;
+- DROP (counter = the measurement's index): does it lose its timestamp (``partial``);
+- FIELD (counter = the measurement's index): the order of its blocks;
+- SHUFFLE (counter = index of a piece's first measurement, then draw ``i`` of that key):
+  the Fisher-Yates shuffle of a piece in ``partial``/``none`` mode.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from prep import vocab as V
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_C1 = np.uint64(0xBF58476D1CE4E5B9)
+_C2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31, _S32 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(32)
+
+STREAM_MODE, STREAM_FRAC, STREAM_DROP, STREAM_FIELD, STREAM_SHUFFLE = 1, 2, 3, 4, 5
+MODE_FULL, MODE_PARTIAL, MODE_NONE = 0, 1, 2
+
+# A partial-mode context drops a fraction in [0.1, 0.9) of its timestamps: 32-bit fixed point.
+DROP_LO = 429_496_730  # 0.1 * 2**32
+DROP_SPAN = 3_435_973_837  # 0.8 * 2**32
+
+BLOCK_SRC, BLOCK_DST, BLOCK_RESULT, BLOCK_TS = 0, 1, 2, 3
+# All 24 orders of the four blocks; a measurement without a timestamp skips BLOCK_TS,
+# which leaves each of the 6 orders of the other three equally likely.
+PERMS = np.array([
+    [0, 1, 2, 3], [0, 1, 3, 2], [0, 2, 1, 3], [0, 2, 3, 1], [0, 3, 1, 2], [0, 3, 2, 1],
+    [1, 0, 2, 3], [1, 0, 3, 2], [1, 2, 0, 3], [1, 2, 3, 0], [1, 3, 0, 2], [1, 3, 2, 0],
+    [2, 0, 1, 3], [2, 0, 3, 1], [2, 1, 0, 3], [2, 1, 3, 0], [2, 3, 0, 1], [2, 3, 1, 0],
+    [3, 0, 1, 2], [3, 0, 2, 1], [3, 1, 0, 2], [3, 1, 2, 0], [3, 2, 0, 1], [3, 2, 1, 0],
+], dtype=np.int64)
+
+_BYTE = np.uint64(V.BYTE_OFFSET)  # uint64 + int64 is float64 in Numba: keep byte math unsigned
+TS_ABS, TS_DELTA1, TS_DELTA4 = 9, 2, 5  # tokens of each timestamp block
+DELTA4_LIMIT = 1 << 32  # a gap this large no longer fits DELTA4: written absolute
+
+
+@njit(cache=True, inline="always")
+def mix64(z):
+    z = (z ^ (z >> _S30)) * _C1
+    z = (z ^ (z >> _S27)) * _C2
+    return z ^ (z >> _S31)
+
+
+@njit(cache=True, inline="always")
+def stream_key(seed, probe, stream):
+    return mix64(mix64(seed + np.uint64(stream) * GOLDEN) ^ probe)
+
+
+@njit(cache=True, inline="always")
+def draw(key, counter):
+    return mix64(key + np.uint64(counter) * GOLDEN)
+
+
+@njit(cache=True, inline="always")
+def _ts_tokens(have_prev, prev, t):
+    if not have_prev:
+        return TS_ABS
+    d = t - prev
+    if d < 256:
+        return TS_DELTA1
+    if d < DELTA4_LIMIT:
+        return TS_DELTA4
+    return TS_ABS
+
+
+@njit(cache=True, nogil=True)
+def cut_contexts(probe, time, base_cost, hist, seed, row_len, max_meas, max_gap, max_span,
+                 t_full, t_partial):
+    """Contexts of one sorted bucket: (ctx_start, ctx_mode, ctx_len, cost, has_ts, abs_extra).
+
+    A context ends before the measurement that would change the probe, overflow
+    ``row_len`` tokens, exceed ``max_meas`` measurements, follow a gap > ``max_gap`` s or
+    reach > ``max_span`` s past the context's first measurement (0 turns a limit off).
+    """
+    n = len(probe)
+    ctx_start = np.empty(n, np.int64)
+    ctx_mode = np.empty(n, np.uint8)
+    ctx_len = np.empty(n, np.int32)
+    cost = np.empty(n, np.int32)
+    has_ts = np.zeros(n, np.bool_)
+    abs_extra = np.zeros(n, np.int32)
+    k_mode = k_frac = k_drop = np.uint64(0)
+    k = 0
+    i = 0
+    while i < n:
+        p = probe[i]
+        if i == 0 or p != probe[i - 1]:
+            k_mode = stream_key(seed, p, STREAM_MODE)
+            k_frac = stream_key(seed, p, STREAM_FRAC)
+            k_drop = stream_key(seed, p, STREAM_DROP)
+        r = draw(k_mode, hist[i]) >> _S32
+        mode = MODE_FULL if r < t_full else (MODE_PARTIAL if r < t_partial else MODE_NONE)
+        thr = np.uint64(DROP_LO) + (((draw(k_frac, hist[i]) >> _S32) * np.uint64(DROP_SPAN)) >> _S32)
+        length = 0
+        have_prev = False
+        prev = np.int64(0)
+        j = i
+        while j < n and probe[j] == p:
+            if mode == MODE_FULL:
+                ts = True
+            elif mode == MODE_PARTIAL:
+                ts = (draw(k_drop, hist[j]) >> _S32) >= thr
+            else:
+                ts = False
+            tt = _ts_tokens(have_prev, prev, time[j]) if ts else 0
+            c = base_cost[j] + tt
+            if j > i and (length + c > row_len
+                          or (max_meas > 0 and j - i >= max_meas)
+                          or (max_gap > 0 and time[j] - time[j - 1] > max_gap)
+                          or (max_span > 0 and time[j] - time[i] > max_span)):
+                break
+            cost[j] = c
+            has_ts[j] = ts
+            abs_extra[j] = TS_ABS - tt if ts else 0
+            length += c
+            if ts:
+                have_prev = True
+                prev = time[j]
+            j += 1
+        ctx_start[k] = i
+        ctx_mode[k] = mode
+        ctx_len[k] = length
+        k += 1
+        i = j
+    return ctx_start[:k], ctx_mode[:k], ctx_len[:k], cost, has_ts, abs_extra
+
+
+@njit(cache=True, nogil=True)
+def piece_lengths_kernel(cost, has_ts, abs_extra, piece_start, piece_end):
+    """cost[s:e].sum() + abs_extra[first timestamped measurement in the piece], per piece."""
+    k = len(piece_start)
+    out = np.empty(k, np.int64)
+    for j in range(k):
+        total = 0
+        first = True
+        for i in range(piece_start[j], piece_end[j]):
+            total += cost[i]
+            if first and has_ts[i]:
+                total += abs_extra[i]
+                first = False
+        out[j] = total
+    return out
+
+
+@njit(cache=True, inline="always")
+def rtt_code(ms):
+    """(exponent, mantissa): smallest exponent with a round-to-nearest mantissa < 2048."""
+    us = max(1.0, ms * 1000.0)
+    if us < 2048.0:
+        e = 0
+    else:
+        e = math.frexp(us)[1] - 11  # us / 2**e lands in [1024, 2048)
+    m = int(math.floor(math.ldexp(us, -e) + 0.5))
+    if m >= 2048:  # rounded up out of the mantissa: 2048 * 2**e == 1024 * 2**(e+1)
+        m = 1024
+        e += 1
+    if e > 31:  # beyond 2047 * 2**31 µs (~50 days): saturate
+        e, m = 31, 2047
+    return e, m
+
+
+@njit(cache=True, inline="always")
+def _put_addr(out, pos, tok4, fam, hi, lo):
+    if fam == 4:
+        out[pos] = tok4
+        for b in range(4):
+            out[pos + 1 + b] = _BYTE + ((lo >> np.uint64(24 - 8 * b)) & np.uint64(0xFF))
+        return pos + 5
+    out[pos] = tok4 + 1  # SRC_IPV6 / DST_IPV6 follow their IPv4 ids
+    for b in range(8):
+        out[pos + 1 + b] = _BYTE + ((hi >> np.uint64(56 - 8 * b)) & np.uint64(0xFF))
+        out[pos + 9 + b] = _BYTE + ((lo >> np.uint64(56 - 8 * b)) & np.uint64(0xFF))
+    return pos + 17
+
+
+@njit(cache=True, nogil=True)
+def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist, has_ts,
+                  piece_start, piece_end, piece_mode, offsets, seed, out):
+    """Write piece j's tokens to ``out[offsets[j]:offsets[j+1]]``, for every piece."""
+    order = np.empty(64, np.int64)
+    for j in range(len(piece_start)):
+        s, e = piece_start[j], piece_end[j]
+        m = e - s
+        if m > len(order):
+            order = np.empty(2 * m, np.int64)
+        for x in range(m):
+            order[x] = s + x
+        p = probe[s]
+        mode = piece_mode[j]
+        if mode != MODE_FULL:
+            k_shuf = draw(stream_key(seed, p, STREAM_SHUFFLE), hist[s])
+            for x in range(m - 1, 0, -1):
+                q = ((draw(k_shuf, x) >> _S32) * np.uint64(x + 1)) >> _S32
+                order[x], order[q] = order[q], order[x]
+            if mode == MODE_PARTIAL:
+                # The timestamped measurements go back into time order, in the slots the
+                # shuffle gave them, so their deltas stay non-negative.
+                t = s
+                for x in range(m):
+                    if has_ts[order[x]]:
+                        while not has_ts[t]:
+                            t += 1
+                        order[x] = t
+                        t += 1
+        k_field = stream_key(seed, p, STREAM_FIELD)
+        pos = offsets[j]
+        have_prev = False
+        prev = np.int64(0)
+        for x in range(m):
+            i = order[x]
+            out[pos] = V.MEASUREMENT_START
+            pos += 1
+            perm = PERMS[((draw(k_field, hist[i]) >> _S32) * np.uint64(24)) >> _S32]
+            for b in range(4):
+                block = perm[b]
+                if block == BLOCK_SRC:
+                    pos = _put_addr(out, pos, V.SRC_IPV4, family[i], src_hi[i], src_lo[i])
+                elif block == BLOCK_DST:
+                    pos = _put_addr(out, pos, V.DST_IPV4, family[i], dst_hi[i], dst_lo[i])
+                elif block == BLOCK_RESULT:
+                    if rtt[i] < 0.0:
+                        out[pos] = V.FAILED
+                        pos += 1
+                    else:
+                        ex, mant = rtt_code(rtt[i])
+                        out[pos] = V.RTT_START
+                        out[pos + 1] = V.BYTE_OFFSET + ((ex << 3) | (mant >> 8))
+                        out[pos + 2] = V.BYTE_OFFSET + (mant & 0xFF)
+                        pos += 3
+                elif has_ts[i]:
+                    t_i = time[i]
+                    tt = _ts_tokens(have_prev, prev, t_i)
+                    if tt == TS_DELTA1:
+                        out[pos] = V.TIMESTAMP_DELTA1
+                        out[pos + 1] = V.BYTE_OFFSET + (t_i - prev)
+                    elif tt == TS_DELTA4:
+                        d = np.uint64(t_i - prev)
+                        out[pos] = V.TIMESTAMP_DELTA4
+                        for q in range(4):
+                            out[pos + 1 + q] = _BYTE + ((d >> np.uint64(24 - 8 * q)) & np.uint64(0xFF))
+                    else:
+                        u = np.uint64(t_i)  # two's complement: decoders read it back signed
+                        out[pos] = V.TIMESTAMP_ABS
+                        for q in range(8):
+                            out[pos + 1 + q] = _BYTE + ((u >> np.uint64(56 - 8 * q)) & np.uint64(0xFF))
+                    pos += tt
+                    have_prev = True
+                    prev = t_i
+    return out
+
+
+def encode_pieces(sorted_m, plan, piece_start, piece_end, seed: int):
+    """(tokens uint16[total], offsets int64[k+1]) of pieces of ``plan``'s contexts.
+
+    Each piece [s, e) lies inside one context and is encoded as a context of its own
+    (its parent's mode and timestamp flags, its first timestamp absolute).
+    """
+    ps = np.ascontiguousarray(piece_start, dtype=np.int64)
+    pe = np.ascontiguousarray(piece_end, dtype=np.int64)
+    n = len(sorted_m)
+    if len(ps) != len(pe):
+        raise ValueError("piece_start and piece_end differ in length")
+    ctx = np.searchsorted(plan.ctx_start, ps, side="right") - 1
+    if len(ps) and (ps.min() < 0 or pe.max() > n or np.any(pe <= ps)
+                    or np.any(pe > plan.ctx_end[ctx])):
+        raise ValueError("every piece must be a non-empty range inside one context")
+    lengths = piece_lengths_kernel(plan.cost, plan.has_ts, plan.abs_extra, ps, pe)
+    offsets = np.zeros(len(ps) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), np.uint16)
+    if len(ps):
+        m = sorted_m
+        encode_kernel(m.probe, m.time, m.family, m.src_hi, m.src_lo, m.dst_hi, m.dst_lo, m.rtt,
+                      plan.hist, plan.has_ts, ps, pe, plan.ctx_mode[ctx], offsets,
+                      np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF), out)
+    return out, offsets
+
+
+def encode_plan(plan, seed: int):
+    """Tokens of every whole context of ``plan`` (one piece per context)."""
+    return encode_pieces(plan.sorted, plan, plan.ctx_start, plan.ctx_end, seed)

@@ -1,0 +1,185 @@
+"""The tokenizer in plain Python: the oracle the Numba kernels are held to.
+
+Written for reading, not speed: one measurement at a time, Python ints, the same
+counter-based RNG as ``prep.kernel`` (SplitMix64's finalizer over
+``key + counter * GOLDEN``, see that module's docstring for the streams). The tests
+compare ``plan_reference`` with ``prep.contexts.plan_contexts`` and ``encode_context``
+with ``prep.kernel.encode_pieces`` token for token; ``bench/bench_tokenizer.py`` times
+``encode_context`` as the baseline of the kernel's speedup.
+
+A measurement here is a tuple ``(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt)``
+(the columns of ``prep.measurements.Measurements``, in that order).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+from prep import vocab as V
+
+MASK = 0xFFFF_FFFF_FFFF_FFFF
+GOLDEN = 0x9E3779B97F4A7C15
+STREAM_MODE, STREAM_FRAC, STREAM_DROP, STREAM_FIELD, STREAM_SHUFFLE = 1, 2, 3, 4, 5
+MODE_FULL, MODE_PARTIAL, MODE_NONE = 0, 1, 2
+DROP_LO, DROP_SPAN = 429_496_730, 3_435_973_837  # [0.1, 0.9) of 2**32
+BLOCK_ORDERS = [  # every order of (src, dst, result, timestamp) = (0, 1, 2, 3)
+    (a, b, c, d) for a in range(4) for b in range(4) for c in range(4) for d in range(4)
+    if len({a, b, c, d}) == 4
+]
+
+
+def mix64(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def stream_key(seed: int, probe: int, stream: int) -> int:
+    return mix64(mix64((seed + stream * GOLDEN) & MASK) ^ probe)
+
+
+def draw(key: int, counter: int) -> int:
+    return mix64((key + counter * GOLDEN) & MASK)
+
+
+def context_mode(seed: int, probe: int, first: int, thresholds: tuple[int, int]) -> int:
+    r = draw(stream_key(seed, probe, STREAM_MODE), first) >> 32
+    return MODE_FULL if r < thresholds[0] else MODE_PARTIAL if r < thresholds[1] else MODE_NONE
+
+
+def keeps_timestamp(seed: int, probe: int, first: int, index: int, mode: int) -> bool:
+    """Does measurement ``index`` keep its timestamp in a context starting at ``first``?"""
+    if mode != MODE_PARTIAL:
+        return mode == MODE_FULL
+    drop = DROP_LO + (((draw(stream_key(seed, probe, STREAM_FRAC), first) >> 32) * DROP_SPAN) >> 32)
+    return (draw(stream_key(seed, probe, STREAM_DROP), index) >> 32) >= drop
+
+
+def ts_tokens(prev: int | None, t: int) -> int:
+    if prev is None or t - prev >= 1 << 32:
+        return 9
+    return 2 if t - prev < 256 else 5
+
+
+def rtt_code(ms: float) -> tuple[int, int]:
+    """(exponent, mantissa) of an RTT: µs = mantissa * 2**exponent, rounded to nearest."""
+    us = max(1.0, ms * 1000.0)
+    e = 0
+    while math.floor(us / 2.0 ** e + 0.5) >= 2048:
+        e += 1
+    if e > 31:
+        return 31, 2047
+    return e, int(math.floor(us / 2.0 ** e + 0.5))
+
+
+def plan_reference(rows: list[tuple], *, row_len: int, max_measurements: int, max_gap_s: int,
+                   max_span_s: int, thresholds: tuple[int, int], seed: int) -> list[dict]:
+    """Contexts of sorted ``rows``: dicts with start, end, mode, has_ts, cost, abs_extra."""
+    contexts = []
+    hist = []
+    for i, r in enumerate(rows):
+        hist.append(0 if i == 0 or rows[i - 1][0] != r[0] else hist[-1] + 1)
+    i = 0
+    while i < len(rows):
+        probe = rows[i][0]
+        mode = context_mode(seed, probe, hist[i], thresholds)
+        ctx = {"start": i, "mode": mode, "has_ts": [], "cost": [], "abs_extra": []}
+        prev = None
+        j = i
+        while j < len(rows) and rows[j][0] == probe:
+            has_ts = keeps_timestamp(seed, probe, hist[i], hist[j], mode)
+            tt = ts_tokens(prev, rows[j][1]) if has_ts else 0
+            c = measurement_tokens(rows[j]) + tt
+            n = j - i
+            if n and (sum(ctx["cost"]) + c > row_len
+                      or (max_measurements and n >= max_measurements)
+                      or (max_gap_s and rows[j][1] - rows[j - 1][1] > max_gap_s)
+                      or (max_span_s and rows[j][1] - rows[i][1] > max_span_s)):
+                break
+            ctx["has_ts"].append(has_ts)
+            ctx["cost"].append(c)
+            ctx["abs_extra"].append(9 - tt if has_ts else 0)
+            if has_ts:
+                prev = rows[j][1]
+            j += 1
+        ctx["end"] = j
+        contexts.append(ctx)
+        i = j
+    return contexts
+
+
+def measurement_tokens(row: tuple) -> int:
+    addr = 5 if row[2] == 4 else 17
+    return 1 + 2 * addr + (1 if row[7] < 0 else 3)
+
+
+def _addr(tok4: int, family: int, hi: int, lo: int) -> list[int]:
+    if family == 4:
+        return [tok4] + [V.BYTE_OFFSET + b for b in lo.to_bytes(8, "big")[4:]]
+    return [tok4 + 1] + [V.BYTE_OFFSET + b for b in ((hi << 64) | lo).to_bytes(16, "big")]
+
+
+def encode_context(rows: list[tuple], has_ts: list[bool], hist0: int, mode: int,
+                   seed: int) -> list[int]:
+    """Tokens of consecutive sorted measurements of one probe, encoded as one context.
+
+    ``hist0`` is the index of ``rows[0]`` in its probe's sorted history; ``mode`` and
+    ``has_ts`` come from the context the rows belong to (they may be a piece of it).
+    """
+    seed &= MASK
+    probe = rows[0][0]
+    m = len(rows)
+    order = list(range(m))
+    if mode != MODE_FULL:
+        k_shuf = draw(stream_key(seed, probe, STREAM_SHUFFLE), hist0)
+        for x in range(m - 1, 0, -1):  # Fisher-Yates, one draw per step
+            q = ((draw(k_shuf, x) >> 32) * (x + 1)) >> 32
+            order[x], order[q] = order[q], order[x]
+        # timestamped measurements return to time order within the slots they were given
+        timed = iter(i for i in range(m) if has_ts[i])
+        order = [next(timed) if has_ts[i] else i for i in order]
+    k_field = stream_key(seed, probe, STREAM_FIELD)
+    out: list[int] = []
+    prev = None
+    for i in order:
+        _, t, family, src_hi, src_lo, dst_hi, dst_lo, rtt = rows[i]
+        out.append(V.MEASUREMENT_START)
+        blocks = BLOCK_ORDERS[((draw(k_field, hist0 + i) >> 32) * 24) >> 32]
+        for block in blocks:
+            if block == 0:
+                out += _addr(V.SRC_IPV4, family, src_hi, src_lo)
+            elif block == 1:
+                out += _addr(V.DST_IPV4, family, dst_hi, dst_lo)
+            elif block == 2:
+                if rtt < 0:
+                    out.append(V.FAILED)
+                else:
+                    e, mant = rtt_code(rtt)
+                    code = (e << 11) | mant
+                    out += [V.RTT_START, V.BYTE_OFFSET + (code >> 8), V.BYTE_OFFSET + (code & 0xFF)]
+            elif has_ts[i]:
+                tt = ts_tokens(prev, t)
+                if tt == 2:
+                    out += [V.TIMESTAMP_DELTA1, V.BYTE_OFFSET + t - prev]
+                elif tt == 5:
+                    out += [V.TIMESTAMP_DELTA4] + [V.BYTE_OFFSET + b for b in (t - prev).to_bytes(4, "big")]
+                else:
+                    out += [V.TIMESTAMP_ABS] + [V.BYTE_OFFSET + b for b in (t & MASK).to_bytes(8, "big")]
+                prev = t
+    return out
+
+
+def encode_pieces_reference(plan, piece_start, piece_end, seed: int) -> list[list[int]]:
+    """``encode_context`` of each piece of a ``prep.contexts.Plan``."""
+    cols = plan.sorted.columns()
+    rows = list(zip(*(cols[k].tolist() for k in
+                      ("probe", "time", "family", "src_hi", "src_lo", "dst_hi", "dst_lo", "rtt"))))
+    starts = plan.ctx_start.tolist()
+    has_ts, hist, modes = plan.has_ts.tolist(), plan.hist.tolist(), plan.ctx_mode.tolist()
+    out = []
+    for s, e in zip(list(piece_start), list(piece_end)):
+        s, e = int(s), int(e)
+        mode = modes[bisect.bisect_right(starts, s) - 1]
+        out.append(encode_context(rows[s:e], has_ts[s:e], hist[s], mode, seed))
+    return out
