@@ -35,9 +35,7 @@ from prep import kernel
 from prep.measurements import Measurements
 from prep.reference import mix64
 
-# Tokens of a measurement without its timestamp: START, 2 address blocks, the result.
-_ADDR_TOKENS = {4: 5, 6: 17}
-_RESULT_TOKENS_OK, _RESULT_TOKENS_FAILED = 3, 1
+# The longest measurement: START, two IPv6 address blocks, an RTT, an absolute timestamp.
 _MAX_MEASUREMENT_TOKENS = 1 + 17 + 17 + 3 + 9
 
 
@@ -98,10 +96,9 @@ def mode_thresholds(weights) -> tuple[int, int]:
 
 def sort_order(m: Measurements) -> np.ndarray:
     """Indices that sort ``m`` by (probe, time, family, src, dst, rtt)."""
-    # Two stable passes order by (probe, time); only rows tied on both need the other
+    # A radix sort orders by (probe, time); only rows tied on both need the other
     # columns, so the full 8-key lexsort runs on those rows alone (usually none).
-    order = np.argsort(m.time, kind="stable")
-    order = order[np.argsort(m.probe[order], kind="stable")]
+    order = kernel.argsort_probe_time(m.probe, m.time)
     p, t = m.probe[order], m.time[order]
     tie = (p[1:] == p[:-1]) & (t[1:] == t[:-1])
     if tie.any():
@@ -115,26 +112,10 @@ def sort_order(m: Measurements) -> np.ndarray:
     return order
 
 
-def history_index(probe_sorted: np.ndarray) -> np.ndarray:
-    """Index of each measurement within its probe's run of a sorted probe column."""
-    n = len(probe_sorted)
-    idx = np.arange(n, dtype=np.int64)
-    first = np.ones(n, bool)
-    first[1:] = probe_sorted[1:] != probe_sorted[:-1]
-    return idx - np.maximum.accumulate(np.where(first, idx, 0))
-
-
-def base_cost(m: Measurements) -> np.ndarray:
-    """Tokens of each measurement without its timestamp block."""
-    addr = np.where(m.family == 4, _ADDR_TOKENS[4], _ADDR_TOKENS[6]).astype(np.int32)
-    result = np.where(m.rtt < 0, _RESULT_TOKENS_FAILED, _RESULT_TOKENS_OK).astype(np.int32)
-    return 1 + 2 * addr + result
-
-
 def plan_contexts(m: Measurements, cfg: ContextConfig, seed: int) -> Plan:
     """Sort ``m``, cut it into contexts and fix every measurement's token cost."""
     s = m.take(sort_order(m))
-    hist = history_index(s.probe)
+    hist = kernel.history_index(s.probe)
     t_full, t_partial = mode_thresholds(cfg.mode_weights)
     n = len(s)
     if n == 0:
@@ -142,7 +123,7 @@ def plan_contexts(m: Measurements, cfg: ContextConfig, seed: int) -> Plan:
         return Plan(s, z64, z64.copy(), np.zeros(0, np.uint8), z32, z32.copy(),
                     np.zeros(0, bool), z32.copy(), z64.copy())
     ctx_start, ctx_mode, ctx_len, cost, has_ts, abs_extra = kernel.cut_contexts(
-        s.probe, s.time, base_cost(s), hist, np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF),
+        s.probe, s.time, s.family, s.rtt, hist, np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF),
         cfg.row_len, cfg.max_measurements, cfg.max_gap_s, cfg.max_span_s,
         np.uint64(min(t_full, (1 << 64) - 1)), np.uint64(min(t_partial, (1 << 64) - 1)))
     ctx_end = np.empty_like(ctx_start)

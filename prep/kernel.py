@@ -89,11 +89,69 @@ def _ts_tokens(have_prev, prev, t):
 
 
 @njit(cache=True, nogil=True)
-def cut_contexts(probe, time, base_cost, hist, seed, row_len, max_meas, max_gap, max_span,
+def _radix_pass_all(key, idx, tmp_key, tmp_idx):
+    """Stable LSD radix sort of (key, idx) pairs by key, 11 bits a pass, in place."""
+    n = len(key)
+    varying = np.uint64(0)
+    for i in range(n):
+        varying |= key[i] ^ key[0]
+    mask = np.uint64(0x7FF)
+    for shift in range(0, 64, 11):
+        sh = np.uint64(shift)
+        if (varying >> sh) & mask == 0:
+            continue  # every key shares this digit: the pass would not move anything
+        count = np.zeros(2049, np.int64)
+        for i in range(n):
+            count[((key[i] >> sh) & mask) + np.uint64(1)] += 1
+        for d in range(2048):
+            count[d + 1] += count[d]
+        for i in range(n):
+            d = (key[i] >> sh) & mask
+            dst = count[d]
+            count[d] = dst + 1
+            tmp_key[dst] = key[i]
+            tmp_idx[dst] = idx[i]
+        key[:] = tmp_key
+        idx[:] = tmp_idx
+
+
+@njit(cache=True, nogil=True)
+def argsort_probe_time(probe, time):
+    """Stable order by (probe, time): radix passes over the digits that vary, only."""
+    n = len(probe)
+    idx = np.arange(n)
+    tmp_idx = np.empty(n, np.int64)
+    tmp_key = np.empty(n, np.uint64)
+    if n == 0:
+        return idx
+    t0 = time.min()
+    key = np.empty(n, np.uint64)
+    for i in range(n):
+        key[i] = np.uint64(time[i] - t0)  # offset from the minimum: unsigned, same order
+    _radix_pass_all(key, idx, tmp_key, tmp_idx)
+    for i in range(n):
+        key[i] = probe[idx[i]]
+    _radix_pass_all(key, idx, tmp_key, tmp_idx)
+    return idx
+
+
+@njit(cache=True, nogil=True)
+def history_index(probe):
+    """Index of each measurement within its probe's run of a sorted probe column."""
+    n = len(probe)
+    hist = np.empty(n, np.int64)
+    for i in range(n):
+        hist[i] = 0 if i == 0 or probe[i] != probe[i - 1] else hist[i - 1] + 1
+    return hist
+
+
+@njit(cache=True, nogil=True)
+def cut_contexts(probe, time, family, rtt, hist, seed, row_len, max_meas, max_gap, max_span,
                  t_full, t_partial):
     """Contexts of one sorted bucket: (ctx_start, ctx_mode, ctx_len, cost, has_ts, abs_extra).
 
-    A context ends before the measurement that would change the probe, overflow
+    A measurement costs START + two address blocks (5 or 17 tokens each) + its result
+    (FAILED 1, RTT 3) + its timestamp block. A context ends before the measurement that would change the probe, overflow
     ``row_len`` tokens, exceed ``max_meas`` measurements, follow a gap > ``max_gap`` s or
     reach > ``max_span`` s past the context's first measurement (0 turns a limit off).
     """
@@ -128,7 +186,7 @@ def cut_contexts(probe, time, base_cost, hist, seed, row_len, max_meas, max_gap,
             else:
                 ts = False
             tt = _ts_tokens(have_prev, prev, time[j]) if ts else 0
-            c = base_cost[j] + tt
+            c = (11 if family[j] == 4 else 35) + (1 if rtt[j] < 0.0 else 3) + tt
             if j > i and (length + c > row_len
                           or (max_meas > 0 and j - i >= max_meas)
                           or (max_gap > 0 and time[j] - time[j - 1] > max_gap)
