@@ -1,0 +1,142 @@
+"""The model over packed rows: each context in a packed row behaves exactly as if alone."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from prep import rows
+from train import attention, model
+from train.config import MODELS
+
+CFG = dataclasses.replace(MODELS["tiny"], seq_len=32)
+LENGTHS = (10, 12, 7)  # three contexts, then 3 tokens of padding
+
+
+def packed_row(seed=0):
+    rng = np.random.default_rng(seed)
+    tokens = np.zeros(CFG.seq_len, np.int32)
+    segs = np.zeros(CFG.seq_len, np.int32)
+    s = 0
+    for k, n in enumerate(LENGTHS):
+        tokens[s:s + n] = rng.integers(0, CFG.vocab_size, n)
+        segs[s:s + n] = k + 1
+        s += n
+    return tokens, segs
+
+
+def alone_rows(tokens, segs):
+    """Each context at the start of a row of its own, padded to the same length."""
+    out = []
+    for k in range(1, segs.max() + 1):
+        ctx = tokens[segs == k]
+        t = np.zeros_like(tokens)
+        s = np.zeros_like(segs)
+        t[:len(ctx)], s[:len(ctx)] = ctx, 1
+        out.append((t, s))
+    return out
+
+
+@pytest.fixture(scope="module")
+def params():
+    return model.init_params(CFG, jax.random.key(0))
+
+
+def test_positions_and_targets_match_row_format():
+    segs = np.array([[1, 1, 1, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
+    toks = np.arange(16).reshape(2, 8)
+    pos = model.positions(jnp.asarray(segs))
+    np.testing.assert_array_equal(pos, [[0, 1, 2, 0, 1, 0, 0, 0], [0, 1, 2, 3, 4, 5, 6, 7]])
+    np.testing.assert_array_equal(pos, rows.positions(segs))
+    tgt, mask = model.targets_and_mask(jnp.asarray(toks), jnp.asarray(segs))
+    np.testing.assert_array_equal(mask, [[1, 1, 0, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0]])
+    np.testing.assert_array_equal(mask, rows.loss_mask(segs))
+    np.testing.assert_array_equal(tgt[0, :7], toks[0, 1:])
+
+
+def test_segment_mask_is_causal_and_block_diagonal():
+    m = np.asarray(attention.segment_mask(jnp.array([[1, 1, 2, 2, 0]])))[0, 0]
+    expect = np.array([[1, 0, 0, 0, 0],
+                       [1, 1, 0, 0, 0],
+                       [0, 0, 1, 0, 0],
+                       [0, 0, 1, 1, 0],
+                       [0, 0, 0, 0, 1]], bool)
+    np.testing.assert_array_equal(m, expect)
+
+
+def test_segment_layout_for_cudnn():
+    segs = jnp.array([[1, 1, 1, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]], jnp.uint8)
+    seqlen, offsets = attention.segment_layout(segs, max_segments=4)
+    np.testing.assert_array_equal(seqlen, [[3, 2, 1, -1], [8, -1, -1, -1]])
+    np.testing.assert_array_equal(offsets, [[0, 3, 5, -1, -1], [0, -1, -1, -1, -1]])
+    assert seqlen.dtype == offsets.dtype == jnp.int32
+
+
+def test_packed_logits_equal_each_context_alone(params):
+    tokens, segs = packed_row()
+    packed = model.forward(params, jnp.asarray(tokens[None]), jnp.asarray(segs[None]), CFG)[0]
+    for k, (t, s) in enumerate(alone_rows(tokens, segs), start=1):
+        alone = model.forward(params, jnp.asarray(t[None]), jnp.asarray(s[None]), CFG)[0]
+        n = LENGTHS[k - 1]
+        np.testing.assert_allclose(packed[segs == k], alone[:n], rtol=1e-5, atol=1e-5)
+
+
+def test_packed_gradients_equal_sum_over_contexts_alone(params):
+    tokens, segs = packed_row(seed=1)
+    grad = jax.jit(jax.grad(lambda p, b: model.loss_sum(p, b, CFG)[0]))
+    g_packed = grad(params, {"tokens": tokens[None], "segment_ids": segs[None]})
+    alone = alone_rows(tokens, segs)
+    g_alone = [grad(params, {"tokens": t[None], "segment_ids": s[None]}) for t, s in alone]
+    g_sum = jax.tree.map(lambda *g: sum(g), *g_alone)
+    for a, b in zip(jax.tree.leaves(g_packed), jax.tree.leaves(g_sum)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    n_pk, n_al = (model.loss_sum(params, {"tokens": tokens[None], "segment_ids": segs[None]},
+                                 CFG)[1], sum(n - 1 for n in LENGTHS))
+    assert int(n_pk) == n_al  # no context predicts the next context's first token
+
+
+def test_base_config_size():
+    p = jax.eval_shape(lambda: model.init_params(MODELS["base"], jax.random.key(0)))
+    n = sum(x.size for x in jax.tree.leaves(p))
+    assert n == 20 * (4 * 640 * 640 + 2 * 640 * 2560 + 2 * 640) + 2 * 267 * 640 + 640
+
+
+def _random_qkv(B=2, T=256, N=4, H=64, dtype=jnp.bfloat16):
+    ks = jax.random.split(jax.random.key(0), 4)
+    q, k, v, g = (jax.random.normal(x, (B, T, N, H), dtype) for x in ks)
+    segs = np.zeros((B, T), np.int32)
+    segs[0, :100], segs[0, 100:180], segs[0, 180:250] = 1, 2, 3  # 6 tokens of padding
+    segs[1, :] = 1
+    return q, k, v, g, jnp.asarray(segs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not attention.cudnn_available(),
+                    reason="needs an NVIDIA Hopper+ GPU with cuDNN >= 9.6 and the pinned JAX")
+def test_cudnn_packed_equals_xla():
+    q, k, v, g, segs = _random_qkv()
+    real = (segs > 0)[:, :, None, None]
+
+    def run(fn):
+        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, segs), q, k, v)
+        return [x * real for x in (out, *vjp(g * real))]
+
+    cudnn = jax.jit(lambda: run(lambda *a: attention.cudnn_attention(*a, max_segments=8)))()
+    xla = jax.jit(lambda: run(attention.xla_attention))()
+    for a, b in zip(cudnn, xla):  # JAX's own tolerances for its packed-layout test
+        np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not attention.cudnn_available(),
+                    reason="needs an NVIDIA Hopper+ GPU with cuDNN >= 9.6 and the pinned JAX")
+def test_cudnn_model_logits_equal_xla(params):
+    tokens, segs = packed_row()
+    cfg = dataclasses.replace(CFG, seq_len=32)
+    fwd = lambda impl: model.forward(params, jnp.asarray(tokens[None]), jnp.asarray(segs[None]),
+                                     cfg, implementation=impl, max_segments=8,
+                                     dtype=jnp.bfloat16)
+    real = segs > 0
+    np.testing.assert_allclose(fwd("cudnn")[0][real], fwd("xla")[0][real], rtol=2e-2, atol=2e-2)

@@ -1,0 +1,71 @@
+"""The two frozen configs of a training run: the model's shape and the run's settings."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from prep import vocab
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layers: int
+    d_model: int
+    n_heads: int
+    head_dim: int
+    d_mlp: int
+    seq_len: int = 1024  # the shards' row_len; set from the manifest at run time
+    vocab_size: int = vocab.VOCAB_SIZE
+    rope_base: float = 10_000.0
+    norm_eps: float = 1e-6
+    remat: bool = False  # recompute each layer in the backward pass (less memory, ~30% more FLOPs)
+
+
+MODELS = {
+    # runs the same code as `base` on a CPU in seconds
+    "tiny": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256),
+    # ping-llm's ~95M model (98.6M parameters here, untied output head)
+    "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560),
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: str = "shards"  # a shards folder written by `prep shards`
+    run_dir: str = "runs/run"  # checkpoints/, metrics.jsonl, config.json
+    model: str = "tiny"  # a key of MODELS
+    steps: int = 1000  # total optimizer steps (the LR schedule spans them)
+    batch_size: int = 16  # rows per step, all processes and devices together
+    lr: float = 1e-3  # peak learning rate after warmup
+    min_lr_ratio: float = 0.1  # cosine decay ends at lr * this
+    warmup: int = 50  # linear warmup steps
+    weight_decay: float = 0.1  # AdamW, matrices and embeddings only (not norms)
+    b1: float = 0.9
+    b2: float = 0.95
+    grad_clip: float = 1.0  # global-norm clipping
+    seed: int = 0  # parameters and the data order
+    compute_dtype: str = "float32"  # "bfloat16" on GPUs; parameters stay float32
+    attention: str = "auto"  # "auto" (cuDNN packed where possible), "xla" or "cudnn"
+    log_every: int = 10  # steps between log lines (and host syncs)
+    eval_every: int = 100  # steps between test-split evaluations (0 = never)
+    eval_batches: int = 4
+    ckpt_every: int = 500  # steps between checkpoints (also saved at the end and on Ctrl-C)
+    num_workers: int = 0  # Grain mp_prefetch worker processes (0 = read in this process)
+    resume: bool = False
+
+
+def model_config(name: str, *, seq_len: int) -> ModelConfig:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; one of {sorted(MODELS)}")
+    return dataclasses.replace(MODELS[name], seq_len=seq_len)
+
+
+def defaults_for(platform: str) -> dict:
+    """What `train --data shards/` does with no other flags, per platform."""
+    if platform == "gpu":
+        return dict(model="base", steps=5000, batch_size=64, lr=6e-4, warmup=200,
+                    compute_dtype="bfloat16", log_every=50, eval_every=500, ckpt_every=1000)
+    # a CPU: the tiny model for about a minute, loss visibly falling
+    return dict(model="tiny", steps=300, batch_size=8, lr=3e-3, warmup=20,
+                compute_dtype="float32", log_every=20, eval_every=100, ckpt_every=100)

@@ -1,0 +1,117 @@
+"""A decoder-only transformer over packed rows, in plain JAX.
+
+Pre-norm blocks (RMSNorm -> causal self-attention with RoPE -> RMSNorm -> GELU MLP),
+no biases, an untied output head. Parameters are a plain dict of float32 arrays with
+the layers stacked on a leading axis, so the forward pass is one ``lax.scan`` (fast to
+compile at 20 layers) and the state is trivially jit-, shard- and Orbax-friendly; a
+module library would add nothing here.
+
+Packing is invisible to the math: positions restart at 0 in every segment (RoPE sees
+the same angles a context would see alone) and attention is block-diagonal by segment
+(train.attention), so each context's logits equal those of the context run alone.
+Positions and next-token targets are derived here, on the device, from the row's
+tokens and segment_ids (prep.rows documents the row).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from train import attention as attn
+from train.config import ModelConfig
+
+
+def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
+    L, D, N, H, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_mlp,
+                        cfg.vocab_size)
+    k = iter(jax.random.split(key, 6))
+    normal = lambda shape, std: std * jax.random.normal(next(k), shape, jnp.float32)
+    out_std = 0.02 / (2 * L) ** 0.5  # GPT-2: residual projections scaled by depth
+    return {
+        "embed": normal((V, D), 0.02),
+        "layers": {
+            "attn_norm": jnp.ones((L, D)),
+            "wqkv": normal((L, D, 3, N, H), 0.02),
+            "wo": normal((L, N, H, D), out_std),
+            "mlp_norm": jnp.ones((L, D)),
+            "w_in": normal((L, D, F), 0.02),
+            "w_out": normal((L, F, D), out_std),
+        },
+        "final_norm": jnp.ones((D,)),
+        "head": normal((D, V), 0.02),
+    }
+
+
+def count_params(params: dict) -> int:
+    return sum(x.size for x in jax.tree.leaves(params))
+
+
+def positions(segment_ids: jax.Array) -> jax.Array:
+    """Index of each token within its segment (0 at each segment start and on padding)."""
+    T = segment_ids.shape[-1]
+    idx = jnp.arange(T, dtype=jnp.int32)
+    start = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                             segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    start_idx = jax.lax.cummax(jnp.where(start, idx, 0), axis=1)
+    return jnp.where(segment_ids > 0, idx - start_idx, 0)
+
+
+def targets_and_mask(tokens: jax.Array, segment_ids: jax.Array):
+    """Next token at t, and whether it counts: segment_ids[t] == segment_ids[t+1] != 0."""
+    nxt_tok = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+    nxt_seg = jnp.concatenate([segment_ids[:, 1:], jnp.zeros_like(segment_ids[:, :1])], axis=1)
+    return nxt_tok, (segment_ids == nxt_seg) & (segment_ids != 0)
+
+
+def rms_norm(x, w, eps):
+    x32 = x.astype(jnp.float32)  # the mean of squares in float32 even under bf16 compute
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * w).astype(x.dtype)
+
+
+def rope(x, pos, base):
+    """Rotate pairs (i, i + H/2) of x [B, T, N, H] by pos * base^(-2i/H)."""
+    half = x.shape[-1] // 2
+    freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = pos.astype(jnp.float32)[:, :, None, None] * freqs  # [B, T, 1, half]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
+
+
+def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig, *,
+            implementation: str = "xla", max_segments: int = 255,
+            dtype=jnp.float32) -> jax.Array:
+    """float32 logits [B, T, V] of int tokens [B, T] under segment_ids [B, T]."""
+    seg = segment_ids.astype(jnp.int32)
+    pos = positions(seg)
+    x = params["embed"].astype(dtype)[tokens]
+
+    def block(x, p):
+        h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
+        qkv = jnp.einsum("btd,dsnh->sbtnh", h, p["wqkv"].astype(dtype))
+        q, k = rope(qkv[0], pos, cfg.rope_base), rope(qkv[1], pos, cfg.rope_base)
+        a = attn.attention(q, k, qkv[2], seg, implementation=implementation,
+                           max_segments=max_segments)
+        x = x + jnp.einsum("btnh,nhd->btd", a, p["wo"].astype(dtype))
+        h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
+        h = jax.nn.gelu(h @ p["w_in"].astype(dtype)) @ p["w_out"].astype(dtype)
+        return x + h, None
+
+    if cfg.remat:
+        block = jax.checkpoint(block)
+    x, _ = jax.lax.scan(block, x, params["layers"])
+    x = rms_norm(x, params["final_norm"], cfg.norm_eps)
+    return (x @ params["head"].astype(dtype)).astype(jnp.float32)
+
+
+def loss_sum(params: dict, batch: dict, cfg: ModelConfig, **fwd) -> tuple[jax.Array, jax.Array]:
+    """(sum of next-token cross-entropy over counted targets, number of counted targets)."""
+    tokens = batch["tokens"].astype(jnp.int32)
+    seg = batch["segment_ids"].astype(jnp.int32)
+    logits = forward(params, tokens, seg, cfg, **fwd)
+    targets, mask = targets_and_mask(tokens, seg)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    return jnp.where(mask, ce, 0.0).sum(), mask.sum()
