@@ -1,0 +1,368 @@
+"""`prep shards`: parquet measurements → ArrayRecord shards + manifest.json (DESIGN 5, 7, 8).
+
+Two passes, both spread over a process pool, memory bounded by a batch and by a bucket:
+
+1. Read + route. The inputs are cut into units of whole parquet row groups (at most
+   ``UNIT_ROWS`` rows each). A worker validates a unit in batches and appends each
+   batch's rows to per-bucket Arrow IPC spill files (bucket = splitmix64 of the probe key
+   mod ``n_buckets``), under ``DIR/.tmp-<pid>/spill/``. No pickle: pool tasks and results
+   are plain tuples and dicts, the data crosses processes as files.
+2. Buckets. A worker loads one bucket's spill files and calls
+   ``prep.bucket.process_bucket``, which writes that bucket's finished shards into the
+   staging folder ``DIR/.tmp-<pid>/``.
+
+Then the shards move into ``DIR/train`` and ``DIR/test`` and ``manifest.json`` is written
+last (prep.manifest.write_manifest, atomic). A run killed at any point leaves no
+manifest, so nothing a reader takes as a dataset; the next run removes the leftovers.
+Output bytes depend on (inputs, ShardsConfig) only: spill order does not matter because
+``plan_contexts`` sorts, and shard names come from the bucket id.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import re
+import resource
+import shutil
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from prep import manifest as mf
+from prep.bucket import SPLITS, ShardsConfig, bucket_of, process_bucket
+from prep.errors import InputError
+from prep.measurements import DTYPES, Measurements
+from prep.validate import REQUIRED, list_inputs, validate_rows
+
+UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
+BATCH_ROWS = 1 << 19  # rows validated at once inside a unit
+_COLUMNS = set(REQUIRED) | {"rtt_avg", "prb_id"}  # all that validation reads
+_SCHEMA = pa.schema([(k, pa.from_numpy_dtype(v)) for k, v in DTYPES.items()])
+_SHARD_FILE = re.compile(r"shard-b\d+-e\d+\.array_record(\.tmp)?")
+
+
+def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int = 1,
+               progress: bool = True) -> dict:
+    """Build the dataset in ``out``; return the closing summary (also in the manifest)."""
+    t0 = time.perf_counter()
+    out_dir = Path(out)
+    paths = list_inputs(inputs)
+    # Fork the pool before Arrow or the hashing thread start threads of their own.
+    pool = (multiprocessing.get_context("fork").Pool(workers) if workers > 1 else None)
+    hasher = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        units, rows_total = _read_units(paths)
+        _claim_out_dir(out_dir)
+        stage = out_dir / f".tmp-{os.getpid()}"
+        stage.mkdir()
+        print(f"prep shards: {len(paths)} input files, {rows_total:,} rows, {workers} workers; "
+              f"config {json.dumps(asdict(cfg))}", file=sys.stderr)
+        inputs_info = hasher.submit(lambda: [_file_info(p) for p in paths])
+        imap = pool.imap_unordered if pool else map
+
+        read = {"rows_in": 0, "accepted": 0, "rejected": {}}
+        bar = tqdm(total=rows_total, unit="meas", unit_scale=True, desc="read + route",
+                   disable=not progress, file=sys.stderr)
+        tasks = [(i, parts, str(stage), cfg.n_buckets) for i, parts in enumerate(units)]
+        for r in map(_raise_error, imap(_spill_unit, tasks)):
+            read["rows_in"] += r["rows_in"]
+            read["accepted"] += r["accepted"]
+            for k, v in r["rejected"].items():
+                read["rejected"][k] = read["rejected"].get(k, 0) + v
+            bar.update(r["rows_in"])
+        bar.close()
+        t_read = time.perf_counter() - t0
+
+        results = []
+        bar = tqdm(total=cfg.n_buckets, unit="bucket", desc="buckets", disable=not progress,
+                   file=sys.stderr)
+        cfg_json = json.dumps(asdict(cfg))
+        tasks = [(b, cfg_json, str(stage)) for b in range(cfg.n_buckets)]
+        for r in map(_raise_error, imap(_bucket_task, tasks)):
+            results.append(r)
+            bar.update(1)
+        bar.close()
+        rss = [r.pop("peak_rss_mb") for r in results]
+        results.sort(key=lambda r: r["bucket"])
+        infos = inputs_info.result()
+    finally:
+        hasher.shutdown()
+        if pool:
+            pool.close()
+            pool.join()
+
+    for split in SPLITS:
+        (out_dir / split).mkdir(exist_ok=True)
+    for r in results:
+        for s in r["shards"]:
+            os.replace(stage / s["path"], out_dir / s["path"])
+    elapsed = time.perf_counter() - t0
+    manifest = build_manifest(cfg, infos, read, results)
+    manifest["elapsed_s"] = round(elapsed, 3)
+    manifest["timing"] = {"workers": workers, "read_s": round(t_read, 3),
+                          "measurements_per_s": round(read["rows_in"] / max(elapsed, 1e-9)),
+                          "peak_rss_mb": {"main": _own_rss_mb(), "workers": max(rss)}}
+    mf.write_manifest(out_dir, manifest)
+    shutil.rmtree(stage, ignore_errors=True)
+    return summary(manifest)
+
+
+def build_manifest(cfg: ShardsConfig, inputs: list[dict], read: dict, results: list[dict]) -> dict:
+    """The manifest (without timing fields) from the read counts and the bucket results."""
+    splits = {s: {"rows": 0, "measurements": 0, "tokens": 0, "contexts": 0, "segments": 0,
+                  "probes": 0, "shards": []} for s in SPLITS}
+    hist: dict[str, int] = {}
+    for r in results:
+        for s in SPLITS:
+            splits[s]["probes"] += r["probes"][s]
+        for k, v in r["segments_per_row"].items():
+            hist[k] = hist.get(k, 0) + v
+    # Shards listed by (split, epoch, bucket): a reader taking one epoch takes a prefix.
+    shards = sorted((s | {"bucket": r["bucket"]} for r in results for s in r["shards"]),
+                    key=lambda s: (SPLITS.index(s["split"]), s["epoch"], s["bucket"]))
+    lower, tokens_by_pass = 0, {}
+    for s in shards:
+        sp = splits[s["split"]]
+        sp["rows"] += s["records"]
+        for k in ("measurements", "tokens", "contexts", "segments"):
+            sp[k] += s[k]
+        sp["shards"].append(s)
+        key = (s["split"], s["epoch"])
+        # Lower bound: whole contexts, tokens added by cuts count against the packer.
+        tokens_by_pass[key] = tokens_by_pass.get(key, 0) + s["context_tokens"]
+    lower = sum(math.ceil(t / cfg.row_len) for t in tokens_by_pass.values())
+    rows = sum(sp["rows"] for sp in splits.values())
+    tokens = sum(sp["tokens"] for sp in splits.values())
+    counts = {
+        "rows_in": read["rows_in"],
+        "rows_rejected": dict(sorted(read["rejected"].items())),
+        "measurements_accepted": read["accepted"],
+        "measurements_tokenized": sum(sp["measurements"] for sp in splits.values()),
+        "contexts": sum(sp["contexts"] for sp in splits.values()),
+        "segments": sum(sp["segments"] for sp in splits.values()),
+        "rows": {s: splits[s]["rows"] for s in SPLITS},
+        "tokens": tokens,
+        "padding_tokens": rows * cfg.row_len - tokens,
+    }
+    return mf.header(cfg.row_len) | {
+        "config": json.loads(json.dumps(asdict(cfg))), "seed": cfg.seed,
+        "inputs": inputs, "counts": counts,
+        "padding_fraction": (rows * cfg.row_len - tokens) / (rows * cfg.row_len) if rows else 0.0,
+        "lower_bound_rows": lower,
+        "rows_over_lower_bound": rows / lower if lower else 1.0,
+        "segments_per_row": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+        "splits": splits,
+    }
+
+
+def summary(manifest: dict) -> dict:
+    """The closing summary: what `prep shards --json` prints."""
+    c, t = manifest["counts"], manifest.get("timing", {})
+    return {"measurements_in": c["rows_in"], "measurements_rejected": sum(c["rows_rejected"].values()),
+            "rejected_by_reason": c["rows_rejected"], "measurements_tokenized": c["measurements_tokenized"],
+            "contexts": c["contexts"], "segments": c["segments"], "rows": c["rows"],
+            "tokens": c["tokens"], "padding_fraction": manifest["padding_fraction"],
+            "lower_bound_rows": manifest["lower_bound_rows"],
+            "rows_over_lower_bound": manifest["rows_over_lower_bound"],
+            "elapsed_s": manifest.get("elapsed_s"),
+            "measurements_per_s": t.get("measurements_per_s"), "workers": t.get("workers"),
+            "peak_rss_mb": t.get("peak_rss_mb")}
+
+
+def format_summary(s: dict) -> str:
+    rej = ", ".join(f"{k} {v:,}" for k, v in s["rejected_by_reason"].items()) or "none"
+    rows = s["rows"]["train"] + s["rows"]["test"]
+    return "\n".join([
+        f"prep shards: done in {s['elapsed_s']:.1f} s, "
+        f"{s['measurements_per_s']:,} measurements/s on {s['workers']} workers",
+        f"  measurements  {s['measurements_in']:,} in, {s['measurements_rejected']:,} rejected ({rej})",
+        f"  contexts      {s['contexts']:,} ({s['segments']:,} segments after cuts)",
+        f"  rows          {rows:,} (train {s['rows']['train']:,}, test {s['rows']['test']:,}); "
+        f"lower bound {s['lower_bound_rows']:,} (x{s['rows_over_lower_bound']:.4f})",
+        f"  tokens        {s['tokens']:,}, padding {100 * s['padding_fraction']:.3f} %",
+    ])
+
+
+# --- pass 1: read, validate, route to bucket spill files ------------------------------
+
+def _read_units(paths: list[Path]) -> tuple[list[list[tuple[str, list[int]]]], int]:
+    """Inputs cut into units of whole row groups, about UNIT_ROWS rows each.
+
+    Small files (synth writes one per hour) share a unit; a big file spans several.
+    """
+    units, unit, n, total = [], [], 0, 0
+    for p in paths:
+        try:
+            md = pq.ParquetFile(p).metadata
+        except (OSError, pa.ArrowException) as e:
+            raise InputError(f"{p}: not a readable parquet file ({_first_line(e)}); "
+                             "re-create or remove it") from None
+        groups = []
+        for rg in range(md.num_row_groups):
+            rows = md.row_group(rg).num_rows
+            if n and n + rows > UNIT_ROWS:
+                if groups:
+                    unit.append((str(p), groups))
+                units.append(unit)
+                unit, groups, n = [], [], 0
+            groups.append(rg)
+            n += rows
+        if groups:
+            unit.append((str(p), groups))
+        total += md.num_rows
+    if unit:
+        units.append(unit)
+    return units, total
+
+
+def _reporting_errors(fn):
+    """Pool tasks return ``{"error": message}`` for bad input instead of raising across processes."""
+    def task(args):
+        try:
+            return fn(args)
+        except InputError as e:
+            return {"error": str(e)}
+    task.__name__ = task.__qualname__ = fn.__name__
+    return task
+
+
+def _raise_error(result: dict) -> dict:
+    if "error" in result:
+        raise InputError(result["error"])
+    return result
+
+
+_ADDR_CACHE: dict = {}  # per process, across tasks: each distinct address text parsed once
+
+
+@_reporting_errors
+def _spill_unit(task) -> dict:
+    unit, parts, stage, n_buckets = task
+    rows_in, accepted, rejected = 0, 0, {}
+    writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+    try:
+        for path, row_groups in parts:
+            for m, n_in, rej in _validated(path, row_groups):
+                rows_in += n_in
+                accepted += len(m)
+                for k, v in rej.items():
+                    rejected[k] = rejected.get(k, 0) + v
+                b = bucket_of(m.probe, n_buckets).astype(np.uint16)
+                order = np.argsort(b, kind="stable")  # a radix sort on uint16
+                bounds = np.searchsorted(b[order], np.arange(n_buckets + 1))
+                cols = [v[order] for v in m.columns().values()]
+                for bucket in np.flatnonzero(np.diff(bounds)):
+                    w = writers.get(bucket)
+                    if w is None:
+                        d = Path(stage) / "spill" / f"b{bucket:05d}"
+                        d.mkdir(parents=True, exist_ok=True)
+                        w = pa.ipc.new_stream(str(d / f"u{unit:05d}.arrow"), _SCHEMA)
+                        writers[bucket] = w
+                    lo, hi = bounds[bucket], bounds[bucket + 1]
+                    w.write_batch(pa.record_batch([c[lo:hi] for c in cols], schema=_SCHEMA))
+    finally:
+        for w in writers.values():
+            w.close()
+    return {"rows_in": rows_in, "accepted": accepted, "rejected": rejected}
+
+
+def _validated(path: str, row_groups: list[int]):
+    """(Measurements, rows in, rejected) per batch of some row groups of one file."""
+    try:
+        pf = pq.ParquetFile(path)
+        cols = [c for c in pf.schema_arrow.names if c in _COLUMNS]
+        for rb in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=row_groups, columns=cols):
+            _, m, rej = validate_rows(pa.Table.from_batches([rb]), source=path,
+                                      _cache=_ADDR_CACHE)
+            yield m, rb.num_rows, rej
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(f"{path}: damaged or truncated parquet ({_first_line(e)}); "
+                         "re-create or remove it") from None
+
+
+# --- pass 2: one bucket ------------------------------------------------------------------
+
+def load_bucket(stage: Path, bucket: int) -> Measurements:
+    """A bucket's measurements from its spill files (in any order: plan_contexts sorts)."""
+    d = stage / "spill" / f"b{bucket:05d}"
+    files = sorted(d.glob("*.arrow")) if d.is_dir() else []
+    tables = []
+    for f in files:
+        with pa.ipc.open_stream(str(f)) as r:
+            tables.append(r.read_all())
+    t = pa.concat_tables(tables).combine_chunks() if tables else _SCHEMA.empty_table()
+    return Measurements(**{k: t.column(k).to_numpy() for k in DTYPES})
+
+
+@_reporting_errors
+def _bucket_task(task) -> dict:
+    bucket, cfg_json, stage = task
+    cfg = config_from_dict(json.loads(cfg_json))
+    m = load_bucket(Path(stage), bucket)
+    shutil.rmtree(Path(stage) / "spill" / f"b{bucket:05d}", ignore_errors=True)
+    result = process_bucket(bucket, m, cfg, stage)
+    return result | {"peak_rss_mb": _own_rss_mb()}
+
+
+def config_from_dict(d: dict) -> ShardsConfig:
+    """ShardsConfig from its JSON form (the manifest's ``config``, a pool task)."""
+    d = dict(d)
+    d["mode_weights"] = tuple(d["mode_weights"])
+    return ShardsConfig(**d)
+
+
+# --- files ---------------------------------------------------------------------------
+
+def _claim_out_dir(out: Path) -> None:
+    """Make ``out`` ours: refuse unrelated files, then clear what an earlier run left."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: is a file; --out must name a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    ours = {mf.MANIFEST_NAME, mf.MANIFEST_NAME + ".tmp"}
+    for entry in sorted(out.iterdir()):
+        if entry.name in ours or (entry.name.startswith(".tmp-") and entry.is_dir()):
+            continue
+        if entry.name in SPLITS and entry.is_dir():
+            for f in sorted(entry.iterdir()):
+                if not _SHARD_FILE.fullmatch(f.name):
+                    raise InputError(f"{out}: {f} was not written by `prep shards`; use an "
+                                     "empty or new --out folder, or move that file away")
+            continue
+        raise InputError(f"{out}: holds {entry.name}, which `prep shards` did not write; "
+                         "use an empty or new --out folder, or move it away")
+    # The manifest goes first: from here on the folder is not a dataset until the new one.
+    for name in ours:
+        (out / name).unlink(missing_ok=True)
+    for entry in out.iterdir():
+        if entry.name.startswith(".tmp-"):
+            shutil.rmtree(entry)
+        elif entry.name in SPLITS:
+            for f in entry.iterdir():
+                f.unlink()
+
+
+def _file_info(p: Path) -> dict:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return {"name": str(p), "size": p.stat().st_size, "sha256": h.hexdigest()}
+
+
+def _own_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
