@@ -39,9 +39,122 @@ def main():
 
 
 # --- synth / import-atlas (foundation) ---------------------------------------------
+@main.command()
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for hourly parquet files.")
+@click.option("--rows", default=3_000_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--probes", default=3_000, show_default=True, type=click.IntRange(min=1, max=1_000_000))
+@click.option("--days", default=2, show_default=True, type=click.IntRange(min=1, max=366))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+def synth(out, rows, probes, days, seed):
+    """Write realistic RIPE-Atlas-like measurements as hourly parquet files."""
+    from pathlib import Path
+
+    from prep.synth import SynthConfig, synth as run
+
+    run(SynthConfig(out=Path(out), rows=rows, probes=probes, days=days, seed=seed))
+
+
+@main.command("import-atlas")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for the parquet output.")
+@click.option("--per-packet", is_flag=True, help="One row per packet instead of one per result.")
+@click.option("--strict", is_flag=True, help="A malformed JSON line is an error, not a rejected row.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on stdout.")
+def import_atlas(inputs, out, per_packet, strict, as_json):
+    """Convert RIPE Atlas ping results (JSON, JSON lines, .bz2 dumps) to parquet."""
+    import json
+    from pathlib import Path
+
+    from prep.atlas import AtlasConfig, import_atlas as run
+
+    summary = run(AtlasConfig(inputs=tuple(Path(p) for p in inputs), out=Path(out),
+                              per_packet=per_packet, strict=strict))
+    if as_json:
+        click.echo(json.dumps(summary, sort_keys=True))
+
+
 # --- end synth / import-atlas ------------------------------------------------------
 
 # --- shards / verify / inspect -----------------------------------------------------
+@main.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--out", required=True, help="Folder for train/, test/ and manifest.json.")
+@click.option("--workers", default=0, type=click.IntRange(0),
+              help="Processes (default: one per core); never changes the output bytes.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--test-fraction", default=0.1, show_default=True, type=click.FloatRange(0, 1),
+              help="Share of probes in the test split.")
+@click.option("--row-len", default=1024, show_default=True, type=click.IntRange(64, 65535))
+@click.option("--max-segments", default=0, show_default=True, type=click.IntRange(0, 255),
+              help="Cap on contexts per row (0 = none).")
+@click.option("--max-measurements", default=0, show_default=True, type=click.IntRange(0),
+              help="Cap on measurements per context (0 = none).")
+@click.option("--max-gap", default=86_400, show_default=True, type=click.IntRange(0),
+              help="Cut a context after a silence longer than this many seconds (0 = never).")
+@click.option("--epochs", default=1, show_default=True, type=click.IntRange(1),
+              help="Passes over the data, each encoded and cut with its own seed.")
+@click.option("--buckets", default=16, show_default=True, type=click.IntRange(1),
+              help="Hash partitions of the probes; bounds memory per worker.")
+@click.option("--compression", default="zstd:1", show_default=True,
+              help="ArrayRecord compression: zstd:N, snappy or uncompressed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def shards(inputs, out, workers, seed, test_fraction, row_len, max_segments, max_measurements,
+           max_gap, epochs, buckets, compression, as_json, quiet):
+    """Validate, tokenize and pack INPUT parquet files or folders into shards in --out."""
+    import json
+
+    from prep.bucket import ShardsConfig
+    from prep.shards import format_summary, run_shards
+
+    try:
+        cfg = ShardsConfig(seed=seed, row_len=row_len, max_segments=max_segments,
+                           max_measurements=max_measurements, max_gap_s=max_gap, epochs=epochs,
+                           test_fraction=test_fraction, n_buckets=buckets, compression=compression)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    summary = run_shards(list(inputs), out, cfg, workers=_workers(workers), progress=not quiet)
+    click.echo(format_summary(summary), err=True)
+    if as_json:
+        click.echo(json.dumps(summary, sort_keys=True))
+
+
+@main.command()
+@click.argument("shards_dir")
+@click.option("--workers", default=0, type=click.IntRange(0), help="Processes (default: one per core).")
+def verify(shards_dir, workers):
+    """Check a shards folder against its manifest; list the problems (exit 1) or exit 0."""
+    from prep.verify import verify_dir
+
+    problems = verify_dir(shards_dir, workers=_workers(workers))
+    for p in problems:
+        click.echo(p)
+    if problems:
+        click.echo(f"{shards_dir}: {len(problems)} problems; re-run `prep shards` to rebuild it",
+                   err=True)
+        sys.exit(1)
+    click.echo(f"{shards_dir}: ok", err=True)
+
+
+@main.command()
+@click.argument("shards_dir")
+@click.option("--split", type=click.Choice(["train", "test"]), help="Only this split.")
+@click.option("--rows", "rows_range", default=None, metavar="A:B",
+              help="Rows A (inclusive) to B (exclusive) of each split, in manifest order.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
+def inspect(shards_dir, split, rows_range, as_json):
+    """Print rows for people: each segment's measurements (or JSON lines with --json)."""
+    from prep.inspect_rows import format_row, iter_rows, parse_range, row_json
+
+    start, stop = parse_range(rows_range)
+    for row in iter_rows(shards_dir, split=split, start=start, stop=stop):
+        click.echo(row_json(row) if as_json else format_row(row))
+
+
+def _workers(n: int) -> int:
+    import os
+
+    return n or os.cpu_count() or 1
 # --- end shards / verify / inspect -------------------------------------------------
 
 # --- analyze-padding ---------------------------------------------------------------
