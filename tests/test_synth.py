@@ -1,0 +1,69 @@
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from click.testing import CliRunner
+
+from prep import validate
+from prep.cli import main
+from prep.synth import SynthConfig, generate
+
+ARGS = ["--rows", "200000", "--probes", "300", "--days", "1", "--seed", "7"]
+
+
+def run_cli(out):
+    res = CliRunner().invoke(main, ["synth", "--out", str(out), *ARGS])
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def test_same_seed_same_bytes_and_schema(tmp_path):
+    run_cli(tmp_path / "a")
+    res = run_cli(tmp_path / "b")
+    assert "synth: 200,000 rows from 300 probes over 1 days in 24 files" in res.stderr
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names == [f"2026-01-01T{h:02d}.parquet" for h in range(24)]
+    for n in names:
+        assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes()
+    t = pq.read_table(tmp_path / "a" / names[0])
+    assert t.schema.names == ["event_time", "prb_id", "src_addr", "dst_addr", "ip_version",
+                              "rtt", "msm_id", "size"]
+    # Parquet has no second unit: Arrow writes timestamp[s] as milliseconds.
+    assert t.schema.field("event_time").type == pa.timestamp("ms", tz="UTC")
+    assert [t.schema.field(c).type for c in ("src_addr", "rtt", "prb_id")] == [
+        pa.string(), pa.float64(), pa.int64()]
+    other = generate(SynthConfig(out=tmp_path, rows=1000, probes=30, days=1, seed=8))
+    mine = generate(SynthConfig(out=tmp_path, rows=1000, probes=30, days=1, seed=7))
+    assert not np.array_equal(other["rtt"], mine["rtt"])
+
+    # Every row accounted for by validation; the malformed ~0.1 % are rejected by reason.
+    m, rejected, rows_in = validate.read_validated([tmp_path / "a"])
+    assert rows_in == 200_000
+    assert rejected == {"empty_src_addr": 68, "empty_dst_addr": 62, "family_mismatch": 89}
+    assert len(m) == 200_000 - 219
+    assert m.time.min() >= 1_767_225_600 and m.time.max() < 1_767_225_600 + 86_400
+
+
+def test_statistics_look_like_ripe_atlas():
+    c = generate(SynthConfig(out=".", rows=400_000, probes=600, days=2, seed=0))
+    rtt, v6 = c["rtt"], c["ip_version"] == 6
+    ok = rtt != -1
+    assert 0.38 <= v6.mean() <= 0.46  # RIPE: 42 % IPv6
+    assert 0.15 <= (~ok).mean() <= 0.20  # RIPE: ~17 % failed
+    p50, p99 = np.percentile(rtt[ok], [50, 99])
+    assert 40 <= p50 <= 60 and 300 <= p99 <= 420  # RIPE: 50 ms, 343 ms
+    assert np.all(np.diff(c["time"]) >= 0) and len(rtt) == 400_000
+
+    # Busyness: a few very busy probes, many sparse ones.
+    _, per_probe = np.unique(c["prb_id"], return_counts=True)
+    assert per_probe.max() > 8 * np.median(per_probe) and np.percentile(per_probe, 10) < 100
+
+    # NAT: one private src_addr shared by probes with distinct prb_id.
+    pool = np.array(c["pool"], dtype=object)
+    v4 = ~v6
+    nat = pool[c["src"][v4]] == "192.168.1.2"
+    assert len(np.unique(c["prb_id"][v4][nat])) >= 3
+
+    # Some probes' IPv6 always fails while their IPv4 works.
+    dead = [p for p in np.unique(c["prb_id"][v6])
+            if np.all(rtt[v6 & (c["prb_id"] == p)] == -1) and np.any(rtt[~v6 & (c["prb_id"] == p)] > 0)]
+    assert len(dead) >= 3
