@@ -59,7 +59,9 @@ def list_inputs(paths: Iterable[str | Path]) -> list[Path]:
     found: set[Path] = set()
     for p in map(Path, paths):
         if p.is_dir():
-            found.update(f for f in p.rglob("*.parquet") if f.is_file() and not f.name.startswith("."))
+            # Hidden names are staging areas of interrupted runs (.synth-tmp/), never input.
+            found.update(f for f in p.rglob("*.parquet") if f.is_file()
+                         and not any(part.startswith(".") for part in f.relative_to(p).parts))
         elif p.is_file():
             found.add(p)
         else:

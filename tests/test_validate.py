@@ -103,6 +103,8 @@ def test_files_folders_batches_and_damaged_files(tmp_path):
     pq.write_table(table(GOOD + BAD), tmp_path / "d" / "e" / "b.parquet", row_group_size=5)
     pq.write_table(table(GOOD), tmp_path / "d" / "a.parquet")
     (tmp_path / "d" / "notes.txt").write_text("not data")
+    (tmp_path / "d" / ".synth-tmp").mkdir()  # left by an interrupted run: not input
+    pq.write_table(table(GOOD), tmp_path / "d" / ".synth-tmp" / "c.parquet")
     files = validate.list_inputs([tmp_path / "d"])
     assert files == [tmp_path / "d" / "a.parquet", tmp_path / "d" / "e" / "b.parquet"]
     batches = list(validate.iter_validated([tmp_path / "d"], batch_rows=4))
