@@ -28,6 +28,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from prep.errors import InputError
+
 PINNED_JAX = "0.10.2"
 
 
@@ -97,10 +99,10 @@ def resolve(implementation: str) -> str:
     if implementation == "auto":
         return "cudnn" if cudnn_available() else "xla"
     if implementation == "cudnn" and not cudnn_available():
-        raise ValueError("attention 'cudnn' needs an NVIDIA GPU with compute capability >= 9.0, "
+        raise InputError("attention 'cudnn' needs an NVIDIA GPU with compute capability >= 9.0, "
                          f"cuDNN >= 9.6 and jax=={PINNED_JAX}; use --attention xla")
     if implementation not in ("xla", "cudnn"):
-        raise ValueError(f"unknown attention implementation {implementation!r}")
+        raise InputError(f"unknown attention implementation {implementation!r}")
     return implementation
 
 

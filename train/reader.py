@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 
 import grain
+from absl import flags as absl_flags
 import jax
 import numpy as np
 from array_record.python.array_record_data_source import ArrayRecordDataSource
@@ -104,6 +105,9 @@ def batches(shards_dir: str | os.PathLike, split: str, *, batch_size: int, seed:
     ds = ds.batch(batch_size, drop_remainder=True).map(reader)
     it = ds.to_iter_dataset()
     if num_workers > 0:
+        # Grain's worker processes read absl flags; outside an absl app nobody parsed them
+        if not absl_flags.FLAGS.is_parsed():
+            absl_flags.FLAGS.mark_as_parsed()
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
     return it
 

@@ -1,0 +1,142 @@
+"""The Grain reader: exact rows, seeded global shuffle, per-process slices, resumable state."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from prep import manifest as manifest_lib
+from prep.errors import InputError
+from prep.rows import RowFormatError
+from train import reader, synthetic
+from train.cli import main
+
+N_ROWS, ROW_LEN, BATCH = 40, 32, 4
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    d = tmp_path_factory.mktemp("reader") / "shards"
+    train = synthetic.counting_rows(N_ROWS, ROW_LEN, seed=0)
+    test = synthetic.counting_rows(8, ROW_LEN, seed=1)
+    synthetic.write_shards(d, {"train": train, "test": test}, rows_per_shard=15)  # 3 shards
+    return d, train
+
+
+def rows_of(batches):
+    return [(t.tobytes(), s.tobytes()) for b in batches for t, s in zip(b["tokens"], b["segment_ids"])]
+
+
+def take(it, n):
+    return [next(it) for _ in range(n)]
+
+
+def test_counting_rows_are_what_the_docstring_says():
+    tokens, segs = synthetic.counting_rows(3, 16, seed=0, max_segments=3, pad=3)
+    assert (segs[:, -3:] == 0).all() and (tokens[:, -3:] == 0).all()
+    for r in range(3):
+        for k in range(1, segs[r].max() + 1):
+            seg = tokens[r][segs[r] == k]
+            np.testing.assert_array_equal(seg, r * 7 + (k - 1) + np.arange(len(seg)))
+
+
+def test_one_epoch_is_every_row_once_in_a_seeded_order(shards):
+    d, (tokens, segs) = shards
+    it = iter(reader.batches(d, "train", batch_size=BATCH, seed=0))
+    epoch = take(it, N_ROWS // BATCH)
+    b = epoch[0]
+    assert b["tokens"].dtype == np.uint16 and b["segment_ids"].dtype == np.uint8
+    assert b["tokens"].shape == b["segment_ids"].shape == (BATCH, ROW_LEN)
+    got = rows_of(epoch)
+    want = [(t.tobytes(), s.tobytes()) for t, s in zip(tokens, segs)]
+    assert sorted(got) == sorted(want)
+    assert got != want  # shuffled
+    again = rows_of(take(iter(reader.batches(d, "train", batch_size=BATCH, seed=0)), 10))
+    other = rows_of(take(iter(reader.batches(d, "train", batch_size=BATCH, seed=1)), 10))
+    assert again == got and other != got
+    second = rows_of(take(it, N_ROWS // BATCH))  # the next epoch: same rows, a new order
+    assert sorted(second) == sorted(want) and second != got
+
+
+def test_eval_reads_in_file_order_once(shards):
+    d, _ = shards
+    m = manifest_lib.load_manifest(d)
+    test = synthetic.counting_rows(8, ROW_LEN, seed=1)
+    got = list(reader.batches(d, "test", batch_size=4, seed=0, train=False))
+    assert len(got) == 2
+    np.testing.assert_array_equal(np.concatenate([b["tokens"] for b in got]), test[0])
+    assert reader.max_segments(m) == int(max(test[1].max(), shards[1][1].max()))
+
+
+def test_processes_read_disjoint_slices(shards):
+    d, (tokens, _) = shards
+    parts = [rows_of(take(iter(reader.batches(d, "train", batch_size=BATCH // 2, seed=0,
+                                              process_index=p, process_count=2)), 5))
+             for p in range(2)]
+    whole = rows_of(take(iter(reader.batches(d, "train", batch_size=BATCH, seed=0)), 5))
+    assert not set(parts[0]) & set(parts[1])
+    assert sorted(parts[0] + parts[1]) == sorted(whole)  # p-th of every 2 rows of one order
+
+
+def test_iterator_state_resumes_exactly(shards):
+    d, _ = shards
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    it = iter(reader.to_device(reader.batches(d, "train", batch_size=BATCH, seed=3), sharding))
+    assert isinstance(take(it, 7)[-1]["tokens"], jax.Array)
+    state = json.loads(json.dumps(it.get_state()))  # what the checkpoint stores
+    expect = [np.asarray(b["tokens"]) for b in take(it, 6)]
+    it.close()
+    it2 = iter(reader.to_device(reader.batches(d, "train", batch_size=BATCH, seed=3), sharding))
+    it2.set_state(state)
+    got = [np.asarray(b["tokens"]) for b in take(it2, 6)]
+    it2.close()
+    assert len(got) == 6
+    for a, b in zip(got, expect):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_mp_prefetch_gives_the_same_batches(shards):
+    d, _ = shards
+    base = rows_of(take(iter(reader.batches(d, "train", batch_size=BATCH, seed=0)), 6))
+    it = iter(reader.batches(d, "train", batch_size=BATCH, seed=0, num_workers=1))
+    try:
+        assert rows_of(take(it, 6)) == base
+    finally:
+        it.close()
+
+
+def test_refuses_folder_without_manifest(tmp_path):
+    (tmp_path / "train").mkdir()
+    with pytest.raises(InputError, match="no manifest.json.*run `prep shards"):
+        reader.open_shards(tmp_path)
+
+
+def test_refuses_other_format_version(shards, tmp_path):
+    d, _ = shards
+    m = json.loads((d / "manifest.json").read_text())
+    m["format_version"] = 99
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(InputError, match="format version 99.*re-run `prep shards`"):
+        reader.open_shards(tmp_path)
+
+
+def test_damaged_record_names_shard_and_record(tmp_path):
+    tokens, segs = synthetic.counting_rows(6, ROW_LEN)
+    synthetic.write_shards(tmp_path, {"train": (tokens, segs)}, rows_per_shard=3)
+    r = reader.RowReader([tmp_path / "train/synthetic-00000.array_record",
+                          tmp_path / "train/synthetic-00001.array_record"], ROW_LEN)
+    records = r.source.__getitems__([1, 4])
+    bad = records[1][:4] + b"\x09\x00" + records[1][6:]  # format version 9
+    with pytest.raises(RowFormatError, match=r"synthetic-00001.array_record#1: row format version 9"):
+        r.decode([records[0], bad], np.array([1, 4]))
+
+
+def test_cli_refusal_is_one_line_exit_2(tmp_path):
+    result = CliRunner().invoke(main, ["--data", str(tmp_path / "nope"), "--run-dir",
+                                       str(tmp_path / "run")])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and "prep shards" in lines[-1]
+    assert "Traceback" not in result.output

@@ -1,0 +1,229 @@
+"""The training loop: read, step, log every N steps, evaluate every M, checkpoint, resume.
+
+One log line per ``log_every`` steps, e.g.
+
+    step   200/300 | loss 2.7314 | 41.2 ms | 198,513 tok/s | mfu - | wait 0.4% | lr 1.1e-03
+
+with the loss averaged over those steps, real (non-padding) tokens/s, MFU (train.step
+counts the FLOPs on real tokens; "-" where the device's peak is unknown, e.g. CPUs) and
+the share of wall time spent waiting for the next batch. The step's outputs stay on the
+device until that line: one host sync per ``log_every`` steps, none per step. The first
+step (compilation) is left out of the timings. The same numbers go to
+``RUN_DIR/metrics.jsonl``, one JSON object per line, with ``eval_loss`` records every
+``eval_every`` steps.
+
+The first Ctrl-C finishes the current step, saves a checkpoint (state + data iterator)
+and returns; a second one aborts at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from prep.errors import InputError
+from train import attention, model, reader
+from train import step as step_lib
+from train.checkpoint import Checkpointer
+from train.config import TrainConfig, model_config
+
+
+class GracefulStop:
+    """SIGINT sets ``requested`` (the loop saves and leaves); a second SIGINT aborts."""
+
+    def __enter__(self):
+        self.requested = False
+        self._prev = None
+        if threading.current_thread() is threading.main_thread():
+            self._prev = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, *_):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("stopping after this step and saving a checkpoint (Ctrl-C again to abort)",
+              file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        if self._prev is not None:
+            signal.signal(signal.SIGINT, self._prev)
+
+
+class Meter:
+    """Device metrics of the steps since the last log line, plus host-side timings."""
+
+    def __init__(self):
+        self.totals = {"time": 0.0, "wait": 0.0, "tokens": 0.0, "flops": 0.0}
+        self.reset()
+
+    def reset(self):
+        self.pending, self.timed, self.wait, self.t0 = [], [], 0.0, time.perf_counter()
+
+    def add(self, metrics: dict, wait: float, timed: bool):
+        self.pending.append(metrics)
+        self.timed.append(timed)
+        self.wait += wait if timed else 0.0
+
+    def flush(self, flops_of) -> dict:
+        """Fetch (the one host sync) and summarize; timed steps exclude compilation."""
+        fetched = jax.device_get(self.pending)
+        elapsed = time.perf_counter() - self.t0
+        n_timed = sum(self.timed)
+        out = {"loss": sum(float(m["loss"]) for m in fetched) / len(fetched),
+               "grad_norm": float(fetched[-1]["grad_norm"])}
+        if n_timed:
+            timed = [m for m, t in zip(fetched, self.timed) if t]
+            tokens = sum(float(m["tokens"]) for m in timed)
+            flops = sum(flops_of(float(m["tokens"]), float(m["attn_ctx"])) for m in timed)
+            for k, v in (("time", elapsed), ("wait", self.wait), ("tokens", tokens),
+                         ("flops", flops)):
+                self.totals[k] += v
+            out.update(step_ms=1e3 * elapsed / n_timed, tokens_per_s=tokens / elapsed,
+                       flops_per_s=flops / elapsed, data_wait=self.wait / elapsed)
+        self.reset()
+        return out
+
+
+def _fmt(rec: dict, steps: int) -> str:
+    mfu = f"{100 * rec['mfu']:.1f}%" if rec.get("mfu") is not None else "-"
+    timing = (f"{rec['step_ms']:.1f} ms | {rec['tokens_per_s']:,.0f} tok/s | mfu {mfu} | "
+              f"wait {100 * rec['data_wait']:.1f}%" if "step_ms" in rec else "(compiling)")
+    return (f"step {rec['step']:>{len(str(steps))}}/{steps} | loss {rec['loss']:.4f} | "
+            f"{timing} | lr {rec['lr']:.1e}")
+
+
+def evaluate(params, eval_step, cfg: TrainConfig, manifest: dict, rows) -> float | None:
+    """Mean loss over the first ``eval_batches`` batches of the test split (same ones each time)."""
+    ds = reader.batches(cfg.data, "test", batch_size=cfg.batch_size // jax.process_count(),
+                        seed=cfg.seed, train=False, manifest=manifest)
+    it = iter(reader.to_device(ds, rows))
+    total = count = 0
+    try:
+        for _, batch in zip(range(cfg.eval_batches), it):
+            s, c = eval_step(params, batch)
+            total, count = total + s, count + c
+    finally:
+        it.close()
+    return float(total / count) if int(count) else None
+
+
+def _check_run_dir(run_dir: Path, record: dict, resume: bool) -> None:
+    saved = run_dir / "config.json"
+    if resume and saved.is_file():
+        old = json.loads(saved.read_text())
+        if old.get("model") != record["model"]:
+            raise InputError(f"{saved}: the run has another model ({old.get('model')}); resume "
+                             "with the same --model and data, or start a new --run-dir")
+    saved.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
+    """Train per ``cfg``; returns a summary (last loss, eval loss, mean throughput, MFU).
+
+    ``devices``: the mesh (default: all); ``on_step(step)`` runs after each step (tests).
+    """
+    manifest = reader.open_shards(cfg.data)
+    mcfg = model_config(cfg.model, seq_len=manifest["row_len"])
+    impl = attention.resolve(cfg.attention)
+    fwd = dict(implementation=impl, max_segments=reader.max_segments(manifest),
+               dtype=jnp.dtype(cfg.compute_dtype))
+    mesh = step_lib.make_mesh(devices)
+    rep, rows = step_lib.shardings(mesh)
+    if cfg.batch_size % mesh.size:
+        raise InputError(f"--batch-size {cfg.batch_size} does not split over {mesh.size} "
+                         f"devices; use a multiple of {mesh.size}")
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    opt = step_lib.make_optimizer(cfg)
+    schedule = step_lib.lr_schedule(cfg)
+    state = jax.jit(lambda: step_lib.init_state(mcfg, opt, cfg.seed), out_shardings=rep)()
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    it = iter(reader.to_device(reader.batches(
+        cfg.data, "train", batch_size=cfg.batch_size // jax.process_count(), seed=cfg.seed,
+        num_workers=cfg.num_workers, manifest=manifest), rows))
+    start = ckpt.latest_step() or 0
+    if start and not cfg.resume:
+        raise InputError(f"{run_dir} already holds a run at step {start}; pass --resume to "
+                         "continue it, or choose another --run-dir")
+    if start:
+        state, data_state = ckpt.restore(start, state)
+        it.set_state(data_state)
+        print(f"resumed {run_dir} at step {start}", file=sys.stderr)
+    _check_run_dir(run_dir, {"train": dataclasses.asdict(cfg), "model": dataclasses.asdict(mcfg),
+                             "attention": impl, "devices": [str(d) for d in mesh.devices.flat],
+                             "jax": jax.__version__}, cfg.resume)
+    train_step, eval_step = step_lib.compile_steps(mesh, mcfg, opt, fwd)
+    n_matmul = step_lib.matmul_params(state["params"])
+    peak = step_lib.peak_flops()
+    flops_of = lambda tok, ctx: step_lib.step_flops(mcfg, n_matmul, tok, ctx)
+    print(f"model {cfg.model}: {model.count_params(state['params']):,} parameters, "
+          f"{mcfg.n_layers} layers, d_model {mcfg.d_model}, seq {mcfg.seq_len} | attention "
+          f"{impl} | {mesh.size} x {mesh.devices.flat[0].device_kind} | batch {cfg.batch_size} "
+          f"| {cfg.compute_dtype}", file=sys.stderr)
+
+    meter, step, last, eval_loss = Meter(), start, {}, None
+    metrics_file = open(run_dir / "metrics.jsonl", "a")
+
+    def write(rec):
+        metrics_file.write(json.dumps(rec) + "\n")
+        metrics_file.flush()
+
+    saved = False
+    try:
+        with GracefulStop() as stop:
+            while step < cfg.steps and not stop.requested:
+                t0 = time.perf_counter()
+                batch = next(it)
+                wait = time.perf_counter() - t0
+                state, metrics = train_step(state, batch)
+                step += 1
+                meter.add(metrics, wait, timed=step > start + 1)
+                if step == start + 1:  # compilation: start the clock after it
+                    jax.block_until_ready(metrics["loss"])
+                    meter.t0 = time.perf_counter()
+                interval = False
+                if step % cfg.log_every == 0 or step == cfg.steps:
+                    last = {"step": step, **meter.flush(flops_of), "lr": float(schedule(step - 1))}
+                    if "flops_per_s" in last:
+                        last["mfu"] = last["flops_per_s"] / (peak * mesh.size) if peak else None
+                    print(_fmt(last, cfg.steps), flush=True)
+                    write(last)
+                    interval = True
+                if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                    eval_loss = evaluate(state["params"], eval_step, cfg, manifest, rows)
+                    if eval_loss is not None:
+                        print(f"step {step} | eval loss {eval_loss:.4f}", flush=True)
+                        write({"step": step, "eval_loss": eval_loss})
+                    interval = True
+                if cfg.ckpt_every and step % cfg.ckpt_every == 0:
+                    ckpt.save(step, state, it.get_state())
+                    interval = True
+                if interval:  # keep eval and checkpoint time out of the next timings
+                    meter.reset()
+                if on_step is not None:
+                    on_step(step)
+            interrupted = stop.requested
+        if step > start:
+            ckpt.save(step, state, it.get_state())
+        saved = True
+    finally:
+        it.close()
+        ckpt.close()
+        metrics_file.close()
+    t = meter.totals
+    summary = {"step": step, "loss": last.get("loss"), "eval_loss": eval_loss,
+               "interrupted": interrupted and saved, "run_dir": str(run_dir),
+               "tokens_per_s": t["tokens"] / t["time"] if t["time"] else None,
+               "data_wait": t["wait"] / t["time"] if t["time"] else None,
+               "mfu": t["flops"] / t["time"] / (peak * mesh.size) if t["time"] and peak else None,
+               "params": model.count_params(state["params"]), "attention": impl}
+    return summary

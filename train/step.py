@@ -1,0 +1,122 @@
+"""The jitted train and eval steps, data-parallel over a 1-D device mesh, and FLOP counting.
+
+State is ``{"params", "opt", "step"}``: float32 parameters (cast to the compute dtype at
+use, so bf16 math keeps fp32 master weights), the optax AdamW state, and an int step.
+The train step is one jitted function with the state donated (updated in place) that
+returns device scalars only: the loop fetches them every N steps, never per step.
+
+Data parallelism: the state is replicated and each batch is sharded along its rows over
+the "data" axis of a mesh of every device; XLA inserts the gradient all-reduce. The loss
+is a mean over all counted targets of the global batch (sum / count), so it does not
+depend on how the batch is split.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from train import model
+from train.config import ModelConfig, TrainConfig
+
+
+def make_mesh(devices=None) -> Mesh:
+    return Mesh(np.asarray(devices or jax.devices()), ("data",))
+
+
+def shardings(mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
+    """(replicated, batch rows split over "data")."""
+    return NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+
+
+def lr_schedule(cfg: TrainConfig) -> optax.Schedule:
+    """Linear warmup to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio at cfg.steps."""
+    return optax.warmup_cosine_decay_schedule(
+        0.0, cfg.lr, warmup_steps=cfg.warmup, decay_steps=max(cfg.steps, cfg.warmup + 1),
+        end_value=cfg.lr * cfg.min_lr_ratio)
+
+
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+    schedule = lr_schedule(cfg)
+    # norms' gains are not decayed toward 0: that would fight the normalization
+    decay = lambda params: jax.tree_util.tree_map_with_path(
+        lambda path, _: "norm" not in jax.tree_util.keystr(path), params)
+    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
+                       optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2,
+                                   weight_decay=cfg.weight_decay, mask=decay))
+
+
+def init_state(mcfg: ModelConfig, opt: optax.GradientTransformation, seed: int) -> dict:
+    params = model.init_params(mcfg, jax.random.key(seed))
+    return {"params": params, "opt": opt.init(params), "step": jnp.zeros((), jnp.int32)}
+
+
+def _batch_stats(batch: dict) -> dict:
+    """Real tokens and the attention context they see (sum of position + 1), for MFU."""
+    seg = batch["segment_ids"].astype(jnp.int32)
+    real = seg > 0
+    ctx = jnp.where(real, model.positions(seg) + 1, 0)
+    return {"tokens": real.sum(), "attn_ctx": ctx.astype(jnp.float32).sum()}
+
+
+def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, fwd: dict):
+    def loss_fn(params):
+        total, count = model.loss_sum(params, batch, mcfg, **fwd)
+        return total / jnp.maximum(count, 1), count
+
+    (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    updates, opt_state = opt.update(grads, state["opt"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), **_batch_stats(batch)}
+    return {"params": params, "opt": opt_state, "step": state["step"] + 1}, metrics
+
+
+def eval_step(params: dict, batch: dict, *, mcfg: ModelConfig, fwd: dict):
+    total, count = model.loss_sum(params, batch, mcfg, **fwd)
+    return total, count
+
+
+def compile_steps(mesh: Mesh, mcfg: ModelConfig, opt, fwd: dict):
+    """(train_step(state, batch) -> (state, metrics), eval_step(params, batch) -> (sum, count))."""
+    rep, rows = shardings(mesh)
+    train = jax.jit(functools.partial(train_step, mcfg=mcfg, opt=opt, fwd=fwd),
+                    in_shardings=(rep, rows), out_shardings=(rep, rep), donate_argnums=0)
+    evaluate = jax.jit(functools.partial(eval_step, mcfg=mcfg, fwd=fwd),
+                       in_shardings=(rep, rows), out_shardings=(rep, rep))
+    return train, evaluate
+
+
+def matmul_params(params: dict) -> int:
+    """N in 6N: every parameter but the embedding table, whose use is a lookup, not a matmul."""
+    return model.count_params(params) - params["embed"].size
+
+
+def step_flops(mcfg: ModelConfig, n_matmul: int, tokens: float, attn_ctx: float) -> float:
+    """Training FLOPs of a step over its real tokens: 6N per token, plus attention.
+
+    Attention per layer: QK^T and AV are 2 * d_attn * ctx each for a token seeing ctx
+    keys, times 3 for forward + backward. Counted over the keys each token really sees
+    (its position + 1, inside its own context), which is what the cuDNN kernel computes.
+    """
+    d_attn = mcfg.n_heads * mcfg.head_dim
+    return 6.0 * n_matmul * tokens + 12.0 * mcfg.n_layers * d_attn * attn_ctx
+
+
+# Dense bf16 peak per device (FLOP/s), by jax device_kind prefix; most specific first.
+PEAK_BF16 = (
+    ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12), ("NVIDIA H100", 989e12),
+    ("NVIDIA H200", 989e12), ("NVIDIA GH200", 989e12), ("NVIDIA B200", 2250e12),
+    ("NVIDIA A100", 312e12), ("NVIDIA L4", 121e12), ("NVIDIA A10", 125e12),
+    ("TPU v5 lite", 197e12), ("TPU v5", 459e12), ("TPU v4", 275e12),
+)
+
+
+def peak_flops(device=None) -> float | None:
+    """The device's dense bf16 peak, or None where unknown (CPUs): MFU is then not reported."""
+    kind = (device or jax.devices()[0]).device_kind
+    return next((f for prefix, f in PEAK_BF16 if kind.startswith(prefix)), None)
