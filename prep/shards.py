@@ -204,10 +204,12 @@ def _read_units(paths: list[Path]) -> tuple[list[list[tuple[str, list[int]]]], i
     units, unit, n, total = [], [], 0, 0
     for p in paths:
         try:
-            md = pq.ParquetFile(p).metadata
+            pf = pq.ParquetFile(p)
         except (OSError, pa.ArrowException) as e:
             raise InputError(f"{p}: not a readable parquet file ({_first_line(e)}); "
                              "re-create or remove it") from None
+        validate_rows(pf.schema_arrow.empty_table(), source=str(p))  # columns and types, up front
+        md = pf.metadata
         groups = []
         for rg in range(md.num_row_groups):
             rows = md.row_group(rg).num_rows

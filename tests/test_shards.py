@@ -1,0 +1,259 @@
+"""prep shards end to end: exact rows on a tiny input, nothing lost or duplicated, no
+probe in both splits, byte-identical output across workers and file order, kill-safety,
+bad input (DESIGN sections 5, 7, 8)."""
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from array_record.python.array_record_module import ArrayRecordReader
+from click.testing import CliRunner
+
+from prep import manifest as mf
+from prep import rows
+from prep.bucket import ShardsConfig, is_test_probe, process_bucket
+from prep.cli import main
+from prep.decode import decode_context, rtt_ms
+from prep.measurements import addr_words
+from prep.reference import rtt_code
+from prep.shards import run_shards
+from prep.verify import verify_dir
+
+REPO = Path(__file__).resolve().parent.parent
+T0 = 1_767_225_600  # 2026-01-01
+
+
+def write_parquet(path: Path, recs: list[dict]) -> Path:
+    cols = {k: [r[k] for r in recs] for k in recs[0]}
+    table = pa.table({"event_time": pa.array(cols["event_time"], pa.int64()),
+                      "prb_id": pa.array(cols["prb_id"], pa.int64()),
+                      "src_addr": cols["src_addr"], "dst_addr": cols["dst_addr"],
+                      "ip_version": pa.array(cols["ip_version"], pa.int8()),
+                      "rtt": pa.array(cols["rtt"], pa.float64())})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, row_group_size=4096)
+    return path
+
+
+def probe_data(n_probes: int, per_probe: int, seed: int) -> list[dict]:
+    """Each probe has its own source address, so a decoded segment names its probe."""
+    rng = np.random.default_rng(seed)
+    recs = []
+    for p in range(1, n_probes + 1):
+        v6 = p % 3 == 0
+        src = f"2001:db8::{p:x}" if v6 else f"10.0.{p // 256}.{p % 256}"
+        t = T0 + int(rng.integers(0, 3600))
+        for _ in range(per_probe):
+            t += int(rng.choice([60, 240, 300, 4000]))
+            dst = f"2001:500::{rng.integers(1, 6)}" if v6 else f"193.0.14.{rng.integers(1, 6)}"
+            rtt = -1.0 if rng.random() < 0.2 else float(rng.uniform(1, 300))
+            recs.append({"event_time": t, "prb_id": p, "src_addr": src, "dst_addr": dst,
+                         "ip_version": 6 if v6 else 4, "rtt": rtt})
+    return recs
+
+
+def read_split(d: Path, split: str) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    m = mf.load_manifest(d)
+    out = []
+    for path in mf.shard_paths(m, d, split):
+        r = ArrayRecordReader(str(path))
+        for rec in r.read_all():
+            tok, seg = rows.decode_row(rec)
+            out.append((path.name, tok, seg))
+        r.close()
+    return out
+
+
+def decoded_segments(d: Path, split: str):
+    for name, tok, seg in read_split(d, split):
+        for sid in range(1, int(seg.max()) + 1):
+            yield name, decode_context(tok[seg == sid].tolist())
+
+
+def rtt_q(ms: float) -> float:
+    return -1.0 if ms == -1.0 else rtt_ms(*rtt_code(ms))
+
+
+def key(family, src_hi, src_lo, dst_hi, dst_lo, rtt):
+    return (int(family), int(src_hi), int(src_lo), int(dst_hi), int(dst_lo), rtt)
+
+
+# --- a tiny input with rows you can count by hand ------------------------------------
+
+TINY_CFG = ShardsConfig(row_len=64, n_buckets=1, test_fraction=0.0, mode_weights=(1.0, 0.0, 0.0))
+
+
+def tiny_input(tmp_path: Path) -> Path:
+    def rec(t, prb, src, rtt, dst="193.0.14.129", v=4):
+        return {"event_time": T0 + t, "prb_id": prb, "src_addr": src, "dst_addr": dst,
+                "ip_version": v, "rtt": rtt}
+    return write_parquet(tmp_path / "in" / "tiny.parquet", [
+        # IPv4 ping: START + 2 x (4 bytes + tag) + RTT (3) = 14 tokens, FAILED instead: 12;
+        # full timestamps: the first absolute (+9), later ones 1-byte deltas (+2).
+        rec(0, 3, "192.0.2.3", 5.0), rec(60, 3, "192.0.2.3", 6.0), rec(120, 3, "192.0.2.3", 7.0),  # 55
+        rec(0, 1, "192.0.2.1", 10.0), rec(60, 1, "192.0.2.1", 20.0),  # 23 + 16 = 39
+        rec(0, 2, "192.0.2.2", -1.0),  # 12 + 9 = 21
+        rec(0, 4, "", 1.0),  # rejected: empty_src_addr
+        rec(0, 4, "192.0.2.4", float("nan")),  # rejected: bad_rtt
+        rec(0, 4, "192.0.2.4", 1.0, dst="2001:db8::1"),  # rejected: family_mismatch
+    ])
+
+
+def test_tiny_input_exact_rows_and_counts(tmp_path):
+    out = tmp_path / "out"
+    s = run_shards([str(tiny_input(tmp_path))], str(out), TINY_CFG, progress=False)
+    got = read_split(out, "train")
+    # Best fit decreasing: 55 alone (9 left, no measurement fits), then 39 + 21 = 60.
+    assert [seg.tolist() for _, _, seg in got] == [[1] * 55 + [0] * 9,
+                                                   [1] * 39 + [2] * 21 + [0] * 4]
+    row1 = [decode_context(got[1][1][got[1][2] == sid].tolist()) for sid in (1, 2)]
+    ip = lambda text: addr_words(text)[2]  # noqa: E731
+    assert [(x.src_lo, x.time, x.rtt) for x in row1[0]] == [
+        (ip("192.0.2.1"), T0, rtt_q(10.0)), (ip("192.0.2.1"), T0 + 60, rtt_q(20.0))]
+    assert [(x.src_lo, x.time, x.failed) for x in row1[1]] == [(ip("192.0.2.2"), T0, True)]
+    assert all(tok[seg == 0].tolist() == [0] * int((seg == 0).sum()) for _, tok, seg in got)
+    assert s["rejected_by_reason"] == {"bad_rtt": 1, "empty_src_addr": 1, "family_mismatch": 1}
+    assert (s["measurements_in"], s["measurements_tokenized"], s["contexts"]) == (9, 6, 3)
+    assert (s["rows"], s["tokens"], s["lower_bound_rows"]) == ({"train": 2, "test": 0}, 115, 2)
+    m = mf.load_manifest(out)
+    assert m["segments_per_row"] == {"1": 1, "2": 1}
+    assert m["counts"]["padding_tokens"] == 2 * 64 - 115
+    assert [e["path"] for e in m["splits"]["train"]["shards"]] == ["train/shard-b00000-e0.array_record"]
+    assert m["inputs"][0]["size"] == (tmp_path / "in" / "tiny.parquet").stat().st_size
+    assert verify_dir(out) == []
+
+
+def test_nothing_lost_nothing_duplicated_and_splits_disjoint(tmp_path):
+    recs = probe_data(n_probes=60, per_probe=150, seed=1)
+    write_parquet(tmp_path / "in" / "a.parquet", recs[: len(recs) // 2])
+    write_parquet(tmp_path / "in" / "b.parquet", recs[len(recs) // 2:])
+    cfg = ShardsConfig(n_buckets=4, test_fraction=0.3, epochs=2, max_measurements=40)
+    s = run_shards([str(tmp_path / "in")], str(tmp_path / "out"), cfg, progress=False)
+    assert s["measurements_tokenized"] == 2 * len(recs) and s["measurements_rejected"] == 0
+    want = collections.Counter()
+    probe_of_src = {}
+    for r in recs:
+        fam, hi, lo = addr_words(r["src_addr"])
+        _, dhi, dlo = addr_words(r["dst_addr"])
+        want[key(fam, hi, lo, dhi, dlo, rtt_q(r["rtt"]))] += 1
+        probe_of_src[(hi, lo)] = r["prb_id"]
+    times = collections.Counter((r["prb_id"], r["event_time"]) for r in recs)
+    for epoch in (0, 1):
+        got, probes = collections.Counter(), {"train": set(), "test": set()}
+        for split in ("train", "test"):
+            for name, ms in decoded_segments(tmp_path / "out", split):
+                if not name.endswith(f"-e{epoch}.array_record"):
+                    continue
+                seg_probes = {probe_of_src[(x.src_hi, x.src_lo)] for x in ms}
+                assert len(seg_probes) == 1  # no segment crosses a probe
+                probes[split] |= seg_probes
+                for x in ms:
+                    got[key(x.family, x.src_hi, x.src_lo, x.dst_hi, x.dst_lo, x.rtt)] += 1
+                    if x.time is not None:  # a timestamp that came back is the measured one
+                        assert times[(next(iter(seg_probes)), x.time)] > 0
+        assert got == want  # every accepted measurement exactly once per epoch
+        assert not probes["train"] & probes["test"]
+        test = is_test_probe(np.array(sorted(probes["test"]), np.uint64), 0.3)
+        assert test.all() and len(probes["test"]) + len(probes["train"]) == 60
+    m = mf.load_manifest(tmp_path / "out")
+    assert {e["epoch"] for e in m["splits"]["train"]["shards"]} == {0, 1}
+    # Each epoch has its own field orders, timestamp modes and cuts: no row repeats.
+    e0 = {tok.tobytes() for n, tok, _ in read_split(tmp_path / "out", "train") if "-e0" in n}
+    e1 = {tok.tobytes() for n, tok, _ in read_split(tmp_path / "out", "train") if "-e1" in n}
+    assert e0 and e1 and not e0 & e1
+    assert verify_dir(tmp_path / "out") == []
+
+
+def _tree_bytes(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()
+            and p.name != mf.MANIFEST_NAME}
+
+
+def _manifest_sans_timing(d: Path) -> dict:
+    m = json.loads((d / mf.MANIFEST_NAME).read_text())
+    return {k: v for k, v in m.items() if k not in ("elapsed_s", "timing")}
+
+
+def test_same_bytes_for_any_worker_count_and_file_order(tmp_path):
+    recs = probe_data(n_probes=40, per_probe=100, seed=2)
+    a = write_parquet(tmp_path / "in" / "a.parquet", recs[::2])
+    b = write_parquet(tmp_path / "in" / "b.parquet", recs[1::2])
+    cfg = ShardsConfig(n_buckets=3, test_fraction=0.25)
+    run_shards([str(a), str(b)], str(tmp_path / "w1"), cfg, workers=1, progress=False)
+    run_shards([str(b), str(a)], str(tmp_path / "w2"), cfg, workers=2, progress=False)
+    one, two = _tree_bytes(tmp_path / "w1"), _tree_bytes(tmp_path / "w2")
+    assert len(one) == 6 and one == two  # 3 buckets x 2 splits
+    assert _manifest_sans_timing(tmp_path / "w1") == _manifest_sans_timing(tmp_path / "w2")
+
+
+def test_process_bucket_is_pure(tmp_path):
+    from prep.validate import read_validated
+
+    recs = probe_data(n_probes=10, per_probe=50, seed=3)
+    m, _, _ = read_validated([write_parquet(tmp_path / "x.parquet", recs)])
+    cfg = ShardsConfig(test_fraction=0.5)
+    r1 = process_bucket(7, m, cfg, str(tmp_path / "a"))
+    r2 = process_bucket(7, m.take(np.arange(len(m))[::-1]), cfg, str(tmp_path / "b"))
+    assert r1 == r2 and json.loads(json.dumps(r1)) == r1
+    assert [s["path"] for s in r1["shards"]] == ["train/shard-b00007-e0.array_record",
+                                                 "test/shard-b00007-e0.array_record"]
+    assert sum(s["measurements"] for s in r1["shards"]) == len(recs)
+    assert _tree_bytes(tmp_path / "a") == _tree_bytes(tmp_path / "b")
+
+
+def test_killed_run_leaves_no_dataset_and_next_run_completes(tmp_path):
+    inp = write_parquet(tmp_path / "in" / "a.parquet", probe_data(n_probes=200, per_probe=400, seed=4))
+    out = tmp_path / "out"
+    cmd = [str(REPO / ".venv" / "bin" / "prep"), "shards", str(inp), "--out", str(out),
+           "--workers", "2", "--buckets", "8", "--quiet"]
+    run_shards([str(inp)], str(out), ShardsConfig(n_buckets=8), progress=False)  # an old dataset
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not list(out.glob(".tmp-*/train/*.array_record")) and time.monotonic() < deadline:
+        time.sleep(0.005)  # kill once the first bucket's shards are written
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert list(out.glob(".tmp-*/train/*.array_record")), "the run ended before it could be killed"
+    assert not (out / mf.MANIFEST_NAME).exists()
+    assert not list(out.glob("*/*.array_record"))  # nothing outside the staging folder
+    with pytest.raises(Exception, match="no manifest.json"):
+        verify_dir(out)
+    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
+    assert not list(out.glob(".tmp-*")) and verify_dir(out) == []
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"event_time": [1], "src_addr": ["192.0.2.1"]}), bad)
+    r = CliRunner().invoke(main, ["shards", str(bad), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2
+    assert r.output.strip().count("\n") == 0 and "missing required column" in r.output
+    assert not (tmp_path / "out" / mf.MANIFEST_NAME).exists()
+    (tmp_path / "junk.parquet").write_bytes(b"PAR1 not really")
+    r = CliRunner().invoke(main, ["shards", str(tmp_path / "junk.parquet"), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "junk.parquet" in r.output and "Traceback" not in r.output
+    good = tiny_input(tmp_path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    r = CliRunner().invoke(main, ["shards", str(good), "--out", str(tmp_path / "mine")])
+    assert r.exit_code == 2 and "notes.txt" in r.output
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_cli_json_summary(tmp_path):
+    r = CliRunner().invoke(main, ["shards", str(tiny_input(tmp_path)), "--out", str(tmp_path / "o"),
+                                  "--row-len", "64", "--test-fraction", "0", "--buckets", "1",
+                                  "--workers", "1", "--json", "--quiet"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (s["measurements_in"], s["measurements_rejected"], s["rows"]) == (9, 3, {"train": 2, "test": 0})
+    assert "padding" in r.stderr and "9 in, 3 rejected" in r.stderr
