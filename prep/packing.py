@@ -45,8 +45,8 @@ class Packing:
     n_rows: int
 
 
-GRAIN_WEIGHT = 8  # donor key: weight of tokens per measurement (coarse pieces fit fewer gaps)
-PATIENCE = 64  # step 4 ends after this many donors in a row that could not be dissolved
+GRAIN_WEIGHT = 16  # donor key: weight of tokens per measurement (coarse pieces fit fewer gaps)
+PATIENCE = 1000  # step 4 ends after this many donors in a row that could not be dissolved
 
 
 @njit(cache=True)
@@ -69,8 +69,7 @@ def _prefix_arrays(cost, has_ts):
 
 
 @njit(cache=True)
-def _context_lengths(ctx_start, ctx_end, cost, has_ts, abs_extra):
-    cum, nts = _prefix_arrays(cost, has_ts)
+def _lengths(ctx_start, ctx_end, cum, nts, abs_extra):
     out = np.empty(ctx_start.shape[0], np.int64)
     for c in range(ctx_start.shape[0]):
         out[c] = _plen(cum, nts, abs_extra, ctx_start[c], ctx_end[c])
@@ -79,7 +78,9 @@ def _context_lengths(ctx_start, ctx_end, cost, has_ts, abs_extra):
 
 def context_lengths(ctx_start, ctx_end, cost, has_ts, abs_extra) -> np.ndarray:
     """Token length of every context (int64), by the piece length rule."""
-    return _context_lengths(*_as_arrays(ctx_start, ctx_end, cost, has_ts, abs_extra))
+    s, e, cost, has_ts, abs_extra = _as_arrays(ctx_start, ctx_end, cost, has_ts, abs_extra)
+    cum, nts = _prefix_arrays(cost, has_ts)
+    return _lengths(s, e, cum, nts, abs_extra)
 
 
 # Open rows, bucketed by gap: per-gap doubly linked FIFO lists plus a segment tree whose
@@ -155,9 +156,8 @@ def _grow(a, n):
 
 
 @njit(cache=True)
-def _pack(ctx_start, ctx_end, cost, has_ts, abs_extra, clen, row_len, cap, split):
+def _pack(ctx_start, ctx_end, cum, nts, abs_extra, clen, row_len, cap, split):
     n_ctx = ctx_start.shape[0]
-    cum, nts = _prefix_arrays(cost, has_ts)
     # 2. longest first, by counting sort (stable: equal lengths keep index order)
     pos = np.zeros(row_len + 2, np.int64)
     for c in range(n_ctx):
@@ -221,17 +221,18 @@ def _pack(ctx_start, ctx_end, cost, has_ts, abs_extra, clen, row_len, cap, split
     if split and n_rows > 1:
         # 4. donors: cheapest to dissolve first: least fill, fewest timestamp tokens a cut
         # could add, finest measurements (small pieces fill small gaps)
+        xcum = np.zeros(abs_extra.shape[0] + 1, np.int64)  # abs_extra sums (0 if no timestamp)
+        for i in range(abs_extra.shape[0]):
+            xcum[i + 1] = xcum[i] + abs_extra[i]
         key = np.empty(n_rows, np.int64)
         for r in range(n_rows):
             fill = row_len - gap[r]
             extra = 0
             n_meas = 0
             q = rfirst[r]
-            while q >= 0:
+            while q >= 0:  # whole contexts here: their length minus cost is 0, so use cost
                 n_meas += pe[q] - ps[q]
-                for i in range(ps[q], pe[q]):
-                    if has_ts[i]:
-                        extra += abs_extra[i]
+                extra += xcum[pe[q]] - xcum[ps[q]]
                 q = pnext[q]
             key[r] = fill + extra + GRAIN_WEIGHT * fill // n_meas
         donors = np.argsort(key, kind="mergesort")
@@ -359,11 +360,14 @@ def pack(ctx_start, ctx_end, cost, has_ts, abs_extra, *, row_len: int = 1024,
         raise ValueError("every context needs 0 <= start < end <= len(cost)")
     if len(cost_) and cost_.min() < 1:
         raise ValueError("every measurement costs at least one token")
-    clen = _context_lengths(*arrs)
+    abs_extra = np.where(arrs[3], arrs[4], 0)  # the rule reads abs_extra only where has_ts
+    cum, nts = _prefix_arrays(cost_, arrs[3])
+    clen = _lengths(s, e, cum, nts, abs_extra)
     if len(clen) and clen.max() > row_len:
         c = int(np.argmax(clen))
         raise ValueError(f"context {c} is {clen[c]} tokens, longer than a row ({row_len})")
-    o_s, o_e, o_l, o_r, n_rows = _pack(*arrs, clen, row_len, max_segments, split)
+    o_s, o_e, o_l, o_r, n_rows = _pack(s, e, cum, nts, abs_extra, clen, row_len, max_segments,
+                                       split)
     return Packing(o_s, o_e, o_l, o_r, int(n_rows))
 
 
