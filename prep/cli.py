@@ -95,7 +95,7 @@ def import_atlas(inputs, out, per_packet, strict, as_json):
               help="Passes over the data, each encoded and cut with its own seed.")
 @click.option("--buckets", default=16, show_default=True, type=click.IntRange(1),
               help="Hash partitions of the probes; bounds memory per worker.")
-@click.option("--compression", default="zstd:1", show_default=True,
+@click.option("--compression", default="snappy", show_default=True,
               help="ArrayRecord compression: zstd:N, snappy or uncompressed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
@@ -158,6 +158,34 @@ def _workers(n: int) -> int:
 # --- end shards / verify / inspect -------------------------------------------------
 
 # --- analyze-padding ---------------------------------------------------------------
+@main.command("analyze-padding")
+@click.argument("input_path", metavar="INPUT", type=click.Path(exists=True))
+@click.option("--crop", default=1024, show_default=True, type=click.IntRange(16, 65535),
+              help="Row length / crop in tokens.")
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1),
+              help="Rows per step, for the steps column.")
+@click.option("--max-segments", default=16, show_default=True, type=click.IntRange(1, 255),
+              help="Segment cap of the capped packer variant.")
+@click.option("--grain-sample", default=2000, show_default=True, type=click.IntRange(1),
+              help="Contexts given to each Grain packer (they run in Python).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Tokenizer seed.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG here.")
+def analyze_padding(input_path, crop, batch_size, max_segments, grain_sample, seed, as_json,
+                    plot):
+    """Padding of every packing strategy on INPUT (parquet measurements or a shards folder)."""
+    import json
+
+    from prep import analyze
+
+    cfg = analyze.AnalyzeConfig(crop=crop, batch_size=batch_size, max_segments=max_segments,
+                                grain_sample=grain_sample, seed=seed)
+    click.echo(f"analyze-padding {input_path}: {cfg}", err=True)
+    result = analyze.analyze(analyze.load(input_path, cfg), cfg)
+    click.echo(json.dumps(result) if as_json else analyze.format_report(result))
+    if plot:
+        analyze.plot(result, plot)
+        click.echo(f"wrote {plot}", err=True)
 # --- end analyze-padding -----------------------------------------------------------
 
 
