@@ -119,7 +119,8 @@ def strategies(ctx: Contexts, cfg: AnalyzeConfig) -> list[dict]:
 
 
 def analyze(ctx: Contexts, cfg: AnalyzeConfig) -> dict:
-    edges = np.arange(0, max(cfg.crop, int(ctx.lengths.max(initial=0))) + HIST_BIN, HIST_BIN)
+    top = max(cfg.crop, int(ctx.lengths.max(initial=0)))  # a full-crop context gets its own bar
+    edges = np.arange(0, top + 2 * HIST_BIN, HIST_BIN)
     counts, _ = np.histogram(ctx.lengths, bins=edges)
     tokens = int(ctx.lengths.sum())
     return {"source": ctx.source, "crop": cfg.crop, "batch_size": cfg.batch_size,

@@ -1,0 +1,95 @@
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from prep import analyze, manifest
+from prep.cli import main
+
+CFG = analyze.AnalyzeConfig(crop=1024, batch_size=2, grain_bins=(2,), grain_sample=100,
+                            max_segments=2)
+LENGTHS = np.array([600, 500, 400, 300, 1024, 10])
+PROBE = np.array([0, 0, 1, 1, 2, 3])  # histories of 1100, 700, 1024 and 10 tokens
+
+
+def _row(name, rows, kept, truncated, segs, note=""):
+    return {"name": name, "rows": rows, "steps": -(-rows // 2),
+            "padding_fraction": 1 - kept / (rows * 1024), "truncated_tokens": truncated,
+            "segments_p50": segs and segs[0], "segments_p99": segs and segs[1],
+            "segments_max": segs and segs[2], "useful_tokens_per_row": kept / rows, "note": note}
+
+
+def test_every_number_of_a_small_table():
+    r = analyze.analyze(analyze.Contexts(LENGTHS, PROBE), CFG)
+    assert (r["contexts"], r["tokens"], r["lower_bound_rows"]) == (6, 2834, 3)
+    counts = r["length_histogram"]["counts"]
+    assert len(counts) == 17 and {i: c for i, c in enumerate(counts) if c} == \
+        {0: 1, 4: 1, 6: 1, 7: 1, 9: 1, 16: 1}
+    whole = "whole contexts (lengths only: no splitting)"
+    assert r["strategies"] == [
+        _row("pad-to-crop", 6, 2834, 0, (1, 1, 1)),
+        # one window per probe: the 1100-token history loses 76 tokens
+        _row("probe-window", 4, 2758, 76, (1, 1, 1)),
+        # 2 bins: [600 400] [500 300] are emitted when 1024 fits neither, then [1024] [10]
+        _row("grain-first-fit-2", 4, 2834, 0, (2, 2, 2)),
+        _row("grain-best-fit-2", 4, 2834, 0, (2, 2, 2)),
+        # best-fit decreasing: [1024] [600 400 10] [500 300]
+        _row("packer", 3, 2834, 0, (2, 3, 3), whole),
+        _row("packer-cap2", 4, 2834, 0, (2, 2, 2), whole),
+        _row("lower-bound", 3, 2834, 0, None),
+    ]
+
+
+def test_grain_sample_is_scaled_and_said():
+    cfg = analyze.AnalyzeConfig(grain_bins=(2,), grain_sample=3)
+    g = [s for s in analyze.strategies(analyze.Contexts(np.full(12, 600)), cfg)
+         if s["name"] == "grain-first-fit-2"][0]
+    assert (g["rows"], g["note"]) == (12, "sample of 3, rows scaled")
+
+
+@pytest.fixture(scope="module")
+def shards_dir(tmp_path_factory):
+    from prep.bucket import ShardsConfig
+    from prep.shards import run_shards
+    from prep.synth import SynthConfig, synth
+
+    d = tmp_path_factory.mktemp("analyze")
+    synth(SynthConfig(out=d / "raw", rows=20_000, probes=40, days=1, seed=3))
+    run_shards([str(d / "raw")], str(d / "shards"), ShardsConfig(n_buckets=2), workers=1,
+               progress=False)
+    return d
+
+
+def test_shards_figures_equal_the_manifest(shards_dir):
+    m = manifest.load_manifest(shards_dir / "shards")
+    r = analyze.analyze(analyze.load(str(shards_dir / "shards"), CFG), CFG)
+    p = [s for s in r["strategies"] if s["name"] == "packer"][0]
+    assert p["rows"] == sum(s["rows"] for s in m["splits"].values())
+    assert p["padding_fraction"] == pytest.approx(m["padding_fraction"], abs=1e-12)
+    assert p["segments_max"] == max(int(k) for k in m["segments_per_row"])
+    # stored segments are the lengths: their total is every real token of the shards
+    assert r["tokens"] == m["counts"]["tokens"]
+
+
+def test_parquet_matches_shards_packing(shards_dir):
+    # the parquet path plans the same contexts prep shards did (bucketing aside)
+    m = manifest.load_manifest(shards_dir / "shards")
+    ctx = analyze.load(str(shards_dir / "raw"), CFG)
+    assert len(ctx.lengths) == m["counts"]["contexts"]
+    lb = [s for s in analyze.strategies(ctx, CFG) if s["name"] == "lower-bound"][0]
+    assert lb["rows"] == -(-int(ctx.lengths.sum()) // 1024)
+
+
+def test_cli_json_and_plot(shards_dir, tmp_path):
+    png = tmp_path / "pad.png"
+    res = CliRunner().invoke(main, ["analyze-padding", str(shards_dir / "raw"), "--json",
+                                    "--grain-sample", "50", "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    names = [s["name"] for s in out["strategies"]]
+    assert names[0] == "pad-to-crop" and names[-1] == "lower-bound" and "packer-cap16" in names
+    assert all({"rows", "padding_fraction", "truncated_tokens"} <= s.keys()
+               for s in out["strategies"])
+    assert out["lower_bound_rows"] == out["strategies"][-1]["rows"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
