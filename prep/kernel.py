@@ -53,6 +53,7 @@ PERMS = np.array([
     [2, 0, 1, 3], [2, 0, 3, 1], [2, 1, 0, 3], [2, 1, 3, 0], [2, 3, 0, 1], [2, 3, 1, 0],
     [3, 0, 1, 2], [3, 0, 2, 1], [3, 1, 0, 2], [3, 1, 2, 0], [3, 2, 0, 1], [3, 2, 1, 0],
 ], dtype=np.int64)
+RANKS = np.argsort(PERMS, axis=1)  # RANKS[p, block] = where block stands in order p
 
 _BYTE = np.uint64(V.BYTE_OFFSET)  # uint64 + int64 is float64 in Numba: keep byte math unsigned
 TS_ABS, TS_DELTA1, TS_DELTA4 = 9, 2, 5  # tokens of each timestamp block
@@ -291,44 +292,50 @@ def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist
         prev = np.int64(0)
         for x in range(m):
             i = order[x]
+            fam = family[i]
+            la = 5 if fam == 4 else 17
+            failed = rtt[i] < 0.0
+            lr = 1 if failed else 3
+            lt = 0
+            if has_ts[i]:
+                lt = _ts_tokens(have_prev, prev, time[i])
+            # Each block's offset follows from the drawn order and the block lengths, so
+            # the blocks are written in a fixed sequence: no branch on the random order.
+            p_ = ((draw(k_field, hist[i]) >> _S32) * np.uint64(24)) >> _S32
+            r0, r1, r2, r3 = RANKS[p_, 0], RANKS[p_, 1], RANKS[p_, 2], RANKS[p_, 3]
+            base = pos + 1
+            o_src = base + la * (r1 < r0) + lr * (r2 < r0) + lt * (r3 < r0)
+            o_dst = base + la * (r0 < r1) + lr * (r2 < r1) + lt * (r3 < r1)
+            o_res = base + la * (r0 < r2) + la * (r1 < r2) + lt * (r3 < r2)
+            o_ts = base + la * (r0 < r3) + la * (r1 < r3) + lr * (r2 < r3)
             out[pos] = V.MEASUREMENT_START
-            pos += 1
-            perm = PERMS[((draw(k_field, hist[i]) >> _S32) * np.uint64(24)) >> _S32]
-            for b in range(4):
-                block = perm[b]
-                if block == BLOCK_SRC:
-                    pos = _put_addr(out, pos, V.SRC_IPV4, family[i], src_hi[i], src_lo[i])
-                elif block == BLOCK_DST:
-                    pos = _put_addr(out, pos, V.DST_IPV4, family[i], dst_hi[i], dst_lo[i])
-                elif block == BLOCK_RESULT:
-                    if rtt[i] < 0.0:
-                        out[pos] = V.FAILED
-                        pos += 1
-                    else:
-                        ex, mant = rtt_code(rtt[i])
-                        out[pos] = V.RTT_START
-                        out[pos + 1] = V.BYTE_OFFSET + ((ex << 3) | (mant >> 8))
-                        out[pos + 2] = V.BYTE_OFFSET + (mant & 0xFF)
-                        pos += 3
-                elif has_ts[i]:
-                    t_i = time[i]
-                    tt = _ts_tokens(have_prev, prev, t_i)
-                    if tt == TS_DELTA1:
-                        out[pos] = V.TIMESTAMP_DELTA1
-                        out[pos + 1] = V.BYTE_OFFSET + (t_i - prev)
-                    elif tt == TS_DELTA4:
-                        d = np.uint64(t_i - prev)
-                        out[pos] = V.TIMESTAMP_DELTA4
-                        for q in range(4):
-                            out[pos + 1 + q] = _BYTE + ((d >> np.uint64(24 - 8 * q)) & np.uint64(0xFF))
-                    else:
-                        u = np.uint64(t_i)  # two's complement: decoders read it back signed
-                        out[pos] = V.TIMESTAMP_ABS
-                        for q in range(8):
-                            out[pos + 1 + q] = _BYTE + ((u >> np.uint64(56 - 8 * q)) & np.uint64(0xFF))
-                    pos += tt
-                    have_prev = True
-                    prev = t_i
+            _put_addr(out, o_src, V.SRC_IPV4, fam, src_hi[i], src_lo[i])
+            _put_addr(out, o_dst, V.DST_IPV4, fam, dst_hi[i], dst_lo[i])
+            if failed:
+                out[o_res] = V.FAILED
+            else:
+                ex, mant = rtt_code(rtt[i])
+                out[o_res] = V.RTT_START
+                out[o_res + 1] = V.BYTE_OFFSET + ((ex << 3) | (mant >> 8))
+                out[o_res + 2] = V.BYTE_OFFSET + (mant & 0xFF)
+            if lt:
+                t_i = time[i]
+                if lt == TS_DELTA1:
+                    out[o_ts] = V.TIMESTAMP_DELTA1
+                    out[o_ts + 1] = V.BYTE_OFFSET + (t_i - prev)
+                elif lt == TS_DELTA4:
+                    d = np.uint64(t_i - prev)
+                    out[o_ts] = V.TIMESTAMP_DELTA4
+                    for q in range(4):
+                        out[o_ts + 1 + q] = _BYTE + ((d >> np.uint64(24 - 8 * q)) & np.uint64(0xFF))
+                else:
+                    u = np.uint64(t_i)  # two's complement: decoders read it back signed
+                    out[o_ts] = V.TIMESTAMP_ABS
+                    for q in range(8):
+                        out[o_ts + 1 + q] = _BYTE + ((u >> np.uint64(56 - 8 * q)) & np.uint64(0xFF))
+                have_prev = True
+                prev = t_i
+            pos = base + 2 * la + lr + lt
     return out
 
 

@@ -42,9 +42,10 @@ def roundtrip(m: Measurements, cfg: ContextConfig, seed: int):
         matched = []
         for d in dec:
             candidates = pool[key(d)]  # KeyError: an address, family or failure changed
-            # among equal keys, the RTT (and then time) picks the partner
-            best = min(candidates, key=lambda i: (abs(d.rtt - s.rtt[i]),
-                                                  0 if d.time is None else abs(d.time - int(s.time[i]))))
+            # among equal keys, the timestamp flag, the RTT and then the time pick the partner
+            best = min(candidates, key=lambda i: (
+                (d.time is None) == bool(plan.has_ts[i]), abs(d.rtt - s.rtt[i]),
+                0 if d.time is None else abs(d.time - int(s.time[i]))))
             candidates.remove(best)
             matched.append((best, d))
         out.append(matched)
