@@ -58,7 +58,9 @@ class ShardsConfig:
     epochs: int = 1  # passes over the data, each with its own seeded encoding and cuts
     test_fraction: float = 0.1  # share of probes (not rows) in the test split
     n_buckets: int = 16  # hash partitions; fixed here so outputs never depend on workers
-    compression: str = "zstd:1"  # ArrayRecord compression ("uncompressed", "zstd:N", "snappy")
+    # ArrayRecord compression: snappy writes 2.6x faster than zstd:1 (6 vs 16 µs a row)
+    # for 29 % instead of 22 % of the raw size, and reads faster too.
+    compression: str = "snappy"
 
     def __post_init__(self):
         if not 0.0 <= self.test_fraction <= 1.0:
@@ -101,12 +103,13 @@ def shard_name(split: str, bucket: int, epoch: int) -> str:
 
 
 def assemble_rows(tokens: np.ndarray, offsets: np.ndarray, piece_row: np.ndarray,
-                  n_rows: int, row_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens uint16[n_rows, row_len], segment_ids uint8[n_rows, row_len]).
+                  n_rows: int, row_len: int) -> np.ndarray:
+    """The rows' record bytes, uint8[n_rows, record_size] (see prep.rows.new_block).
 
     Pieces come ordered by (row, slot), so row r's real tokens are one contiguous run of
     ``tokens``, and a boolean mask of "real" cells in row-major order places every token
-    at once. Segment id = slot + 1; padding (token 0, segment 0) fills each row's tail.
+    at once, straight into the record block. Segment id = slot + 1; padding (token 0,
+    segment 0) fills each row's tail.
     """
     lens = np.diff(offsets)
     piece_row = np.asarray(piece_row, np.int64)
@@ -115,14 +118,14 @@ def assemble_rows(tokens: np.ndarray, offsets: np.ndarray, piece_row: np.ndarray
     row_ntok = np.bincount(piece_row, weights=lens, minlength=n_rows).astype(np.int64)
     if len(row_ntok) != n_rows or (n_rows and (row_ntok.max() > row_len or row_ntok.min() < 1)):
         raise ValueError("packing has an empty row, a row past row_len, or a piece past n_rows")
-    first = np.searchsorted(piece_row, np.arange(n_rows))
+    n_seg = np.bincount(piece_row, minlength=n_rows)
+    first = np.cumsum(n_seg) - n_seg
     slot = np.arange(len(piece_row)) - first[piece_row]
     real = np.arange(row_len)[None, :] < row_ntok[:, None]
-    tok = np.zeros((n_rows, row_len), np.uint16)
-    seg = np.zeros((n_rows, row_len), np.uint8)
+    block, tok, seg = rows.new_block(n_seg, row_len)
     tok[real] = tokens
     seg[real] = np.repeat((slot + 1).astype(np.uint8), lens)
-    return tok, seg
+    return block
 
 
 def write_shard(path: Path, block: np.ndarray, compression: str) -> str:
@@ -176,11 +179,11 @@ def process_bucket(bucket: int, m: Measurements, cfg: ShardsConfig, out_dir: str
                            plan.abs_extra, row_len=cfg.row_len, max_segments=cfg.max_segments)
             tokens, offsets = encode_pieces(plan.sorted, plan, packing.piece_start,
                                             packing.piece_end, seed)
-            tok, seg = assemble_rows(tokens, offsets, packing.piece_row, packing.n_rows,
-                                     cfg.row_len)
+            block = assemble_rows(tokens, offsets, packing.piece_row, packing.n_rows,
+                                  cfg.row_len)
             name = shard_name(split, bucket, epoch)
-            sha = write_shard(Path(out_dir) / name, rows.encode_block(tok, seg), cfg.compression)
-            seg_counts.append(seg.max(axis=1))
+            sha = write_shard(Path(out_dir) / name, block, cfg.compression)
+            seg_counts.append(np.bincount(packing.piece_row, minlength=packing.n_rows))
             shards.append({"path": name, "split": split, "epoch": epoch,
                            "records": int(packing.n_rows), "sha256": sha,
                            "measurements": int(len(part)),

@@ -60,22 +60,30 @@ def encode_row(tokens: np.ndarray, segment_ids: np.ndarray) -> bytes:
     )
 
 
-def encode_block(tokens: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
-    """uint8[n_rows, record_size(row_len)]: row r's record bytes are ``block[r].tobytes()``.
-
-    Vectorized over rows (the shard writer's hot path); same bytes as ``encode_row``.
+def new_block(n_segments: np.ndarray, row_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(block, tokens, segment_ids): a uint8[n_rows, record_size] block of records with
+    headers filled in, and writable [n_rows, row_len] views of its token and segment-id
+    fields, zero (padding) until the caller fills them. Row r's record is ``block[r].tobytes()``.
     """
-    n_rows, row_len = tokens.shape
-    n_segments = segment_ids.max(axis=1) if n_rows and row_len else np.zeros(n_rows, np.int64)
-    if n_rows and int(n_segments.max()) > MAX_SEGMENTS:
+    n_segments = np.asarray(n_segments)
+    if len(n_segments) and int(n_segments.max()) > MAX_SEGMENTS:
         raise ValueError(f"more than {MAX_SEGMENTS} segments in a row")
+    n_rows = len(n_segments)
     block = np.zeros((n_rows, record_size(row_len)), np.uint8)
     block[:, :HEADER_SIZE] = np.frombuffer(_HEADER.pack(MAGIC, ROW_FORMAT_VERSION, row_len, 0),
                                            np.uint8)
     block[:, 8:10] = n_segments.astype("<u2").reshape(n_rows, 1).view(np.uint8)
-    block[:, HEADER_SIZE:HEADER_SIZE + 2 * row_len] = (
-        np.ascontiguousarray(tokens, dtype="<u2").view(np.uint8))
-    block[:, HEADER_SIZE + 2 * row_len:] = segment_ids
+    tokens = block[:, HEADER_SIZE:HEADER_SIZE + 2 * row_len].view("<u2")
+    return block, tokens, block[:, HEADER_SIZE + 2 * row_len:]
+
+
+def encode_block(tokens: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
+    """uint8[n_rows, record_size(row_len)] records of a [n_rows, row_len] block of rows."""
+    n_rows, row_len = tokens.shape
+    n_segments = segment_ids.max(axis=1) if n_rows and row_len else np.zeros(n_rows, np.int64)
+    block, tok, seg = new_block(n_segments, row_len)
+    tok[:] = tokens
+    seg[:] = segment_ids
     return block
 
 
