@@ -1,8 +1,11 @@
 """The tokenizer's Numba kernels: column arrays in, token arrays out.
 
-Three kernels, each with a pure-Python twin in ``prep.reference`` that the tests hold
-them to, token for token:
+The kernels (the last three have pure-Python twins in ``prep.reference`` that the tests
+hold them to, token for token):
 
+- ``argsort_probe_time``, ``history_index``: a stable radix sort by (probe, time) that
+  only runs the 11-bit passes whose digit varies (usually 4: 3-4x faster than numpy's
+  two stable argsorts), and each measurement's index in its probe's history;
 - ``cut_contexts``: walks one sorted bucket once and decides, per context, the timestamp
   mode and where the context ends, and per measurement whether it carries a timestamp
   and how many tokens it costs (the numbers the packer plans with).
@@ -44,8 +47,7 @@ MODE_FULL, MODE_PARTIAL, MODE_NONE = 0, 1, 2
 DROP_LO = 429_496_730  # 0.1 * 2**32
 DROP_SPAN = 3_435_973_837  # 0.8 * 2**32
 
-BLOCK_SRC, BLOCK_DST, BLOCK_RESULT, BLOCK_TS = 0, 1, 2, 3
-# All 24 orders of the four blocks; a measurement without a timestamp skips BLOCK_TS,
+# Blocks: 0 source, 1 destination, 2 result, 3 timestamp. All 24 orders of the four; a measurement without a timestamp skips BLOCK_TS,
 # which leaves each of the 6 orders of the other three equally likely.
 PERMS = np.array([
     [0, 1, 2, 3], [0, 1, 3, 2], [0, 2, 1, 3], [0, 2, 3, 1], [0, 3, 1, 2], [0, 3, 2, 1],
