@@ -46,7 +46,7 @@ from prep.measurements import DTYPES, Measurements
 from prep.validate import REQUIRED, list_inputs, validate_rows
 
 UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
-BATCH_ROWS = 1 << 19  # rows validated at once inside a unit
+BATCH_ROWS = 1 << 18  # rows validated at once: with a row group, bounds pass 1's memory
 _COLUMNS = set(REQUIRED) | {"rtt_avg", "prb_id"}  # all that validation reads
 _SCHEMA = pa.schema([(k, pa.from_numpy_dtype(v)) for k, v in DTYPES.items()])
 # LZ4 halves the spill's CPU in the kernel (page-cache writes are dear on small VMs) and
@@ -78,7 +78,9 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
         bar = tqdm(total=rows_total, unit="meas", unit_scale=True, desc="read + route",
                    disable=not progress, file=sys.stderr)
         tasks = [(i, parts, str(stage), cfg.n_buckets) for i, parts in enumerate(units)]
+        rss_read = [_own_rss_mb()]
         for r in map(_raise_error, imap(_spill_unit, tasks)):
+            rss_read.append(r["peak_rss_mb"])
             read["rows_in"] += r["rows_in"]
             read["accepted"] += r["accepted"]
             for k, v in r["rejected"].items():
@@ -115,7 +117,10 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
     manifest["elapsed_s"] = round(elapsed, 3)
     manifest["timing"] = {"workers": workers, "read_s": round(t_read, 3),
                           "measurements_per_s": round(read["rows_in"] / max(elapsed, 1e-9)),
-                          "peak_rss_mb": {"main": _own_rss_mb(), "workers": max(rss)}}
+                          # Per process (the largest), as each pass ended; each worker
+                          # process serves both passes, so the second includes the first.
+                          "peak_rss_mb": {"main": _own_rss_mb(), "read": max(rss_read),
+                                          "buckets": max(rss, default=0.0)}}
     mf.write_manifest(out_dir, manifest)
     shutil.rmtree(stage, ignore_errors=True)
     return summary(manifest)
@@ -280,7 +285,8 @@ def _spill_unit(task) -> dict:
     finally:
         for w in writers.values():
             w.close()
-    return {"rows_in": rows_in, "accepted": accepted, "rejected": rejected}
+    return {"rows_in": rows_in, "accepted": accepted, "rejected": rejected,
+            "peak_rss_mb": _own_rss_mb()}
 
 
 def _validated(path: str, row_groups: list[int]):
