@@ -49,7 +49,7 @@ def _shards(inp: Path, buckets: int) -> tuple[dict, float]:
 
 
 def run() -> dict[str, float]:
-    DATA.mkdir(exist_ok=True)
+    DATA.mkdir(parents=True, exist_ok=True)
     inputs = {n: _synth(n) for n in SIZES}
     _shards(inputs[SIZES[0]], 2)  # warm the Numba cache and the page cache; not timed
     metrics: dict[str, float] = {}

@@ -1,0 +1,76 @@
+"""prep inspect: readable rows and JSON lines, by split and row range."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from prep import manifest as mf
+from prep.cli import main
+from prep.errors import InputError
+from prep.inspect_rows import parse_range
+from prep.shards import run_shards
+from prep.bucket import ShardsConfig
+from test_shards import T0, TINY_CFG, probe_data, tiny_input, write_parquet
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("inspect")
+    run_shards([str(tiny_input(d))], str(d / "out"), TINY_CFG, progress=False)
+    return d / "out"
+
+
+def test_json_rows_of_the_tiny_dataset(tiny):
+    r = CliRunner().invoke(main, ["inspect", str(tiny), "--json"])
+    assert r.exit_code == 0, r.output
+    objs = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [(o["split"], o["shard"], o["record"], o["row"]) for o in objs] == [
+        ("train", "train/shard-b00000-e0.array_record", 0, 0),
+        ("train", "train/shard-b00000-e0.array_record", 1, 1)]
+    assert objs[1]["segment_ids"] == [1] * 39 + [2] * 21 + [0] * 4
+    assert len(objs[1]["tokens"]) == 64 and objs[1]["tokens"][60:] == [0, 0, 0, 0]
+    seg2 = objs[1]["segments"][1]
+    assert seg2 == [{"time": T0, "family": 4, "src": "192.0.2.2", "dst": "193.0.14.129",
+                     "rtt_ms": -1.0, "failed": True}]
+    assert [x["src"] for x in objs[0]["segments"][0]] == ["192.0.2.3"] * 3
+
+
+def test_readable_rows(tiny):
+    r = CliRunner().invoke(main, ["inspect", str(tiny), "--rows", "1:2"])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0] == ("train row 1 (train/shard-b00000-e0.array_record #1): "
+                        "2 segments, 60 tokens, 4 padding")
+    assert lines[1] == "  segment 1: 2 measurements, 39 tokens"
+    # 10 ms = 1250 << 3 µs and 20 ms = 1250 << 4 µs: both exact in the RTT code.
+    assert lines[2].split() == ["2026-01-01", "00:00:00", "192.0.2.1", "->", "193.0.14.129",
+                                "10.000", "ms"]
+    assert lines[3].split() == ["+60", "s", "192.0.2.1", "->", "193.0.14.129", "20.000", "ms"]
+    assert lines[4] == "  segment 2: 1 measurements, 21 tokens"
+    assert lines[5].split()[-1] == "FAILED"
+
+
+def test_split_and_range_select_rows(tmp_path):
+    inp = write_parquet(tmp_path / "in" / "a.parquet", probe_data(n_probes=40, per_probe=80, seed=6))
+    run_shards([str(inp)], str(tmp_path / "out"), ShardsConfig(n_buckets=3, test_fraction=0.3),
+               progress=False)
+    m = mf.load_manifest(tmp_path / "out")
+    n_train, n_test = m["counts"]["rows"]["train"], m["counts"]["rows"]["test"]
+    every = CliRunner().invoke(main, ["inspect", str(tmp_path / "out"), "--json"]).stdout.splitlines()
+    assert len(every) == n_train + n_test
+    objs = [json.loads(x) for x in every]
+    assert [o["row"] for o in objs] == list(range(n_train)) + list(range(n_test))
+    r = CliRunner().invoke(main, ["inspect", str(tmp_path / "out"), "--split", "test",
+                                  "--rows", f"1:{n_test - 1}", "--json"])
+    got = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [o["row"] for o in got] == list(range(1, n_test - 1))
+    assert got == objs[n_train + 1:n_train + n_test - 1]  # across shard boundaries too
+
+
+def test_bad_range_and_missing_dataset(tmp_path):
+    assert parse_range("3:") == (3, None) and parse_range(":5") == (0, 5) and parse_range(None) == (0, None)
+    with pytest.raises(InputError, match="--rows 5:2"):
+        parse_range("5:2")
+    r = CliRunner().invoke(main, ["inspect", str(tmp_path)])
+    assert r.exit_code == 2 and "no manifest.json" in r.output
