@@ -41,7 +41,7 @@ def alone_rows(tokens, segs):
 
 @pytest.fixture(scope="module")
 def params():
-    return model.init_params(CFG, jax.random.key(0))
+    return jax.tree.map(jnp.asarray, model.init_params(CFG, 0))
 
 
 def test_positions_and_targets_match_row_format():
@@ -76,9 +76,10 @@ def test_segment_layout_for_cudnn():
 
 def test_packed_logits_equal_each_context_alone(params):
     tokens, segs = packed_row()
-    packed = model.forward(params, jnp.asarray(tokens[None]), jnp.asarray(segs[None]), CFG)[0]
+    fwd = jax.jit(lambda p, t, s: model.forward(p, t[None], s[None], CFG)[0])
+    packed = fwd(params, tokens, segs)
     for k, (t, s) in enumerate(alone_rows(tokens, segs), start=1):
-        alone = model.forward(params, jnp.asarray(t[None]), jnp.asarray(s[None]), CFG)[0]
+        alone = fwd(params, t, s)
         n = LENGTHS[k - 1]
         np.testing.assert_allclose(packed[segs == k], alone[:n], rtol=1e-5, atol=1e-5)
 
@@ -92,14 +93,13 @@ def test_packed_gradients_equal_sum_over_contexts_alone(params):
     g_sum = jax.tree.map(lambda *g: sum(g), *g_alone)
     for a, b in zip(jax.tree.leaves(g_packed), jax.tree.leaves(g_sum)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-    n_pk, n_al = (model.loss_sum(params, {"tokens": tokens[None], "segment_ids": segs[None]},
-                                 CFG)[1], sum(n - 1 for n in LENGTHS))
-    assert int(n_pk) == n_al  # no context predicts the next context's first token
+    count = jax.jit(lambda p, b: model.loss_sum(p, b, CFG)[1])
+    n_targets = count(params, {"tokens": tokens[None], "segment_ids": segs[None]})
+    assert int(n_targets) == sum(n - 1 for n in LENGTHS)  # none predicts the next context
 
 
 def test_base_config_size():
-    p = jax.eval_shape(lambda: model.init_params(MODELS["base"], jax.random.key(0)))
-    n = sum(x.size for x in jax.tree.leaves(p))
+    n = model.n_params(MODELS["base"])
     assert n == 20 * (4 * 640 * 640 + 2 * 640 * 2560 + 2 * 640) + 2 * 267 * 640 + 640
 
 

@@ -79,7 +79,7 @@ class Meter:
         elapsed = time.perf_counter() - self.t0
         n_timed = sum(self.timed)
         out = {"loss": sum(float(m["loss"]) for m in fetched) / len(fetched),
-               "grad_norm": float(fetched[-1]["grad_norm"])}
+               "grad_norm": float(fetched[-1]["grad_norm"]), "lr": float(fetched[-1]["lr"])}
         if n_timed:
             timed = [m for m, t in zip(fetched, self.timed) if t]
             tokens = sum(float(m["tokens"]) for m in timed)
@@ -143,9 +143,7 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
                          f"devices; use a multiple of {mesh.size}")
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    opt = step_lib.make_optimizer(cfg)
-    schedule = step_lib.lr_schedule(cfg)
-    state = jax.jit(lambda: step_lib.init_state(mcfg, opt, cfg.seed), out_shardings=rep)()
+    state = step_lib.init_state(mcfg, step_lib.make_optimizer(cfg), cfg.seed, rep)
     ckpt = Checkpointer(run_dir / "checkpoints")
     it = iter(reader.to_device(reader.batches(
         cfg.data, "train", batch_size=cfg.batch_size // jax.process_count(), seed=cfg.seed,
@@ -161,7 +159,7 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
     _check_run_dir(run_dir, {"train": dataclasses.asdict(cfg), "model": dataclasses.asdict(mcfg),
                              "attention": impl, "devices": [str(d) for d in mesh.devices.flat],
                              "jax": jax.__version__}, cfg.resume)
-    train_step, eval_step = step_lib.compile_steps(mesh, mcfg, opt, fwd)
+    train_step, eval_step = step_lib.compile_steps(mesh, mcfg, cfg, fwd)
     n_matmul = step_lib.matmul_params(state["params"])
     peak = step_lib.peak_flops()
     flops_of = lambda tok, ctx: step_lib.step_flops(mcfg, n_matmul, tok, ctx)
@@ -176,6 +174,14 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
     def write(rec):
         metrics_file.write(json.dumps(rec) + "\n")
         metrics_file.flush()
+
+    def log_line():
+        rec = {"step": step, **meter.flush(flops_of)}
+        if "flops_per_s" in rec:
+            rec["mfu"] = rec["flops_per_s"] / (peak * mesh.size) if peak else None
+        print(_fmt(rec, cfg.steps), flush=True)
+        write(rec)
+        return rec
 
     saved = False
     try:
@@ -192,11 +198,7 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
                     meter.t0 = time.perf_counter()
                 interval = False
                 if step % cfg.log_every == 0 or step == cfg.steps:
-                    last = {"step": step, **meter.flush(flops_of), "lr": float(schedule(step - 1))}
-                    if "flops_per_s" in last:
-                        last["mfu"] = last["flops_per_s"] / (peak * mesh.size) if peak else None
-                    print(_fmt(last, cfg.steps), flush=True)
-                    write(last)
+                    last = log_line()
                     interval = True
                 if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
                     eval_loss = evaluate(state["params"], eval_step, cfg, manifest, rows)
@@ -212,6 +214,8 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
                 if on_step is not None:
                     on_step(step)
             interrupted = stop.requested
+        if meter.pending:  # stopped between log lines: log the steps since the last one
+            last = log_line()
         if step > start:
             ckpt.save(step, state, it.get_state())
         saved = True

@@ -17,31 +17,47 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from train import attention as attn
 from train.config import ModelConfig
 
 
-def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
+def param_specs(cfg: ModelConfig) -> dict:
+    """(shape, init std) of every parameter; std 0 means ones (the norms' gains)."""
     L, D, N, H, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_mlp,
                         cfg.vocab_size)
-    k = iter(jax.random.split(key, 6))
-    normal = lambda shape, std: std * jax.random.normal(next(k), shape, jnp.float32)
     out_std = 0.02 / (2 * L) ** 0.5  # GPT-2: residual projections scaled by depth
     return {
-        "embed": normal((V, D), 0.02),
+        "embed": ((V, D), 0.02),
         "layers": {
-            "attn_norm": jnp.ones((L, D)),
-            "wqkv": normal((L, D, 3, N, H), 0.02),
-            "wo": normal((L, N, H, D), out_std),
-            "mlp_norm": jnp.ones((L, D)),
-            "w_in": normal((L, D, F), 0.02),
-            "w_out": normal((L, F, D), out_std),
+            "attn_norm": ((L, D), 0),
+            "wqkv": ((L, D, 3, N, H), 0.02),
+            "wo": ((L, N, H, D), out_std),
+            "mlp_norm": ((L, D), 0),
+            "w_in": ((L, D, F), 0.02),
+            "w_out": ((L, F, D), out_std),
         },
-        "final_norm": jnp.ones((D,)),
-        "head": normal((D, V), 0.02),
+        "final_norm": ((D,), 0),
+        "head": ((D, V), 0.02),
     }
+
+
+def init_params(cfg: ModelConfig, seed: int) -> dict:
+    """float32 parameters, drawn on the host: a jitted init costs seconds of compilation."""
+    rng = np.random.default_rng(seed)
+    draw = lambda spec: (spec[1] * rng.standard_normal(spec[0], np.float32) if spec[1]
+                         else np.ones(spec[0], np.float32))
+    return jax.tree.map(draw, param_specs(cfg), is_leaf=_is_spec)
+
+
+def n_params(cfg: ModelConfig) -> int:
+    return sum(int(np.prod(s[0])) for s in jax.tree.leaves(param_specs(cfg), is_leaf=_is_spec))
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, tuple) and isinstance(x[0], tuple)
 
 
 def count_params(params: dict) -> int:

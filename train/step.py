@@ -51,9 +51,11 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
                                    weight_decay=cfg.weight_decay, mask=decay))
 
 
-def init_state(mcfg: ModelConfig, opt: optax.GradientTransformation, seed: int) -> dict:
-    params = model.init_params(mcfg, jax.random.key(seed))
-    return {"params": params, "opt": opt.init(params), "step": jnp.zeros((), jnp.int32)}
+def init_state(mcfg: ModelConfig, opt: optax.GradientTransformation, seed: int,
+               sharding: NamedSharding) -> dict:
+    params = jax.device_put(model.init_params(mcfg, seed), sharding)
+    return {"params": params, "opt": jax.jit(opt.init, out_shardings=sharding)(params),
+            "step": jax.device_put(np.int32(0), sharding)}
 
 
 def _batch_stats(batch: dict) -> dict:
@@ -64,7 +66,7 @@ def _batch_stats(batch: dict) -> dict:
     return {"tokens": real.sum(), "attn_ctx": ctx.astype(jnp.float32).sum()}
 
 
-def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, fwd: dict):
+def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, schedule, fwd: dict):
     def loss_fn(params):
         total, count = model.loss_sum(params, batch, mcfg, **fwd)
         return total / jnp.maximum(count, 1), count
@@ -72,7 +74,8 @@ def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, fwd: dict):
     (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
     updates, opt_state = opt.update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
-    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), **_batch_stats(batch)}
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state["step"]),
+               **_batch_stats(batch)}
     return {"params": params, "opt": opt_state, "step": state["step"] + 1}, metrics
 
 
@@ -81,14 +84,32 @@ def eval_step(params: dict, batch: dict, *, mcfg: ModelConfig, fwd: dict):
     return total, count
 
 
-def compile_steps(mesh: Mesh, mcfg: ModelConfig, opt, fwd: dict):
+# what make_optimizer reads: runs that agree on these (and the mesh, model and attention)
+# share one compiled step within a process
+OPT_FIELDS = ("steps", "lr", "min_lr_ratio", "warmup", "weight_decay", "b1", "b2", "grad_clip")
+
+
+def compile_steps(mesh: Mesh, mcfg: ModelConfig, cfg: TrainConfig, fwd: dict):
     """(train_step(state, batch) -> (state, metrics), eval_step(params, batch) -> (sum, count))."""
+    opt_cfg = TrainConfig(**{f: getattr(cfg, f) for f in OPT_FIELDS})
+    return _compile_steps(mesh, mcfg, opt_cfg, tuple(sorted(fwd.items())))
+
+
+@functools.lru_cache(maxsize=4)
+def _compile_steps(mesh: Mesh, mcfg: ModelConfig, cfg: TrainConfig, fwd: tuple):
     rep, rows = shardings(mesh)
-    train = jax.jit(functools.partial(train_step, mcfg=mcfg, opt=opt, fwd=fwd),
-                    in_shardings=(rep, rows), out_shardings=(rep, rep), donate_argnums=0)
-    evaluate = jax.jit(functools.partial(eval_step, mcfg=mcfg, fwd=fwd),
-                       in_shardings=(rep, rows), out_shardings=(rep, rep))
-    return train, evaluate
+    step_fn = functools.partial(train_step, mcfg=mcfg, opt=make_optimizer(cfg),
+                                schedule=lr_schedule(cfg), fwd=dict(fwd))
+    train = jax.jit(step_fn, in_shardings=(rep, rows), out_shardings=(rep, rep),
+                    donate_argnums=0)
+    return train, _compile_eval(mesh, mcfg, fwd)
+
+
+@functools.lru_cache(maxsize=4)
+def _compile_eval(mesh: Mesh, mcfg: ModelConfig, fwd: tuple):
+    rep, rows = shardings(mesh)
+    return jax.jit(functools.partial(eval_step, mcfg=mcfg, fwd=dict(fwd)),
+                   in_shardings=(rep, rows), out_shardings=(rep, rep))
 
 
 def matmul_params(params: dict) -> int:
