@@ -64,10 +64,11 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
     # Fork the pool before Arrow or the hashing thread start threads of their own.
     pool = (multiprocessing.get_context("fork").Pool(workers) if workers > 1 else None)
     hasher = concurrent.futures.ThreadPoolExecutor(1)
+    stage = out_dir / f".tmp-{os.getpid()}"
+    failed = True
     try:
         units, rows_total = _read_units(paths)
         _claim_out_dir(out_dir)
-        stage = out_dir / f".tmp-{os.getpid()}"
         stage.mkdir()
         print(f"prep shards: {len(paths)} input files, {rows_total:,} rows, {workers} workers; "
               f"config {json.dumps(asdict(cfg))}", file=sys.stderr)
@@ -75,37 +76,38 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
         imap = pool.imap_unordered if pool else map
 
         read = {"rows_in": 0, "accepted": 0, "rejected": {}}
-        bar = tqdm(total=rows_total, unit="meas", unit_scale=True, desc="read + route",
-                   disable=not progress, file=sys.stderr)
         tasks = [(i, parts, str(stage), cfg.n_buckets) for i, parts in enumerate(units)]
         rss_read = [_own_rss_mb()]
-        for r in map(_raise_error, imap(_spill_unit, tasks)):
-            rss_read.append(r["peak_rss_mb"])
-            read["rows_in"] += r["rows_in"]
-            read["accepted"] += r["accepted"]
-            for k, v in r["rejected"].items():
-                read["rejected"][k] = read["rejected"].get(k, 0) + v
-            bar.update(r["rows_in"])
-        bar.close()
+        with tqdm(total=rows_total, unit="meas", unit_scale=True, desc="read + route",
+                  disable=not progress, file=sys.stderr) as bar:
+            for r in map(_raise_error, imap(_spill_unit, tasks)):
+                rss_read.append(r["peak_rss_mb"])
+                read["rows_in"] += r["rows_in"]
+                read["accepted"] += r["accepted"]
+                for k, v in r["rejected"].items():
+                    read["rejected"][k] = read["rejected"].get(k, 0) + v
+                bar.update(r["rows_in"])
         t_read = time.perf_counter() - t0
 
         results = []
-        bar = tqdm(total=cfg.n_buckets, unit="bucket", desc="buckets", disable=not progress,
-                   file=sys.stderr)
         cfg_json = json.dumps(asdict(cfg))
         tasks = [(b, cfg_json, str(stage)) for b in range(cfg.n_buckets)]
-        for r in map(_raise_error, imap(_bucket_task, tasks)):
-            results.append(r)
-            bar.update(1)
-        bar.close()
+        with tqdm(total=cfg.n_buckets, unit="bucket", desc="buckets", disable=not progress,
+                  file=sys.stderr) as bar:
+            for r in map(_raise_error, imap(_bucket_task, tasks)):
+                results.append(r)
+                bar.update(1)
         rss = [r.pop("peak_rss_mb") for r in results]
         results.sort(key=lambda r: r["bucket"])
         infos = inputs_info.result()
+        failed = False
     finally:
-        hasher.shutdown()
+        hasher.shutdown(cancel_futures=True)
         if pool:
-            pool.close()
+            pool.terminate() if failed else pool.close()
             pool.join()
+        if failed:  # bad input mid-way: nothing of this run stays behind
+            shutil.rmtree(stage, ignore_errors=True)
 
     for split in SPLITS:
         (out_dir / split).mkdir(exist_ok=True)
@@ -139,7 +141,7 @@ def build_manifest(cfg: ShardsConfig, inputs: list[dict], read: dict, results: l
     # Shards listed by (split, epoch, bucket): a reader taking one epoch takes a prefix.
     shards = sorted((s | {"bucket": r["bucket"]} for r in results for s in r["shards"]),
                     key=lambda s: (SPLITS.index(s["split"]), s["epoch"], s["bucket"]))
-    lower, tokens_by_pass = 0, {}
+    tokens_by_pass: dict[tuple[str, int], int] = {}
     for s in shards:
         sp = splits[s["split"]]
         sp["rows"] += s["records"]

@@ -282,3 +282,16 @@ def test_atlas_sample_round_trips(atlas_dir, tmp_path):
                 assert x.time is None or timed[(x.src_hi, x.src_lo, x.dst_lo, x.time)] > 0
     assert len(m) > 1000 and got == want
     assert verify_dir(tmp_path / "out") == []
+
+
+def test_damaged_file_mid_run_stops_cleanly(tmp_path):
+    inp = tmp_path / "in"
+    write_parquet(inp / "a.parquet", probe_data(n_probes=5, per_probe=20, seed=7))
+    good = (inp / "a.parquet").read_bytes()
+    # A valid footer and schema, but the data pages are garbage: found only when read.
+    (inp / "b.parquet").write_bytes(good[:4] + bytes(b ^ 0x55 for b in good[4:200]) + good[200:])
+    r = CliRunner().invoke(main, ["shards", str(inp), "--out", str(tmp_path / "out"),
+                                  "--workers", "2"])
+    assert r.exit_code == 2 and "b.parquet" in r.output.splitlines()[-1], r.output
+    assert "Traceback" not in r.output
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
