@@ -214,8 +214,8 @@ def test_killed_run_leaves_no_dataset_and_next_run_completes(tmp_path):
     inp = write_parquet(tmp_path / "in" / "a.parquet", probe_data(n_probes=200, per_probe=400, seed=4))
     out = tmp_path / "out"
     cmd = [str(REPO / ".venv" / "bin" / "prep"), "shards", str(inp), "--out", str(out),
-           "--workers", "2", "--buckets", "8", "--quiet"]
-    run_shards([str(inp)], str(out), ShardsConfig(n_buckets=8), progress=False)  # an old dataset
+           "--workers", "2", "--buckets", "32", "--quiet"]
+    run_shards([str(inp)], str(out), ShardsConfig(n_buckets=32), progress=False)  # an old dataset
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 60
     while not list(out.glob(".tmp-*/train/*.array_record")) and time.monotonic() < deadline:
