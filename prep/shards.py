@@ -67,12 +67,12 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
     stage = out_dir / f".tmp-{os.getpid()}"
     failed = True
     try:
-        units, rows_total = _read_units(paths)
-        _claim_out_dir(out_dir)
+        units, rows_total = read_units(paths)
+        claim_out_dir(out_dir)
         stage.mkdir()
         print(f"prep shards: {len(paths)} input files, {rows_total:,} rows, {workers} workers; "
-              f"config {json.dumps(asdict(cfg))}", file=sys.stderr)
-        inputs_info = hasher.submit(lambda: [_file_info(p) for p in paths])
+              f"config {config_to_json(cfg)}", file=sys.stderr)
+        inputs_info = hasher.submit(lambda: [file_info(p) for p in paths])
         imap = pool.imap_unordered if pool else map
 
         read = {"rows_in": 0, "accepted": 0, "rejected": {}}
@@ -90,7 +90,7 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
         t_read = time.perf_counter() - t0
 
         results = []
-        cfg_json = json.dumps(asdict(cfg))
+        cfg_json = config_to_json(cfg)
         tasks = [(b, cfg_json, str(stage)) for b in range(cfg.n_buckets)]
         with tqdm(total=cfg.n_buckets, unit="bucket", desc="buckets", disable=not progress,
                   file=sys.stderr) as bar:
@@ -166,7 +166,7 @@ def build_manifest(cfg: ShardsConfig, inputs: list[dict], read: dict, results: l
         "padding_tokens": rows * cfg.row_len - tokens,
     }
     return mf.header(cfg.row_len) | {
-        "config": json.loads(json.dumps(asdict(cfg))), "seed": cfg.seed,
+        "config": json.loads(config_to_json(cfg)), "seed": cfg.seed,
         "inputs": inputs, "counts": counts,
         "padding_fraction": (rows * cfg.row_len - tokens) / (rows * cfg.row_len) if rows else 0.0,
         "lower_bound_rows": lower,
@@ -206,7 +206,7 @@ def format_summary(s: dict) -> str:
 
 # --- pass 1: read, validate, route to bucket spill files ------------------------------
 
-def _read_units(paths: list[Path]) -> tuple[list[list[tuple[str, list[int]]]], int]:
+def read_units(paths: list[Path]) -> tuple[list[list[tuple[str, list[int]]]], int]:
     """Inputs cut into units of whole row groups, about UNIT_ROWS rows each.
 
     Small files (synth writes one per hour) share a unit; a big file spans several.
@@ -265,7 +265,7 @@ def _spill_unit(task) -> dict:
     writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
     try:
         for path, row_groups in parts:
-            for m, n_in, rej in _validated(path, row_groups):
+            for m, n_in, rej in validated_batches(path, row_groups):
                 rows_in += n_in
                 accepted += len(m)
                 for k, v in rej.items():
@@ -291,7 +291,7 @@ def _spill_unit(task) -> dict:
             "peak_rss_mb": _own_rss_mb()}
 
 
-def _validated(path: str, row_groups: list[int]):
+def validated_batches(path: str, row_groups: list[int]):
     """(Measurements, rows in, rejected) per batch of some row groups of one file."""
     try:
         pf = pq.ParquetFile(path)
@@ -329,6 +329,11 @@ def _bucket_task(task) -> dict:
     return result | {"peak_rss_mb": _own_rss_mb()}
 
 
+def config_to_json(cfg: ShardsConfig) -> str:
+    """The config as JSON: the start-up echo, pool tasks, the Beam pipeline."""
+    return json.dumps(asdict(cfg))
+
+
 def config_from_dict(d: dict) -> ShardsConfig:
     """ShardsConfig from its JSON form (the manifest's ``config``, a pool task)."""
     d = dict(d)
@@ -338,7 +343,7 @@ def config_from_dict(d: dict) -> ShardsConfig:
 
 # --- files ---------------------------------------------------------------------------
 
-def _claim_out_dir(out: Path) -> None:
+def claim_out_dir(out: Path) -> None:
     """Make ``out`` ours: refuse unrelated files, then clear what an earlier run left."""
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: is a file; --out must name a folder")
@@ -366,7 +371,7 @@ def _claim_out_dir(out: Path) -> None:
                 f.unlink()
 
 
-def _file_info(p: Path) -> dict:
+def file_info(p: Path) -> dict:
     h = hashlib.sha256()
     with open(p, "rb") as f:
         while chunk := f.read(1 << 22):
