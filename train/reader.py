@@ -1,18 +1,18 @@
 """Packed rows from a shards folder into device batches: a thin Grain pipeline.
 
-    MapDataset.range(rows of the split)       record keys 0..n-1
-      .shuffle(seed)                          global, a new order each epoch (seed + epoch)
+    MapDataset.range(batches per epoch)
       .repeat()                               (train only) epochs without end
-      [process_index::process_count]          each JAX process reads its own slice
-      .batch(batch_size)                      int64[B] record keys
-      .map(RowReader)                         one batched ArrayRecord read + np.frombuffer
+      .map_with_index(EpochKeys)              int64[B] record keys: a seeded global shuffle
+                                              per epoch, this process's slice of it
+      .map(RowReader)                         one batched ArrayRecordDataSource read per
+                                              shard + one np.frombuffer
       .to_iter_dataset() [.mp_prefetch(k)]    optional worker processes
       -> to_device(sharding)                  thread prefetch on host and on device
 
-Batching keys before reading is what keeps Grain's per-element cost off the hot path:
-the shuffle touches ints, and each batch is one ``ArrayRecordDataSource.__getitems__``
-call (records of a shard are read together in C++) followed by one ``np.frombuffer`` over
-the joined bytes. Batches are ``{"tokens": uint16[B, L], "segment_ids": uint8[B, L]}``;
+Grain sees one element per batch, not per row: its per-element cost (~8 us through a
+shuffle) would otherwise equal the read itself. So the shuffle is a numpy permutation per
+epoch, and each batch is one C++ read per shard followed by one ``np.frombuffer`` over the
+joined bytes. Batches are ``{"tokens": uint16[B, L], "segment_ids": uint8[B, L]}``;
 positions and targets are derived on the device (train.model), so 3 bytes per token cross
 to the device. The iterator's state (a few ints) is saved with each checkpoint, so a
 resumed run sees exactly the batches an uninterrupted one would.
@@ -20,6 +20,7 @@ resumed run sees exactly the batches an uninterrupted one would.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from array_record.python.array_record_data_source import ArrayRecordDataSource
 
 from prep import manifest as manifest_lib
 from prep import rows as rows_lib
+from prep.errors import InputError
 
 
 def open_shards(shards_dir: str | os.PathLike) -> dict:
@@ -44,13 +46,37 @@ def max_segments(manifest: dict) -> int:
     return max([int(k) for k, v in hist.items() if v] or [rows_lib.MAX_SEGMENTS])
 
 
+class SerialArrayRecordSource(ArrayRecordDataSource):
+    """ArrayRecordDataSource whose batched read runs in the calling thread.
+
+    The stock ``__getitems__`` starts a thread pool on every call, which at ~1,000 batches
+    a second costs more than the reads (bench/bench_reader.py). Here each shard's records
+    of a batch are one ``ArrayRecordReader.read(positions)`` call, in C++. It relies on
+    the base class's reader bookkeeping of array_record==0.8.6 (pinned in pyproject.toml).
+    """
+
+    def __getitems__(self, record_keys):
+        keys = np.asarray(record_keys)
+        bounds = np.asarray(self._prefix_sums)  # cumulative records per shard
+        shards = np.searchsorted(bounds, keys, side="right")
+        out = [b""] * len(keys)
+        for shard in np.unique(shards).tolist():
+            slots = np.flatnonzero(shards == shard)
+            first = bounds[shard - 1] if shard else 0
+            positions = (keys[slots] - first + self._read_instructions[shard].start).tolist()
+            self._ensure_reader_exists(shard)
+            for slot, record in zip(slots.tolist(), self._readers[shard].read(positions)):
+                out[slot] = record
+        return out
+
+
 class RowReader:
     """Record keys -> one decoded batch. Picklable, so it can run in mp_prefetch workers."""
 
     def __init__(self, paths: list[Path], row_len: int):
         self.paths = [str(p) for p in paths]
         self.row_len = row_len
-        self.source = ArrayRecordDataSource(self.paths)
+        self.source = SerialArrayRecordSource(self.paths)
         header = rows_lib._HEADER.pack(rows_lib.MAGIC, rows_lib.ROW_FORMAT_VERSION, row_len, 0)
         self._prefix = np.frombuffer(header[:8], np.uint8)  # magic, version, row_len
 
@@ -58,7 +84,7 @@ class RowReader:
         return len(self.source)
 
     def __call__(self, keys: np.ndarray) -> dict[str, np.ndarray]:
-        return self.decode(self.source.__getitems__(keys.tolist()), keys)
+        return self.decode(self.source.__getitems__(keys), keys)
 
     def decode(self, records, keys) -> dict[str, np.ndarray]:
         L, size = self.row_len, rows_lib.record_size(self.row_len)
@@ -96,20 +122,60 @@ def batches(shards_dir: str | os.PathLike, split: str, *, batch_size: int, seed:
     manifest = manifest or open_shards(shards_dir)
     paths = manifest_lib.shard_paths(manifest, shards_dir, split)
     reader = RowReader(paths, manifest["row_len"])
-    pi = jax.process_index() if process_index is None else process_index
-    pc = jax.process_count() if process_count is None else process_count
-    ds = grain.MapDataset.range(len(reader))
-    if train:
-        ds = ds.shuffle(seed=seed).repeat()
-    ds = ds[pi::pc]
-    ds = ds.batch(batch_size, drop_remainder=True).map(reader)
-    it = ds.to_iter_dataset()
+    ds = key_batches(len(reader), batch_size=batch_size, seed=seed, train=train,
+                     process_index=process_index, process_count=process_count).map(reader)
+    # two threads overlap reading with the train step; more did not help (bench_reader)
+    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=4))
     if num_workers > 0:
         # Grain's worker processes read absl flags; outside an absl app nobody parsed them
         if not absl_flags.FLAGS.is_parsed():
             absl_flags.FLAGS.mark_as_parsed()
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
     return it
+
+
+class EpochKeys:
+    """Batch number -> its record keys (int64[batch_size]) for one process.
+
+    Batch i is batch ``i % per_epoch`` of epoch ``i // per_epoch``; an epoch is a seeded
+    permutation of all rows (``shuffle``) or file order, of which this process takes every
+    ``process_count``-th row. A permutation is computed once per epoch in numpy (4-8 bytes
+    a row) because Grain's per-element shuffle costs ~8 us a row, as much as the read.
+    """
+
+    def __init__(self, n_rows: int, *, batch_size: int, seed: int, shuffle: bool,
+                 process_index: int, process_count: int):
+        self.n_rows, self.batch_size, self.seed, self.shuffle = n_rows, batch_size, seed, shuffle
+        self.pi, self.pc = process_index, process_count
+        self.per_epoch = (n_rows // process_count) // batch_size
+
+    def __call__(self, i: int, _=None) -> np.ndarray:
+        epoch, b = divmod(int(i), self.per_epoch)
+        mine = self._order(epoch)[self.pi::self.pc]
+        return mine[b * self.batch_size:(b + 1) * self.batch_size]
+
+    @functools.lru_cache(maxsize=2)
+    def _order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.n_rows)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.n_rows)
+
+
+def key_batches(n_rows: int, *, batch_size: int, seed: int, train: bool = True,
+                process_index: int | None = None,
+                process_count: int | None = None) -> grain.MapDataset:
+    """Record keys per batch, in the order `batches` reads them: endless epochs if ``train``."""
+    keys = EpochKeys(n_rows, batch_size=batch_size, seed=seed, shuffle=train,
+                     process_index=jax.process_index() if process_index is None else process_index,
+                     process_count=jax.process_count() if process_count is None else process_count)
+    ds = grain.MapDataset.range(keys.per_epoch)
+    if train:
+        if keys.per_epoch == 0:
+            raise InputError(f"{n_rows} rows make no batch of {batch_size} per process; "
+                             "use a smaller --batch-size or more data")
+        ds = ds.repeat()
+    # map_with_index: the index after repeat() counts epochs, the element does not
+    return ds.map_with_index(keys)
 
 
 def to_device(ds: grain.IterDataset, sharding: jax.sharding.Sharding, *,

@@ -41,10 +41,12 @@ def counting_rows(n_rows: int, row_len: int, *, seed: int = 0, max_segments: int
     return tokens, segs
 
 
-def write_shard(path: Path, tokens: np.ndarray, segment_ids: np.ndarray) -> dict:
-    """One ArrayRecord shard (group_size:1, what Grain needs for random access)."""
+def write_shard(path: Path, tokens: np.ndarray, segment_ids: np.ndarray, *,
+                compression: str = "zstd:1") -> dict:
+    """One ArrayRecord shard: group_size:1 (what Grain needs for random access) and, like
+    `prep shards` by default, zstd level 1."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer = ArrayRecordWriter(str(path), "group_size:1")
+    writer = ArrayRecordWriter(str(path), f"group_size:1,{compression}")
     for record in rows_lib.encode_rows(tokens, segment_ids):
         writer.write(record)
     writer.close()
@@ -53,7 +55,7 @@ def write_shard(path: Path, tokens: np.ndarray, segment_ids: np.ndarray) -> dict
 
 
 def write_shards(out_dir: str | Path, splits: dict[str, tuple[np.ndarray, np.ndarray]], *,
-                 rows_per_shard: int = 1 << 30) -> dict:
+                 rows_per_shard: int = 1 << 30, compression: str = "zstd:1") -> dict:
     """Write each split's rows as shards plus a finished manifest; returns the manifest."""
     out = Path(out_dir)
     row_len = next(iter(splits.values()))[0].shape[1]
@@ -65,7 +67,8 @@ def write_shards(out_dir: str | Path, splits: dict[str, tuple[np.ndarray, np.nda
         for i, start in enumerate(range(0, len(tokens), rows_per_shard)):
             rel = f"{split}/synthetic-{i:05d}.array_record"
             sl = slice(start, start + rows_per_shard)
-            shards.append({"path": rel, **write_shard(out / rel, tokens[sl], segs[sl])})
+            shards.append({"path": rel, **write_shard(out / rel, tokens[sl], segs[sl],
+                                                          compression=compression)})
         manifest["splits"][split] = {"rows": int(len(tokens)), "shards": shards}
         for n in segs.max(axis=1):
             seg_hist[str(int(n))] = seg_hist.get(str(int(n)), 0) + 1
