@@ -295,3 +295,25 @@ def test_damaged_file_mid_run_stops_cleanly(tmp_path):
     assert r.exit_code == 2 and "b.parquet" in r.output.splitlines()[-1], r.output
     assert "Traceback" not in r.output
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+
+
+def test_assemble_rows_places_pieces_in_slot_order():
+    from prep.bucket import assemble_rows
+
+    tokens = np.arange(1, 11, dtype=np.uint16)  # pieces of 3, 2 and 5 tokens
+    block = assemble_rows(tokens, np.array([0, 3, 5, 10]), np.array([0, 0, 1]), 2, 6)
+    got = [rows.decode_row(r.tobytes()) for r in block]
+    assert [t.tolist() for t, _ in got] == [[1, 2, 3, 4, 5, 0], [6, 7, 8, 9, 10, 0]]
+    assert [s.tolist() for _, s in got] == [[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 0]]
+    assert [int.from_bytes(r[8:10].tobytes(), "little") for r in block] == [2, 1]
+    with pytest.raises(ValueError, match="row past row_len"):
+        assemble_rows(tokens, np.array([0, 3, 5, 10]), np.array([0, 0, 1]), 2, 4)
+
+
+def test_max_segments_caps_every_row(tmp_path):
+    inp = write_parquet(tmp_path / "a.parquet", probe_data(n_probes=60, per_probe=5, seed=8))
+    s = run_shards([str(inp)], str(tmp_path / "out"), ShardsConfig(n_buckets=1, max_segments=2),
+                   progress=False)
+    hist = mf.load_manifest(tmp_path / "out")["segments_per_row"]
+    assert max(map(int, hist)) == 2 and s["measurements_tokenized"] == 300
+    assert all(int(seg.max()) <= 2 for _, _, seg in read_split(tmp_path / "out", "train"))
