@@ -25,11 +25,13 @@ import hashlib
 import json
 import math
 import multiprocessing
+import multiprocessing.pool
 import os
 import re
 import resource
 import shutil
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -61,8 +63,8 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
     t0 = time.perf_counter()
     out_dir = Path(out)
     paths = list_inputs(inputs)
-    # Fork the pool before Arrow or the hashing thread start threads of their own.
-    pool = (multiprocessing.get_context("fork").Pool(workers) if workers > 1 else None)
+    # Start the pool before Arrow or the hashing thread start threads of their own.
+    pool = process_pool(workers) if workers > 1 else None
     hasher = concurrent.futures.ThreadPoolExecutor(1)
     stage = out_dir / f".tmp-{os.getpid()}"
     failed = True
@@ -327,6 +329,17 @@ def _bucket_task(task) -> dict:
     shutil.rmtree(Path(stage) / "spill" / f"b{bucket:05d}", ignore_errors=True)
     result = process_bucket(bucket, m, cfg, stage)
     return result | {"peak_rss_mb": _own_rss_mb()}
+
+
+def process_pool(workers: int) -> multiprocessing.pool.Pool:
+    """A pool of ``workers`` processes: forked (cheap: inherits imports and loaded kernels)
+    unless this process runs Python threads or has imported JAX, whose threads may hold
+    locks at fork time (a deadlock); then from a fork server."""
+    if threading.active_count() == 1 and "jax" not in sys.modules:
+        return multiprocessing.get_context("fork").Pool(workers)
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["prep.shards", "prep.verify"])
+    return ctx.Pool(workers)
 
 
 def config_to_json(cfg: ShardsConfig) -> str:

@@ -19,7 +19,6 @@ Checks, each failure one line naming the file (and record) at fault:
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +45,9 @@ def verify_dir(shards_dir: str | Path, *, workers: int = 1) -> list[str]:
                 problems.append(f"{f}: not listed in the manifest")
     tasks = [(str(d), e, m["row_len"]) for e in entries]
     if workers > 1 and len(tasks) > 1:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        from prep.shards import process_pool
+
+        with process_pool(workers) as pool:
             per_shard = pool.map(check_shard, tasks, chunksize=1)
     else:
         per_shard = [check_shard(t) for t in tasks]
