@@ -1,0 +1,211 @@
+"""`prep shards --runner beam`: the same ETL on Apache Beam, for inputs past one machine.
+
+The pipeline is the local runner's two passes with Beam doing the shuffle:
+
+1. ``Create(units)``: the inputs cut into units of whole parquet row groups
+   (``prep.shards.read_units``), so workers read in parallel and in bounded pieces.
+2. ``FlatMap(read_unit)``: validate a unit batch by batch and emit, per batch and bucket,
+   ``(bucket, Arrow IPC bytes of that bucket's rows)``; the unit's read counts go to
+   ``<stage>/read/unit-<n>.json``. Elements are ints and bytes with Beam's own coders: no pickle
+   of data.
+3. ``GroupByKey``: a bucket's pieces meet on one worker (memory bounded by the bucket).
+4. ``ParDo(BucketFn)``: the very ``prep.bucket.process_bucket`` the local pool calls, writing
+   that bucket's shards under names derived from the bucket (temp, then rename) and its
+   result to ``<stage>/results/bucket-<b>.json``. ``setup`` warms the Numba kernels once
+   per worker. Beam's file sinks are not used: their shard assignment is random.
+
+The driver then moves the shards into place and writes ``manifest.json`` last from those
+JSON files, exactly as the local runner does, so both give byte-identical shards and the
+same manifest (timing fields aside). A failed pipeline leaves only the staging folder
+``<out>/.tmp-beam-<pid>``, which no reader takes for a dataset and the next run removes.
+
+Runners: the default is Beam's in-process ``FnApiRunner`` (pinned: Beam's default local
+runner would try to download a binary at run time). ``--beam-option runner=...`` picks
+another (Dataflow, Flink, Spark); then ``--out`` must be a folder every worker can write,
+e.g. a shared filesystem mount, since ArrayRecord writes local paths.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from prep import manifest as mf
+from prep.bucket import SPLITS, ShardsConfig, bucket_of, process_bucket
+from prep.errors import InputError
+from prep.measurements import DTYPES, Measurements, empty
+
+
+def _import_beam():
+    try:
+        import apache_beam as beam
+    except ImportError:
+        raise InputError("--runner beam needs Apache Beam: pip install 'ping-pack[beam]' "
+                         "(or use the default --runner local)") from None
+    return beam
+
+
+_SCHEMA = pa.schema([(k, pa.from_numpy_dtype(v)) for k, v in DTYPES.items()])
+
+
+def _to_ipc(m: Measurements) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, _SCHEMA) as w:
+        w.write_batch(pa.record_batch([pa.array(v) for v in m.columns().values()], schema=_SCHEMA))
+    return sink.getvalue().to_pybytes()
+
+
+def _from_ipc(blobs) -> Measurements:
+    tables = [pa.ipc.open_stream(pa.py_buffer(b)).read_all() for b in blobs]
+    if not tables:
+        return empty()
+    t = pa.concat_tables(tables).combine_chunks()
+    return Measurements(**{k: t.column(k).to_numpy() for k in DTYPES})
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, sort_keys=True))
+    os.replace(tmp, path)  # a retried bundle rewrites the same file: idempotent
+
+
+def read_unit(task: str, stage: str, n_buckets: int):
+    """Validate one unit; yield (bucket, IPC bytes) per batch and bucket; record its counts."""
+    from prep.shards import validated_batches
+
+    unit, parts = json.loads(task)
+    counts = {"rows_in": 0, "accepted": 0, "rejected": {}}
+    for path, row_groups in parts:
+        for m, n_in, rej in validated_batches(path, row_groups):
+            counts["rows_in"] += n_in
+            counts["accepted"] += len(m)
+            for k, v in rej.items():
+                counts["rejected"][k] = counts["rejected"].get(k, 0) + v
+            b = bucket_of(m.probe, n_buckets)
+            for bucket in np.unique(b):
+                yield int(bucket), _to_ipc(m.take(np.flatnonzero(b == bucket)))
+    _write_json(Path(stage) / "read" / f"unit-{unit:06d}.json", counts)
+
+
+def _bucket_fn(beam):
+    class BucketFn(beam.DoFn):
+        def __init__(self, cfg_json: str, stage: str):
+            self.cfg_json, self.stage = cfg_json, stage
+
+        def setup(self):
+            from prep.shards import config_from_dict
+
+            self.cfg = config_from_dict(json.loads(self.cfg_json))
+            _warm_up(self.cfg)
+
+        def process(self, element):
+            bucket, blobs = element
+            result = process_bucket(bucket, _from_ipc(blobs), self.cfg, self.stage)
+            _write_json(Path(self.stage) / "results" / f"bucket-{bucket:05d}.json", result)
+            yield bucket
+
+    return BucketFn
+
+
+def _warm_up(cfg: ShardsConfig) -> None:
+    """Compile (or load from cache) the Numba kernels once per worker, not per bundle."""
+    import tempfile
+
+    m = Measurements(probe=np.array([1, 1], np.uint64), time=np.array([0, 60], np.int64),
+                     family=np.array([4, 4], np.uint8), src_hi=np.zeros(2, np.uint64),
+                     src_lo=np.array([1, 1], np.uint64), dst_hi=np.zeros(2, np.uint64),
+                     dst_lo=np.array([2, 2], np.uint64), rtt=np.array([1.0, -1.0]))
+    with tempfile.TemporaryDirectory() as d:
+        process_bucket(0, m, cfg, d)
+
+
+def beam_options(pairs: list[str]):
+    """PipelineOptions and runner from KEY=VALUE pairs (``runner`` picks the runner)."""
+    beam = _import_beam()
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    flags, runner = [], None
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            raise InputError(f"--beam-option {p!r}: expected KEY=VALUE, e.g. runner=DataflowRunner")
+        if key == "runner":
+            runner = value
+        else:
+            flags.append(f"--{key}={value}")
+    if runner is None:
+        # Pinned: the default DirectRunner may pick the Prism runner, which downloads a binary.
+        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+        runner = FnApiRunner()
+    return beam, PipelineOptions(flags), runner
+
+
+def run_beam(inputs: list[str], out: str, cfg: ShardsConfig, *, beam_options_kv=(),
+             progress: bool = True) -> dict:
+    """Build the dataset in ``out`` with Beam; return the closing summary."""
+    from prep.shards import (build_manifest, claim_out_dir, config_to_json, file_info,
+                             read_units, summary)
+    from prep.validate import list_inputs
+
+    t0 = time.perf_counter()
+    beam, options, runner = beam_options(list(beam_options_kv))
+    out_dir = Path(out)
+    paths = list_inputs(inputs)
+    units, rows_total = read_units(paths)
+    claim_out_dir(out_dir)
+    stage = out_dir / f".tmp-beam-{os.getpid()}"
+    stage.mkdir()
+    print(f"prep shards (beam, {type(runner).__name__ if not isinstance(runner, str) else runner}): "
+          f"{len(paths)} input files, {rows_total:,} rows; config {config_to_json(cfg)}",
+          file=sys.stderr)
+    tasks = [json.dumps([i, parts]) for i, parts in enumerate(units)]
+    BucketFn = _bucket_fn(beam)
+    with beam.Pipeline(runner=runner, options=options) as p:
+        _ = (p
+             | "units" >> beam.Create(tasks)
+             | "read+route" >> beam.FlatMap(read_unit, str(stage), cfg.n_buckets)
+                 .with_output_types(tuple[int, bytes])
+             | "by bucket" >> beam.GroupByKey()
+             | "bucket" >> beam.ParDo(BucketFn(config_to_json(cfg), str(stage))))
+
+    read = {"rows_in": 0, "accepted": 0, "rejected": {}}
+    for f in sorted((stage / "read").glob("unit-*.json")):
+        r = json.loads(f.read_text())
+        read["rows_in"] += r["rows_in"]
+        read["accepted"] += r["accepted"]
+        for k, v in r["rejected"].items():
+            read["rejected"][k] = read["rejected"].get(k, 0) + v
+    results = {}
+    for f in sorted((stage / "results").glob("bucket-*.json")):
+        r = json.loads(f.read_text())
+        results[r["bucket"]] = r
+    for b in range(cfg.n_buckets):  # a bucket no row hashed to never reached a worker
+        if b not in results:
+            results[b] = process_bucket(b, empty(), cfg, str(stage))
+    if read["rows_in"] != rows_total:
+        raise InputError(f"{out_dir}: the pipeline read {read['rows_in']:,} of {rows_total:,} "
+                         "rows; re-run `prep shards`")
+    for split in SPLITS:
+        (out_dir / split).mkdir(exist_ok=True)
+    ordered = [results[b] for b in sorted(results)]
+    for r in ordered:
+        for s in r["shards"]:
+            os.replace(stage / s["path"], out_dir / s["path"])
+    elapsed = time.perf_counter() - t0
+    manifest = build_manifest(cfg, [file_info(p) for p in paths], read, ordered)
+    manifest["elapsed_s"] = round(elapsed, 3)
+    manifest["timing"] = {"runner": "beam", "workers": None, "read_s": None,
+                          "measurements_per_s": round(read["rows_in"] / max(elapsed, 1e-9)),
+                          "peak_rss_mb": None}
+    mf.write_manifest(out_dir, manifest)
+    shutil.rmtree(stage, ignore_errors=True)
+    return summary(manifest)
