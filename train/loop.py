@@ -102,7 +102,11 @@ def _fmt(rec: dict, steps: int) -> str:
 
 
 def evaluate(params, eval_step, cfg: TrainConfig, manifest: dict, rows) -> float | None:
-    """Mean loss over the first ``eval_batches`` batches of the test split (same ones each time)."""
+    """Mean loss over the first ``eval_batches`` batches of the test split (same ones each time).
+
+    None when the test split holds less than one batch (e.g. ``--test-fraction 0``)."""
+    if manifest["splits"].get("test", {}).get("rows", 0) < cfg.batch_size:
+        return None
     ds = reader.batches(cfg.data, "test", batch_size=cfg.batch_size // jax.process_count(),
                         seed=cfg.seed, train=False, manifest=manifest)
     it = iter(reader.to_device(ds, rows))
@@ -134,7 +138,9 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
     manifest = reader.open_shards(cfg.data)
     mcfg = model_config(cfg.model, seq_len=manifest["row_len"])
     impl = attention.resolve(cfg.attention)
-    fwd = dict(implementation=impl, max_segments=reader.max_segments(manifest),
+    # max_segments sizes cuDNN's per-row segment tables; the JAX wrapper treats a table
+    # of one segment as "not packed", so it is at least 2
+    fwd = dict(implementation=impl, max_segments=max(2, reader.max_segments(manifest)),
                dtype=jnp.dtype(cfg.compute_dtype))
     mesh = step_lib.make_mesh(devices)
     rep, rows = step_lib.shardings(mesh)
