@@ -1,17 +1,21 @@
 """Packing: our offline packer beside pad-to-crop and Grain's online packers, same contexts.
 
-Metrics (``packing.*``): ``padding_fraction`` (the built-in-like mix), ``busy_padding_fraction``
-(every context cut near 1024 tokens), ``rows_over_lower_bound``, ``contexts_per_s``, and
-for reference ``pad_to_crop_padding_fraction``, ``grain_first_fit_padding_fraction``,
-``grain_best_fit_padding_fraction`` (Grain packers on a sample of the same lengths).
-``data_is_plan_contexts`` is 0: the mix comes from ``synthetic_contexts`` below (contexts shaped
-like prep.contexts output), since prep.synth was not there when this was written.
+Metrics (``packing.*``): ``padding_fraction``, ``rows_over_lower_bound``, ``contexts_per_s``
+on the built-in data through the real pipeline (``prep synth`` of ``SYNTH_ROWS`` measurements
+with the Makefile's probes/days/seed into a temp dir -> prep.validate.read_validated ->
+prep.contexts.plan_contexts with the default ContextConfig, seed 0), so
+``data_is_plan_contexts`` is 1; ``busy_*`` on ``synthetic_contexts(busy=True)`` (every context
+cut near 1024 tokens); and for reference on the same contexts ``pad_to_crop_padding_fraction``,
+``grain_first_fit_padding_fraction``, ``grain_best_fit_padding_fraction`` (Grain's packers on a
+sample of the same lengths) and ``no_split_padding_fraction`` (whole-context best fit).
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 from numba import njit
@@ -20,6 +24,7 @@ from prep import packing
 
 ROW_LEN = 1024
 GRAIN_SAMPLE = 5_000  # Grain packs in Python at ~3k sequences/s here: a sample is enough
+SYNTH_ROWS = 3_000_000  # the Makefile's `prep synth` settings: 3M rows, 3000 probes, 2 days
 
 
 @njit(cache=True)
@@ -88,10 +93,25 @@ def grain_padding(lengths: np.ndarray, *, best_fit: bool, num_bins: int,
     return (1 - real / (rows * row_len) if rows else 0.0), rows
 
 
+def builtin_contexts(rows: int = SYNTH_ROWS, *, probes: int = 3_000, days: int = 2,
+                     seed: int = 0):
+    """(ctx_start, ctx_end, cost, has_ts, abs_extra) of `prep synth` data, planned as
+    `prep shards` plans it (synth -> read_validated -> plan_contexts)."""
+    from prep.contexts import ContextConfig, plan_contexts
+    from prep.synth import SynthConfig, synth
+    from prep.validate import list_inputs, read_validated
+
+    with tempfile.TemporaryDirectory(prefix="bench_packing_") as tmp:
+        synth(SynthConfig(out=Path(tmp), rows=rows, probes=probes, days=days, seed=seed))
+        m, _, _ = read_validated(list_inputs([tmp]))
+    plan = plan_contexts(m, ContextConfig(), seed=0)
+    return plan.ctx_start, plan.ctx_end, plan.cost, plan.has_ts, plan.abs_extra
+
+
 def run() -> dict[str, float]:
     out: dict[str, float] = {}
-    arrs = synthetic_contexts(1_000_000, busy=False, seed=0)
-    out["packing.data_is_plan_contexts"] = 0.0
+    arrs = builtin_contexts()
+    out["packing.data_is_plan_contexts"] = 1.0
     busy = synthetic_contexts(100_000, busy=True, seed=1)
     packing.pack(*synthetic_contexts(1000, busy=False, seed=2))  # compile
     for name, a in (("", arrs), ("busy_", busy)):
@@ -114,7 +134,7 @@ def run() -> dict[str, float]:
             label = "best_fit" if best else "first_fit"
             pad, _ = grain_padding(sample, best_fit=best, num_bins=128)
             out[f"packing.{name}grain_{label}_padding_fraction"] = pad
-        print(f"[bench] packing {name or 'sparse_'}mix: {len(lengths):,} contexts, "
+        print(f"[bench] packing {name or 'built-in '}data: {len(lengths):,} contexts, "
               f"{st['rows']:,} rows, lower bound {st['lower_bound_rows']:,}", file=sys.stderr)
     return out
 

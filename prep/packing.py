@@ -29,9 +29,13 @@ Measured (bench/bench_packing.py and `prep analyze-padding`, 1024-token rows, 2 
     `prep synth` data (busy-dominated)            1.44 %           0.40 %          1.0040
     (same data: pad-to-crop 3.38 %, Grain best-fit with 256 bins 1.79 %)
 
-What is left is gaps under 12 tokens (smaller than any measurement) in rows whose context
-the tokenizer cut near 1024; filling them needs a row to give up its own last measurement
-(not done yet). Speed: ~1.7M contexts/s (sparse), ~0.6M/s (busy: ~45 measurements each).
+(bench/bench_packing.py measures the `prep synth` row on the real pipeline: synth 3M rows ->
+read_validated -> plan_contexts; 75.6k contexts.) What is left is rows whose context the
+tokenizer cut near 1024: gaps under 12 tokens (smaller than any measurement) and odd gaps
+(bodies are 12/14/36/38 tokens, so a piece is odd only through its absolute timestamp, i.e.
+a cut of a timestamped context costing 4 or 7 tokens). An exact-fill repair (rows give up
+tail measurements, gaps filled from an index of exact piece lengths) reached 0.25 % padding
+but 1.0046x rows, since those cuts cost about as many tokens as they save; not adopted. Speed: ~1.7M contexts/s (sparse), ~0.6M/s (busy: ~45 measurements each).
 """
 
 from __future__ import annotations

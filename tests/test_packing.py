@@ -131,3 +131,30 @@ def test_padding_targets(busy, n, max_padding):
     whole = packing.stats(packing.pack(*arrs, split=False), total)
     if busy:  # whole contexts near 1024 leave ~1.2 %: the splitting is what gets under 0.5 %
         assert whole["padding_fraction"] > 0.01
+
+
+@pytest.fixture(scope="module")
+def builtin_small():
+    # `prep synth` data at the Makefile's density (1000 measurements per probe over 2 days),
+    # through the real pipeline: synth -> read_validated -> plan_contexts (~1 s)
+    from bench.bench_packing import builtin_contexts
+
+    arrs = builtin_contexts(200_000, probes=200)
+    total = int(packing.context_lengths(*arrs).sum())
+    return arrs, packing.stats(packing.pack(*arrs), total)
+
+
+def test_builtin_padding_pinned(builtin_small):
+    # today's level (0.40 %, 1.0040x lower bound here and on the full 3M-row data): a
+    # regression guard; what is left is gaps no measurement fits (odd gaps, gaps < 12)
+    _, st_ = builtin_small
+    assert st_["padding_fraction"] <= 0.0042
+    assert st_["rows"] <= 1.0042 * st_["lower_bound_rows"]
+
+
+@pytest.mark.xfail(reason="DESIGN target not reached yet: 0.40 % padding, 1.0040x today",
+                   strict=False)
+def test_builtin_padding_target(builtin_small):
+    _, st_ = builtin_small
+    assert st_["padding_fraction"] <= 0.002
+    assert st_["rows"] <= 1.002 * st_["lower_bound_rows"]
