@@ -97,10 +97,14 @@ def import_atlas(inputs, out, per_packet, strict, as_json):
               help="Hash partitions of the probes; bounds memory per worker.")
 @click.option("--compression", default="snappy", show_default=True,
               help="ArrayRecord compression: zstd:N, snappy or uncompressed.")
+@click.option("--runner", type=click.Choice(["local", "beam"]), default="local", show_default=True,
+              help="local: a process pool; beam: Apache Beam (same bytes; needs ping-pack[beam]).")
+@click.option("--beam-option", "beam_options", multiple=True, metavar="KEY=VALUE",
+              help="Beam pipeline option, repeatable (runner=DataflowRunner, project=…).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def shards(inputs, out, workers, seed, test_fraction, row_len, max_segments, max_measurements,
-           max_gap, epochs, buckets, compression, as_json, quiet):
+           max_gap, epochs, buckets, compression, runner, beam_options, as_json, quiet):
     """Validate, tokenize and pack INPUT parquet files or folders into shards in --out."""
     import json
 
@@ -113,7 +117,14 @@ def shards(inputs, out, workers, seed, test_fraction, row_len, max_segments, max
                            test_fraction=test_fraction, n_buckets=buckets, compression=compression)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
-    summary = run_shards(list(inputs), out, cfg, workers=_workers(workers), progress=not quiet)
+    if runner == "beam":
+        from prep.beam_runner import run_beam
+
+        summary = run_beam(list(inputs), out, cfg, beam_options_kv=beam_options,
+                           progress=not quiet)
+    else:
+        summary = run_shards(list(inputs), out, cfg, workers=_workers(workers),
+                             progress=not quiet)
     click.echo(format_summary(summary), err=True)
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
