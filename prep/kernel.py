@@ -28,10 +28,12 @@ bucket or piece a measurement lands in. The streams:
 
 from __future__ import annotations
 
-import math
+import sys
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from prep import vocab as V
 
@@ -39,6 +41,7 @@ GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _C1 = np.uint64(0xBF58476D1CE4E5B9)
 _C2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _S32 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(32)
+_S52, _S56 = np.uint64(52), np.uint64(56)
 
 STREAM_MODE, STREAM_FRAC, STREAM_DROP, STREAM_FIELD, STREAM_SHUFFLE = 1, 2, 3, 4, 5
 MODE_FULL, MODE_PARTIAL, MODE_NONE = 0, 1, 2
@@ -56,10 +59,39 @@ PERMS = np.array([
     [3, 0, 1, 2], [3, 0, 2, 1], [3, 1, 0, 2], [3, 1, 2, 0], [3, 2, 0, 1], [3, 2, 1, 0],
 ], dtype=np.int64)
 RANKS = np.argsort(PERMS, axis=1)  # RANKS[p, block] = where block stands in order p
+# BEFORE[p, block]: 0xFF in byte b (b = block) of each block that order p puts before ``block``;
+# with the four block lengths packed one a byte, (lengths & mask) * 0x01010101 >> 24 is the
+# block's offset in its measurement (the lengths sum to < 256).
+BEFORE = np.array([[sum(0xFF << (8 * o) for o in range(4) if RANKS[p, o] < RANKS[p, b])
+                    for b in range(4)] for p in range(24)], dtype=np.uint32)
 
 _BYTE = np.uint64(V.BYTE_OFFSET)  # uint64 + int64 is float64 in Numba: keep byte math unsigned
 TS_ABS, TS_DELTA1, TS_DELTA4 = 9, 2, 5  # tokens of each timestamp block
 DELTA4_LIMIT = 1 << 32  # a gap this large no longer fits DELTA4: written absolute
+# By (gap >= 256) + (gap >= 2**32) + 2 * (no timestamp before): the timestamp block's length.
+TS_LEN = np.array([TS_DELTA1, TS_DELTA4, TS_ABS, TS_ABS, TS_ABS], dtype=np.int64)
+# By that length (0: no timestamp, anything goes): header token, where the payload's bytes
+# start in a uint64 (DELTA1: its top byte), all ones for an absolute time.
+TS_TOKEN = np.full(10, V.TIMESTAMP_DELTA1, dtype=np.uint16)
+TS_TOKEN[TS_DELTA4], TS_TOKEN[TS_ABS] = V.TIMESTAMP_DELTA4, V.TIMESTAMP_ABS
+TS_SHIFT = np.zeros(10, dtype=np.uint64)
+TS_SHIFT[TS_DELTA1], TS_SHIFT[TS_DELTA4] = 56, 32
+TS_ABS_MASK = np.zeros(10, dtype=np.uint64)
+TS_ABS_MASK[TS_ABS] = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+
+
+@intrinsic
+def _f64_bits(typingctx, x):
+    if x != types.float64:
+        return None
+    return types.uint64(x), lambda context, builder, sig, args: builder.bitcast(args[0], ir.IntType(64))
+
+
+@intrinsic
+def _bits_f64(typingctx, x):
+    if x != types.uint64:
+        return None
+    return types.float64(x), lambda context, builder, sig, args: builder.bitcast(args[0], ir.DoubleType())
 
 
 @njit(cache=True, inline="always")
@@ -230,113 +262,182 @@ def piece_lengths_kernel(cost, has_ts, abs_extra, piece_start, piece_end):
 
 @njit(cache=True, inline="always")
 def rtt_code(ms):
-    """(exponent, mantissa): smallest exponent with a round-to-nearest mantissa < 2048."""
+    """(exponent, mantissa): smallest exponent with a round-to-nearest mantissa < 2048.
+
+    Without branches or calls: the exponent comes from the float's bits (``frexp``'s
+    job) and scaling by ``2**-e`` is exact, so this equals ``floor(ldexp(us, -e) + 0.5)``.
+    """
     us = max(1.0, ms * 1000.0)
-    if us < 2048.0:
-        e = 0
-    else:
-        e = math.frexp(us)[1] - 11  # us / 2**e lands in [1024, 2048)
-    m = int(math.floor(math.ldexp(us, -e) + 0.5))
-    if m >= 2048:  # rounded up out of the mantissa: 2048 * 2**e == 1024 * 2**(e+1)
-        m = 1024
-        e += 1
-    if e > 31:  # beyond 2047 * 2**31 µs (~50 days): saturate
-        e, m = 31, 2047
-    return e, m
+    t = np.int64((_f64_bits(us) >> _S52) & np.uint64(0x7FF)) - 1033  # floor(log2(us)) - 10
+    e = t & ~(t >> 63)  # max(0, t): us / 2**e lands in [1024, 2048) when us >= 2048
+    m = np.int64(us * _bits_f64(np.uint64(1023 - e) << _S52) + 0.5)  # positive: trunc = floor
+    up = m >> 11  # 1 when it rounded up out of the mantissa (m <= 2048):
+    m -= up << 10  # 2048 * 2**e == 1024 * 2**(e+1)
+    e += up
+    big = ((31 - e) >> 63) & 1  # beyond 2047 * 2**31 µs (~50 days): saturate
+    return e + (31 - e) * big, m + (2047 - m) * big
+
+
+def _put_bytes(n):
+    """An intrinsic ``put(out, pos, x)``: ``out[pos:pos+n] = BYTE_0 + (the low n bytes of
+    x, most significant first)`` in one unaligned vector store (byte swap, widen, add)."""
+
+    @intrinsic
+    def put(typingctx, out, pos, x):
+        if not (isinstance(out, types.Array) and out.dtype == types.uint16
+                and isinstance(pos, types.Integer) and isinstance(x, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            idx = context.cast(builder, args[1], sig.args[1], types.intp)
+            val = context.cast(builder, args[2], sig.args[2], types.uint64)
+            if n < 8:
+                val = builder.trunc(val, ir.IntType(8 * n))
+            vec = builder.bitcast(val, ir.VectorType(ir.IntType(8), n))
+            lanes = range(n - 1, -1, -1) if sys.byteorder == "little" else range(n)
+            vec = builder.shuffle_vector(vec, ir.Constant(vec.type, None),
+                                         ir.Constant(ir.VectorType(ir.IntType(32), n), list(lanes)))
+            wide = builder.zext(vec, ir.VectorType(ir.IntType(16), n))
+            wide = builder.add(wide, ir.Constant(wide.type, [V.BYTE_OFFSET] * n))
+            ptr = builder.bitcast(builder.gep(ary.data, [idx]), wide.type.as_pointer())
+            builder.store(wide, ptr, align=2)
+            return context.get_dummy_value()
+
+        return types.void(out, pos, x), codegen
+
+    return put
+
+
+_put8, _put4, _put2 = _put_bytes(8), _put_bytes(4), _put_bytes(2)
+SLACK = 16  # tokens past the end of ``out`` that encode_kernel may scribble on
+
+
+@intrinsic
+def _put1(typingctx, out, pos, tok):
+    """``out[pos] = tok`` for a non-negative ``pos``, without the wraparound check."""
+    if not (isinstance(out, types.Array) and out.dtype == types.uint16
+            and isinstance(pos, types.Integer) and isinstance(tok, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        idx = context.cast(builder, args[1], sig.args[1], types.intp)
+        val = context.cast(builder, args[2], sig.args[2], types.uint16)
+        builder.store(val, builder.gep(ary.data, [idx]), align=2)
+        return context.get_dummy_value()
+
+    return types.void(out, pos, tok), codegen
 
 
 @njit(cache=True, inline="always")
-def _put_addr(out, pos, tok4, fam, hi, lo):
-    if fam == 4:
-        out[pos] = tok4
-        for b in range(4):
-            out[pos + 1 + b] = _BYTE + ((lo >> np.uint64(24 - 8 * b)) & np.uint64(0xFF))
-        return pos + 5
-    out[pos] = tok4 + 1  # SRC_IPV6 / DST_IPV6 follow their IPv4 ids
-    for b in range(8):
-        out[pos + 1 + b] = _BYTE + ((hi >> np.uint64(56 - 8 * b)) & np.uint64(0xFF))
-        out[pos + 9 + b] = _BYTE + ((lo >> np.uint64(56 - 8 * b)) & np.uint64(0xFF))
-    return pos + 17
+def _offset(lens, mask):
+    """Sum of the bytes of ``lens & mask`` (four bytes, summing to < 256)."""
+    return np.int64((((lens & np.uint64(mask)) * np.uint64(0x01010101)) >> np.uint64(24)) & np.uint64(0xFF))
+
+
+@njit(cache=True, inline="always")
+def _addr(out, o, scratch, tok4, f6, hi, lo):
+    """An address block at ``o`` (``f6``: 1 for IPv6), without a branch on the family:
+    the 12 tokens only an IPv6 block has go to ``scratch`` for IPv4."""
+    _put1(out, o, tok4 + f6)  # SRC_IPV6 / DST_IPV6 follow their IPv4 ids
+    keep = np.uint64(0) - np.uint64(f6)  # all ones for IPv6
+    _put4(out, o + 1, ((hi >> _S32) & keep) | (lo & ~keep))
+    ext = scratch + (o + 5 - scratch) * f6
+    _put4(out, ext, hi)
+    _put8(out, ext + 4, lo)
 
 
 @njit(cache=True, nogil=True)
 def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist, has_ts,
                   piece_start, piece_end, piece_mode, offsets, seed, out):
-    """Write piece j's tokens to ``out[offsets[j]:offsets[j+1]]``, for every piece."""
+    """Write piece j's tokens to ``out[offsets[j]:offsets[j+1]]``, for every piece.
+
+    ``out`` holds ``offsets[-1] + SLACK`` tokens: to stay free of branches on random data
+    (family, failed, the block order, timestamp kinds) the kernel writes some tokens
+    more than once, in an order where the right one lands last; a block may spill up to
+    9 garbage tokens past its end (overwritten by the blocks written after it, or in the
+    slack), and the IPv4-unused tail of an address goes to the slack.
+    """
+    n_p = len(piece_start)
+    if n_p == 0:
+        return out
+    scratch = offsets[n_p]
+    if len(out) < scratch + SLACK:
+        raise ValueError("out must hold offsets[-1] + SLACK tokens")
     order = np.empty(64, np.int64)
-    for j in range(len(piece_start)):
+    timed = np.empty(64, np.int64)
+    for j in range(n_p):
         s, e = piece_start[j], piece_end[j]
         m = e - s
         if m > len(order):
             order = np.empty(2 * m, np.int64)
+            timed = np.empty(2 * m, np.int64)
         for x in range(m):
             order[x] = s + x
         p = probe[s]
+        h0 = hist[s]  # one probe's sorted history: measurement s + x has index h0 + x
         mode = piece_mode[j]
         if mode != MODE_FULL:
-            k_shuf = draw(stream_key(seed, p, STREAM_SHUFFLE), hist[s])
+            k_shuf = draw(stream_key(seed, p, STREAM_SHUFFLE), h0)
             for x in range(m - 1, 0, -1):
                 q = ((draw(k_shuf, x) >> _S32) * np.uint64(x + 1)) >> _S32
                 order[x], order[q] = order[q], order[x]
             if mode == MODE_PARTIAL:
                 # The timestamped measurements go back into time order, in the slots the
                 # shuffle gave them, so their deltas stay non-negative.
-                t = s
+                c = 0
+                for i in range(s, e):
+                    timed[c] = i
+                    c += has_ts[i]
+                c = 0
                 for x in range(m):
-                    if has_ts[order[x]]:
-                        while not has_ts[t]:
-                            t += 1
-                        order[x] = t
-                        t += 1
+                    t_ = has_ts[order[x]]
+                    order[x] = timed[c] if t_ else order[x]
+                    c += t_
         k_field = stream_key(seed, p, STREAM_FIELD)
         pos = offsets[j]
-        have_prev = False
+        have_prev = np.int64(0)
         prev = np.int64(0)
         for x in range(m):
-            i = order[x]
-            fam = family[i]
-            la = 5 if fam == 4 else 17
-            failed = rtt[i] < 0.0
-            lr = 1 if failed else 3
-            lt = 0
-            if has_ts[i]:
-                lt = _ts_tokens(have_prev, prev, time[i])
-            # Each block's offset follows from the drawn order and the block lengths, so
-            # the blocks are written in a fixed sequence: no branch on the random order.
-            p_ = ((draw(k_field, hist[i]) >> _S32) * np.uint64(24)) >> _S32
-            r0, r1, r2, r3 = RANKS[p_, 0], RANKS[p_, 1], RANKS[p_, 2], RANKS[p_, 3]
+            i = np.uint64(order[x])  # unsigned: no negative-index wraparound code
+            # Random data (family, failed, timestamp kind, block order) only ever feeds
+            # arithmetic and table look-ups, never a branch: ~30 % of them would mispredict.
+            f6 = np.int64(family[i] != 4)
+            la = 5 + 12 * f6
+            r = rtt[i]
+            failed = np.int64(r < 0.0)
+            lr = 3 - 2 * failed
+            t_i = time[i]
+            d = t_i - prev
+            h = np.int64(has_ts[i])
+            kind = np.int64(d >= 256) + np.int64(d >= DELTA4_LIMIT) + 2 * (1 - have_prev)
+            lt = TS_LEN[kind] * h
+            # Each block's offset is the sum of the lengths of the blocks the drawn order
+            # puts before it: a byte mask over the packed lengths, summed by a multiply.
+            p_ = ((draw(k_field, h0 + (np.int64(i) - s)) >> _S32) * np.uint64(24)) >> _S32
+            lens = np.uint64(la | (la << 8) | (lr << 16) | (lt << 24))
             base = pos + 1
-            o_src = base + la * (r1 < r0) + lr * (r2 < r0) + lt * (r3 < r0)
-            o_dst = base + la * (r0 < r1) + lr * (r2 < r1) + lt * (r3 < r1)
-            o_res = base + la * (r0 < r2) + la * (r1 < r2) + lt * (r3 < r2)
-            o_ts = base + la * (r0 < r3) + la * (r1 < r3) + lr * (r2 < r3)
-            out[pos] = V.MEASUREMENT_START
-            _put_addr(out, o_src, V.SRC_IPV4, fam, src_hi[i], src_lo[i])
-            _put_addr(out, o_dst, V.DST_IPV4, fam, dst_hi[i], dst_lo[i])
-            if failed:
-                out[o_res] = V.FAILED
-            else:
-                ex, mant = rtt_code(rtt[i])
-                out[o_res] = V.RTT_START
-                out[o_res + 1] = V.BYTE_OFFSET + ((ex << 3) | (mant >> 8))
-                out[o_res + 2] = V.BYTE_OFFSET + (mant & 0xFF)
-            if lt:
-                t_i = time[i]
-                if lt == TS_DELTA1:
-                    out[o_ts] = V.TIMESTAMP_DELTA1
-                    out[o_ts + 1] = V.BYTE_OFFSET + (t_i - prev)
-                elif lt == TS_DELTA4:
-                    d = np.uint64(t_i - prev)
-                    out[o_ts] = V.TIMESTAMP_DELTA4
-                    for q in range(4):
-                        out[o_ts + 1 + q] = _BYTE + ((d >> np.uint64(24 - 8 * q)) & np.uint64(0xFF))
-                else:
-                    u = np.uint64(t_i)  # two's complement: decoders read it back signed
-                    out[o_ts] = V.TIMESTAMP_ABS
-                    for q in range(8):
-                        out[o_ts + 1 + q] = _BYTE + ((u >> np.uint64(56 - 8 * q)) & np.uint64(0xFF))
-                have_prev = True
-                prev = t_i
+            o_src = base + _offset(lens, BEFORE[p_, 0])
+            o_dst = base + _offset(lens, BEFORE[p_, 1])
+            o_res = base + _offset(lens, BEFORE[p_, 2])
+            o_ts = base + _offset(lens, BEFORE[p_, 3])
+            # 1. The timestamp, always 1 + 8 tokens: what lies past its real end is
+            #    garbage that the writes below, the next measurement or the slack cover.
+            is_abs = TS_ABS_MASK[lt]
+            u = (np.uint64(t_i) & is_abs) | ((np.uint64(d) << TS_SHIFT[lt]) & ~is_abs)
+            _put1(out, o_ts, TS_TOKEN[lt])
+            _put8(out, o_ts + 1, u)
+            # 2. Everything else, exact: an IPv4 address's unused tail and a failed ping's
+            #    RTT bytes go to the slack.
+            _put1(out, pos, V.MEASUREMENT_START)
+            _addr(out, o_src, scratch, V.SRC_IPV4, f6, src_hi[i], src_lo[i])
+            _addr(out, o_dst, scratch, V.DST_IPV4, f6, dst_hi[i], dst_lo[i])
+            ex, mant = rtt_code(r)
+            _put1(out, o_res, V.RTT_START + (V.FAILED - V.RTT_START) * failed)
+            _put2(out, o_res + 1 + (scratch - o_res - 1) * failed, np.uint64((ex << 11) | mant))
+            have_prev |= h
+            prev += (t_i - prev) * h
             pos = base + 2 * la + lr + lt
     return out
 
@@ -359,12 +460,13 @@ def encode_pieces(sorted_m, plan, piece_start, piece_end, seed: int):
     lengths = piece_lengths_kernel(plan.cost, plan.has_ts, plan.abs_extra, ps, pe)
     offsets = np.zeros(len(ps) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    out = np.empty(int(offsets[-1]), np.uint16)
+    buf = np.empty(int(offsets[-1]) + SLACK, np.uint16)
+    out = buf[:int(offsets[-1])]
     if len(ps):
         m = sorted_m
         encode_kernel(m.probe, m.time, m.family, m.src_hi, m.src_lo, m.dst_hi, m.dst_lo, m.rtt,
                       plan.hist, plan.has_ts, ps, pe, plan.ctx_mode[ctx], offsets,
-                      np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF), out)
+                      np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF), buf)
     return out, offsets
 
 
