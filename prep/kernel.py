@@ -10,7 +10,11 @@ hold them to, token for token):
   mode and where the context ends, and per measurement whether it carries a timestamp
   and how many tokens it costs (the numbers the packer plans with).
 - ``piece_lengths_kernel``: the piece length rule of docs/CONTRACTS.md.
-- ``encode_kernel``: writes the tokens of every piece into one preallocated array.
+- ``encode_kernel``: writes the tokens of every piece into one preallocated array
+  (``SLACK`` tokens longer than the pieces), without a branch on the data per measurement:
+  block offsets from packed lengths, timestamps from tables, bytes to tokens by vector
+  stores (``_put8``/``_put4``/``_put2``, LLVM intrinsics), IPv4-unused address tails and
+  a failed ping's RTT bytes sent to the slack.
 
 Randomness is counter-based: every draw is ``mix64(key + counter * GOLDEN)`` with
 ``key = mix64(mix64(seed + stream * GOLDEN) ^ probe)`` and the counter being the
@@ -386,14 +390,15 @@ def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist
             if mode == MODE_PARTIAL:
                 # The timestamped measurements go back into time order, in the slots the
                 # shuffle gave them, so their deltas stay non-negative.
-                c = 0
+                c = np.uint64(0)
                 for i in range(s, e):
                     timed[c] = i
-                    c += has_ts[i]
-                c = 0
+                    c += np.uint64(has_ts[i])
+                c = np.uint64(0)
                 for x in range(m):
-                    t_ = has_ts[order[x]]
-                    order[x] = timed[c] if t_ else order[x]
+                    o = order[x]
+                    t_ = np.uint64(has_ts[np.uint64(o)])
+                    order[x] = o + (timed[c] - o) * np.int64(t_)
                     c += t_
         k_field = stream_key(seed, p, STREAM_FIELD)
         pos = offsets[j]
@@ -458,18 +463,23 @@ def encode_pieces(sorted_m, plan, piece_start, piece_end, seed: int):
                     or np.any(pe > plan.ctx_end[ctx])):
         raise ValueError("every piece must be a non-empty range inside one context")
     lengths = piece_lengths_kernel(plan.cost, plan.has_ts, plan.abs_extra, ps, pe)
+    return _encode(sorted_m, plan, ps, pe, plan.ctx_mode[ctx], lengths, seed)
+
+
+def _encode(m, plan, ps, pe, modes, lengths, seed):
     offsets = np.zeros(len(ps) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    buf = np.empty(int(offsets[-1]) + SLACK, np.uint16)
-    out = buf[:int(offsets[-1])]
+    buf = np.empty(int(offsets[-1]) + SLACK, np.uint16)  # the kernel's slack: see its docstring
     if len(ps):
-        m = sorted_m
         encode_kernel(m.probe, m.time, m.family, m.src_hi, m.src_lo, m.dst_hi, m.dst_lo, m.rtt,
-                      plan.hist, plan.has_ts, ps, pe, plan.ctx_mode[ctx], offsets,
+                      plan.hist, plan.has_ts, ps, pe, modes, offsets,
                       np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF), buf)
-    return out, offsets
+    return buf[:int(offsets[-1])], offsets
 
 
 def encode_plan(plan, seed: int):
-    """Tokens of every whole context of ``plan`` (one piece per context)."""
-    return encode_pieces(plan.sorted, plan, plan.ctx_start, plan.ctx_end, seed)
+    """Tokens of every whole context of ``plan`` (one piece per context): ``encode_pieces``
+    without its checks, and with the lengths the plan already has (a whole context's
+    first timestamp is absolute already, so its length is ``ctx_len``)."""
+    return _encode(plan.sorted, plan, plan.ctx_start, plan.ctx_end, plan.ctx_mode, plan.ctx_len,
+                   seed)
