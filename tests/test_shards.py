@@ -213,10 +213,16 @@ def test_process_bucket_is_pure(tmp_path):
 def test_killed_run_leaves_no_dataset_and_next_run_completes(tmp_path):
     inp = write_parquet(tmp_path / "in" / "a.parquet", probe_data(n_probes=200, per_probe=400, seed=4))
     out = tmp_path / "out"
-    cmd = [str(REPO / ".venv" / "bin" / "prep"), "shards", str(inp), "--out", str(out),
-           "--workers", "2", "--buckets", "32", "--quiet"]
+    args = ["shards", str(inp), "--out", str(out), "--workers", "2", "--buckets", "32", "--quiet"]
+    cmd = [str(REPO / ".venv" / "bin" / "prep")] + args
+    # Each bucket lingers after writing its shards, so the kill below always lands mid-run.
+    slow = ("import sys, time, prep.shards as s; from prep.cli import main\n"
+            "real = s.process_bucket\n"
+            "def slow(*a):\n    r = real(*a); time.sleep(0.5); return r\n"
+            "s.process_bucket = slow; main(sys.argv[1:])")
     run_shards([str(inp)], str(out), ShardsConfig(n_buckets=32), progress=False)  # an old dataset
-    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", slow] + args, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     deadline = time.monotonic() + 60
     while not list(out.glob(".tmp-*/train/*.array_record")) and time.monotonic() < deadline:
         time.sleep(0.005)  # kill once the first bucket's shards are written
