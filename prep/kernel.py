@@ -370,13 +370,13 @@ def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist
     if len(out) < scratch + SLACK:
         raise ValueError("out must hold offsets[-1] + SLACK tokens")
     order = np.empty(64, np.int64)
-    timed = np.empty(64, np.int64)
+    timed = np.empty(128, np.int64)  # timed[:m]: the timestamped measurements, timed[m:]: their slots
     for j in range(n_p):
         s, e = piece_start[j], piece_end[j]
         m = e - s
         if m > len(order):
             order = np.empty(2 * m, np.int64)
-            timed = np.empty(2 * m, np.int64)
+            timed = np.empty(4 * m, np.int64)
         for x in range(m):
             order[x] = s + x
         p = probe[s]
@@ -394,12 +394,14 @@ def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist
                 for i in range(s, e):
                     timed[c] = i
                     c += np.uint64(has_ts[i])
+                # Written as a select, that step became a branch on has_ts (mispredicted
+                # often): instead list the timestamped slots, then scatter into them.
                 c = np.uint64(0)
                 for x in range(m):
-                    o = order[x]
-                    t_ = np.uint64(has_ts[np.uint64(o)])
-                    order[x] = o + (timed[c] - o) * np.int64(t_)
-                    c += t_
+                    timed[np.uint64(m) + c] = x
+                    c += np.uint64(has_ts[np.uint64(order[x])])
+                for k in range(c):
+                    order[timed[np.uint64(m) + k]] = timed[k]
         k_field = stream_key(seed, p, STREAM_FIELD)
         pos = offsets[j]
         have_prev = np.int64(0)
