@@ -221,3 +221,17 @@ def test_encode_pieces_rejects_a_piece_across_contexts():
         kernel.encode_pieces(plan.sorted, plan, [3], [7], 0)
     toks, off = kernel.encode_pieces(plan.sorted, plan, [], [], 0)
     assert len(toks) == 0 and off.tolist() == [0]
+
+
+def test_encode_plan_into_a_given_buffer_writes_the_same_tokens():
+    from bench.bench_tokenizer import atlas_like
+    from prep.contexts import ContextConfig, plan_contexts
+
+    plan = plan_contexts(atlas_like(3000, probes=20, seed=3), ContextConfig(), 11)
+    toks, off = kernel.encode_plan(plan, 11)
+    out = np.full(len(toks) + kernel.SLACK, 7, np.uint16)
+    toks2, off2 = kernel.encode_plan(plan, 11, out=out)
+    assert toks2.tolist() == toks.tolist() and off2.tolist() == off.tolist()
+    assert np.shares_memory(toks2, out) and len(toks) == plan.n_tokens
+    with pytest.raises(ValueError, match="at least"):
+        kernel.encode_plan(plan, 11, out=out[:-1])
