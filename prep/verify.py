@@ -10,10 +10,12 @@ Checks, each failure one line naming the file (and record) at fault:
    padding = rows × row_len - tokens.
 3. The folder holds the listed shards and no other shard files.
 4. Per shard (in parallel): sha256 and record count as listed; every record is a row of
-   this format and row_len (prep.rows.decode_row); segment ids run 1, 2, … with padding
-   only at the end, every segment opens with MEASUREMENT_START, padding is token 0; every
-   segment decodes into whole measurements (prep.decode.decode_context); the row's
-   measurements, tokens and segments add up to the shard's listed counts.
+   this format and row_len (the header's magic, version and row_len, as prep.rows.decode_row
+   checks them, and its segment count); segment ids run 1, 2, … with padding only at the
+   end, every segment opens with MEASUREMENT_START, padding is token 0; every segment is
+   whole measurements as the tokenizer writes them (prep.grammar.check_rows, one Numba
+   pass per shard; a flagged segment's message comes from prep.decode.decode_context);
+   the rows' measurements, tokens and segments add up to the shard's listed counts.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from pathlib import Path
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
+from prep import grammar, rows
 from prep import manifest as mf
-from prep import rows, vocab
 from prep.decode import DecodeError, decode_context
 
 SPLITS = ("train", "test")
@@ -88,7 +90,12 @@ def check_counts(m: dict) -> list[str]:
 
 
 def check_shard(task: tuple[str, dict, int]) -> list[str]:
-    """Problems of one shard file (a plain list of lines, so it crosses processes cheaply)."""
+    """Problems of one shard file (a plain list of lines, so it crosses processes cheaply).
+
+    The records are joined into one [rows, record_size] block: headers are checked as
+    columns, tokens and segment ids go through prep.grammar.check_rows in one call, and
+    only rows it flags are looked at again, one by one, for their message.
+    """
     shards_dir, entry, row_len = task
     path = Path(shards_dir) / entry["path"]
     if not path.is_file():
@@ -109,46 +116,63 @@ def check_shard(task: tuple[str, dict, int]) -> list[str]:
         return out + [f"{path}: not a readable ArrayRecord file ({str(e).splitlines()[0]})"]
     if len(records) != entry["records"]:
         out.append(f"{path}: {len(records):,} records, the manifest lists {entry['records']:,}")
-    n_meas = n_tok = n_seg = 0
-    for i, rec in enumerate(records):
-        where = f"{path}#{i}"
-        try:
-            tok, seg = rows.decode_row(rec, where=where)
-            if len(tok) != row_len:
-                raise ValueError(f"{where}: row_len {len(tok)}, the manifest says {row_len}")
-            n_tok_row, starts = _check_layout(tok, seg, where)
-            toks = tok[:n_tok_row].tolist()
-            for j, (a, b) in enumerate(zip(starts.tolist(), starts[1:].tolist() + [n_tok_row])):
-                try:
-                    n_meas += len(decode_context(toks[a:b]))
-                except DecodeError as e:
-                    raise ValueError(f"{where} segment {j + 1}: {e}") from None
-            n_tok += n_tok_row
-            n_seg += len(starts)
-        except ValueError as e:  # RowFormatError is a ValueError
-            out.append(str(e))
-            if len(out) >= _MAX_PER_SHARD:
-                return out + [f"{path}: …and possibly more problems"]
+
+    size = rows.record_size(row_len)
+    fits = np.fromiter(map(len, records), np.int64, len(records)) == size
+    idx = np.arange(len(records)) if fits.all() else np.flatnonzero(fits)
+    joined = b"".join(records) if len(idx) == len(records) else b"".join([records[i] for i in idx])
+    block = np.frombuffer(joined, np.uint8).reshape(len(idx), size)
+    head = block[:, :rows.HEADER_SIZE].astype(np.int64)
+    head_ok = ((head[:, :4] == np.frombuffer(rows.MAGIC, np.uint8)).all(axis=1)
+               & (head[:, 4] | head[:, 5] << 8 == rows.ROW_FORMAT_VERSION)
+               & (head[:, 6] | head[:, 7] << 8 == row_len))
+    tok = np.ascontiguousarray(block[:, rows.HEADER_SIZE:rows.HEADER_SIZE + 2 * row_len]).view("<u2")
+    seg = np.ascontiguousarray(block[:, rows.HEADER_SIZE + 2 * row_len:])
+    n_meas, n_tok, n_seg, error, error_pos = grammar.check_rows(tok, seg)
+    seg_ok = (head[:, 8] | head[:, 9] << 8) == n_seg
+    sound = head_ok & (error == 0) & seg_ok
+
+    row_of = np.cumsum(fits) - 1  # record i is row row_of[i] of the block where it fits
+    for i in np.union1d(np.flatnonzero(~fits), idx[~sound]).tolist():  # in record order
+        where, k = f"{path}#{i}", row_of[i]
+        if not fits[i] or not head_ok[k]:
+            out.append(_header_problem(records[i], where, row_len))
+        elif error[k]:
+            out.append(_row_problem(tok[k], seg[k], int(error[k]), int(error_pos[k]), where))
+        else:
+            out.append(f"{where}: the header says {head[k, 8] | head[k, 9] << 8} segments, "
+                       f"the row has {n_seg[k]}")
+        if len(out) >= _MAX_PER_SHARD:
+            return out + [f"{path}: …and possibly more problems"]
     for what, got in (("measurements", n_meas), ("tokens", n_tok), ("segments", n_seg)):
+        got = int(got[sound].sum())
         if got != entry[what]:
             out.append(f"{path}: {got:,} {what} decoded, the manifest lists {entry[what]:,}")
     return out
 
 
-def _check_layout(tok: np.ndarray, seg: np.ndarray, where: str) -> tuple[int, np.ndarray]:
-    """(real tokens, segment start positions) of a well-formed row, else ValueError."""
-    real = seg > 0
-    n = int(real.sum())
-    if n == 0:
-        raise ValueError(f"{where}: an empty row")
-    if not real[:n].all():
-        raise ValueError(f"{where}: padding before the last segment")
-    d = np.diff(seg[:n].astype(np.int16))
-    if seg[0] != 1 or d.min(initial=0) < 0 or d.max(initial=0) > 1:
-        raise ValueError(f"{where}: segment ids do not run 1, 2, 3, …")
-    starts = np.concatenate([[0], np.flatnonzero(d) + 1])
-    if np.any(tok[starts] != vocab.MEASUREMENT_START):
-        raise ValueError(f"{where}: a segment does not open with MEASUREMENT_START")
-    if np.any(tok[n:] != 0) or int(tok.max()) >= vocab.VOCAB_SIZE:
-        raise ValueError(f"{where}: nonzero padding or a token id past the vocabulary")
-    return n, starts
+def _header_problem(record: bytes, where: str, row_len: int) -> str:
+    """What is wrong with a record whose header or size is not a row of this row_len."""
+    try:
+        tok, _ = rows.decode_row(record, where=where)
+    except rows.RowFormatError as e:
+        return str(e)
+    return f"{where}: row_len {len(tok)}, the manifest says {row_len}"
+
+
+def _row_problem(tok: np.ndarray, seg: np.ndarray, error: int, pos: int, where: str) -> str:
+    """One line for a row that grammar.check_rows flagged; a grammar error gets
+    decode_context's own message for its segment where decode_context rejects it too."""
+    message = grammar.MESSAGES[error]
+    if error == grammar.EMPTY_ROW:
+        return f"{where}: {message}"
+    if error in grammar.LAYOUT_CODES:
+        return f"{where}: {message} (token {pos})"
+    s = seg[pos - 1]  # the segment at fault (see prep.grammar)
+    a = int(np.argmax(seg == s))
+    b = a + int(np.count_nonzero(seg == s))
+    try:
+        decode_context(tok[a:b].tolist())
+    except DecodeError as e:
+        return f"{where} segment {s}: {e}"
+    return f"{where} segment {s}: token {pos - a}: {message}"

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -78,3 +79,68 @@ def test_refuses_a_folder_without_a_finished_manifest(dataset, tmp_path):
         verify_dir(d)
     r = CliRunner().invoke(main, ["verify", str(d)])
     assert r.exit_code == 2 and r.output.count("\n") == 1
+
+
+def rewrite_shard(d: Path, name: str, damage) -> Path:
+    """Rewrite one shard with ``damage(records)`` applied and its sha256 fixed in the
+    manifest, so that only the rows' contents are wrong."""
+    import hashlib
+
+    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+
+    shard = d / name
+    r = ArrayRecordReader(str(shard))
+    records = [bytearray(x) for x in r.read_all()]
+    r.close()
+    damage(records)
+    w = ArrayRecordWriter(str(shard), "group_size:1")
+    for rec in records:
+        w.write(bytes(rec))
+    w.close()
+    m = json.loads((d / mf.MANIFEST_NAME).read_text())
+    for e in m["splits"]["train"]["shards"]:
+        if e["path"] == name:
+            e["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest()
+    (d / mf.MANIFEST_NAME).write_text(json.dumps(m))
+    return shard
+
+
+def test_damaged_rows_are_named_by_record_and_segment(dataset, tmp_path):
+    d = copy_of(dataset, tmp_path)
+    row_len = mf.load_manifest(d)["row_len"]
+
+    def damage(records):
+        records[1][:4] = b"XXXX"  # header: decode_row's message
+        records[2][16 + 2] = 9  # token 1 of segment 1: THROUGHPUT_START where a block starts
+        records[3][16 + 2 * row_len - 2] = 7  # nonzero padding (the last token)
+        records[4] = records[4][:-1]  # a short record
+
+    shard = rewrite_shard(d, "train/shard-b00000-e0.array_record", damage)
+    problems = verify_dir(d)
+    assert problems[0] == f"{shard}#1: not a ping-pack row (magic b'XXXX'); re-run `prep shards` to rebuild the dataset"
+    assert problems[1] == f"{shard}#2 segment 1: token 1: unexpected THROUGHPUT_START"
+    assert problems[2] == f"{shard}#3: nonzero padding (token {row_len - 1})"
+    assert problems[3].startswith(f"{shard}#4: {3 * row_len + 15} bytes, expected {3 * row_len + 16}")
+    assert [p.split(": ")[1].split()[1:3] for p in problems[4:]] == [
+        ["measurements", "decoded,"], ["tokens", "decoded,"], ["segments", "decoded,"]]
+
+
+def test_a_duplicated_block_is_refused_though_decode_context_takes_it(dataset, tmp_path):
+    from prep import vocab as V
+
+    d = copy_of(dataset, tmp_path)
+    row_len = mf.load_manifest(d)["row_len"]
+    tok_at = lambda i: slice(16 + 2 * i, 18 + 2 * i)  # noqa: E731
+
+    def damage(records):
+        rec = records[0]
+        tok = np.frombuffer(bytes(rec[16:16 + 2 * row_len]), "<u2")
+        i = int(np.flatnonzero(tok == V.RTT_START)[0])  # RTT_START b b -> FAILED × 3
+        for k in range(i, i + 3):
+            rec[tok_at(k)] = np.array([V.FAILED], "<u2").tobytes()
+
+    shard = rewrite_shard(d, "train/shard-b00000-e0.array_record", damage)
+    problems = verify_dir(d)
+    assert problems[0].startswith(f"{shard}#0 segment ")
+    assert problems[0].endswith(": a measurement holds the same block twice")
+    assert any("measurements decoded, the manifest lists" in p for p in problems)
