@@ -8,6 +8,7 @@ the parts named on the command line), prints a table, and writes
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -23,14 +24,12 @@ RESULTS = HERE / "results"
 def machine() -> dict:
     info = {"cpu_count": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version(), "processor": platform.processor()}
-    try:
+    with contextlib.suppress(OSError):  # not Linux: no CPU model to report
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
                     info["cpu_model"] = line.split(":", 1)[1].strip()
                     break
-    except OSError:
-        pass
     try:
         import jax
 

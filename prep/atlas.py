@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from prep.errors import InputError
-from prep.validate import validate_rows
+from prep.validate import find_files, validate_rows
 
 SCHEMA = pa.schema([("event_time", pa.timestamp("s", tz="UTC")), ("prb_id", pa.int64()),
                     ("src_addr", pa.string()), ("dst_addr", pa.string()), ("ip_version", pa.int8()),
@@ -67,18 +67,8 @@ class AtlasConfig:
 
 
 def list_atlas_inputs(paths) -> list[Path]:
-    found: set[Path] = set()
-    for p in map(Path, paths):
-        if p.is_dir():
-            found.update(f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES))
-        elif p.is_file():
-            found.add(p)
-        else:
-            raise InputError(f"{p}: no such file or folder; check the path")
-    if not found:
-        raise InputError(f"{', '.join(map(str, paths))}: no RIPE Atlas result files "
-                         f"({', '.join(SUFFIXES)}) found")
-    return sorted(found)
+    """Result files (JSON, JSON lines, .bz2/.gz dumps) named directly or found under folders."""
+    return find_files(paths, SUFFIXES, f"no RIPE Atlas result files ({', '.join(SUFFIXES)}) found")
 
 
 def _open_text(path: Path):

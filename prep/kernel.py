@@ -282,20 +282,31 @@ def rtt_code(ms):
     return e + (31 - e) * big, m + (2047 - m) * big
 
 
+def _store_args(typingctx, out, pos, x):
+    """The typing both store intrinsics share: a uint16 array, an integer index and value."""
+    return (isinstance(out, types.Array) and out.dtype == types.uint16
+            and isinstance(pos, types.Integer) and isinstance(x, types.Integer))
+
+
+def _store_ptr(context, builder, sig, args):
+    """(pointer to ``out[pos]``, the value as uint64) inside a store intrinsic's codegen."""
+    ary = context.make_array(sig.args[0])(context, builder, args[0])
+    idx = context.cast(builder, args[1], sig.args[1], types.intp)
+    val = context.cast(builder, args[2], sig.args[2], types.uint64)
+    return builder.gep(ary.data, [idx]), val
+
+
 def _put_bytes(n):
     """An intrinsic ``put(out, pos, x)``: ``out[pos:pos+n] = BYTE_0 + (the low n bytes of
     x, most significant first)`` in one unaligned vector store (byte swap, widen, add)."""
 
     @intrinsic
     def put(typingctx, out, pos, x):
-        if not (isinstance(out, types.Array) and out.dtype == types.uint16
-                and isinstance(pos, types.Integer) and isinstance(x, types.Integer)):
+        if not _store_args(typingctx, out, pos, x):
             return None
 
         def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, args[0])
-            idx = context.cast(builder, args[1], sig.args[1], types.intp)
-            val = context.cast(builder, args[2], sig.args[2], types.uint64)
+            ptr, val = _store_ptr(context, builder, sig, args)
             if n < 8:
                 val = builder.trunc(val, ir.IntType(8 * n))
             vec = builder.bitcast(val, ir.VectorType(ir.IntType(8), n))
@@ -304,8 +315,7 @@ def _put_bytes(n):
                                          ir.Constant(ir.VectorType(ir.IntType(32), n), list(lanes)))
             wide = builder.zext(vec, ir.VectorType(ir.IntType(16), n))
             wide = builder.add(wide, ir.Constant(wide.type, [V.BYTE_OFFSET] * n))
-            ptr = builder.bitcast(builder.gep(ary.data, [idx]), wide.type.as_pointer())
-            builder.store(wide, ptr, align=2)
+            builder.store(wide, builder.bitcast(ptr, wide.type.as_pointer()), align=2)
             return context.get_dummy_value()
 
         return types.void(out, pos, x), codegen
@@ -320,15 +330,12 @@ SLACK = 16  # tokens past the end of ``out`` that encode_kernel may scribble on
 @intrinsic
 def _put1(typingctx, out, pos, tok):
     """``out[pos] = tok`` for a non-negative ``pos``, without the wraparound check."""
-    if not (isinstance(out, types.Array) and out.dtype == types.uint16
-            and isinstance(pos, types.Integer) and isinstance(tok, types.Integer)):
+    if not _store_args(typingctx, out, pos, tok):
         return None
 
     def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        idx = context.cast(builder, args[1], sig.args[1], types.intp)
-        val = context.cast(builder, args[2], sig.args[2], types.uint16)
-        builder.store(val, builder.gep(ary.data, [idx]), align=2)
+        ptr, val = _store_ptr(context, builder, sig, args)
+        builder.store(builder.trunc(val, ir.IntType(16)), ptr, align=2)
         return context.get_dummy_value()
 
     return types.void(out, pos, tok), codegen

@@ -21,6 +21,7 @@ Output bytes depend on (inputs, ShardsConfig) only: spill order does not matter 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import math
@@ -395,13 +396,11 @@ def file_info(p: Path) -> dict:
 def _own_rss_mb() -> float:
     """This process's peak RSS. VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the
     parent across exec, so a big parent (a benchmark harness) would show up as ours."""
-    try:
+    with contextlib.suppress(OSError):  # not Linux: fall back to getrusage below
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
                     return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 

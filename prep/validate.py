@@ -54,22 +54,30 @@ class Batch:
     rejected: dict[str, int]
 
 
-def list_inputs(paths: Iterable[str | Path]) -> list[Path]:
-    """Parquet files named directly or found under folders (recursively), sorted by path."""
+def find_files(paths: Iterable[str | Path], suffixes: tuple[str, ...], none_found: str) -> list[Path]:
+    """Files named directly, or under folders (recursively) ending in ``suffixes``, sorted.
+
+    Hidden names under a folder are staging areas of interrupted runs (.synth-tmp/), never
+    input. A missing path, or nothing found (``none_found`` says what to do), is InputError.
+    """
     found: set[Path] = set()
     for p in map(Path, paths):
         if p.is_dir():
-            # Hidden names are staging areas of interrupted runs (.synth-tmp/), never input.
-            found.update(f for f in p.rglob("*.parquet") if f.is_file()
+            found.update(f for f in p.rglob("*") if f.name.endswith(suffixes) and f.is_file()
                          and not any(part.startswith(".") for part in f.relative_to(p).parts))
         elif p.is_file():
             found.add(p)
         else:
             raise InputError(f"{p}: no such file or folder; check the path")
     if not found:
-        raise InputError(f"{', '.join(map(str, paths))}: no .parquet files found; "
-                         "point at parquet files or a folder of them (make some with `prep synth`)")
+        raise InputError(f"{', '.join(map(str, paths))}: {none_found}")
     return sorted(found)
+
+
+def list_inputs(paths: Iterable[str | Path]) -> list[Path]:
+    """Parquet files named directly or found under folders (recursively), sorted by path."""
+    return find_files(paths, (".parquet",), "no .parquet files found; point at parquet files "
+                      "or a folder of them (make some with `prep synth`)")
 
 
 def _resolve_columns(schema: pa.Schema, source: str) -> dict[str, str]:
