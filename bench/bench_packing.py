@@ -57,7 +57,13 @@ def _synth(n_ctx, busy, seed, row_len):
             t = 0
             if ts:
                 t = 9 if first else (2 if np.random.random() < 0.9 else 5)
-            if total + body + t > row_len:
+            if total + body + t > row_len:  # end it as the planner does (prep.kernel)
+                back = 0
+                while back < packing.BACKOFF and n - 1 > starts[c] and \
+                        not packing.fillable(row_len - total):
+                    n -= 1
+                    total -= cost[n]
+                    back += 1
                 break
             cost[n] = body + t
             has_ts[n] = ts

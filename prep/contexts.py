@@ -5,7 +5,10 @@ column, so input order cannot matter) and walks each probe's history once, cutti
 new context before the measurement that would
 
 1. belong to another probe,
-2. push the context past ``row_len`` tokens (a context always fits one row),
+2. push the context past ``row_len`` tokens (a context always fits one row); such a
+   context then ends up to ``prep.packing.BACKOFF`` measurements earlier if that leaves
+   its row a gap that untimestamped pieces can fill (``prep.packing.fillable``): a gap of
+   2-10 tokens, say, fits no measurement, so it would stay padding,
 3. make it longer than ``max_measurements`` measurements,
 4. follow a silence longer than ``max_gap_s``, or end more than ``max_span_s`` after
    the context's first measurement.

@@ -40,6 +40,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from prep import vocab as V
+from prep.packing import BACKOFF, fillable
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _C1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -193,6 +194,8 @@ def cut_contexts(probe, time, family, rtt, hist, seed, row_len, max_meas, max_ga
     (FAILED 1, RTT 3) + its timestamp block. A context ends before the measurement that would change the probe, overflow
     ``row_len`` tokens, exceed ``max_meas`` measurements, follow a gap > ``max_gap`` s or
     reach > ``max_span`` s past the context's first measurement (0 turns a limit off).
+    A context ended by the row length gives back up to ``BACKOFF`` last measurements to the
+    next one until its row's gap is ``fillable`` by the packer (cut points are free).
     """
     n = len(probe)
     ctx_start = np.empty(n, np.int64)
@@ -217,6 +220,7 @@ def cut_contexts(probe, time, family, rtt, hist, seed, row_len, max_meas, max_ga
         have_prev = False
         prev = np.int64(0)
         j = i
+        full = False
         while j < n and probe[j] == p:
             if mode == MODE_FULL:
                 ts = True
@@ -226,7 +230,8 @@ def cut_contexts(probe, time, family, rtt, hist, seed, row_len, max_meas, max_ga
                 ts = False
             tt = _ts_tokens(have_prev, prev, time[j]) if ts else 0
             c = (11 if family[j] == 4 else 35) + (1 if rtt[j] < 0.0 else 3) + tt
-            if j > i and (length + c > row_len
+            full = length + c > row_len
+            if j > i and (full
                           or (max_meas > 0 and j - i >= max_meas)
                           or (max_gap > 0 and time[j] - time[j - 1] > max_gap)
                           or (max_span > 0 and time[j] - time[i] > max_span)):
@@ -239,6 +244,13 @@ def cut_contexts(probe, time, family, rtt, hist, seed, row_len, max_meas, max_ga
                 have_prev = True
                 prev = time[j]
             j += 1
+        if full:
+            back = 0
+            while (back < BACKOFF and j - 1 > i
+                   and not fillable(row_len - length)):
+                j -= 1  # a gap nothing fits: leave the last measurement to the next context
+                length -= cost[j]
+                back += 1
         ctx_start[k] = i
         ctx_mode[k] = mode
         ctx_len[k] = length

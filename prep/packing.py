@@ -9,33 +9,36 @@
 2. Order contexts longest first (counting sort; equal lengths by index).
 3. Best fit: each context goes to the open row with the smallest gap that holds it, else
    to a new row. Open rows sit in per-gap FIFO lists; a segment tree over gaps 0..row_len
-   finds the smallest non-empty gap >= x (or the largest) in O(log row_len). A row
+   finds the smallest non-empty gap >= x in O(log row_len). A row
    leaves the lists when it is full or holds ``max_segments`` pieces.
-4. Split (``split=True``): dissolve donor rows into the other rows' gaps. Donors come in
-   order of fill + the timestamp tokens cutting them could add, so least full and cheapest
-   to cut first (a context without timestamps is cut for free). Each donor piece goes, whole
-   or as a prefix cut at a measurement boundary, where (waste left in the best-fit gap +
-   tokens the cut adds) is least; ties take the longer prefix. A cut piece is encoded as a
-   context of its own, so its first timestamp becomes absolute: that is the cut's cost.
-   Phase 4 stops at the first donor that does not fit entirely; its rest stays in its row.
+4. Fill (``split=True``): rows whose pieces have no timestamp that a cut would make absolute
+   (none-mode contexts) are "free": cutting them costs nothing. Free rows, least full first,
+   become donors one at a time as the other rows (in row order) need them, and every window
+   of a donor's pieces up to WINDOW_MAX tokens is listed by length. A row with gap g takes a
+   window of exactly g tokens, else g - 1 (bodies are even, so a timestamped row's odd gap
+   ends at 1), else the longest whose rest is still ``fillable``; a long gap takes a long
+   run of the opened donors; only what nothing fills takes the longest window that fits.
+   What the donors keep is laid into new rows in order, each closed the same way.
+   Timestamped contexts are never cut here, so the packer adds no tokens.
 5. Rows emptied by step 4 disappear; rows are renumbered in order; pieces are listed by
    (row, slot), slot = order of arrival in the row.
 
-Measured (bench/bench_packing.py and `prep analyze-padding`, 1024-token rows, 2 shared cores):
+The planner (prep.kernel.cut_contexts) does its part: a context that the row length ends
+gives back up to BACKOFF last measurements until its gap is ``fillable`` (2-10 tokens fit
+no measurement; 16-24 are no sum of the common body sizes), since cut points are free.
+
+Measured (bench/bench_packing.py, 1024-token rows, 2 shared cores):
 
     data                                   whole-context BFD   this packer   rows / lower bound
-    synthetic sparse mix (1-80 meas.)            0.09 %           0.09 %          1.0009
-    synthetic busy probes (all ~1010 tok.)       1.21 %           0.45 %          1.0045
-    `prep synth` data (busy-dominated)            1.44 %           0.40 %          1.0040
-    (same data: pad-to-crop 3.38 %, Grain best-fit with 256 bins 1.79 %)
+    synthetic sparse mix (1-80 meas.)            0.09 %           0.05 %          1.0005
+    synthetic busy probes (all ~1010 tok.)       ~4 %             0.17 %          1.0017
+    `prep synth` data (busy-dominated)           ~4.8 %           0.14 %          1.0014
 
-(bench/bench_packing.py measures the `prep synth` row on the real pipeline: synth 3M rows ->
-read_validated -> plan_contexts; 75.6k contexts.) What is left is rows whose context the
-tokenizer cut near 1024: gaps under 12 tokens (smaller than any measurement) and odd gaps
-(bodies are 12/14/36/38 tokens, so a piece is odd only through its absolute timestamp, i.e.
-a cut of a timestamped context costing 4 or 7 tokens). An exact-fill repair (rows give up
-tail measurements, gaps filled from an index of exact piece lengths) reached 0.25 % padding
-but 1.0046x rows, since those cuts cost about as many tokens as they save; not adopted. Speed: ~1.7M contexts/s (sparse), ~0.6M/s (busy: ~45 measurements each).
+The whole-context column is higher than the planner's greedy cuts gave (1.4 %), because the
+planner now leaves fillable gaps on purpose. The lower bound is ceil(tokens of the plan's
+contexts / row_len); against the greedy plan's (slightly fewer) tokens the built-in data is
+at 1.0019. Speed: ~0.5M contexts/s on the built-in data (about 20M measurements/s), ~3.5M/s
+sparse.
 """
 
 from __future__ import annotations
@@ -55,8 +58,21 @@ class Packing:
     n_rows: int
 
 
-GRAIN_WEIGHT = 16  # donor key: weight of tokens per measurement (coarse pieces fit fewer gaps)
-PATIENCE = 1000  # step 4 ends after this many donors in a row that could not be dissolved
+BACKOFF = 3  # the planner may end a context up to this many measurements early (fillable)
+WINDOW_MAX = 64  # step 4 lists donor windows up to this many tokens
+DONORS_PER_ROW = 2  # step 4 opens at most this many donors for one row's gap
+
+
+# Even gaps (up to 100) that sums of 14- and 38-token bodies (successful IPv4 and IPv6 pings)
+# plus at most one 12 or 36 (a failed ping; ~1 in 6) cannot make: bit t // 2. From 102 on all are.
+UNFILLABLE = 0x40810e1c39f3e
+
+
+@njit(cache=True, inline="always")
+def fillable(gap):
+    """Whether untimestamped pieces of common sizes can fill ``gap`` tokens to at most 1."""
+    h = (gap & ~1) >> 1
+    return h > 50 or ((UNFILLABLE >> h) & 1) == 0
 
 
 @njit(cache=True)
@@ -123,17 +139,6 @@ def _tree_ge(tree, x):
 
 
 @njit(cache=True)
-def _tree_max(tree):
-    size = tree.shape[0] // 2
-    if tree[1] == 0:
-        return -1
-    i = 1
-    while i < size:
-        i = 2 * i + 1 if tree[2 * i + 1] > 0 else 2 * i
-    return i - size
-
-
-@njit(cache=True)
 def _push(head, tail, nxt, prv, tree, r, g):
     nxt[r] = -1
     prv[r] = tail[g]
@@ -163,6 +168,186 @@ def _grow(a, n):
     b = np.empty(max(n, 2 * a.shape[0]), a.dtype)
     b[: a.shape[0]] = a
     return b
+
+
+@njit(cache=True, inline="always")
+def _add_piece(ps, pe, pr, pnext, alive, k, rfirst, rlast, r, a, b):
+    """Append piece [a, b) to row r; returns the (maybe grown) piece arrays and k + 1."""
+    if k == ps.shape[0]:
+        ps, pe, pr = _grow(ps, k + 1), _grow(pe, k + 1), _grow(pr, k + 1)
+        pnext, alive = _grow(pnext, k + 1), _grow(alive, k + 1)
+    ps[k], pe[k], pr[k], pnext[k], alive[k] = a, b, r, -1, True
+    if rlast[r] >= 0:
+        pnext[rlast[r]] = k
+    else:
+        rfirst[r] = k
+    rlast[r] = k
+    return ps, pe, pr, pnext, alive, k + 1
+
+
+@njit(cache=True, inline="always")
+def _find_window(head, wx, wy, wn, used, g, exact, last):
+    """(x, y, length) of a listed window with no used measurement for a gap of ``g``: exactly
+    g tokens, else g - 1, else (``exact``) the longest whose rest is ``fillable`` (not on a
+    row's ``last`` slot), else (not ``exact``) the longest that fits; (-1, -1, 0) if none."""
+    for want in range(min(g, WINDOW_MAX), 0, -1):
+        if exact and want < g - 1 and (last or g - want < 12 or not fillable(g - want)):
+            continue
+        while head[want] >= 0:  # drop windows that lost a measurement
+            w = head[want]
+            ok = True
+            for i in range(wx[w], wy[w]):
+                if used[i]:
+                    ok = False
+                    break
+            if ok:
+                return wx[w], wy[w], want
+            head[want] = wn[w]
+    return -1, -1, 0
+
+
+@njit(cache=True)
+def _fill_exact(cum, xcum, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, pe, pr, pnext,
+                alive, k):
+    """Step 4: fill the other rows' gaps exactly with windows of rows that cost nothing to cut.
+
+    A row is free when no piece of it has a timestamp that a cut would make absolute
+    (none-mode contexts). Free rows, least full first, become donors one at a time as the
+    rows to fill (all others, in row order) need them; each window [x, y) of a donor's pieces
+    of up to WINDOW_MAX tokens is listed by length. What donors keep is laid into new rows,
+    each closed the same way before the next one opens.
+    """
+    n0 = n_rows
+    fill = row_len - gap[:n0]
+    free = np.zeros(n0, np.bool_)
+    for r in range(n0):
+        x = 0
+        q = rfirst[r]
+        while q >= 0:
+            x += xcum[pe[q]] - xcum[ps[q]]
+            q = pnext[q]
+        free[r] = x == 0
+    fr = np.nonzero(free)[0]
+    fr = fr[np.argsort(-fill[fr], kind="mergesort")]
+    order = np.concatenate((np.nonzero(~free)[0], fr))  # fill from the front, donors from the end
+    used = np.zeros(cum.shape[0], np.bool_)
+    head = np.full(WINDOW_MAX + 1, -1, np.int64)  # windows by length: stacks in flat arrays
+    wx = np.empty(1024, np.int64)
+    wy = np.empty(1024, np.int64)
+    wn = np.empty(1024, np.int64)
+    nw = 0
+    donors = np.empty(0, np.int64)
+    nd = 0
+    ti, dj = 0, n0 - 1
+    cur, cq, ca = 0, -1, 0  # long gaps: donor, piece and measurement to take runs from
+    while ti <= dj:
+        t = order[ti]
+        ti += 1
+        opened = 0
+        while gap[t] >= 12 and (cap == 0 or nseg[t] < cap):
+            g = gap[t]
+            wa, wb, ln = -1, -1, 0
+            if g > WINDOW_MAX + 12 and (cap == 0 or nseg[t] < cap - 1):
+                # a long gap takes a long run: the next unused run of the opened donors
+                while cur < nd and wa < 0:
+                    q = cq if cq >= 0 else rfirst[donors[cur]]
+                    a = max(ca, ps[q])
+                    while a < pe[q] and used[a]:
+                        a += 1
+                    m = a
+                    while m < pe[q] and not used[m] and cum[m + 1] - cum[a] <= g:
+                        m += 1
+                    while m > a and cum[m] - cum[a] != g and not (
+                            g - (cum[m] - cum[a]) >= 12 and fillable(g - (cum[m] - cum[a]))):
+                        m -= 1
+                    if m > a:
+                        wa, wb, ln = a, m, cum[m] - cum[a]
+                        cq, ca = q, m
+                    elif a < pe[q] and not used[a] and cum[a + 1] - cum[a] <= g:
+                        break  # this run cannot leave a fillable rest here: use windows
+                    else:  # the piece is spent: next piece, next donor
+                        cq, ca = pnext[q], 0
+                        if cq < 0:
+                            cur += 1
+            if wa < 0:
+                wa, wb, ln = _find_window(head, wx, wy, wn, used, g, True,
+                                          cap > 0 and nseg[t] == cap - 1)
+            if wa < 0 and fillable(g) and opened < DONORS_PER_ROW and ti <= dj and \
+                    free[order[dj]]:
+                opened += 1  # open the next donor and look again
+                d = order[dj]
+                dj -= 1
+                if nd == donors.shape[0]:
+                    donors = _grow(donors, nd + 1)
+                donors[nd] = d
+                nd += 1
+                q = rfirst[d]
+                while q >= 0:
+                    alive[q] = False  # its pieces leave the row: windows or new rows take them
+                    for x in range(ps[q], pe[q]):
+                        for y in range(x + 1, pe[q] + 1):
+                            wl = cum[y] - cum[x]
+                            if wl > WINDOW_MAX:
+                                break
+                            if nw == wx.shape[0]:
+                                wx, wy, wn = _grow(wx, nw + 1), _grow(wy, nw + 1), _grow(wn, nw + 1)
+                            wx[nw], wy[nw], wn[nw] = x, y, head[wl]
+                            head[wl] = nw
+                            nw += 1
+                    q = pnext[q]
+                continue
+            if wa < 0:  # nothing fills it: the longest window that fits
+                wa, wb, ln = _find_window(head, wx, wy, wn, used, g, False, False)
+            if wa < 0:
+                break
+            used[wa:wb] = True
+            ps, pe, pr, pnext, alive, k = _add_piece(ps, pe, pr, pnext, alive, k, rfirst,
+                                                     rlast, t, wa, wb)
+            gap[t] -= ln
+            nseg[t] += 1
+    # what the donors kept, in order, into new rows; a row that cannot take the next
+    # measurement is first closed with windows from what is still to come
+    r = -1
+    for j in range(nd):
+        q = rfirst[donors[j]]
+        while q >= 0:
+            a = ps[q]
+            while a < pe[q]:
+                if used[a]:
+                    a += 1
+                    continue
+                c = cum[a + 1] - cum[a]
+                if r >= 0 and (gap[r] < c or (cap > 0 and nseg[r] >= cap)):
+                    while gap[r] >= 12 and (cap == 0 or nseg[r] < cap):
+                        wa, wb, ln = _find_window(head, wx, wy, wn, used, gap[r], True,
+                                                  cap > 0 and nseg[r] == cap - 1)
+                        if wa < 0:
+                            break
+                        used[wa:wb] = True
+                        ps, pe, pr, pnext, alive, k = _add_piece(ps, pe, pr, pnext, alive, k,
+                                                                 rfirst, rlast, r, wa, wb)
+                        gap[r] -= ln
+                        nseg[r] += 1
+                    r = -1
+                    continue  # the windows may have taken measurement a
+                if r < 0:
+                    if n_rows == gap.shape[0]:
+                        gap, nseg = _grow(gap, n_rows + 1), _grow(nseg, n_rows + 1)
+                        rfirst, rlast = _grow(rfirst, n_rows + 1), _grow(rlast, n_rows + 1)
+                    r = n_rows
+                    n_rows += 1
+                    gap[r], nseg[r], rfirst[r], rlast[r] = row_len, 0, -1, -1
+                m = a
+                while m < pe[q] and not used[m] and cum[m + 1] - cum[a] <= gap[r]:
+                    m += 1
+                used[a:m] = True
+                ps, pe, pr, pnext, alive, k = _add_piece(ps, pe, pr, pnext, alive, k, rfirst,
+                                                         rlast, r, a, m)
+                gap[r] -= cum[m] - cum[a]
+                nseg[r] += 1
+                a = m
+            q = pnext[q]
+    return ps, pe, pr, pnext, alive, k, n_rows, gap, nseg, rfirst, rlast
 
 
 @njit(cache=True)
@@ -229,91 +414,12 @@ def _pack(ctx_start, ctx_end, cum, nts, abs_extra, clen, row_len, cap, split):
             _push(head, tail, nxt, prv, tree, r, gap[r])
 
     if split and n_rows > 1:
-        # 4. donors: cheapest to dissolve first: least fill, fewest timestamp tokens a cut
-        # could add, finest measurements (small pieces fill small gaps)
         xcum = np.zeros(abs_extra.shape[0] + 1, np.int64)  # abs_extra sums (0 if no timestamp)
         for i in range(abs_extra.shape[0]):
             xcum[i + 1] = xcum[i] + abs_extra[i]
-        key = np.empty(n_rows, np.int64)
-        for r in range(n_rows):
-            fill = row_len - gap[r]
-            extra = 0
-            n_meas = 0
-            q = rfirst[r]
-            while q >= 0:  # whole contexts here: their length minus cost is 0, so use cost
-                n_meas += pe[q] - ps[q]
-                extra += xcum[pe[q]] - xcum[ps[q]]
-                q = pnext[q]
-            key[r] = fill + extra + GRAIN_WEIGHT * fill // n_meas
-        donors = np.argsort(key, kind="mergesort")
-        failures = 0
-        for d in donors:
-            if is_open[d]:
-                _remove(head, tail, nxt, prv, tree, d, gap[d])
-                is_open[d] = False
-            stuck = False
-            q = rfirst[d]
-            while q >= 0 and not stuck:
-                if not alive[q]:
-                    q = pnext[q]
-                    continue
-                p, e = ps[q], pe[q]
-                while True:
-                    maxg = _tree_max(tree)
-                    best_m, best_g, best_score = -1, -1, 1 << 62
-                    f = nts[p]
-                    whole = _plen(cum, nts, abs_extra, p, e)
-                    for m in range(p + 1, e + 1):
-                        ln = cum[m] - cum[p] + (abs_extra[f] if f < m else 0)
-                        if ln > maxg:
-                            break
-                        g = _tree_ge(tree, ln)
-                        score = g - ln
-                        if m < e:
-                            score += ln + _plen(cum, nts, abs_extra, m, e) - whole
-                        if score <= best_score:
-                            best_m, best_g, best_score = m, g, score
-                    if best_m < 0:
-                        stuck = True
-                        break
-                    t = head[best_g]
-                    _remove(head, tail, nxt, prv, tree, t, best_g)
-                    if k == ps.shape[0]:
-                        ps, pe, pr = _grow(ps, k + 1), _grow(pe, k + 1), _grow(pr, k + 1)
-                        pnext, alive = _grow(pnext, k + 1), _grow(alive, k + 1)
-                    ps[k], pe[k], pr[k], pnext[k], alive[k] = p, best_m, t, -1, True
-                    pnext[rlast[t]] = k
-                    rlast[t] = k
-                    k += 1
-                    gap[t] -= _plen(cum, nts, abs_extra, p, best_m)
-                    nseg[t] += 1
-                    is_open[t] = gap[t] > 0 and (cap == 0 or nseg[t] < cap)
-                    if is_open[t]:
-                        _push(head, tail, nxt, prv, tree, t, gap[t])
-                    p = best_m
-                    if p == e:
-                        alive[q] = False
-                        break
-                ps[q] = p  # a donor stuck midway keeps its piece's rest in place
-                q = pnext[q]
-            if not stuck:
-                failures = 0
-                continue
-            # the donor keeps what did not fit and takes pieces again, with its larger gap
-            gap[d] = row_len
-            nseg[d] = 0
-            q = rfirst[d]
-            while q >= 0:
-                if alive[q]:
-                    gap[d] -= _plen(cum, nts, abs_extra, ps[q], pe[q])
-                    nseg[d] += 1
-                q = pnext[q]
-            is_open[d] = gap[d] > 0 and (cap == 0 or nseg[d] < cap)
-            if is_open[d]:
-                _push(head, tail, nxt, prv, tree, d, gap[d])
-            failures += 1
-            if failures == PATIENCE:
-                break
+        ps, pe, pr, pnext, alive, k, n_rows, gap, nseg, rfirst, rlast = _fill_exact(
+            cum, xcum, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, pe, pr, pnext,
+            alive, k)
 
     # 5. renumber the rows that still hold pieces; list pieces by (row, slot)
     new_id = np.full(n_rows, -1, np.int64)

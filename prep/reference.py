@@ -17,6 +17,7 @@ import bisect
 import math
 
 from prep import vocab as V
+from prep.packing import BACKOFF, UNFILLABLE
 
 MASK = 0xFFFF_FFFF_FFFF_FFFF
 GOLDEN = 0x9E3779B97F4A7C15
@@ -103,10 +104,23 @@ def plan_reference(rows: list[tuple], *, row_len: int, max_measurements: int, ma
             if has_ts:
                 prev = rows[j][1]
             j += 1
+        full = j < len(rows) and rows[j][0] == probe and sum(ctx["cost"]) + c > row_len
+        back = 0  # leave a gap that untimestamped pieces can fill (prep.packing.fillable)
+        while full and back < BACKOFF and j - 1 > i and not fillable(row_len - sum(ctx["cost"])):
+            j -= 1
+            for key in ("has_ts", "cost", "abs_extra"):
+                ctx[key].pop()
+            back += 1
         ctx["end"] = j
         contexts.append(ctx)
         i = j
     return contexts
+
+
+def fillable(gap: int) -> bool:
+    """prep.packing.fillable in plain Python."""
+    h = (gap & ~1) >> 1
+    return h > 50 or not (UNFILLABLE >> h) & 1
 
 
 def measurement_tokens(row: tuple) -> int:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from prep import kernel
+from prep import kernel, packing
 from prep import vocab as V
 from prep.contexts import ContextConfig, epoch_seed, piece_lengths, plan_contexts, sort_order
 from prep.measurements import Measurements
@@ -55,9 +55,11 @@ def test_one_measurement_probe_and_a_long_probe():
     plan = plan_contexts(make(rows), FULL, seed=1)
     assert plan.ctx_start[0] == 0 and plan.ctx_end[0] == 1 and plan.ctx_len[0] == 14 + 9
     # IPv6 pings 240 s apart cost 38 + 2 tokens, the first of each context 38 + 9:
-    # 1 + 24 fit in 1024 tokens (47 + 24 * 40 = 1007), so contexts hold 25 measurements
-    assert plan.ctx_end[1:].tolist() == list(range(26, 1002, 25))
-    assert plan.ctx_len[1:].tolist() == [1007] * 40
+    # 1 + 24 fit in 1024 tokens (47 + 24 * 40 = 1007), but that leaves a 17-token gap that
+    # no untimestamped piece fills to 1 (16 is no sum of 12, 14, 36, 38), so each context
+    # gives its last measurement back: 24 measurements, 967 tokens, a 57-token gap (56 = 14 * 4)
+    assert plan.ctx_end[1:].tolist() == list(range(25, 1001, 24)) + [1001]
+    assert plan.ctx_len[1:].tolist() == [967] * 41 + [47 + 15 * 40]
     toks, off = kernel.encode_plan(plan, 1)
     assert all(int(toks[off[c]:off[c + 1]].tolist().count(V.TIMESTAMP_ABS)) == 1
                for c in range(len(off) - 1))
@@ -90,9 +92,13 @@ def test_contexts_fit_rows_and_hold_one_probe():
     assert all((p[a:b] == p[a]).all() for a, b in zip(s.tolist(), e.tolist()))
     assert (piece_lengths(plan, s, e) == plan.ctx_len).all()
     # a cut inside a probe's history happens only when the next measurement (at most
-    # 47 tokens) would not fit
+    # 47 tokens) would not fit, moved back at most BACKOFF measurements to leave a gap the
+    # packer can fill
     same_probe = p[e[:-1]] == p[s[:-1]]
-    assert same_probe.sum() > 50 and (plan.ctx_len[:-1][same_probe] > 1024 - 47).all()
+    inner = plan.ctx_len[:-1][same_probe]
+    assert same_probe.sum() > 50 and (inner > 1024 - (packing.BACKOFF + 1) * 47).all()
+    assert (inner < 1024 - 47).any()
+    assert np.mean([packing.fillable(1024 - x) for x in inner]) > 0.95
     counts = np.bincount(plan.ctx_mode, minlength=3) / len(s)
     assert abs(counts[0] - 0.4) < 0.1 and abs(counts[1] - 0.3) < 0.1 and abs(counts[2] - 0.3) < 0.1
     partial = plan.ctx_mode == 1

@@ -26,27 +26,28 @@ def test_best_fit_decreasing_exact():
     assert _arrays(p) == ([0, 3, 2], [2, 5, 3], [6, 4, 5], [0, 0, 1], 2)
 
 
-def test_split_dissolves_the_least_full_row():
-    # whole contexts: [8] [8] [4] -> 3 rows with gaps 2, 2, 6; the 4-token context is cut
-    # at its measurement boundary into the two gaps of 2, so 2 rows, no padding
-    args = _ctx([[4, 4], [4, 4], [2, 2]])
-    assert packing.pack(*args, row_len=10, split=False).n_rows == 3
-    p = packing.pack(*args, row_len=10)
-    assert _arrays(p) == ([0, 4, 2, 5], [2, 5, 4, 6], [8, 2, 8, 2], [0, 0, 1, 1], 2)
+def test_free_rows_fill_the_others_exactly():
+    # rows of 100: two timestamped contexts of 71 tokens (odd: a gap of 29 fills to 1 at best)
+    # and an untimestamped one of four 14-token pings, which no cut costs anything: its row
+    # is dissolved into the two gaps as 28-token windows, and timestamped contexts stay whole
+    s, e, cost, has_ts, extra = _ctx([[23, 16, 16, 16], [23, 16, 16, 16], [14] * 4])
+    has_ts[:8] = True
+    extra[1:4] = extra[5:8] = 7
+    assert packing.pack(s, e, cost, has_ts, extra, row_len=100, split=False).n_rows == 3
+    p = packing.pack(s, e, cost, has_ts, extra, row_len=100)
+    assert _arrays(p) == ([0, 10, 4, 8], [4, 12, 8, 10], [71, 28, 71, 28], [0, 0, 1, 1], 2)
+    assert packing.stats(p, 198, row_len=100) == {
+        "rows": 2, "tokens": 198, "padding_fraction": 0.01, "lower_bound_rows": 2,
+        "cut_tokens": 0, "segments_per_row": {"2": 2}}
 
 
-def test_cut_piece_pays_its_absolute_timestamp():
-    # measurement 5 has a delta timestamp (cost 1); alone it is absolute: 1 + 2 = 3 tokens
-    s, e, cost, has_ts, extra = _ctx([[3, 4], [3, 4], [3, 1]])
-    has_ts[4:6], extra[5] = True, 2
-    assert packing.context_lengths(s, e, cost, has_ts, extra).tolist() == [7, 7, 4]
-    assert packing.context_lengths([5], [6], cost, has_ts, extra).tolist() == [3]
-    # gaps 3, 3 after two 7s: the 4-token context is cut into 3 + 3 (the cut costs 2)
-    p = packing.pack(s, e, cost, has_ts, extra, row_len=10)
-    assert _arrays(p) == ([0, 4, 2, 5], [2, 5, 4, 6], [7, 3, 7, 3], [0, 0, 1, 1], 2)
-    assert packing.stats(p, 18, row_len=10) == {
-        "rows": 2, "tokens": 20, "padding_fraction": 0.0, "lower_bound_rows": 2,
-        "cut_tokens": 2, "segments_per_row": {"2": 2}}
+def test_fillable_gaps():
+    # sums of 14 and 38 plus at most one 12 or 36; an odd gap fills to 1
+    good = [t for t in range(0, 104) if packing.fillable(t)]
+    assert good == [0, 1, 12, 13, 14, 15, 26, 27, 28, 29, 36, 37, 38, 39, 40, 41, 42, 43, 50, 51,
+                    52, 53, 54, 55, 56, 57, 64, 65, 66, 67, 68, 69, 70, 71, 74, 75, 76, 77, 78,
+                    79, 80, 81, 82, 83, 84, 85, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99,
+                    102, 103]
 
 
 def test_segment_cap():

@@ -112,15 +112,22 @@ def test_damaged_rows_are_named_by_record_and_segment(dataset, tmp_path):
     def damage(records):
         records[1][:4] = b"XXXX"  # header: decode_row's message
         records[2][16 + 2] = 9  # token 1 of segment 1: THROUGHPUT_START where a block starts
-        records[3][16 + 2 * row_len - 2] = 7  # nonzero padding (the last token)
-        records[4] = records[4][:-1]  # a short record
+        # nonzero padding (the last token) in the first row after #2 that ends in padding
+        padded[0] = next(i for i in range(3, len(records) - 1)
+                         if records[i][16 + 2 * row_len + row_len - 1] == 0)
+        records[padded[0]][16 + 2 * row_len - 2] = 7
+        records[-1] = records[-1][:-1]  # a short record
+        padded.append(len(records) - 1)
+
+    padded = [0]
 
     shard = rewrite_shard(d, "train/shard-b00000-e0.array_record", damage)
     problems = verify_dir(d)
     assert problems[0] == f"{shard}#1: not a ping-pack row (magic b'XXXX'); re-run `prep shards` to rebuild the dataset"
     assert problems[1] == f"{shard}#2 segment 1: token 1: unexpected THROUGHPUT_START"
-    assert problems[2] == f"{shard}#3: nonzero padding (token {row_len - 1})"
-    assert problems[3].startswith(f"{shard}#4: {3 * row_len + 15} bytes, expected {3 * row_len + 16}")
+    assert problems[2] == f"{shard}#{padded[0]}: nonzero padding (token {row_len - 1})"
+    assert problems[3].startswith(
+        f"{shard}#{padded[1]}: {3 * row_len + 15} bytes, expected {3 * row_len + 16}")
     assert [p.split(": ")[1].split()[1:3] for p in problems[4:]] == [
         ["measurements", "decoded,"], ["tokens", "decoded,"], ["segments", "decoded,"]]
 
