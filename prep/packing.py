@@ -186,6 +186,15 @@ def _add_piece(ps, pe, pr, pnext, alive, k, rfirst, rlast, r, a, b):
 
 
 @njit(cache=True, inline="always")
+def _place(ps, pe, pr, pnext, alive, k, rfirst, rlast, r, a, b, cum, used, gap, nseg):
+    """Step 4: free measurements [a, b) become a piece of row r (a cut costs nothing)."""
+    used[a:b] = True
+    gap[r] -= cum[b] - cum[a]
+    nseg[r] += 1
+    return _add_piece(ps, pe, pr, pnext, alive, k, rfirst, rlast, r, a, b)
+
+
+@njit(cache=True, inline="always")
 def _find_window(head, wx, wy, wn, used, g, exact, last):
     """(x, y, length) of a listed window with no used measurement for a gap of ``g``: exactly
     g tokens, else g - 1, else (``exact``) the longest whose rest is ``fillable`` (not on a
@@ -300,11 +309,8 @@ def _fill_exact(cum, xcum, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, p
                 wa, wb, ln = _find_window(head, wx, wy, wn, used, g, False, False)
             if wa < 0:
                 break
-            used[wa:wb] = True
-            ps, pe, pr, pnext, alive, k = _add_piece(ps, pe, pr, pnext, alive, k, rfirst,
-                                                     rlast, t, wa, wb)
-            gap[t] -= ln
-            nseg[t] += 1
+            ps, pe, pr, pnext, alive, k = _place(ps, pe, pr, pnext, alive, k, rfirst, rlast,
+                                                 t, wa, wb, cum, used, gap, nseg)
     # what the donors kept, in order, into new rows; a row that cannot take the next
     # measurement is first closed with windows from what is still to come
     r = -1
@@ -323,11 +329,9 @@ def _fill_exact(cum, xcum, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, p
                                                   cap > 0 and nseg[r] == cap - 1)
                         if wa < 0:
                             break
-                        used[wa:wb] = True
-                        ps, pe, pr, pnext, alive, k = _add_piece(ps, pe, pr, pnext, alive, k,
-                                                                 rfirst, rlast, r, wa, wb)
-                        gap[r] -= ln
-                        nseg[r] += 1
+                        ps, pe, pr, pnext, alive, k = _place(ps, pe, pr, pnext, alive, k,
+                                                             rfirst, rlast, r, wa, wb, cum,
+                                                             used, gap, nseg)
                     r = -1
                     continue  # the windows may have taken measurement a
                 if r < 0:
@@ -340,11 +344,8 @@ def _fill_exact(cum, xcum, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, p
                 m = a
                 while m < pe[q] and not used[m] and cum[m + 1] - cum[a] <= gap[r]:
                     m += 1
-                used[a:m] = True
-                ps, pe, pr, pnext, alive, k = _add_piece(ps, pe, pr, pnext, alive, k, rfirst,
-                                                         rlast, r, a, m)
-                gap[r] -= cum[m] - cum[a]
-                nseg[r] += 1
+                ps, pe, pr, pnext, alive, k = _place(ps, pe, pr, pnext, alive, k, rfirst,
+                                                     rlast, r, a, m, cum, used, gap, nseg)
                 a = m
             q = pnext[q]
     return ps, pe, pr, pnext, alive, k, n_rows, gap, nseg, rfirst, rlast

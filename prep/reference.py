@@ -16,8 +16,11 @@ from __future__ import annotations
 import bisect
 import math
 
+from prep import packing
 from prep import vocab as V
-from prep.packing import BACKOFF, UNFILLABLE
+from prep.packing import BACKOFF
+
+fillable = packing.fillable.py_func  # the packer's rule, run as plain Python
 
 MASK = 0xFFFF_FFFF_FFFF_FFFF
 GOLDEN = 0x9E3779B97F4A7C15
@@ -115,12 +118,6 @@ def plan_reference(rows: list[tuple], *, row_len: int, max_measurements: int, ma
         contexts.append(ctx)
         i = j
     return contexts
-
-
-def fillable(gap: int) -> bool:
-    """prep.packing.fillable in plain Python."""
-    h = (gap & ~1) >> 1
-    return h > 50 or not (UNFILLABLE >> h) & 1
 
 
 def measurement_tokens(row: tuple) -> int:
