@@ -12,9 +12,11 @@ hold them to, token for token):
 - ``piece_lengths_kernel``: the piece length rule of docs/CONTRACTS.md.
 - ``encode_kernel``: writes the tokens of every piece into one preallocated array
   (``SLACK`` tokens longer than the pieces), without a branch on the data per measurement:
-  block offsets from packed lengths, timestamps from tables, bytes to tokens by vector
-  stores (``_put8``/``_put4``/``_put2``, LLVM intrinsics), IPv4-unused address tails and
-  a failed ping's RTT bytes sent to the slack.
+  per piece, the random draws and RTT codes first, in loops LLVM vectorizes; then per
+  measurement its whole layout (block offsets, length, timestamp header) from one
+  ``LAYOUT`` look-up, bytes to tokens by vector stores (``_put8``/``_put4``/``_put2``,
+  LLVM intrinsics), IPv4-unused address tails and a failed ping's RTT bytes sent to the
+  slack.
 
 Randomness is counter-based: every draw is ``mix64(key + counter * GOLDEN)`` with
 ``key = mix64(mix64(seed + stream * GOLDEN) ^ probe)`` and the counter being the
@@ -64,26 +66,39 @@ PERMS = np.array([
     [3, 0, 1, 2], [3, 0, 2, 1], [3, 1, 0, 2], [3, 1, 2, 0], [3, 2, 0, 1], [3, 2, 1, 0],
 ], dtype=np.int64)
 RANKS = np.argsort(PERMS, axis=1)  # RANKS[p, block] = where block stands in order p
-# BEFORE[p, block]: 0xFF in byte b (b = block) of each block that order p puts before ``block``;
-# with the four block lengths packed one a byte, (lengths & mask) * 0x01010101 >> 24 is the
-# block's offset in its measurement (the lengths sum to < 256).
-BEFORE = np.array([[sum(0xFF << (8 * o) for o in range(4) if RANKS[p, o] < RANKS[p, b])
-                    for b in range(4)] for p in range(24)], dtype=np.uint32)
 
 _BYTE = np.uint64(V.BYTE_OFFSET)  # uint64 + int64 is float64 in Numba: keep byte math unsigned
 TS_ABS, TS_DELTA1, TS_DELTA4 = 9, 2, 5  # tokens of each timestamp block
 DELTA4_LIMIT = 1 << 32  # a gap this large no longer fits DELTA4: written absolute
-# By (gap >= 256) + (gap >= 2**32) + 2 * (no timestamp before): the timestamp block's length.
-TS_LEN = np.array([TS_DELTA1, TS_DELTA4, TS_ABS, TS_ABS, TS_ABS], dtype=np.int64)
-# By that length (0: no timestamp, anything goes): header token, where the payload's bytes
-# start in a uint64 (DELTA1: its top byte), all ones for an absolute time.
-TS_TOKEN = np.full(10, V.TIMESTAMP_DELTA1, dtype=np.uint16)
-TS_TOKEN[TS_DELTA4], TS_TOKEN[TS_ABS] = V.TIMESTAMP_DELTA4, V.TIMESTAMP_ABS
-TS_SHIFT = np.zeros(10, dtype=np.uint64)
-TS_SHIFT[TS_DELTA1], TS_SHIFT[TS_DELTA4] = 56, 32
-TS_ABS_MASK = np.zeros(10, dtype=np.uint64)
-TS_ABS_MASK[TS_ABS] = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+# The timestamp kind ``tk``: 0 none, 1 DELTA1, 2 DELTA4, 3 absolute. By tk: the block's
+# length, header token and where the payload's bytes start in a uint64 (DELTA1: its top byte).
+TK_LEN = (0, TS_DELTA1, TS_DELTA4, TS_ABS)
+TK_TOKEN = (V.TIMESTAMP_DELTA1, V.TIMESTAMP_DELTA1, V.TIMESTAMP_DELTA4, V.TIMESTAMP_ABS)
+TK_SHIFT = (0, 56, 32, 0)
 
+
+def _layout_table() -> np.ndarray:
+    """LAYOUT[16 * order + 8 * ipv6 + 4 * failed + tk]: a measurement's layout, one uint64.
+
+    Bytes 0-3: the offsets of its source, destination, result and timestamp blocks from
+    just after MEASUREMENT_START; byte 4: its length in tokens; byte 5: the timestamp's
+    header token; byte 6: the timestamp payload's shift; bit 63: the timestamp is absolute.
+    """
+    table = np.zeros(24 * 16, dtype=np.uint64)
+    for p in range(24):
+        for f6 in range(2):
+            for failed in range(2):
+                for tk in range(4):
+                    lens = (17 if f6 else 5, 17 if f6 else 5, 1 if failed else 3, TK_LEN[tk])
+                    w = 0
+                    for b in range(4):
+                        w |= sum(lens[o] for o in range(4) if RANKS[p, o] < RANKS[p, b]) << (8 * b)
+                    w |= (1 + sum(lens)) << 32 | TK_TOKEN[tk] << 40 | TK_SHIFT[tk] << 48
+                    table[16 * p + 8 * f6 + 4 * failed + tk] = w | (tk == 3) << 63
+    return table
+
+
+LAYOUT = _layout_table()
 
 @intrinsic
 def _f64_bits(typingctx, x):
@@ -354,12 +369,6 @@ def _put1(typingctx, out, pos, tok):
 
 
 @njit(cache=True, inline="always")
-def _offset(lens, mask):
-    """Sum of the bytes of ``lens & mask`` (four bytes, summing to < 256)."""
-    return np.int64((((lens & np.uint64(mask)) * np.uint64(0x01010101)) >> np.uint64(24)) & np.uint64(0xFF))
-
-
-@njit(cache=True, inline="always")
 def _addr(out, o, scratch, tok4, f6, hi, lo):
     """An address block at ``o`` (``f6``: 1 for IPv6), without a branch on the family:
     the 12 tokens only an IPv6 block has go to ``scratch`` for IPv4."""
@@ -381,6 +390,12 @@ def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist
     more than once, in an order where the right one lands last; a block may spill up to
     9 garbage tokens past its end (overwritten by the blocks written after it, or in the
     slack), and the IPv4-unused tail of an address goes to the slack.
+
+    Per piece, what does not depend on the order the measurements are written in (the
+    field order draw, the RTT code, family and failed flag, and the shuffle's draws) is
+    computed first in loops without branches or stores to ``out``, which LLVM
+    vectorizes (SplitMix64 on 8 lanes); the writing loop then reads one descriptor a
+    measurement.
     """
     n_p = len(piece_start)
     if n_p == 0:
@@ -390,21 +405,30 @@ def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist
         raise ValueError("out must hold offsets[-1] + SLACK tokens")
     order = np.empty(64, np.int64)
     timed = np.empty(128, np.int64)  # timed[:m]: the timestamped measurements, timed[m:]: their slots
+    # desc[x], measurement s + x: bits 0-15 its RTT payload (exponent << 11 | mantissa),
+    # bits 16-24 its row of LAYOUT without the timestamp kind (16 * order + 8 * ipv6 + 4 * failed).
+    desc = np.empty(64, np.uint64)
+    swap = np.empty(64, np.uint64)  # the Fisher-Yates shuffle's draws
     for j in range(n_p):
         s, e = piece_start[j], piece_end[j]
         m = e - s
         if m > len(order):
             order = np.empty(2 * m, np.int64)
             timed = np.empty(4 * m, np.int64)
+            desc = np.empty(2 * m, np.uint64)
+            swap = np.empty(2 * m, np.uint64)
         for x in range(m):
             order[x] = s + x
         p = probe[s]
         h0 = hist[s]  # one probe's sorted history: measurement s + x has index h0 + x
+        us = np.uint64(s)  # unsigned indices: no negative-index wraparound code
         mode = piece_mode[j]
         if mode != MODE_FULL:
             k_shuf = draw(stream_key(seed, p, STREAM_SHUFFLE), h0)
+            for x in range(m):
+                swap[x] = ((draw(k_shuf, x) >> _S32) * np.uint64(x + 1)) >> _S32
             for x in range(m - 1, 0, -1):
-                q = ((draw(k_shuf, x) >> _S32) * np.uint64(x + 1)) >> _S32
+                q = swap[x]
                 order[x], order[q] = order[q], order[x]
             if mode == MODE_PARTIAL:
                 # The timestamped measurements go back into time order, in the slots the
@@ -421,50 +445,51 @@ def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist
                     c += np.uint64(has_ts[np.uint64(order[x])])
                 for k in range(c):
                     order[timed[np.uint64(m) + k]] = timed[k]
-        k_field = stream_key(seed, p, STREAM_FIELD)
+        # Draw h0 + x of the FIELD stream is mix64(k_field + x * GOLDEN).
+        k_field = stream_key(seed, p, STREAM_FIELD) + np.uint64(h0) * GOLDEN
+        for x in range(m):
+            i = us + np.uint64(x)
+            r = rtt[i]
+            ex, mant = rtt_code(r)
+            p_ = ((mix64(k_field + np.uint64(x) * GOLDEN) >> _S32) * np.uint64(24)) >> _S32
+            row = (p_ << np.uint64(4)) | (np.uint64(family[i] != 4) << np.uint64(3)) | (np.uint64(r < 0.0) << np.uint64(2))
+            desc[x] = np.uint64((ex << 11) | mant) | (row << np.uint64(16))
         pos = offsets[j]
-        have_prev = np.int64(0)
+        first = np.uint64(3)  # or'ed into tk: the first timestamp is absolute; 0 after it
         prev = np.int64(0)
         for x in range(m):
-            i = np.uint64(order[x])  # unsigned: no negative-index wraparound code
+            i = np.uint64(order[x])
             # Random data (family, failed, timestamp kind, block order) only ever feeds
             # arithmetic and table look-ups, never a branch: ~30 % of them would mispredict.
-            f6 = np.int64(family[i] != 4)
-            la = 5 + 12 * f6
-            r = rtt[i]
-            failed = np.int64(r < 0.0)
-            lr = 3 - 2 * failed
+            dsc = desc[i - us]
+            f6 = np.int64((dsc >> np.uint64(19)) & np.uint64(1))
+            failed = np.int64((dsc >> np.uint64(18)) & np.uint64(1))
             t_i = time[i]
             d = t_i - prev
-            h = np.int64(has_ts[i])
-            kind = np.int64(d >= 256) + np.int64(d >= DELTA4_LIMIT) + 2 * (1 - have_prev)
-            lt = TS_LEN[kind] * h
-            # Each block's offset is the sum of the lengths of the blocks the drawn order
-            # puts before it: a byte mask over the packed lengths, summed by a multiply.
-            p_ = ((draw(k_field, h0 + (np.int64(i) - s)) >> _S32) * np.uint64(24)) >> _S32
-            lens = np.uint64(la | (la << 8) | (lr << 16) | (lt << 24))
+            ts = np.uint64(0) - np.uint64(has_ts[i])  # all ones if it has a timestamp
+            tk = ((np.uint64(1) + np.uint64(d >= 256) + np.uint64(d >= DELTA4_LIMIT)) | first) & ts
+            w = LAYOUT[(dsc >> np.uint64(16)) + tk]
             base = pos + 1
-            o_src = base + _offset(lens, BEFORE[p_, 0])
-            o_dst = base + _offset(lens, BEFORE[p_, 1])
-            o_res = base + _offset(lens, BEFORE[p_, 2])
-            o_ts = base + _offset(lens, BEFORE[p_, 3])
+            o_src = base + np.int64(w & np.uint64(0xFF))
+            o_dst = base + np.int64((w >> np.uint64(8)) & np.uint64(0xFF))
+            o_res = base + np.int64((w >> np.uint64(16)) & np.uint64(0xFF))
+            o_ts = base + np.int64((w >> np.uint64(24)) & np.uint64(0xFF))
             # 1. The timestamp, always 1 + 8 tokens: what lies past its real end is
             #    garbage that the writes below, the next measurement or the slack cover.
-            is_abs = TS_ABS_MASK[lt]
-            u = (np.uint64(t_i) & is_abs) | ((np.uint64(d) << TS_SHIFT[lt]) & ~is_abs)
-            _put1(out, o_ts, TS_TOKEN[lt])
+            is_abs = np.uint64(0) - (w >> np.uint64(63))
+            u = (np.uint64(t_i) & is_abs) | ((np.uint64(d) << ((w >> np.uint64(48)) & np.uint64(0xFF))) & ~is_abs)
+            _put1(out, o_ts, (w >> np.uint64(40)) & np.uint64(0xFF))
             _put8(out, o_ts + 1, u)
             # 2. Everything else, exact: an IPv4 address's unused tail and a failed ping's
             #    RTT bytes go to the slack.
             _put1(out, pos, V.MEASUREMENT_START)
             _addr(out, o_src, scratch, V.SRC_IPV4, f6, src_hi[i], src_lo[i])
             _addr(out, o_dst, scratch, V.DST_IPV4, f6, dst_hi[i], dst_lo[i])
-            ex, mant = rtt_code(r)
             _put1(out, o_res, V.RTT_START + (V.FAILED - V.RTT_START) * failed)
-            _put2(out, o_res + 1 + (scratch - o_res - 1) * failed, np.uint64((ex << 11) | mant))
-            have_prev |= h
-            prev += (t_i - prev) * h
-            pos = base + 2 * la + lr + lt
+            _put2(out, o_res + 1 + (scratch - o_res - 1) * failed, dsc)  # its low 16 bits
+            first &= ~ts
+            prev = np.int64(np.uint64(prev) ^ ((np.uint64(prev) ^ np.uint64(t_i)) & ts))
+            pos += np.int64((w >> np.uint64(32)) & np.uint64(0xFF))
     return out
 
 

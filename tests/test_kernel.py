@@ -235,3 +235,27 @@ def test_encode_plan_into_a_given_buffer_writes_the_same_tokens():
     assert np.shares_memory(toks2, out) and len(toks) == plan.n_tokens
     with pytest.raises(ValueError, match="at least"):
         kernel.encode_plan(plan, 11, out=out[:-1])
+
+
+@pytest.mark.parametrize("weights", [(1, 0, 0), (0, 1, 0), (0, 0, 1)])
+def test_contexts_of_more_than_64_measurements(weights):
+    # Failed IPv4 pings, 60 s apart: 12-14 tokens each, so a 1024-token context holds 73-85
+    # of them, past the 64 the kernel's per-piece buffers start with (they regrow).
+    rows = [(7, 1_700_000_000 + 60 * k, 4, IP_A, IP_B, -1.0) for k in range(300)]
+    plan, got = assert_matches_reference(make(rows), ContextConfig(mode_weights=weights), seed=3)
+    sizes = (plan.ctx_end - plan.ctx_start).tolist()
+    assert max(sizes) > 64 and sum(sizes) == 300
+
+
+def test_layout_table():
+    # Order 0 (source, destination, result, timestamp), IPv6, a reply, absolute time:
+    w = int(kernel.LAYOUT[16 * 0 + 8 * 1 + 4 * 0 + 3])
+    assert [(w >> (8 * b)) & 0xFF for b in range(7)] == [0, 17, 34, 37, 47, V.TIMESTAMP_ABS, 0]
+    assert w >> 63 == 1
+    # Order 23 (timestamp, result, destination, source), IPv4, failed, DELTA1:
+    w = int(kernel.LAYOUT[16 * 23 + 8 * 0 + 4 * 1 + 1])
+    assert [(w >> (8 * b)) & 0xFF for b in range(7)] == [8, 3, 2, 0, 14, V.TIMESTAMP_DELTA1, 56]
+    assert w >> 63 == 0
+    # No timestamp (tk 0): the four blocks of order 9 (destination, result, timestamp, source).
+    w = int(kernel.LAYOUT[16 * 9 + 8 * 0 + 4 * 0 + 0])
+    assert [(w >> (8 * b)) & 0xFF for b in range(5)] == [8, 0, 5, 8, 14]
