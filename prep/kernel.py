@@ -452,7 +452,8 @@ def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist
             r = rtt[i]
             ex, mant = rtt_code(r)
             p_ = ((mix64(k_field + np.uint64(x) * GOLDEN) >> _S32) * np.uint64(24)) >> _S32
-            row = (p_ << np.uint64(4)) | (np.uint64(family[i] != 4) << np.uint64(3)) | (np.uint64(r < 0.0) << np.uint64(2))
+            row = ((p_ << np.uint64(4)) | (np.uint64(family[i] != 4) << np.uint64(3))
+                   | (np.uint64(r < 0.0) << np.uint64(2)))
             desc[x] = np.uint64((ex << 11) | mant) | (row << np.uint64(16))
         pos = offsets[j]
         first = np.uint64(3)  # or'ed into tk: the first timestamp is absolute; 0 after it
@@ -477,7 +478,8 @@ def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist
             # 1. The timestamp, always 1 + 8 tokens: what lies past its real end is
             #    garbage that the writes below, the next measurement or the slack cover.
             is_abs = np.uint64(0) - (w >> np.uint64(63))
-            u = (np.uint64(t_i) & is_abs) | ((np.uint64(d) << ((w >> np.uint64(48)) & np.uint64(0xFF))) & ~is_abs)
+            shift = (w >> np.uint64(48)) & np.uint64(0xFF)
+            u = (np.uint64(t_i) & is_abs) | ((np.uint64(d) << shift) & ~is_abs)
             _put1(out, o_ts, (w >> np.uint64(40)) & np.uint64(0xFF))
             _put8(out, o_ts + 1, u)
             # 2. Everything else, exact: an IPv4 address's unused tail and a failed ping's

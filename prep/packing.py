@@ -4,8 +4,10 @@
 ``row_len`` tokens. All of it is one Numba pass over integer arrays:
 
 1. Length of every context by the piece length rule (docs/CONTRACTS.md): ``cost[s:e].sum()``
-   plus ``abs_extra`` of the first timestamped measurement, O(1) per piece from a
-   cumulative cost array and a "next timestamped measurement" index.
+   plus ``abs_extra`` of the first timestamped measurement, from a cumulative cost array
+   and a scan for that measurement. The cumulative array is the only one as long as the
+   measurements: on these machines fresh memory costs more in page faults than the loops
+   over it.
 2. Order contexts longest first (counting sort; equal lengths by index).
 3. Best fit: each context goes to the open row with the smallest gap that holds it, else
    to a new row. Open rows sit in per-gap FIFO lists; a segment tree over gaps 0..row_len
@@ -37,8 +39,8 @@ Measured (bench/bench_packing.py, 1024-token rows, 2 shared cores):
 The whole-context column is higher than the planner's greedy cuts gave (1.4 %), because the
 planner now leaves fillable gaps on purpose. The lower bound is ceil(tokens of the plan's
 contexts / row_len); against the greedy plan's (slightly fewer) tokens the built-in data is
-at 1.0019. Speed: ~0.5M contexts/s on the built-in data (about 20M measurements/s), ~3.5M/s
-sparse.
+at 1.0019. Speed (`make bench`): ~1M contexts/s or more on the built-in data (about 40M
+measurements/s), ~4M/s sparse.
 """
 
 from __future__ import annotations
@@ -76,37 +78,40 @@ def fillable(gap):
 
 
 @njit(cache=True)
-def _plen(cum, nts, abs_extra, s, e):
-    f = nts[s]
-    return cum[e] - cum[s] + (abs_extra[f] if f < e else 0)
+def _plen(cum, has_ts, abs_extra, s, e):
+    """Tokens of piece [s, e): its costs plus abs_extra of its first timestamped measurement
+    (a scan of has_ts, which stops at once in a timestamped context)."""
+    for i in range(s, e):
+        if has_ts[i]:
+            return cum[e] - cum[s] + abs_extra[i]
+    return cum[e] - cum[s]
 
 
 @njit(cache=True)
-def _prefix_arrays(cost, has_ts):
+def _cumulative(cost):
+    """cum[i] = cost[:i].sum(): the one array as long as the measurements that packing makes
+    (a fresh int64 array costs ~3 ns an element here in page faults, more than a loop over
+    it)."""
     n = cost.shape[0]
-    cum = np.zeros(n + 1, np.int64)
+    cum = np.empty(n + 1, np.int64)
+    cum[0] = 0
     for i in range(n):
         cum[i + 1] = cum[i] + cost[i]
-    nts = np.empty(n + 1, np.int64)  # first timestamped index >= i (n if none)
-    nts[n] = n
-    for i in range(n - 1, -1, -1):
-        nts[i] = i if has_ts[i] else nts[i + 1]
-    return cum, nts
+    return cum
 
 
 @njit(cache=True)
-def _lengths(ctx_start, ctx_end, cum, nts, abs_extra):
+def _lengths(ctx_start, ctx_end, cum, has_ts, abs_extra):
     out = np.empty(ctx_start.shape[0], np.int64)
     for c in range(ctx_start.shape[0]):
-        out[c] = _plen(cum, nts, abs_extra, ctx_start[c], ctx_end[c])
+        out[c] = _plen(cum, has_ts, abs_extra, ctx_start[c], ctx_end[c])
     return out
 
 
 def context_lengths(ctx_start, ctx_end, cost, has_ts, abs_extra) -> np.ndarray:
     """Token length of every context (int64), by the piece length rule."""
     s, e, cost, has_ts, abs_extra = _as_arrays(ctx_start, ctx_end, cost, has_ts, abs_extra)
-    cum, nts = _prefix_arrays(cost, has_ts)
-    return _lengths(s, e, cum, nts, abs_extra)
+    return _lengths(s, e, _cumulative(cost), has_ts, abs_extra)
 
 
 # Open rows, bucketed by gap: per-gap doubly linked FIFO lists plus a segment tree whose
@@ -170,31 +175,30 @@ def _grow(a, n):
     return b
 
 
-@njit(cache=True, inline="always")
-def _add_piece(ps, pe, pr, pnext, alive, k, rfirst, rlast, r, a, b):
-    """Append piece [a, b) to row r; returns the (maybe grown) piece arrays and k + 1."""
-    if k == ps.shape[0]:
-        ps, pe, pr = _grow(ps, k + 1), _grow(pe, k + 1), _grow(pr, k + 1)
-        pnext, alive = _grow(pnext, k + 1), _grow(alive, k + 1)
+@njit(cache=True)
+def _room(ps, pe, pr, pnext, alive, n):
+    """The piece arrays, grown to hold at least ``n`` pieces."""
+    return _grow(ps, n), _grow(pe, n), _grow(pr, n), _grow(pnext, n), _grow(alive, n)
+
+
+@njit(cache=True)
+def _place(ps, pe, pr, pnext, alive, k, rfirst, rlast, r, a, b, cum, used, gap, nseg):
+    """Step 4: free measurements [a, b) become piece k, the last of row r (a cut costs
+    nothing); returns k + 1. The arrays have room (``_fill_exact`` makes it up front)."""
+    for i in range(a, b):  # not used[a:b] = True: a slice is a view, refcounted
+        used[i] = True
+    gap[r] -= cum[b] - cum[a]
+    nseg[r] += 1
     ps[k], pe[k], pr[k], pnext[k], alive[k] = a, b, r, -1, True
     if rlast[r] >= 0:
         pnext[rlast[r]] = k
     else:
         rfirst[r] = k
     rlast[r] = k
-    return ps, pe, pr, pnext, alive, k + 1
+    return k + 1
 
 
-@njit(cache=True, inline="always")
-def _place(ps, pe, pr, pnext, alive, k, rfirst, rlast, r, a, b, cum, used, gap, nseg):
-    """Step 4: free measurements [a, b) become a piece of row r (a cut costs nothing)."""
-    used[a:b] = True
-    gap[r] -= cum[b] - cum[a]
-    nseg[r] += 1
-    return _add_piece(ps, pe, pr, pnext, alive, k, rfirst, rlast, r, a, b)
-
-
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _find_window(head, wx, wy, wn, used, g, exact, last):
     """(x, y, length) of a listed window with no used measurement for a gap of ``g``: exactly
     g tokens, else g - 1, else (``exact``) the longest whose rest is ``fillable`` (not on a
@@ -216,8 +220,8 @@ def _find_window(head, wx, wy, wn, used, g, exact, last):
 
 
 @njit(cache=True)
-def _fill_exact(cum, xcum, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, pe, pr, pnext,
-                alive, k):
+def _fill_exact(cum, has_ts, abs_extra, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, pe,
+                pr, pnext, alive, k):
     """Step 4: fill the other rows' gaps exactly with windows of rows that cost nothing to cut.
 
     A row is free when no piece of it has a timestamp that a cut would make absolute
@@ -230,22 +234,40 @@ def _fill_exact(cum, xcum, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, p
     fill = row_len - gap[:n0]
     free = np.zeros(n0, np.bool_)
     for r in range(n0):
-        x = 0
+        free[r] = True
         q = rfirst[r]
-        while q >= 0:
-            x += xcum[pe[q]] - xcum[ps[q]]
+        while q >= 0 and free[r]:
+            for i in range(ps[q], pe[q]):
+                if has_ts[i] and abs_extra[i] != 0:  # a cut before it would make it absolute
+                    free[r] = False
+                    break
             q = pnext[q]
-        free[r] = x == 0
     fr = np.nonzero(free)[0]
     fr = fr[np.argsort(-fill[fr], kind="mergesort")]
     order = np.concatenate((np.nonzero(~free)[0], fr))  # fill from the front, donors from the end
+    # Room for all that can come, allocated once: an array reassigned inside the loops below
+    # would cost Numba an atomic incref/decref pair per pass (once 2/3 of this step's time),
+    # and np.empty's pages are only mapped where written. Every piece and every new row
+    # holds at least one measurement of a free row; a window starting at a measurement
+    # spans at most WINDOW_MAX // (its cheapest measurement) of them.
+    m_free = 0
+    cheapest = WINDOW_MAX
+    for r in fr:
+        q = rfirst[r]
+        while q >= 0:
+            m_free += pe[q] - ps[q]
+            for i in range(ps[q], pe[q]):
+                cheapest = min(cheapest, cum[i + 1] - cum[i])
+            q = pnext[q]
+    ps, pe, pr, pnext, alive = _room(ps, pe, pr, pnext, alive, k + m_free + 1)
+    gap, nseg = _grow(gap, n_rows + m_free + 1), _grow(nseg, n_rows + m_free + 1)
+    rfirst, rlast = _grow(rfirst, n_rows + m_free + 1), _grow(rlast, n_rows + m_free + 1)
+    n_win = m_free * (WINDOW_MAX // max(cheapest, 1)) + 1
+    wx, wy, wn = np.empty(n_win, np.int64), np.empty(n_win, np.int64), np.empty(n_win, np.int64)
     used = np.zeros(cum.shape[0], np.bool_)
     head = np.full(WINDOW_MAX + 1, -1, np.int64)  # windows by length: stacks in flat arrays
-    wx = np.empty(1024, np.int64)
-    wy = np.empty(1024, np.int64)
-    wn = np.empty(1024, np.int64)
     nw = 0
-    donors = np.empty(0, np.int64)
+    donors = np.empty(fr.shape[0], np.int64)
     nd = 0
     ti, dj = 0, n0 - 1
     cur, cq, ca = 0, -1, 0  # long gaps: donor, piece and measurement to take runs from
@@ -286,8 +308,6 @@ def _fill_exact(cum, xcum, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, p
                 opened += 1  # open the next donor and look again
                 d = order[dj]
                 dj -= 1
-                if nd == donors.shape[0]:
-                    donors = _grow(donors, nd + 1)
                 donors[nd] = d
                 nd += 1
                 q = rfirst[d]
@@ -298,8 +318,6 @@ def _fill_exact(cum, xcum, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, p
                             wl = cum[y] - cum[x]
                             if wl > WINDOW_MAX:
                                 break
-                            if nw == wx.shape[0]:
-                                wx, wy, wn = _grow(wx, nw + 1), _grow(wy, nw + 1), _grow(wn, nw + 1)
                             wx[nw], wy[nw], wn[nw] = x, y, head[wl]
                             head[wl] = nw
                             nw += 1
@@ -309,8 +327,8 @@ def _fill_exact(cum, xcum, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, p
                 wa, wb, ln = _find_window(head, wx, wy, wn, used, g, False, False)
             if wa < 0:
                 break
-            ps, pe, pr, pnext, alive, k = _place(ps, pe, pr, pnext, alive, k, rfirst, rlast,
-                                                 t, wa, wb, cum, used, gap, nseg)
+            k = _place(ps, pe, pr, pnext, alive, k, rfirst, rlast, t, wa, wb, cum, used, gap,
+                       nseg)
     # what the donors kept, in order, into new rows; a row that cannot take the next
     # measurement is first closed with windows from what is still to come
     r = -1
@@ -329,30 +347,26 @@ def _fill_exact(cum, xcum, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, p
                                                   cap > 0 and nseg[r] == cap - 1)
                         if wa < 0:
                             break
-                        ps, pe, pr, pnext, alive, k = _place(ps, pe, pr, pnext, alive, k,
-                                                             rfirst, rlast, r, wa, wb, cum,
-                                                             used, gap, nseg)
+                        k = _place(ps, pe, pr, pnext, alive, k, rfirst, rlast, r, wa, wb, cum,
+                                   used, gap, nseg)
                     r = -1
                     continue  # the windows may have taken measurement a
                 if r < 0:
-                    if n_rows == gap.shape[0]:
-                        gap, nseg = _grow(gap, n_rows + 1), _grow(nseg, n_rows + 1)
-                        rfirst, rlast = _grow(rfirst, n_rows + 1), _grow(rlast, n_rows + 1)
                     r = n_rows
                     n_rows += 1
                     gap[r], nseg[r], rfirst[r], rlast[r] = row_len, 0, -1, -1
                 m = a
                 while m < pe[q] and not used[m] and cum[m + 1] - cum[a] <= gap[r]:
                     m += 1
-                ps, pe, pr, pnext, alive, k = _place(ps, pe, pr, pnext, alive, k, rfirst,
-                                                     rlast, r, a, m, cum, used, gap, nseg)
+                k = _place(ps, pe, pr, pnext, alive, k, rfirst, rlast, r, a, m, cum, used, gap,
+                           nseg)
                 a = m
             q = pnext[q]
     return ps, pe, pr, pnext, alive, k, n_rows, gap, nseg, rfirst, rlast
 
 
 @njit(cache=True)
-def _pack(ctx_start, ctx_end, cum, nts, abs_extra, clen, row_len, cap, split):
+def _pack(ctx_start, ctx_end, cum, has_ts, abs_extra, clen, row_len, cap, split):
     n_ctx = ctx_start.shape[0]
     # 2. longest first, by counting sort (stable: equal lengths keep index order)
     pos = np.zeros(row_len + 2, np.int64)
@@ -415,12 +429,9 @@ def _pack(ctx_start, ctx_end, cum, nts, abs_extra, clen, row_len, cap, split):
             _push(head, tail, nxt, prv, tree, r, gap[r])
 
     if split and n_rows > 1:
-        xcum = np.zeros(abs_extra.shape[0] + 1, np.int64)  # abs_extra sums (0 if no timestamp)
-        for i in range(abs_extra.shape[0]):
-            xcum[i + 1] = xcum[i] + abs_extra[i]
         ps, pe, pr, pnext, alive, k, n_rows, gap, nseg, rfirst, rlast = _fill_exact(
-            cum, xcum, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, pe, pr, pnext,
-            alive, k)
+            cum, has_ts, abs_extra, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, pe, pr,
+            pnext, alive, k)
 
     # 5. renumber the rows that still hold pieces; list pieces by (row, slot)
     new_id = np.full(n_rows, -1, np.int64)
@@ -448,16 +459,27 @@ def _pack(ctx_start, ctx_end, cum, nts, abs_extra, clen, row_len, cap, split):
         while q >= 0:
             if alive[q]:
                 o_s[j], o_e[j], o_r[j] = ps[q], pe[q], new_id[r]
-                o_l[j] = _plen(cum, nts, abs_extra, ps[q], pe[q])
+                o_l[j] = _plen(cum, has_ts, abs_extra, ps[q], pe[q])
                 j += 1
             q = pnext[q]
     return o_s, o_e, o_l, o_r, n_out
 
 
+def _int32(a, name):
+    """``a`` as contiguous int32, without a copy when it is one (the planner's cost and
+    abs_extra are); other integer arrays must fit."""
+    a = np.ascontiguousarray(a)
+    if a.dtype == np.int32:
+        return a
+    if a.dtype.kind not in "iub" or (len(a) and (a.min() < -2**31 or a.max() >= 2**31)):
+        raise ValueError(f"{name} must be integers that fit int32")
+    return a.astype(np.int32)
+
+
 def _as_arrays(ctx_start, ctx_end, cost, has_ts, abs_extra):
     return (np.ascontiguousarray(ctx_start, np.int64), np.ascontiguousarray(ctx_end, np.int64),
-            np.ascontiguousarray(cost, np.int64), np.ascontiguousarray(has_ts, np.bool_),
-            np.ascontiguousarray(abs_extra, np.int64))
+            _int32(cost, "cost"), np.ascontiguousarray(has_ts, np.bool_),
+            _int32(abs_extra, "abs_extra"))
 
 
 def pack(ctx_start, ctx_end, cost, has_ts, abs_extra, *, row_len: int = 1024,
@@ -477,13 +499,13 @@ def pack(ctx_start, ctx_end, cost, has_ts, abs_extra, *, row_len: int = 1024,
         raise ValueError("every context needs 0 <= start < end <= len(cost)")
     if len(cost_) and cost_.min() < 1:
         raise ValueError("every measurement costs at least one token")
-    abs_extra = np.where(arrs[3], arrs[4], 0)  # the rule reads abs_extra only where has_ts
-    cum, nts = _prefix_arrays(cost_, arrs[3])
-    clen = _lengths(s, e, cum, nts, abs_extra)
+    has_ts, abs_extra = arrs[3], arrs[4]  # the rule reads abs_extra only where has_ts
+    cum = _cumulative(cost_)
+    clen = _lengths(s, e, cum, has_ts, abs_extra)
     if len(clen) and clen.max() > row_len:
         c = int(np.argmax(clen))
         raise ValueError(f"context {c} is {clen[c]} tokens, longer than a row ({row_len})")
-    o_s, o_e, o_l, o_r, n_rows = _pack(s, e, cum, nts, abs_extra, clen, row_len, max_segments,
+    o_s, o_e, o_l, o_r, n_rows = _pack(s, e, cum, has_ts, abs_extra, clen, row_len, max_segments,
                                        split)
     return Packing(o_s, o_e, o_l, o_r, int(n_rows))
 

@@ -114,11 +114,10 @@ def test_invariants(problem, split):
 def test_kernel_equals_its_python_twin():
     # the jitted kernel and the same source run as plain Python agree exactly
     s, e, cost, has_ts, extra = [np.asarray(a) for a in synthetic_contexts(300, busy=True, seed=5)]
-    cum, nts = packing._prefix_arrays(cost.astype(np.int64), has_ts)
-    x = np.where(has_ts, extra, 0).astype(np.int64)
-    clen = packing._lengths(s, e, cum, nts, x)
-    jit = packing._pack(s, e, cum, nts, x, clen, 1024, 0, True)
-    py = packing._pack.py_func(s, e, cum, nts, x, clen, 1024, 0, True)
+    cum = packing._cumulative(cost)
+    clen = packing._lengths(s, e, cum, has_ts, extra)
+    jit = packing._pack(s, e, cum, has_ts, extra, clen, 1024, 0, True)
+    py = packing._pack.py_func(s, e, cum, has_ts, extra, clen, 1024, 0, True)
     assert all(np.array_equal(a, b) for a, b in zip(jit[:4], py[:4])) and jit[4] == py[4]
 
 
