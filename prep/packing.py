@@ -233,15 +233,23 @@ def _fill_exact(cum, has_ts, abs_extra, row_len, cap, n_rows, gap, nseg, rfirst,
     n0 = n_rows
     fill = row_len - gap[:n0]
     free = np.zeros(n0, np.bool_)
+    m_free = 0  # measurements in free rows, and the cheapest of them (for the room below)
+    cheapest = WINDOW_MAX
     for r in range(n0):
         free[r] = True
+        m, c = 0, WINDOW_MAX
         q = rfirst[r]
         while q >= 0 and free[r]:
+            m += pe[q] - ps[q]
             for i in range(ps[q], pe[q]):
                 if has_ts[i] and abs_extra[i] != 0:  # a cut before it would make it absolute
                     free[r] = False
                     break
+                c = min(c, cum[i + 1] - cum[i])
             q = pnext[q]
+        if free[r]:
+            m_free += m
+            cheapest = min(cheapest, c)
     fr = np.nonzero(free)[0]
     fr = fr[np.argsort(-fill[fr], kind="mergesort")]
     order = np.concatenate((np.nonzero(~free)[0], fr))  # fill from the front, donors from the end
@@ -250,15 +258,6 @@ def _fill_exact(cum, has_ts, abs_extra, row_len, cap, n_rows, gap, nseg, rfirst,
     # and np.empty's pages are only mapped where written. Every piece and every new row
     # holds at least one measurement of a free row; a window starting at a measurement
     # spans at most WINDOW_MAX // (its cheapest measurement) of them.
-    m_free = 0
-    cheapest = WINDOW_MAX
-    for r in fr:
-        q = rfirst[r]
-        while q >= 0:
-            m_free += pe[q] - ps[q]
-            for i in range(ps[q], pe[q]):
-                cheapest = min(cheapest, cum[i + 1] - cum[i])
-            q = pnext[q]
     ps, pe, pr, pnext, alive = _room(ps, pe, pr, pnext, alive, k + m_free + 1)
     gap, nseg = _grow(gap, n_rows + m_free + 1), _grow(nseg, n_rows + m_free + 1)
     rfirst, rlast = _grow(rfirst, n_rows + m_free + 1), _grow(rlast, n_rows + m_free + 1)
