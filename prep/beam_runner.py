@@ -14,6 +14,14 @@ The pipeline is the local runner's two passes with Beam doing the shuffle:
    result to ``<stage>/results/bucket-<b>.json``. ``setup`` warms the Numba kernels once
    per worker. Beam's file sinks are not used: their shard assignment is random.
 
+A time split without ``--test-from`` (``--split time|time+probe``) needs its cutoff before
+any bucket is written: ``read_unit`` then also emits, on the tagged output ``minutes``, each
+unit's per-minute histogram as ``(minute, count)`` pairs; ``CombinePerKey(sum)`` and
+``ToList`` gather them into one list, ``resolve_cutoff`` turns it into the cutoff (the
+local runner's very rule, ``prep.splits.default_cutoff``) and records it in
+``<stage>/cutoff.json`` for the manifest (a shared folder, as for the shards), and ``BucketFn`` takes it as a singleton side
+input, so every bucket uses the same resolved config as the local runner would.
+
 The driver then moves the shards into place and writes ``manifest.json`` last from those
 JSON files, exactly as the local runner does, so both give byte-identical shards and the
 same manifest (timing fields aside). A failed pipeline leaves only the staging folder
@@ -32,6 +40,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +50,7 @@ from prep import manifest as mf
 from prep.bucket import SPLITS, ShardsConfig, bucket_of, process_bucket
 from prep.errors import InputError
 from prep.measurements import DTYPES, Measurements, empty
+from prep.splits import default_cutoff, format_time, merge_histograms, minute_histogram
 
 
 def _import_beam():
@@ -77,22 +87,38 @@ def _write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)  # a retried bundle rewrites the same file: idempotent
 
 
-def read_unit(task: str, stage: str, n_buckets: int):
-    """Validate one unit; yield (bucket, IPC bytes) per batch and bucket; record its counts."""
+def read_unit(task: str, stage: str, n_buckets: int, with_minutes: bool = False):
+    """Validate one unit; yield (bucket, IPC bytes) per batch and bucket; record its counts.
+    With ``with_minutes``, also its per-minute histogram on the tagged output ``minutes``."""
     from prep.shards import validated_batches
 
     unit, parts = json.loads(task)
     counts = {"rows_in": 0, "accepted": 0, "rejected": {}}
+    hists = []
     for path, row_groups in parts:
         for m, n_in, rej in validated_batches(path, row_groups):
             counts["rows_in"] += n_in
             counts["accepted"] += len(m)
             for k, v in rej.items():
                 counts["rejected"][k] = counts["rejected"].get(k, 0) + v
+            if with_minutes:
+                hists.append(minute_histogram(m.time))
             b = bucket_of(m.probe, n_buckets)
             for bucket in np.unique(b):
                 yield int(bucket), _to_ipc(m.take(np.flatnonzero(b == bucket)))
+    if with_minutes:
+        beam = _import_beam()
+        for minute, n in zip(*(a.tolist() for a in merge_histograms(hists))):
+            yield beam.pvalue.TaggedOutput("minutes", (minute, n))
     _write_json(Path(stage) / "read" / f"unit-{unit:06d}.json", counts)
+
+
+def resolve_cutoff(pairs, test_fraction: float, stage: str) -> int:
+    """The default cutoff from all units' (minute, count) pairs; recorded for the driver."""
+    pairs = sorted(pairs)
+    cutoff = default_cutoff([p[0] for p in pairs], [p[1] for p in pairs], test_fraction)
+    _write_json(Path(stage) / "cutoff.json", {"test_from": cutoff})
+    return cutoff
 
 
 def _bucket_fn(beam):
@@ -106,9 +132,10 @@ def _bucket_fn(beam):
             self.cfg = config_from_dict(json.loads(self.cfg_json))
             _warm_up(self.cfg)
 
-        def process(self, element):
+        def process(self, element, cutoff=None):
             bucket, blobs = element
-            result = process_bucket(bucket, _from_ipc(blobs), self.cfg, self.stage)
+            cfg = self.cfg if cutoff is None else replace(self.cfg, test_from=int(cutoff))
+            result = process_bucket(bucket, _from_ipc(blobs), cfg, self.stage)
             _write_json(Path(self.stage) / "results" / f"bucket-{bucket:05d}.json", result)
             yield bucket
 
@@ -119,6 +146,7 @@ def _warm_up(cfg: ShardsConfig) -> None:
     """Compile (or load from cache) the Numba kernels once per worker, not per bundle."""
     import tempfile
 
+    cfg = replace(cfg, split="probe", test_from=None)  # the kernels do not depend on the split
     m = Measurements(probe=np.array([1, 1], np.uint64), time=np.array([0, 60], np.int64),
                      family=np.array([4, 4], np.uint8), src_hi=np.zeros(2, np.uint64),
                      src_lo=np.array([1, 1], np.uint64), dst_hi=np.zeros(2, np.uint64),
@@ -153,7 +181,7 @@ def run_beam(inputs: list[str], out: str, cfg: ShardsConfig, *, beam_options_kv=
              progress: bool = True) -> dict:
     """Build the dataset in ``out`` with Beam; return the closing summary."""
     from prep.shards import (build_manifest, claim_out_dir, config_to_json, file_info,
-                             read_units, summary)
+                             needs_cutoff, read_units, summary)
     from prep.validate import list_inputs
 
     t0 = time.perf_counter()
@@ -169,13 +197,29 @@ def run_beam(inputs: list[str], out: str, cfg: ShardsConfig, *, beam_options_kv=
           file=sys.stderr)
     tasks = [json.dumps([i, parts]) for i, parts in enumerate(units)]
     BucketFn = _bucket_fn(beam)
+    want_cutoff = needs_cutoff(cfg)
     with beam.Pipeline(runner=runner, options=options) as p:
-        _ = (p
-             | "units" >> beam.Create(tasks)
-             | "read+route" >> beam.FlatMap(read_unit, str(stage), cfg.n_buckets)
-                 .with_output_types(tuple[int, bytes])
+        routed = (p
+                  | "units" >> beam.Create(tasks)
+                  | "read+route" >> beam.FlatMap(read_unit, str(stage), cfg.n_buckets, want_cutoff)
+                      .with_output_types(tuple[int, bytes])  # the main output's coders
+                      .with_outputs("minutes", main="rows"))
+        side = []
+        if want_cutoff:
+            cutoff = (routed.minutes
+                      | "minutes" >> beam.CombinePerKey(sum)
+                      | "all minutes" >> beam.combiners.ToList()
+                      | "cutoff" >> beam.Map(resolve_cutoff, cfg.test_fraction, str(stage)))
+            side = [beam.pvalue.AsSingleton(cutoff)]
+        _ = (routed.rows
              | "by bucket" >> beam.GroupByKey()
-             | "bucket" >> beam.ParDo(BucketFn(config_to_json(cfg), str(stage))))
+             | "bucket" >> beam.ParDo(BucketFn(config_to_json(cfg), str(stage)), *side))
+    if want_cutoff:
+        cutoff = json.loads((stage / "cutoff.json").read_text())["test_from"]
+        cfg = replace(cfg, test_from=cutoff)
+        print(f"prep shards (beam): test from {format_time(cutoff)} ({cutoff}), the earliest "
+              f"whole minute with at most {100 * cfg.test_fraction:g} % of the accepted "
+              "measurements at or after it", file=sys.stderr)
 
     read = {"rows_in": 0, "accepted": 0, "rejected": {}}
     for f in sorted((stage / "read").glob("unit-*.json")):

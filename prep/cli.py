@@ -76,6 +76,22 @@ def import_atlas(inputs, out, per_packet, strict, as_json):
 # --- end synth / import-atlas ------------------------------------------------------
 
 # --- shards / verify / inspect -----------------------------------------------------
+class _Time(click.ParamType):
+    """ISO-8601 (UTC unless it carries an offset) or Unix seconds → int Unix seconds."""
+
+    name = "TIME"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        from prep.splits import parse_time
+
+        try:
+            return parse_time(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--out", required=True, help="Folder for train/, test/ and manifest.json.")
@@ -83,7 +99,20 @@ def import_atlas(inputs, out, per_packet, strict, as_json):
               help="Processes (default: one per core); never changes the output bytes.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--test-fraction", default=0.1, show_default=True, type=click.FloatRange(0, 1),
-              help="Share of probes in the test split.")
+              help="Share of probes held out for test (--split probe, time+probe); with a "
+                   "time split and no --test-from, also the share of measurements at or "
+                   "after the default cutoff.")
+@click.option("--split", "split_rule", type=click.Choice(["probe", "time", "time+probe"]),
+              default="probe", show_default=True,
+              help="probe: each probe's whole history in train or test; time: measurements "
+                   "before --test-from in train, the others in test; time+probe: test = the "
+                   "held-out probes from --test-from on, train = the other probes before it, "
+                   "the rest in neither split (counted in the manifest).")
+@click.option("--test-from", type=_Time(), default=None,
+              show_default="the earliest whole minute with at most --test-fraction of the "
+                           "measurements at or after it",
+              help="Cutoff of the time splits: ISO-8601 (2026-01-02T12:00:00Z, 2026-01-02; "
+                   "UTC unless an offset is given) or Unix seconds; test = time >= it.")
 @click.option("--row-len", default=1024, show_default=True, type=click.IntRange(64, 65535))
 @click.option("--max-segments", default=0, show_default=True, type=click.IntRange(0, 255),
               help="Cap on contexts per row (0 = none).")
@@ -103,18 +132,23 @@ def import_atlas(inputs, out, per_packet, strict, as_json):
               help="Beam pipeline option, repeatable (runner=DataflowRunner, project=…).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def shards(inputs, out, workers, seed, test_fraction, row_len, max_segments, max_measurements,
-           max_gap, epochs, buckets, compression, runner, beam_options, as_json, quiet):
+def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row_len,
+           max_segments, max_measurements, max_gap, epochs, buckets, compression, runner,
+           beam_options, as_json, quiet):
     """Validate, tokenize and pack INPUT parquet files or folders into shards in --out."""
     import json
 
     from prep.bucket import ShardsConfig
     from prep.shards import format_summary, run_shards
 
+    if test_from is not None and split_rule == "probe":
+        raise InputError("--test-from applies to --split time or time+probe; --split probe "
+                         "holds out --test-fraction of the probes whatever the time")
     try:
         cfg = ShardsConfig(seed=seed, row_len=row_len, max_segments=max_segments,
                            max_measurements=max_measurements, max_gap_s=max_gap, epochs=epochs,
-                           test_fraction=test_fraction, n_buckets=buckets, compression=compression)
+                           test_fraction=test_fraction, split=split_rule, test_from=test_from,
+                           n_buckets=buckets, compression=compression)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     if runner == "beam":

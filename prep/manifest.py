@@ -9,9 +9,19 @@ without it, or with one that is not ``finished``, is not a dataset. Fields reade
       "vocab_version": 1, "vocab_fingerprint": "…", "vocab_size": 267,
       "row_len": 1024,
       "finished": true,
-      "config": {…}, "seed": 0,
+      "config": {…, "test_fraction": 0.1,   # the resolved ShardsConfig (prep.bucket)
+                 "split": "probe",            # probe | time | time+probe (prep.splits)
+                 "test_from": null},          # time splits: the cutoff, int Unix seconds
+                                              # (test = time >= it), given or the default
+      "seed": 0,
       "inputs": [{"name", "size", "sha256"}],
-      "counts": {…}, "padding_fraction": …, "lower_bound_rows": …,
+      "counts": {"rows_in", "rows_rejected": {reason: n}, "measurements_accepted",
+                 "measurements_excluded_by_split",   # accepted, in neither split
+                                                     # (time+probe only; else 0)
+                 "measurements_tokenized",           # (accepted - excluded) x epochs
+                 "contexts", "segments", "rows": {"train", "test"}, "tokens",
+                 "padding_tokens"},
+      "padding_fraction": …, "lower_bound_rows": …,
       "segments_per_row": {"1": n, …},
       "splits": {"train": {"rows": n, "shards": [{"path": "train/…array_record",
                                                    "records": n, "sha256": "…"}]},

@@ -7,6 +7,9 @@ Two passes, both spread over a process pool, memory bounded by a batch and by a 
    batch's rows to per-bucket Arrow IPC spill files (bucket = splitmix64 of the probe key
    mod ``n_buckets``), under ``DIR/.tmp-<pid>/spill/``. No pickle: pool tasks and results
    are plain tuples and dicts, the data crosses processes as files.
+   With a time split (``--split time|time+probe``) and no ``--test-from``, each unit also
+   returns a per-minute histogram of its accepted measurements' times; the driver sums
+   them and resolves the default cutoff (prep.splits.default_cutoff) into the config.
 2. Buckets. A worker loads one bucket's spill files and calls
    ``prep.bucket.process_bucket``, which writes that bucket's finished shards into the
    staging folder ``DIR/.tmp-<pid>/``.
@@ -14,8 +17,8 @@ Two passes, both spread over a process pool, memory bounded by a batch and by a 
 Then the shards move into ``DIR/train`` and ``DIR/test`` and ``manifest.json`` is written
 last (prep.manifest.write_manifest, atomic). A run killed at any point leaves no
 manifest, so nothing a reader takes as a dataset; the next run removes the leftovers.
-Output bytes depend on (inputs, ShardsConfig) only: spill order does not matter because
-``plan_contexts`` sorts, and shard names come from the bucket id.
+Output bytes depend on (inputs, the resolved ShardsConfig) only: spill order does not
+matter because ``plan_contexts`` sorts, and shard names come from the bucket id.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import shutil
 import sys
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +49,8 @@ from prep import manifest as mf
 from prep.bucket import SPLITS, ShardsConfig, bucket_of, process_bucket
 from prep.errors import InputError
 from prep.measurements import DTYPES, Measurements
+from prep.splits import (TIME_RULES, MinuteHistogram, default_cutoff, format_time,
+                         minute_histogram)
 from prep.validate import REQUIRED, list_inputs, validate_rows
 
 UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
@@ -79,7 +84,10 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
         imap = pool.imap_unordered if pool else map
 
         read = {"rows_in": 0, "accepted": 0, "rejected": {}}
-        tasks = [(i, parts, str(stage), cfg.n_buckets) for i, parts in enumerate(units)]
+        want_cutoff = needs_cutoff(cfg)
+        minutes = MinuteHistogram()
+        tasks = [(i, parts, str(stage), cfg.n_buckets, want_cutoff)
+                 for i, parts in enumerate(units)]
         rss_read = [_own_rss_mb()]
         with tqdm(total=rows_total, unit="meas", unit_scale=True, desc="read + route",
                   disable=not progress, file=sys.stderr) as bar:
@@ -89,8 +97,15 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
                 read["accepted"] += r["accepted"]
                 for k, v in r["rejected"].items():
                     read["rejected"][k] = read["rejected"].get(k, 0) + v
+                if want_cutoff:
+                    minutes.add(*r["minutes"])
                 bar.update(r["rows_in"])
         t_read = time.perf_counter() - t0
+        if want_cutoff:
+            cfg = replace(cfg, test_from=default_cutoff(*minutes.result(), cfg.test_fraction))
+            print(f"prep shards: test from {format_time(cfg.test_from)} ({cfg.test_from}), the "
+                  f"earliest whole minute with at most {100 * cfg.test_fraction:g} % of the "
+                  "accepted measurements at or after it", file=sys.stderr)
 
         results = []
         cfg_json = config_to_json(cfg)
@@ -131,8 +146,16 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
     return summary(manifest)
 
 
+def needs_cutoff(cfg: ShardsConfig) -> bool:
+    """A time split whose cutoff is to be found from the data (no --test-from)."""
+    return cfg.split in TIME_RULES and cfg.test_from is None
+
+
 def build_manifest(cfg: ShardsConfig, inputs: list[dict], read: dict, results: list[dict]) -> dict:
-    """The manifest (without timing fields) from the read counts and the bucket results."""
+    """The manifest (without timing fields) from the read counts and the bucket results.
+    ``cfg`` is the resolved config (a time split's cutoff an int)."""
+    if needs_cutoff(cfg):
+        raise ValueError(f"split {cfg.split!r}: the cutoff test_from is not resolved")
     splits = {s: {"rows": 0, "measurements": 0, "tokens": 0, "contexts": 0, "segments": 0,
                   "probes": 0, "shards": []} for s in SPLITS}
     hist: dict[str, int] = {}
@@ -161,6 +184,9 @@ def build_manifest(cfg: ShardsConfig, inputs: list[dict], read: dict, results: l
         "rows_in": read["rows_in"],
         "rows_rejected": dict(sorted(read["rejected"].items())),
         "measurements_accepted": read["accepted"],
+        # Accepted but in neither split (time+probe: held-out probes before the cutoff,
+        # the other probes from it on); tokenized = (accepted - excluded) x epochs.
+        "measurements_excluded_by_split": sum(r["excluded"] for r in results),
         "measurements_tokenized": sum(sp["measurements"] for sp in splits.values()),
         "contexts": sum(sp["contexts"] for sp in splits.values()),
         "segments": sum(sp["segments"] for sp in splits.values()),
@@ -181,9 +207,15 @@ def build_manifest(cfg: ShardsConfig, inputs: list[dict], read: dict, results: l
 
 def summary(manifest: dict) -> dict:
     """The closing summary: what `prep shards --json` prints."""
-    c, t = manifest["counts"], manifest.get("timing", {})
+    c, t, cfg = manifest["counts"], manifest.get("timing", {}), manifest["config"]
+    test_from = cfg.get("test_from")
+    split = {"rule": cfg.get("split", "probe"), "test_fraction": cfg["test_fraction"],
+             "test_from": test_from,
+             "test_from_iso": None if test_from is None else format_time(test_from)}
     return {"measurements_in": c["rows_in"], "measurements_rejected": sum(c["rows_rejected"].values()),
             "rejected_by_reason": c["rows_rejected"], "measurements_tokenized": c["measurements_tokenized"],
+            "measurements_excluded_by_split": c.get("measurements_excluded_by_split", 0),
+            "split": split,
             "contexts": c["contexts"], "segments": c["segments"], "rows": c["rows"],
             "tokens": c["tokens"], "padding_fraction": manifest["padding_fraction"],
             "lower_bound_rows": manifest["lower_bound_rows"],
@@ -196,10 +228,19 @@ def summary(manifest: dict) -> dict:
 def format_summary(s: dict) -> str:
     rej = ", ".join(f"{k} {v:,}" for k, v in s["rejected_by_reason"].items()) or "none"
     rows = s["rows"]["train"] + s["rows"]["test"]
+    sp = s["split"]
+    if sp["test_from"] is None:
+        split = f"{sp['rule']}, {100 * sp['test_fraction']:g} % of the probes in test"
+    else:
+        split = f"{sp['rule']}, test from {sp['test_from_iso']} ({sp['test_from']})"
+        if sp["rule"] == "time+probe":
+            split += (f", {100 * sp['test_fraction']:g} % of the probes held out; "
+                      f"{s['measurements_excluded_by_split']:,} measurements in neither split")
     return "\n".join([
         f"prep shards: done in {s['elapsed_s']:.1f} s, "
         f"{s['measurements_per_s']:,} measurements/s on {s['workers']} workers",
         f"  measurements  {s['measurements_in']:,} in, {s['measurements_rejected']:,} rejected ({rej})",
+        f"  split         {split}",
         f"  contexts      {s['contexts']:,} ({s['segments']:,} segments after cuts)",
         f"  rows          {rows:,} (train {s['rows']['train']:,}, test {s['rows']['test']:,}); "
         f"lower bound {s['lower_bound_rows']:,} (x{s['rows_over_lower_bound']:.4f})",
@@ -263,8 +304,9 @@ _ADDR_CACHE: dict = {}  # per process, across tasks: each distinct address text 
 
 @_reporting_errors
 def _spill_unit(task) -> dict:
-    unit, parts, stage, n_buckets = task
+    unit, parts, stage, n_buckets, want_minutes = task
     rows_in, accepted, rejected = 0, 0, {}
+    minutes = MinuteHistogram()
     writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
     try:
         for path, row_groups in parts:
@@ -273,6 +315,8 @@ def _spill_unit(task) -> dict:
                 accepted += len(m)
                 for k, v in rej.items():
                     rejected[k] = rejected.get(k, 0) + v
+                if want_minutes:
+                    minutes.add(*minute_histogram(m.time))
                 b = bucket_of(m.probe, n_buckets).astype(np.uint16)
                 order = np.argsort(b, kind="stable")  # a radix sort on uint16
                 bounds = np.searchsorted(b[order], np.arange(n_buckets + 1))
@@ -290,8 +334,11 @@ def _spill_unit(task) -> dict:
     finally:
         for w in writers.values():
             w.close()
-    return {"rows_in": rows_in, "accepted": accepted, "rejected": rejected,
-            "peak_rss_mb": _own_rss_mb()}
+    result = {"rows_in": rows_in, "accepted": accepted, "rejected": rejected,
+              "peak_rss_mb": _own_rss_mb()}
+    if want_minutes:  # plain lists: pool results stay plain data
+        result["minutes"] = [a.tolist() for a in minutes.result()]
+    return result
 
 
 def validated_batches(path: str, row_groups: list[int]):

@@ -6,8 +6,10 @@ Checks, each failure one line naming the file (and record) at fault:
    a folder without one is refused, exit code 2).
 2. Its counts add up: rows in = accepted + rejected; per split, rows, measurements,
    tokens, contexts and segments equal the sums over its shards; every epoch encodes
-   every accepted measurement once; the segments-per-row histogram covers every row;
-   padding = rows × row_len - tokens.
+   every accepted measurement that its split rule does not exclude once (tokenized =
+   (accepted - measurements_excluded_by_split) × epochs; only ``time+probe`` excludes);
+   the segments-per-row histogram covers every row; padding = rows × row_len - tokens.
+   The config's split rule is known and a time split has an int cutoff ``test_from``.
 3. The folder holds the listed shards and no other shard files.
 4. Per shard (in parallel): sha256 and record count as listed; every record is a row of
    this format and row_len (the header's magic, version and row_len, as prep.rows.decode_row
@@ -16,6 +18,16 @@ Checks, each failure one line naming the file (and record) at fault:
    whole measurements as the tokenizer writes them (prep.grammar.check_rows, one Numba
    pass per shard; a flagged segment's message comes from prep.decode.decode_context);
    the rows' measurements, tokens and segments add up to the shard's listed counts.
+5. The split rule, for ``--split time`` and ``time+probe``: every measurement of a train
+   shard that carries a timestamp has time < test_from, every one of a test shard time >=
+   test_from (the rows decoded with prep.rowdecode.decode_rows; a breach is one line per
+   record, naming the shard, record, segment and time).
+
+What the rows cannot show: measurements encoded without a timestamp (the ``partial`` and
+``none`` timestamp modes, ``mode_weights``) carry no time, so the time rule is checked on
+the timestamped ones only. "No probe in both splits" (``probe``, ``time+probe``) is not
+checked: the probe key is not tokenized, and probes behind a NAT share source addresses,
+so a decoded row does not say which probe measured.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 from prep import grammar, rows
 from prep import manifest as mf
 from prep.decode import DecodeError, decode_context
+from prep.splits import SPLIT_RULES, TIME_RULES, format_time
 
 SPLITS = ("train", "test")
 _MAX_PER_SHARD = 5  # problems reported per shard before "…and more"
@@ -45,7 +58,10 @@ def verify_dir(shards_dir: str | Path, *, workers: int = 1) -> list[str]:
         for f in sorted((d / split).glob("*")) if (d / split).is_dir() else []:
             if f"{split}/{f.name}" not in listed:
                 problems.append(f"{f}: not listed in the manifest")
-    tasks = [(str(d), e, m["row_len"]) for e in entries]
+    cfg = m.get("config", {})
+    rule = cfg.get("split", "probe")
+    cutoff = cfg.get("test_from") if rule in TIME_RULES and _is_int(cfg.get("test_from")) else None
+    tasks = [(str(d), e, m["row_len"], cutoff) for e in entries]
     if workers > 1 and len(tasks) > 1:
         from prep.shards import process_pool
 
@@ -68,8 +84,21 @@ def check_counts(m: dict) -> list[str]:
             out.append(f"{where}: {what} is {got:,}, expected {want:,}")
 
     expect("rows_in", c["rows_in"], c["measurements_accepted"] + sum(c["rows_rejected"].values()))
-    epochs = m["config"]["epochs"]
-    expect("measurements_tokenized", c["measurements_tokenized"], c["measurements_accepted"] * epochs)
+    cfg = m["config"]
+    epochs = cfg["epochs"]
+    rule, test_from = cfg.get("split", "probe"), cfg.get("test_from")
+    if rule not in SPLIT_RULES:
+        out.append(f"{where}: config split {rule!r} is none of {', '.join(SPLIT_RULES)}")
+    elif rule in TIME_RULES and not _is_int(test_from):
+        out.append(f"{where}: config split {rule!r} without an int cutoff test_from "
+                   f"({test_from!r})")
+    elif rule not in TIME_RULES and test_from is not None:
+        out.append(f"{where}: config split {rule!r} with a cutoff test_from ({test_from!r})")
+    excluded = c.get("measurements_excluded_by_split", 0)
+    if rule != "time+probe":
+        expect("measurements_excluded_by_split", excluded, 0)
+    expect("measurements_tokenized", c["measurements_tokenized"],
+           (c["measurements_accepted"] - excluded) * epochs)
     total = {"rows": 0, "tokens": 0, "contexts": 0, "segments": 0}
     for s in SPLITS:
         sp = m["splits"][s]
@@ -89,14 +118,21 @@ def check_counts(m: dict) -> list[str]:
     return out
 
 
-def check_shard(task: tuple[str, dict, int]) -> list[str]:
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_shard(task: tuple[str, dict, int, int | None]) -> list[str]:
     """Problems of one shard file (a plain list of lines, so it crosses processes cheaply).
 
     The records are joined into one [rows, record_size] block: headers are checked as
     columns, tokens and segment ids go through prep.grammar.check_rows in one call, and
-    only rows it flags are looked at again, one by one, for their message.
+    only rows it flags are looked at again, one by one, for their message. With a time
+    split's cutoff (the task's last item, None for ``probe``), the sound rows are decoded
+    (prep.rowdecode.decode_rows) and every timestamped measurement is held to the rule of
+    the shard's split.
     """
-    shards_dir, entry, row_len = task
+    shards_dir, entry, row_len, cutoff = task
     path = Path(shards_dir) / entry["path"]
     if not path.is_file():
         return [f"{path}: missing (listed in the manifest)"]
@@ -148,6 +184,34 @@ def check_shard(task: tuple[str, dict, int]) -> list[str]:
         got = int(got[sound].sum())
         if got != entry[what]:
             out.append(f"{path}: {got:,} {what} decoded, the manifest lists {entry[what]:,}")
+    if cutoff is not None and sound.any():
+        out.extend(_time_problems(tok[sound], seg[sound], idx[sound], entry["split"], cutoff,
+                                  path, _MAX_PER_SHARD - len(out)))
+    return out
+
+
+def _time_problems(tok, seg, records, split: str, cutoff: int, path: Path,
+                   room: int) -> list[str]:
+    """One line per record of a ``split`` shard holding a timestamped measurement on the
+    wrong side of ``cutoff`` (train: time < cutoff; test: time >= cutoff), at most ``room``."""
+    from prep.rowdecode import decode_rows
+
+    ms = decode_rows(tok, seg, where=str(path))
+    late = ms.time >= cutoff
+    bad = ms.has_time & (late if split == "train" else ~late)
+    if not bad.any() or room <= 0:
+        return []
+    first = np.flatnonzero(bad)
+    first = first[np.unique(ms.row[first], return_index=True)[1]]  # each record's first
+    side = ("at or after", "before")[split != "train"]
+    out = []
+    for i in first[:room].tolist():
+        t = int(ms.time[i])
+        out.append(f"{path}#{int(records[ms.row[i]])} segment {int(ms.segment[i])}: a "
+                   f"measurement at {format_time(t)} ({t}) is {side} the test cutoff "
+                   f"{format_time(cutoff)} ({cutoff}), in the {split} split")
+    if len(first) > room:
+        out.append(f"{path}: …and {len(first) - room:,} more records like these")
     return out
 
 

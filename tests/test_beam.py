@@ -51,6 +51,24 @@ def test_beam_equals_local(raw, tmp_path):
     assert not list((tmp_path / "beam").glob(".tmp-*"))
 
 
+def test_beam_default_cutoff_equals_local(raw, tmp_path):
+    from prep.validate import read_validated
+
+    cfg = ShardsConfig(seed=7, n_buckets=4, split="time+probe", test_fraction=0.2)
+    local = run_shards([str(raw)], str(tmp_path / "local"), cfg, workers=2, progress=False)
+    viabeam = beam_runner.run_beam([str(raw)], str(tmp_path / "beam"), cfg, progress=False)
+    assert _files(tmp_path / "local") == _files(tmp_path / "beam")
+    assert _manifest(tmp_path / "local") == _manifest(tmp_path / "beam")
+    assert local["split"] == viabeam["split"]
+    # the rule, by brute force: the first minute boundary with at most 20 % at or after it
+    times = read_validated([raw])[0].time
+    c = (int(times.min()) // 60) * 60
+    while (times >= c).sum() > 0.2 * len(times):
+        c += 60
+    assert viabeam["split"]["test_from"] == c
+    assert viabeam["measurements_excluded_by_split"] > 0
+
+
 def test_failed_beam_run_leaves_no_dataset_and_rerun_completes(raw, tmp_path, monkeypatch):
     out = tmp_path / "out"
     real = beam_runner.process_bucket
