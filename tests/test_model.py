@@ -140,3 +140,20 @@ def test_cudnn_model_logits_equal_xla(params):
                                      dtype=jnp.bfloat16)
     real = segs > 0
     np.testing.assert_allclose(fwd("cudnn")[0][real], fwd("xla")[0][real], rtol=2e-2, atol=2e-2)
+
+
+def test_probe_logits_equal_the_row_with_that_token_written(params):
+    """A probe after position p with token x gives the logits the row gives at p + 1
+    when x is written there: inside a segment, at its end, and past the row's content."""
+    tokens, segs = packed_row(3)
+    cases = [(4, 17), (9, 200), (15, 3), (28, 99), (28, 5)]  # (prev, token): seg 1 mid/end, seg 2, seg 3 end
+    p_prev = jnp.array([[p for p, _ in cases]], jnp.int32)
+    p_tok = jnp.array([[x for _, x in cases]], jnp.int32)
+    row_logits, probe_logits = model.forward(params, tokens[None], segs[None], CFG,
+                                             probes=(p_tok, p_prev))
+    np.testing.assert_array_equal(row_logits, model.forward(params, tokens[None], segs[None], CFG))
+    for m, (p, x) in enumerate(cases):
+        t, s = tokens.copy(), segs.copy()
+        t[p + 1], s[p + 1] = x, segs[p]  # at 28 that overwrites padding: extend segment 3
+        want = model.forward(params, t[None], s[None], CFG)[0, p + 1]
+        np.testing.assert_allclose(probe_logits[0, m], want, rtol=2e-5, atol=2e-5)

@@ -137,7 +137,7 @@ def builtin_shards(tmp_path_factory):
 def test_loss_falls_on_builtin_data(builtin_shards, tmp_path):
     cfg = TrainConfig(data=str(builtin_shards), run_dir=str(tmp_path / "run"), steps=50,
                       batch_size=8, lr=3e-3, warmup=10, log_every=10, eval_every=50,
-                      eval_batches=4, ckpt_every=0)
+                      eval_rows=32, ckpt_every=0)
     s = train(cfg)
     recs = [r for r in records(tmp_path / "run") if "loss" in r]
     first, last = recs[0]["loss"], recs[-1]["loss"]
@@ -145,6 +145,10 @@ def test_loss_falls_on_builtin_data(builtin_shards, tmp_path):
     assert last < first - 1.0, (first, last)
     # the test split's probes were never trained on; uniform guessing is ln(267) = 5.59
     assert s["eval_loss"] < np.log(267) - 0.8, s["eval_loss"]
+    ev = [r for r in records(tmp_path / "run") if "eval_loss" in r]
+    assert [(r["step"], r["eval_rows"]) for r in ev] == [(50, 32)]
+    assert sorted(ev[0]["eval_loss_by_role"]) == sorted(
+        ["marker", "src", "dst", "timestamp", "result", "rtt"])
     assert all(r["tokens_per_s"] > 0 and 0 <= r["data_wait"] <= 1 for r in recs[1:])
 
 
@@ -156,7 +160,7 @@ CLI_FLAGS = ["--model", "tiny", "--steps", "20", "--batch-size", "4", "--lr", "3
 def test_cli_trains_and_writes_metrics(shards, tmp_path):
     run = tmp_path / "cli-run"
     args = ["--data", str(shards), "--run-dir", str(run), "--log-every", "10",
-            "--eval-every", "20", "--eval-batches", "1", "--ckpt-every", "10", *CLI_FLAGS]
+            "--eval-every", "20", "--eval-rows", "4", "--ckpt-every", "10", *CLI_FLAGS]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert "done: step 20 | loss" in result.stdout

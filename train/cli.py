@@ -1,4 +1,4 @@
-"""`train`: train a decoder-only transformer on packed shards.
+"""`train`: train a decoder-only transformer on packed shards, evaluate it, query it.
 
 Usage:
     train --data shards/                          # CPU: tiny model ~1 min; GPU: the 95M model
@@ -6,6 +6,11 @@ Usage:
     train --data shards/ --run-dir runs/exp1 --log-every 10 --eval-every 200
     train --resume                                # continue the newest run under runs/
     train --data shards/ --run-dir runs/exp1 --resume
+    train eval runs/exp1 --plot eval.png          # the model vs RTT baselines on the test split
+    train predict runs/exp1 --src 192.0.2.7 --dst 193.0.14.129 --time 2026-01-02T12:00:00Z
+    train predict runs/exp1 --queries q.parquet --out answers.parquet
+
+`train` with no subcommand trains (`train fit` is the same command).
 
 Log lines and the closing summary go to stdout, setup notes to stderr; a bad dataset is
 one line on stderr and exit status 2. Ctrl-C saves a checkpoint and exits with 130.
@@ -31,7 +36,29 @@ def _newest_run() -> Path | None:
     return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+class _Train(click.Group):
+    """`train ARGS` is `train fit ARGS` unless ARGS start with a subcommand; InputError is
+    one line on stderr and exit code 2."""
+
+    def parse_args(self, ctx, args):
+        if not args or args[0] not in self.commands:
+            args = ["fit", *args]
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (InputError, RowFormatError) as e:
+            _fail(str(e))
+
+
+@click.group(cls=_Train, context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """Train, evaluate and query a transformer on packed ping shards."""
+
+
+@main.command(epilog="Also: `train eval RUN_DIR` (the model against RTT baselines) and "
+              "`train predict RUN_DIR --src A --dst B` (RTT and P(failed) of one ping).")
 @click.option("--data", type=click.Path(), default="shards", show_default=True,
               help="A shards folder written by `prep shards`.")
 @click.option("--run-dir", type=click.Path(), default=None,
@@ -45,7 +72,8 @@ def _newest_run() -> Path | None:
 @click.option("--warmup", type=int, default=None, help="Linear warmup steps.")
 @click.option("--log-every", type=int, default=None, help="Steps between log lines.")
 @click.option("--eval-every", type=int, default=None, help="Steps between eval (0: never).")
-@click.option("--eval-batches", type=int, default=None, help="Test batches per eval.")
+@click.option("--eval-rows", type=int, default=None,
+              help="Test rows each eval reads (a fixed sample, seeded by --seed).")
 @click.option("--ckpt-every", type=int, default=None, help="Steps between checkpoints.")
 @click.option("--seed", type=int, default=None, help="Parameters and data order.")
 @click.option("--attention", type=click.Choice(["auto", "xla", "cudnn"]), default=None,
@@ -56,8 +84,8 @@ def _newest_run() -> Path | None:
               help="Grain mp_prefetch worker processes (0: read in this process).")
 @click.option("--distributed", is_flag=True,
               help="Call jax.distributed.initialize() first (multi-host).")
-def main(data, run_dir, resume, distributed, **flags):
-    """Train on the packed rows of DATA (see README: train)."""
+def fit(data, run_dir, resume, distributed, **flags):
+    """Train on the packed rows of --data (`train --data shards/`; see README: train)."""
     import jax  # after click parsed the flags: --help stays fast
 
     from train.config import TrainConfig, defaults_for
@@ -77,10 +105,7 @@ def main(data, run_dir, resume, distributed, **flags):
     cfg = TrainConfig(data=data, run_dir=str(run_dir), resume=resume, **settings)
     print("config: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()),
           file=sys.stderr)
-    try:
-        s = train(cfg)
-    except (InputError, RowFormatError) as e:
-        _fail(str(e))
+    s = train(cfg)
     tps = f"{s['tokens_per_s']:,.0f} tok/s" if s["tokens_per_s"] else "-"
     mfu = f"{100 * s['mfu']:.1f}%" if s["mfu"] is not None else "-"
     ev = f"{s['eval_loss']:.4f}" if s["eval_loss"] is not None else "-"
@@ -89,6 +114,90 @@ def main(data, run_dir, resume, distributed, **flags):
           f"eval loss {ev} | {tps} | mfu {mfu} | checkpoint and metrics.jsonl in {s['run_dir']}")
     if s["interrupted"]:
         sys.exit(130)
+
+
+@main.command("eval")
+@click.argument("run_dir", type=click.Path())
+@click.option("--data", default=None, help="Shards folder [default: the one the run trained on].")
+@click.option("--step", type=int, default=None, help="Checkpoint step [default: the latest].")
+@click.option("--max-queries", type=click.IntRange(0), default=0, show_default=True,
+              help="Measurements to score, sampled by --seed (0: the whole test split).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of that sample.")
+@click.option("--batch-size", type=click.IntRange(1), default=None,
+              help="Rows per forward pass [default: the run's batch size, at most 64].")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG: relative-error CDFs and the loss curves.")
+def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
+    """The model of RUN_DIR against RTT baselines on the test split.
+
+    Loss and accuracy by token role; RTT median / p10 / p90 and P(failed) for every test
+    measurement of a full-timestamp context given the ones before it; the same from the
+    baselines (global median; per-pair last-seen, EMA, median; Vivaldi; matrix
+    factorization) fit on the train split. Writes RUN_DIR/eval/step-<N>.json.
+
+    Example: train eval runs/tiny-20261123-101500 --max-queries 5000 --plot eval.png
+    """
+    import json
+
+    from train.evaluate import EvalConfig, evaluate, format_report, plot as plot_fn
+
+    report, detail = evaluate(EvalConfig(run_dir=run_dir, data=data, step=step,
+                                      max_queries=max_queries, seed=seed, batch_size=batch_size))
+    click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+    if plot:
+        plot_fn(report, detail, plot)
+        click.echo(f"wrote {plot}", err=True)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("--src", help="Source address (the probe), IPv4 or IPv6.")
+@click.option("--dst", help="Destination address.")
+@click.option("--time", "when", default=None,
+              help="When (ISO-8601, UTC unless it has an offset, or Unix seconds); "
+                   "without it the query carries no timestamp.")
+@click.option("--history", type=click.Path(dir_okay=False), default=None,
+              help="Parquet of the source's earlier measurements (the input schema of "
+                   "`prep shards`): the model's context. With --queries, each query gets the "
+                   "rows with its src_addr from before its time.")
+@click.option("--queries", type=click.Path(dir_okay=False), default=None,
+              help="Parquet of queries: src_addr, dst_addr and optionally event_time.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="With --queries: write the answers here (parquet).")
+@click.option("--step", type=int, default=None, help="Checkpoint step [default: the latest].")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
+def predict(run_dir, src, dst, when, history, queries, out, step, as_json):
+    """RTT median, p10, p90 and P(failed) of pings, from the model of RUN_DIR.
+
+    Examples:
+      train predict runs/x --src 192.0.2.7 --dst 193.0.14.129 --time 2026-01-02T12:00:00Z
+      train predict runs/x --queries q.parquet --history h.parquet --out answers.parquet
+    """
+    import json
+
+    from train import queries as queries_lib
+
+    if queries:
+        if src or dst or when:
+            raise InputError("--queries takes the queries from the file; drop --src/--dst/--time")
+        if not out and not as_json:
+            raise InputError("--queries needs --out FILE.parquet (or --json to print them)")
+        answers = queries_lib.predict_file(run_dir, queries, history, out, step=step)
+        if as_json:
+            for a in answers:
+                click.echo(json.dumps(a))
+        return
+    if not src or not dst:
+        raise InputError("give --src and --dst (or --queries FILE.parquet); "
+                         "e.g. train predict RUN_DIR --src 192.0.2.7 --dst 193.0.14.129")
+    a = queries_lib.predict_one(run_dir, src, dst, when, history, step=step)
+    if as_json:
+        click.echo(json.dumps(a))
+    else:
+        click.echo(f"{src} -> {dst}: RTT median {a['rtt_ms']:.2f} ms (p10 {a['p10_ms']:.2f}, "
+                   f"p90 {a['p90_ms']:.2f}), P(failed) {a['p_failed']:.3f}; "
+                   f"{a['history_used']} earlier measurements as context")
 
 
 def _fail(message: str):

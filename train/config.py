@@ -49,7 +49,7 @@ class TrainConfig:
     attention: str = "auto"  # "auto" (cuDNN packed where possible), "xla" or "cudnn"
     log_every: int = 10  # steps between log lines (and host syncs)
     eval_every: int = 100  # steps between test-split evaluations (0 = never)
-    eval_batches: int = 4
+    eval_rows: int = 256  # a fixed sample of test rows (seeded by `seed`) each eval reads
     ckpt_every: int = 500  # steps between checkpoints (also saved at the end and on Ctrl-C)
     num_workers: int = 0  # Grain mp_prefetch worker processes (0 = read in this process)
     resume: bool = False
@@ -65,9 +65,9 @@ def defaults_for(platform: str, n_devices: int = 1) -> dict:
     """What `train --data shards/` does with no other flags, per platform."""
     if platform == "gpu":  # 64 rows of 1024 tokens per GPU fit an 80 GB H100 without remat
         return dict(model="base", steps=5000, batch_size=64 * n_devices, lr=6e-4, warmup=200,
-                    compute_dtype="bfloat16", log_every=50, eval_every=500, ckpt_every=1000)
+                    compute_dtype="bfloat16", log_every=50, eval_every=500, eval_rows=1024, ckpt_every=1000)
     # a CPU: the tiny model for about a minute, loss visibly falling. Small batches: the
     # XLA attention over 1024-token rows costs ~0.3 s per row on a laptop core
     return dict(model="tiny", steps=100, batch_size=2 * n_devices, lr=3e-3, warmup=10,
-                compute_dtype="float32", log_every=10, eval_every=50, eval_batches=2,
+                compute_dtype="float32", log_every=10, eval_every=50, eval_rows=16,
                 ckpt_every=50)

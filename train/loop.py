@@ -28,6 +28,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from prep.errors import InputError
 from train import attention, model, reader
@@ -101,23 +102,55 @@ def _fmt(rec: dict, steps: int) -> str:
             f"{timing} | lr {rec['lr']:.1e}")
 
 
-def evaluate(params, eval_step, cfg: TrainConfig, manifest: dict, rows) -> float | None:
-    """Mean loss over the first ``eval_batches`` batches of the test split (same ones each time).
+class EvalSample:
+    """A fixed, seeded sample of ``cfg.eval_rows`` test rows, read once, with the role of
+    every target (prep.rowdecode); each eval runs the current parameters over all of it."""
 
-    None when the test split holds less than one batch (e.g. ``--test-fraction 0``)."""
-    if manifest["splits"].get("test", {}).get("rows", 0) < cfg.batch_size:
-        return None
-    ds = reader.batches(cfg.data, "test", batch_size=cfg.batch_size // jax.process_count(),
-                        seed=cfg.seed, train=False, manifest=manifest)
-    it = iter(reader.to_device(ds, rows))
-    total = count = 0
-    try:
-        for _, batch in zip(range(cfg.eval_batches), it):
+    def __init__(self, cfg: TrainConfig, manifest: dict, rows_sharding):
+        from prep import rowdecode
+        from prep.rows import RowFormatError
+
+        tok, seg = reader.read_split(cfg.data, manifest, "test")
+        pick = np.random.default_rng([cfg.seed, 0xE7A1]).permutation(len(tok))[:cfg.eval_rows]
+        tok, seg = tok[np.sort(pick)], seg[np.sort(pick)]
+        try:
+            roles = rowdecode.token_roles(tok, seg)
+            self.roles_known = True
+        except RowFormatError:  # rows that are not measurements (synthetic test shards)
+            roles, self.roles_known = np.zeros_like(seg), False
+        target = np.concatenate([roles[:, 1:], np.zeros_like(roles[:, :1])], axis=1)
+        self.n_rows, self.sharding = len(tok), rows_sharding
+        # this process's share, padded to whole batches (padding rows count nothing)
+        pi, pc = jax.process_index(), jax.process_count()
+        self.batch = max(1, cfg.batch_size // pc)
+        self.arrays = [a[pi::pc] for a in (tok, seg, target)]
+
+    def __call__(self, params, eval_step) -> dict | None:
+        from prep.rowdecode import ROLES
+
+        if not self.n_rows:
+            return None
+        total = count = 0
+        tok, seg, target = self.arrays
+        for r0 in range(0, max(len(tok), 1), self.batch):
+            part = {k: _pad(a[r0:r0 + self.batch], self.batch) for k, a in
+                    zip(("tokens", "segment_ids", "target_roles"), (tok, seg, target))}
+            batch = {k: jax.make_array_from_process_local_data(self.sharding, v)
+                     for k, v in part.items()}
             s, c = eval_step(params, batch)
             total, count = total + s, count + c
-    finally:
-        it.close()
-    return float(total / count) if int(count) else None
+        total, count = np.asarray(total, np.float64), np.asarray(count, np.float64)
+        if not count.sum():
+            return None
+        out = {"eval_loss": float(total.sum() / count.sum()), "eval_rows": self.n_rows}
+        if self.roles_known:
+            out["eval_loss_by_role"] = {ROLES[k]: float(total[k] / count[k])
+                                        for k in range(1, len(ROLES)) if count[k]}
+        return out
+
+
+def _pad(a: np.ndarray, n: int) -> np.ndarray:
+    return a if len(a) == n else np.concatenate([a, np.zeros((n - len(a),) + a.shape[1:], a.dtype)])
 
 
 def _check_run_dir(run_dir: Path, record: dict, resume: bool) -> None:
@@ -163,6 +196,7 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
         it.set_state(data_state)
         print(f"resumed {run_dir} at step {start}", file=sys.stderr)
     _check_run_dir(run_dir, {"train": dataclasses.asdict(cfg), "model": dataclasses.asdict(mcfg),
+                             "data_fingerprint": reader.dataset_fingerprint(manifest),
                              "attention": impl, "devices": [str(d) for d in mesh.devices.flat],
                              "jax": jax.__version__}, cfg.resume)
     train_step, eval_step = step_lib.compile_steps(mesh, mcfg, cfg, fwd)
@@ -174,6 +208,7 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
           f"{impl} | {mesh.size} x {mesh.devices.flat[0].device_kind} | batch {cfg.batch_size} "
           f"| {cfg.compute_dtype}", file=sys.stderr)
 
+    eval_sample = EvalSample(cfg, manifest, rows) if cfg.eval_every else None
     meter, step, last, eval_loss = Meter(), start, {}, None
     metrics_file = open(run_dir / "metrics.jsonl", "a")
 
@@ -207,10 +242,14 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
                     last = log_line()
                     interval = True
                 if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-                    eval_loss = evaluate(state["params"], eval_step, cfg, manifest, rows)
-                    if eval_loss is not None:
-                        print(f"step {step} | eval loss {eval_loss:.4f}", flush=True)
-                        write({"step": step, "eval_loss": eval_loss})
+                    ev = eval_sample(state["params"], eval_step)
+                    if ev is not None:
+                        eval_loss = ev["eval_loss"]
+                        roles = " | ".join(f"{k} {v:.3f}" for k, v in
+                                           ev.get("eval_loss_by_role", {}).items())
+                        print(f"step {step} | eval loss {eval_loss:.4f} on {ev['eval_rows']:,} "
+                              f"test rows" + (f" | {roles}" if roles else ""), flush=True)
+                        write({"step": step, **ev})
                     interval = True
                 if cfg.ckpt_every and step % cfg.ckpt_every == 0:
                     ckpt.save(step, state, it.get_state())

@@ -98,29 +98,67 @@ def rope(x, pos, base):
 
 
 def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig, *,
-            implementation: str = "xla", max_segments: int = 255,
-            dtype=jnp.float32) -> jax.Array:
-    """float32 logits [B, T, V] of int tokens [B, T] under segment_ids [B, T]."""
+            implementation: str = "xla", max_segments: int = 255, dtype=jnp.float32,
+            probes: tuple[jax.Array, jax.Array] | None = None):
+    """float32 logits [B, T, V] of int tokens [B, T] under segment_ids [B, T].
+
+    ``probes = (probe_tokens int[B, M], probe_prev int[B, M])`` also returns the logits
+    [B, M, V] of M extra tokens per row, each as if it stood right after row position
+    ``probe_prev`` in that position's segment (everything after it ignored): the logits
+    the row would give there with that token written at ``probe_prev + 1``. One pass
+    answers "what follows if this token came next" for many tokens and many places at
+    once; evaluation reads the second RTT byte's distribution given each candidate first
+    byte this way (train.predictor). A probe attends to its segment up to ``probe_prev``
+    and to itself, never to other probes.
+    """
     seg = segment_ids.astype(jnp.int32)
     pos = positions(seg)
     x = params["embed"].astype(dtype)[tokens]
+    if probes is not None:
+        p_tok, p_prev = probes
+        p_prev = p_prev.astype(jnp.int32)
+        p_pos = jnp.take_along_axis(pos, p_prev, axis=1) + 1
+        p_seg = jnp.take_along_axis(seg, p_prev, axis=1)
+        T = seg.shape[1]
+        # probe m of row b sees key t: same segment as its anchor, not after it
+        p_mask = ((seg[:, None, :] == p_seg[:, :, None])
+                  & (jnp.arange(T)[None, None, :] <= p_prev[:, :, None]))[:, None]  # [B,1,M,T]
+        xp = params["embed"].astype(dtype)[p_tok]
+    else:
+        xp = jnp.zeros((tokens.shape[0], 0, cfg.d_model), dtype)
 
-    def block(x, p):
+    def mlp(x, p):
+        h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
+        return x + jax.nn.gelu(h @ p["w_in"].astype(dtype)) @ p["w_out"].astype(dtype)
+
+    def block(carry, p):
+        x, xp = carry
         h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
         qkv = jnp.einsum("btd,dsnh->sbtnh", h, p["wqkv"].astype(dtype))
         q, k = rope(qkv[0], pos, cfg.rope_base), rope(qkv[1], pos, cfg.rope_base)
         a = attn.attention(q, k, qkv[2], seg, implementation=implementation,
                            max_segments=max_segments)
-        x = x + jnp.einsum("btnh,nhd->btd", a, p["wo"].astype(dtype))
-        h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
-        h = jax.nn.gelu(h @ p["w_in"].astype(dtype)) @ p["w_out"].astype(dtype)
-        return x + h, None
+        x = mlp(x + jnp.einsum("btnh,nhd->btd", a, p["wo"].astype(dtype)), p)
+        if probes is not None:
+            hp = rms_norm(xp, p["attn_norm"], cfg.norm_eps)
+            qkv_p = jnp.einsum("bmd,dsnh->sbmnh", hp, p["wqkv"].astype(dtype))
+            qp, kp = rope(qkv_p[0], p_pos, cfg.rope_base), rope(qkv_p[1], p_pos, cfg.rope_base)
+            scale = 1.0 / float(cfg.head_dim) ** 0.5
+            s_row = jnp.einsum("bmnh,btnh->bnmt", qp, k).astype(jnp.float32) * scale
+            s_row = jnp.where(p_mask, s_row, -jnp.inf)
+            s_self = jnp.einsum("bmnh,bmnh->bnm", qp, kp).astype(jnp.float32)[..., None] * scale
+            w = jax.nn.softmax(jnp.concatenate([s_row, s_self], axis=-1), axis=-1)
+            ap = (jnp.einsum("bnmt,btnh->bmnh", w[..., :-1].astype(dtype), qkv[2])
+                  + jnp.einsum("bnm,bmnh->bmnh", w[..., -1].astype(dtype), qkv_p[2]))
+            xp = mlp(xp + jnp.einsum("bmnh,nhd->bmd", ap, p["wo"].astype(dtype)), p)
+        return (x, xp), None
 
     if cfg.remat:
         block = jax.checkpoint(block)
-    x, _ = jax.lax.scan(block, x, params["layers"])
-    x = rms_norm(x, params["final_norm"], cfg.norm_eps)
-    return (x @ params["head"].astype(dtype)).astype(jnp.float32)
+    (x, xp), _ = jax.lax.scan(block, (x, xp), params["layers"])
+    head = lambda x: (rms_norm(x, params["final_norm"], cfg.norm_eps)
+                      @ params["head"].astype(dtype)).astype(jnp.float32)
+    return head(x) if probes is None else (head(x), head(xp))
 
 
 def loss_sum(params: dict, batch: dict, cfg: ModelConfig, **fwd) -> tuple[jax.Array, jax.Array]:

@@ -21,6 +21,7 @@ resumed run sees exactly the batches an uninterrupted one would.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from absl import flags as absl_flags
 import jax
 import numpy as np
 from array_record.python.array_record_data_source import ArrayRecordDataSource
+from array_record.python.array_record_module import ArrayRecordReader
 
 from prep import manifest as manifest_lib
 from prep import rows as rows_lib
@@ -185,3 +187,33 @@ def to_device(ds: grain.IterDataset, sharding: jax.sharding.Sharding, *,
     ds = ds.map(lambda b: {k: jax.make_array_from_process_local_data(sharding, v)
                            for k, v in b.items()})
     return grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=device_buffer)
+
+
+def dataset_fingerprint(manifest: dict) -> str:
+    """A digest of the dataset's shard files: equal for rebuilds with the same bytes."""
+    shas = sorted(e["sha256"] for s in manifest["splits"].values() for e in s["shards"])
+    return hashlib.sha256("\n".join(shas).encode()).hexdigest()[:16]
+
+
+def read_split(shards_dir, manifest: dict, split: str, *, epoch: int = 0):
+    """(tokens uint16[R, L], segment_ids uint8[R, L]) of a split's shards of one epoch, all
+    in memory (evaluation: the test split, or the train split for the baselines)."""
+    L = manifest["row_len"]
+    size = rows_lib.record_size(L)
+    toks, segs = [], []
+    for e in manifest["splits"][split]["shards"]:
+        if e.get("epoch", 0) != epoch:
+            continue
+        path = Path(shards_dir) / e["path"]
+        reader = ArrayRecordReader(str(path))
+        records = reader.read_all()
+        reader.close()
+        if any(len(r) != size for r in records):
+            bad = next(i for i, r in enumerate(records) if len(r) != size)
+            rows_lib.decode_row(records[bad], where=f"{path}#{bad}")  # raises, naming it
+        block = np.frombuffer(b"".join(records), np.uint8).reshape(len(records), size)
+        toks.append(block[:, rows_lib.HEADER_SIZE:rows_lib.HEADER_SIZE + 2 * L].view("<u2"))
+        segs.append(block[:, rows_lib.HEADER_SIZE + 2 * L:])
+    if not toks:
+        return np.zeros((0, L), np.uint16), np.zeros((0, L), np.uint8)
+    return np.concatenate(toks), np.concatenate(segs)

@@ -79,8 +79,20 @@ def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, schedule, fw
     return {"params": params, "opt": opt_state, "step": state["step"] + 1}, metrics
 
 
+N_ROLES = 8  # prep.rowdecode.ROLES (7) and one spare
+
+
 def eval_step(params: dict, batch: dict, *, mcfg: ModelConfig, fwd: dict):
-    total, count = model.loss_sum(params, batch, mcfg, **fwd)
+    """(loss sum, target count), each float32[N_ROLES] by ``batch["target_roles"]`` (the role
+    of the token each position predicts; 0 where the rows are not measurement rows)."""
+    tokens = batch["tokens"].astype(jnp.int32)
+    seg = batch["segment_ids"].astype(jnp.int32)
+    logits = model.forward(params, tokens, seg, mcfg, **fwd)
+    targets, mask = model.targets_and_mask(tokens, seg)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    roles = batch["target_roles"].astype(jnp.int32).ravel()
+    total = jax.ops.segment_sum(jnp.where(mask, ce, 0.0).ravel(), roles, N_ROLES)
+    count = jax.ops.segment_sum(mask.ravel().astype(jnp.float32), roles, N_ROLES)
     return total, count
 
 
@@ -90,7 +102,7 @@ OPT_FIELDS = ("steps", "lr", "min_lr_ratio", "warmup", "weight_decay", "b1", "b2
 
 
 def compile_steps(mesh: Mesh, mcfg: ModelConfig, cfg: TrainConfig, fwd: dict):
-    """(train_step(state, batch) -> (state, metrics), eval_step(params, batch) -> (sum, count))."""
+    """(train_step(state, batch) -> (state, metrics), eval_step(params, batch) -> (sums, counts) by role)."""
     opt_cfg = TrainConfig(**{f: getattr(cfg, f) for f in OPT_FIELDS})
     return _compile_steps(mesh, mcfg, opt_cfg, tuple(sorted(fwd.items())))
 

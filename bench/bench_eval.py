@@ -1,0 +1,86 @@
+"""`make bench` part "eval": `train eval`'s RTT queries (tiny model, this machine's CPU) beside
+the baselines on the same queries, on the built-in data (`prep synth` defaults, 3M rows)
+split with `--split time+probe`.
+
+- ``eval.queries_per_s``: train.predictor's two passes (teacher-forced first-byte and
+  P(failed) pass, then the second-byte probes for p10 / median / p90) over whole test
+  contexts, after one warm-up batch (compilation). The model is the tiny config with
+  untrained parameters: the cost does not depend on what the weights are.
+- ``eval.baselines_fit_s``: fitting all six baselines (train.baselines.fit_all) on the
+  train split, decoded from its shards; ``eval.baseline_fit_s.<name>`` each alone;
+  ``eval.baselines_queries_per_s``: all six predicting the same queries.
+- ``eval.decode_measurements_per_s``: prep.rowdecode over the train split's rows.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from prep import rowdecode
+from prep.bucket import ShardsConfig
+from prep.shards import run_shards
+from prep.synth import SynthConfig, synth
+from train import baselines, model, reader
+from train import evaluate as E
+from train import predictor as P
+from train.config import model_config
+
+ROWS, QUERIES, BATCH = 3_000_000, 2_000, 8
+
+
+def run() -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        synth(SynthConfig(out=d / "raw", rows=ROWS, probes=3_000, days=2, seed=0))
+        run_shards([str(d / "raw")], str(d / "shards"), ShardsConfig(seed=0, split="time+probe"),
+                   workers=2, progress=False)
+        manifest = reader.open_shards(d / "shards")
+        test = rowdecode.decode_rows(*reader.read_split(d / "shards", manifest, "test"))
+        tok, seg = reader.read_split(d / "shards", manifest, "train")
+        t0 = time.perf_counter()
+        train = rowdecode.decode_rows(tok, seg)
+        decode_s = time.perf_counter() - t0
+        del tok, seg
+
+    q = E.full_mode_queries(test, QUERIES, np.random.default_rng(0))
+    contexts, qctx, q_choice, q_rtt = E._encode_queries(test, q)
+    mcfg = model_config("tiny", seq_len=manifest["row_len"])
+    pred = P.Predictor(jax.device_put(model.init_params(mcfg, 0)), mcfg, batch_size=BATCH)
+    qtok, qseg, where = P.pack_contexts(contexts, pred.row_len)
+    args = (where[qctx, 0], where[qctx, 1] + q_choice,
+            np.where(q_rtt >= 0, where[qctx, 1] + q_rtt, -1))
+    warm = args[0] < BATCH  # the first batch of rows: compiles both passes
+    pred.answer(qtok[:BATCH], qseg[:BATCH], *(a[warm] for a in args))
+    t0 = time.perf_counter()
+    pred.answer(qtok, qseg, *args)
+    query_s = time.perf_counter() - t0
+
+    qm = test.take(q)
+    (tr, qids), n_nodes = E._node_ids([train, qm])
+    cols = (tr[0], tr[1], train.rtt_ms(), train.time, train.has_time)
+    baselines.fit_all(*cols, n_nodes=n_nodes, seed=0)  # compile the Numba kernels
+    out = {}
+    for name in baselines.BASELINES:
+        t0 = time.perf_counter()
+        baselines.fit(name, *cols, n_nodes=n_nodes, seed=0)
+        out[f"eval.baseline_fit_s.{name}"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fitted = baselines.fit_all(*cols, n_nodes=n_nodes, seed=0)
+    fit_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for b in fitted.values():
+        b.predict(*qids)
+    predict_s = time.perf_counter() - t0
+    return out | {
+        "eval.queries": float(len(q)),
+        "eval.queries_per_s": len(q) / query_s,
+        "eval.train_measurements": float(len(train)),
+        "eval.baselines_fit_s": fit_s,
+        "eval.baselines_queries_per_s": len(q) / predict_s,
+        "eval.decode_measurements_per_s": len(train) / decode_s,
+    }

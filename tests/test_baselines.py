@@ -1,0 +1,176 @@
+"""Baselines: exact answers on a hand-made set, planted structure that Vivaldi and the
+factorization must recover, determinism."""
+
+import numpy as np
+import pytest
+
+from train import baselines
+
+F = -1.0  # a failed ping
+# idx: (src, dst, rtt, time, has_time). Untimestamped rows carry junk times on purpose.
+ROWS = [
+    (0, 1, 10.0, 100, True),
+    (0, 1, 20.0, 200, True),
+    (0, 1, F, 300, True),  # (0, 1)'s latest measurement failed
+    (0, 1, 14.0, 250, True),  # out of time order in the input
+    (1, 0, 30.0, 100, True),
+    (1, 0, 40.0, 100, True),  # same time as the row above: the later index is later
+    (0, 2, 50.0, 0, False),  # (0, 2) has no timestamped measurement
+    (4, 2, F, 500, True),  # (4, 2) only ever failed; node 4 never succeeded
+    (4, 2, F, 400, True),
+    (1, 2, 4.0, 50, True),
+    (1, 2, 9.0, 10, True),  # earlier than the row above, later in the input
+    (1, 2, 100.0, 0, False),
+    (1, 0, F, 7777, False),  # untimestamped failure: not "latest" despite its time value
+    (1, 2, F, 30, True),
+    (3, 1, 5.0, 600, True),
+    (3, 1, 7.0, 99999, False),
+]
+SRC, DST, RTT, TIME, HAS = (np.array(c) for c in zip(*ROWS))
+N_NODES = 5
+# successes 4 5 7 9 10 14 20 30 40 50 100: median 14; 5 failures out of 16
+MEDIAN, RATE = 14.0, 5 / 16
+QUERIES = [(0, 1), (1, 0), (0, 2), (1, 2), (4, 2), (3, 1), (3, 0), (2, 3)]
+Q_SRC, Q_DST = np.array(QUERIES).T
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return baselines.fit_all(SRC, DST, RTT, TIME, HAS, n_nodes=N_NODES, seed=0)
+
+
+def _predict(tiny, name):
+    pred = tiny[name].predict(Q_SRC, Q_DST)
+    return pred.rtt_ms.tolist(), pred.p_fail.tolist(), pred.covered.tolist()
+
+
+def test_fit_all_names(tiny):
+    assert tuple(tiny) == baselines.BASELINES
+    assert all(b.name == name for name, b in tiny.items())
+
+
+def test_global_median(tiny):
+    rtt, p_fail, covered = _predict(tiny, "global_median")
+    assert rtt == [14.0] * 8
+    assert p_fail == [0.3125] * 8
+    assert covered == [True] * 8
+
+
+def test_pair_last(tiny):
+    rtt, p_fail, covered = _predict(tiny, "pair_last")
+    #               (0,1)  (1,0) (0,2)  (1,2) (4,2)  (3,1) (3,0)  (2,3)
+    assert rtt == [14.0, 40.0, 14.0, 4.0, 14.0, 5.0, 14.0, 14.0]
+    assert p_fail == [1.0, 0.0, 0.3125, 0.0, 1.0, 0.0, 0.3125, 0.3125]
+    assert covered == [True, True, False, True, False, True, False, False]
+
+
+def test_pair_ema(tiny):
+    rtt, p_fail, covered = _predict(tiny, "pair_ema")
+    # (0,1): 10, 20, 14 in time order -> 10, 13, 13.3; (1,0): 30 then 40 -> 33;
+    # (1,2): 9 then 4 -> 7.5; failure indicators (0,1): 0 0 0 1 -> 0.3, (1,2): 0 1 0 -> 0.21
+    assert rtt == [13.3, 33.0, 14.0, 7.5, 14.0, 5.0, 14.0, 14.0]
+    assert p_fail == [0.3, 0.0, 0.3125, 0.21, 1.0, 0.0, 0.3125, 0.3125]
+    assert covered == [True, True, False, True, False, True, False, False]
+
+
+def test_pair_median(tiny):
+    rtt, p_fail, covered = _predict(tiny, "pair_median")
+    # all measurements, timestamped or not: (1,0) is 30, 40 and a failure; (3,1) is 5, 7
+    assert rtt == [14.0, 35.0, 50.0, 9.0, 14.0, 6.0, 14.0, 14.0]
+    assert p_fail == [0.25, 1 / 3, 0.0, 0.25, 1.0, 0.0, 0.3125, 0.3125]
+    assert covered == [True, True, True, True, False, True, False, False]
+
+
+@pytest.mark.parametrize("name, covered", [
+    # Vivaldi: both nodes in a successful ping (node 4 never was)
+    ("vivaldi", [True, True, True, True, False, True, True, True]),
+    # factorization: source seen as a source and destination as a destination
+    ("matrix_factorization", [True, True, True, True, False, True, True, False]),
+])
+def test_coordinate_models_fall_back(tiny, name, covered):
+    pred = tiny[name].predict(Q_SRC, Q_DST)
+    assert pred.covered.tolist() == covered
+    assert pred.rtt_ms[~pred.covered].tolist() == [MEDIAN] * (8 - sum(covered))
+    assert (pred.rtt_ms[pred.covered] > 0).all()
+    assert pred.p_fail.tolist() == [RATE] * 8  # no failure model
+
+
+def test_unknown_node_ids_fall_back(tiny):
+    for b in tiny.values():
+        pred = b.predict([7, -1, 0], [0, 1, 9])
+        assert pred.rtt_ms.tolist() == [MEDIAN] * 3
+        assert pred.p_fail.tolist() == [RATE] * 3
+        assert pred.covered.tolist() == [b.name == "global_median"] * 3
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="no successful ping"):
+        baselines.fit_all(SRC, DST, np.full(len(SRC), F), TIME, HAS, n_nodes=N_NODES)
+    with pytest.raises(ValueError, match="rtt must be"):
+        baselines.fit("pair_median", SRC, DST, np.where(RTT < 0, -2.0, RTT), TIME, HAS,
+                      n_nodes=N_NODES)
+    with pytest.raises(ValueError, match="node ids"):
+        baselines.fit("pair_median", SRC, DST, RTT, TIME, HAS, n_nodes=4)
+    with pytest.raises(ValueError, match="unknown baseline"):
+        baselines.fit("oracle", SRC, DST, RTT, TIME, HAS, n_nodes=N_NODES)
+    with pytest.raises(TypeError, match="no options"):
+        baselines.fit("pair_last", SRC, DST, RTT, TIME, HAS, n_nodes=N_NODES, rank=3)
+
+
+def _no_time(n):
+    return np.zeros(n, np.int64), np.zeros(n, bool)
+
+
+def _median_rel_err(pred, truth):
+    return float(np.median(np.abs(pred - truth) / truth))
+
+
+def test_vivaldi_recovers_a_plane():
+    rng = np.random.default_rng(1)
+    n = 40
+    points = rng.uniform(0, 100, (n, 2))
+    src, dst = np.array([(i, j) for i in range(n) for j in range(n) if i != j]).T
+    dist = np.linalg.norm(points[src] - points[dst], axis=1)
+    held_out = rng.random(len(src)) < 0.2
+    tr = ~held_out
+    model = baselines.fit("vivaldi", src[tr], dst[tr], dist[tr], *_no_time(tr.sum()),
+                          n_nodes=n, seed=0)
+    pred = model.predict(src[held_out], dst[held_out])
+    assert pred.covered.all()
+    assert _median_rel_err(pred.rtt_ms, dist[held_out]) < 0.005
+    assert _median_rel_err(np.full(held_out.sum(), model.median_ms), dist[held_out]) > 0.2
+
+
+def test_factorization_recovers_a_rank_3_matrix():
+    rng = np.random.default_rng(2)
+    n = 60
+    log_rtt = np.log(40.0) + rng.normal(0, 0.5, (n, 3)) @ rng.normal(0, 0.5, (n, 3)).T
+    src, dst = (a.ravel() for a in np.meshgrid(np.arange(n), np.arange(n), indexing="ij"))
+    rtt = np.exp(log_rtt.ravel())
+    held_out = rng.random(len(src)) < 0.5
+    tr = ~held_out
+    model = baselines.fit("matrix_factorization", src[tr], dst[tr], rtt[tr],
+                          *_no_time(tr.sum()), n_nodes=n, seed=0)
+    pred = model.predict(src[held_out], dst[held_out])
+    assert pred.covered.all()
+    assert _median_rel_err(pred.rtt_ms, rtt[held_out]) < 0.04
+    assert _median_rel_err(np.full(held_out.sum(), model.median_ms), rtt[held_out]) > 0.15
+
+
+@pytest.mark.parametrize("name", ["vivaldi", "matrix_factorization"])
+def test_deterministic_for_a_seed(name):
+    rng = np.random.default_rng(3)
+    src, dst = rng.integers(0, 30, 2000), rng.integers(0, 30, 2000)
+    rtt = np.where(rng.random(2000) < 0.1, F, rng.uniform(1, 200, 2000))
+    time, has = _no_time(2000)
+    q_src, q_dst = rng.integers(0, 30, 500), rng.integers(0, 30, 500)
+
+    def run(seed):
+        model = baselines.fit(name, src, dst, rtt, time, has, n_nodes=30, seed=seed)
+        return model.predict(q_src, q_dst)
+
+    a, b, c = run(5), run(5), run(6)
+    assert a.rtt_ms.tobytes() == b.rtt_ms.tobytes()
+    assert a.p_fail.tobytes() == b.p_fail.tobytes()
+    assert a.covered.tolist() == b.covered.tolist()
+    assert a.rtt_ms.tobytes() != c.rtt_ms.tobytes()  # the seed is used

@@ -1,0 +1,151 @@
+"""`train eval` and `train predict` end to end on a small real-pipeline dataset (time split):
+exact query and target counts, the model's answers held to a brute force, the CLIs."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from prep import rows as rows_lib
+from prep import rowdecode
+from prep import vocab as V
+from prep.decode import decode_context
+from train import predictor as P
+from train import reader
+from train.cli import main
+from train.config import TrainConfig
+from train.evaluate import EvalConfig, evaluate, format_report
+from train.loop import train
+from tests.test_predictor import brute_force
+
+L = 128
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from prep.bucket import ShardsConfig
+    from prep.shards import run_shards
+    from prep.synth import SynthConfig, synth
+
+    d = tmp_path_factory.mktemp("eval")
+    synth(SynthConfig(out=d / "raw", rows=6_000, probes=60, days=1, seed=0))
+    run_shards([str(d / "raw")], str(d / "shards"),
+               ShardsConfig(seed=0, row_len=L, split="time", test_fraction=0.2),
+               workers=1, progress=False)
+    cfg = TrainConfig(data=str(d / "shards"), run_dir=str(d / "run"), steps=6, batch_size=4,
+                      lr=3e-3, warmup=2, log_every=3, eval_every=3, eval_rows=8, ckpt_every=0)
+    train(cfg)
+    return d
+
+
+def test_eval_counts_every_query_and_target(run):
+    report, detail = evaluate(EvalConfig(run_dir=str(run / "run")), progress=False)
+    manifest = reader.open_shards(run / "shards")
+    tok, seg = reader.read_split(run / "shards", manifest, "test")
+    # queries: every measurement of every test segment whose measurements all carry a time
+    n_q = n_rtt = 0
+    for r in range(len(tok)):
+        for s in range(1, int(seg[r].max()) + 1):
+            ms = decode_context(tok[r][seg[r] == s].tolist())
+            if all(m.time is not None for m in ms):
+                n_q += len(ms)
+                n_rtt += sum(not m.failed for m in ms)
+    assert (report["queries"], report["queries_with_rtt"]) == (n_q, n_rtt)
+    assert n_q > 100 and len(detail.queries) == n_q
+    targets = int(rows_lib.loss_mask(seg).sum())
+    assert report["loss"]["tokens"] == targets
+    assert sum(v["tokens"] for v in report["loss"]["by_role"].values()) == targets
+    assert sorted(report["loss"]["by_role"]) == ["dst", "marker", "result", "rtt", "src", "timestamp"]
+    # the model and six baselines, each scored on the same queries
+    assert list(report["rtt"]) == ["model", "global_median", "pair_last", "pair_ema",
+                                   "pair_median", "vivaldi", "matrix_factorization"]
+    for m in report["rtt"].values():
+        assert m["n"] == n_q and m["n_rtt"] == n_rtt
+        assert sum(b["n"] for b in m["by_history"].values()) == n_q
+    assert report["data_matches_run"] is True
+    assert report["split"]["split"] == "time"
+    written = json.loads((run / "run" / "eval" / "step-6.json").read_text())
+    assert written["rtt"] == report["rtt"]
+    text = format_report(report)
+    assert "matrix factorization" in text and "Vivaldi" in text and f"{n_q:,} RTT queries" in text
+
+
+def test_eval_answers_equal_brute_force(run):
+    report, detail = evaluate(EvalConfig(run_dir=str(run / "run"), max_queries=40, seed=1),
+                              progress=False)
+    q = detail.queries
+    assert 40 <= len(q) < 40 + 30 and report["queries"] == len(q)  # whole contexts to 40
+    pred = P.load(run / "run")
+    checked = 0
+    for i in np.flatnonzero(~q.failed)[:5]:
+        ctx = np.flatnonzero((q.row == q.row[i]) & (q.segment == q.segment[i]) & (q.index <= q.index[i]))
+        ms = [P.Measurement(int(q.family[j]), int(q.src_hi[j]), int(q.src_lo[j]), int(q.dst_hi[j]),
+                            int(q.dst_lo[j]), int(q.time[j]), int(q.rtt_code[j])) for j in ctx]
+        tokens, choice, rtt = P.encode_context(ms)
+        p_fail, codes = brute_force(pred, tokens, choice[-1], rtt[-1])
+        assert detail.model.quantile_code[i].tolist() == codes
+        assert detail.p_failed["model"][i] == pytest.approx(p_fail, rel=1e-4)
+        assert detail.rtt_ms["model"][i] == P.code_ms(codes[1])
+        checked += 1
+    assert checked == 5
+
+
+def test_eval_and_predict_cli(run, tmp_path):
+    r = CliRunner().invoke(main, ["eval", str(run / "run"), "--max-queries", "30", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["queries"] >= 30
+
+    r = CliRunner().invoke(main, ["predict", str(run / "run"), "--src", "192.0.2.7", "--dst",
+                                  "193.0.14.129", "--time", "2026-01-01T12:00:00Z", "--json"])
+    assert r.exit_code == 0, r.output
+    one = json.loads(r.stdout)
+    assert set(one) >= {"rtt_ms", "p10_ms", "p90_ms", "p_failed", "history_used"}
+    assert one["p10_ms"] <= one["rtt_ms"] <= one["p90_ms"] and 0 <= one["p_failed"] <= 1
+
+    hist = tmp_path / "h.parquet"
+    pq.write_table(pa.table({"event_time": [1767268800, 1767268860], "src_addr": ["192.0.2.7"] * 2,
+                             "dst_addr": ["193.0.14.129"] * 2, "ip_version": [4, 4],
+                             "rtt": [20.0, -1.0]}), hist)
+    queries = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"src_addr": ["192.0.2.7", "192.0.2.8"],
+                             "dst_addr": ["193.0.14.129", "193.0.14.129"],
+                             "event_time": [1767272400, None]}), queries)
+    out = tmp_path / "a.parquet"
+    r = CliRunner().invoke(main, ["predict", str(run / "run"), "--queries", str(queries),
+                                  "--history", str(hist), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    got = pq.read_table(out).to_pylist()
+    assert [(g["src_addr"], g["history_used"]) for g in got] == [("192.0.2.7", 2), ("192.0.2.8", 0)]
+    # the file's first query is the single query with that history
+    r = CliRunner().invoke(main, ["predict", str(run / "run"), "--src", "192.0.2.7", "--dst",
+                                  "193.0.14.129", "--time", "1767272400", "--history", str(hist),
+                                  "--json"])
+    single = json.loads(r.stdout)
+    assert {k: single[k] for k in P_KEYS} == {k: got[0][k] for k in P_KEYS}
+
+
+P_KEYS = ("rtt_ms", "p10_ms", "p90_ms", "p_failed", "history_used")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["eval", "no/such/run"], "no such run folder"),
+    (["predict", "no/such/run", "--src", "1.2.3.4", "--dst", "5.6.7.8"], "no such run folder"),
+    (["predict", "RUN", "--src", "1.2.3.999", "--dst", "5.6.7.8"], "give IPv4 or IPv6 addresses"),
+    (["predict", "RUN", "--src", "1.2.3.4"], "give --src and --dst"),
+    (["predict", "RUN", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--history", "BADHIST"],
+     "rtt"),
+    (["predict", "RUN", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--time", "yesterday"],
+     "not an ISO-8601 time"),
+])
+def test_bad_input_is_one_line_and_exit_2(run, tmp_path, args, message):
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"event_time": [1], "src_addr": ["1.2.3.4"], "dst_addr": ["5.6.7.8"],
+                             "ip_version": [4]}), bad)  # no rtt column
+    args = [str(run / "run") if a == "RUN" else str(bad) if a == "BADHIST" else a for a in args]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
