@@ -136,7 +136,9 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     baselines (global median; per-pair last-seen, EMA, median; Vivaldi; matrix
     factorization) fit on the train split. Writes RUN_DIR/eval/step-<N>.json.
 
-    Example: train eval runs/tiny-20261123-101500 --max-queries 5000 --plot eval.png
+    \b
+    Example:
+      train eval runs/tiny-20261123-101500 --max-queries 5000 --plot eval.png
     """
     import json
 
@@ -170,6 +172,7 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
 def predict(run_dir, src, dst, when, history, queries, out, step, as_json):
     """RTT median, p10, p90 and P(failed) of pings, from the model of RUN_DIR.
 
+    \b
     Examples:
       train predict runs/x --src 192.0.2.7 --dst 193.0.14.129 --time 2026-01-02T12:00:00Z
       train predict runs/x --queries q.parquet --history h.parquet --out answers.parquet

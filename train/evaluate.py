@@ -343,6 +343,10 @@ def format_report(r: dict) -> str:
     for name, m in r["rtt"].items():
         lines.append(f"{LABELS.get(name, name):<22}" + "".join(
             f"{fmt(m['by_history'][b]['median_rel'], '9.3f')}" for b in buckets))
+    if r.get("non_canonical_mass_mean") is not None:
+        lines += ["", f"model: {100 * r['non_canonical_mass_mean']:.1f} % of its first-RTT-byte "
+                  "mass (mean) is on codes the tokenizer never writes; quantiles are over the "
+                  "others (train/predictor.py)"]
     t = r["timing"]
     lines += ["", f"{t['queries_per_s']:,.0f} queries/s on {t['device']}; baselines fit and "
               f"predicted in {t['baselines_s']:.1f} s; {t['elapsed_s']:.1f} s in all; "
