@@ -273,7 +273,9 @@ class Predictor:
 
     def _fit_row(self, hist: list[Measurement], q: Measurement):
         """The query after as much of its history (the most recent) as fits one row."""
-        for start in range(len(hist) + 1):
+        # no measurement is shorter than 12 tokens: older ones than this cannot fit
+        first = max(0, len(hist) - self.row_len // 12)
+        for start in range(first, len(hist) + 1):
             tokens, choice, rtt = encode_context(hist[start:] + [q])
             if len(tokens) <= self.row_len:
                 return tokens, choice[-1], rtt[-1], len(hist) - start

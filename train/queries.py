@@ -44,7 +44,8 @@ def as_context(m: Measurements, idx) -> list[P.Measurement]:
     out = []
     for i in np.asarray(idx, np.int64).tolist():
         ms = float(m.rtt[i])
-        code = -1 if ms < 0 else (lambda e_m: (e_m[0] << 11) | e_m[1])(rtt_code(ms))
+        exponent, mantissa = rtt_code(max(ms, 0.0))
+        code = -1 if ms < 0 else (exponent << 11) | mantissa
         out.append(P.Measurement(int(m.family[i]), int(m.src_hi[i]), int(m.src_lo[i]),
                                  int(m.dst_hi[i]), int(m.dst_lo[i]), int(m.time[i]), code))
     return sorted(out, key=lambda x: x.time)
