@@ -1,15 +1,22 @@
 # Two commands on a fresh machine: `make shards`, then `make test`.
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# CUDA=12|13|none; by default 12 or 13 (the driver's CUDA version, from nvidia-smi) when
+# `nvidia-smi -L` lists a GPU, else none (a CPU-only jax)
+CUDA ?= $(shell if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then \
+          v=$$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -1); \
+          if [ "$${v:-12}" -ge 13 ]; then echo 13; else echo 12; fi; else echo none; fi)
+comma := ,
+EXTRAS := dev,plots$(if $(filter 12 13,$(CUDA)),$(comma)cuda$(CUDA))
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 ROWS ?= 3000000
 PROBES ?= 3000
 DAYS ?= 2
 SEED ?= 0
 WORKERS ?= 2
 
-.PHONY: setup shards test bench bench-gpu clean
+.PHONY: setup shards test bench bench-gpu gpu-check clean
 
 setup: $(STAMP)
 
@@ -17,7 +24,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,plots]'
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 data/raw/.done: | $(STAMP)
@@ -35,6 +42,11 @@ bench: setup
 
 bench-gpu: setup
 	$(BIN)/python -m bench.gpu
+
+# On a GPU machine: device and versions, the GPU tests, the base-config benchmark on packed
+# shards of the built-in data; bench/results/gpu-<device>.json. On a CPU: says what it skips.
+gpu-check: setup
+	$(BIN)/python -m bench.gpu_check
 
 clean:
 	rm -rf data shards runs

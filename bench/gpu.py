@@ -53,7 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn"])
     args = p.parse_args(argv)
 
-    gpu = jax.devices()[0].platform == "gpu"
+    from prep.errors import InputError
+    from train.device import check_backend
+
+    try:
+        gpu = check_backend("auto") == "gpu"  # a GPU jax cannot use is an error, not the CPU
+    except InputError as e:
+        print(f"[bench-gpu] error: {e}", file=sys.stderr)
+        return 2
     n = jax.device_count()
     if gpu:
         settings = dict(model="base", steps=args.steps or 300, batch_size=args.batch_size or 64 * n,

@@ -112,11 +112,29 @@ def _random_qkv(B=2, T=256, N=4, H=64, dtype=jnp.bfloat16):
     return q, k, v, g, jnp.asarray(segs)
 
 
+def _rows(case: str, B=2, T=256, max_segments=8) -> np.ndarray:
+    """Segment ids of B rows: one segment, two (and padding), the most the tables hold,
+    and rows of padding only beside a real one."""
+    segs = np.zeros((B, T), np.int32)
+    if case == "one":
+        segs[:, :] = 1
+    elif case == "two":
+        segs[:, :150], segs[:, 150:250] = 1, 2  # 6 tokens of padding
+    elif case == "max":
+        segs[:, :] = np.repeat(np.arange(1, max_segments + 1), T // max_segments)
+    elif case == "padding_only":
+        segs[0, :100] = 1  # row 1 is all padding
+    return segs
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not attention.cudnn_available(),
-                    reason="needs an NVIDIA Hopper+ GPU with cuDNN >= 9.6 and the pinned JAX")
-def test_cudnn_packed_equals_xla():
+                    reason="needs an NVIDIA Hopper+ GPU where the cuDNN packed attention compiles")
+@pytest.mark.parametrize("case", ["one", "two", "max", "padding_only", "mixed"])
+def test_cudnn_packed_equals_xla(case):
     q, k, v, g, segs = _random_qkv()
+    if case != "mixed":
+        segs = jnp.asarray(_rows(case))
     real = (segs > 0)[:, :, None, None]
 
     def run(fn):
@@ -126,12 +144,13 @@ def test_cudnn_packed_equals_xla():
     cudnn = jax.jit(lambda: run(lambda *a: attention.cudnn_attention(*a, max_segments=8)))()
     xla = jax.jit(lambda: run(attention.xla_attention))()
     for a, b in zip(cudnn, xla):  # JAX's own tolerances for its packed-layout test
+        assert np.isfinite(np.float32(a)).all()
         np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not attention.cudnn_available(),
-                    reason="needs an NVIDIA Hopper+ GPU with cuDNN >= 9.6 and the pinned JAX")
+                    reason="needs an NVIDIA Hopper+ GPU where the cuDNN packed attention compiles")
 def test_cudnn_model_logits_equal_xla(params):
     tokens, segs = packed_row()
     cfg = dataclasses.replace(CFG, seq_len=32)
