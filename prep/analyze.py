@@ -146,11 +146,13 @@ def from_parquet(paths: list[str], cfg: AnalyzeConfig) -> Contexts:
 
 
 def from_shards(shards_dir: str) -> Contexts:
-    """Stored segments as the lengths; each row's (real tokens, segments) for the packer."""
+    """Stored segments as the lengths; each row's (real tokens, segments) for the packer.
+    Each shard is held to the manifest first, sha256 included (prep.inspect_rows.iter_rows):
+    a shard of another build or a damaged one is InputError naming it."""
     from prep.inspect_rows import iter_rows
 
     lengths, per_row = [], []
-    for row in iter_rows(shards_dir):
+    for row in iter_rows(shards_dir, sha256=True):  # every row is read: check every digest
         c = np.bincount(row["segment_ids"])[1:]
         c = c[c > 0]
         lengths.append(c)

@@ -49,23 +49,27 @@ def parse_range(text: str | None) -> tuple[int, int | None]:
 
 
 def iter_rows(shards_dir: str | Path, *, split: str | None = None, start: int = 0,
-              stop: int | None = None) -> Iterator[dict]:
-    """Rows [start, stop) of each chosen split, reading only the shards they lie in."""
+              stop: int | None = None, sha256: bool = False) -> Iterator[dict]:
+    """Rows [start, stop) of each chosen split, reading only the shards they lie in.
+
+    Each shard read is first held to its manifest entry (prep.manifest.check_shard: there,
+    its size if listed, its record count; its sha256 too with ``sha256``, for callers that
+    read every row anyway); a difference is InputError naming the shard."""
     d = Path(shards_dir)
     m = mf.load_manifest(d)
-    for s in [split] if split else SPLITS:
+    for s in [split] if split else [x for x in SPLITS if x in m["splits"]]:
         first = 0  # the split's row number of the shard's first record
-        for entry in m["splits"][s]["shards"]:
+        for entry in mf.split_entries(m, d, s):
             n = entry["records"]
             lo, hi = max(start, first), min(first + n, stop if stop is not None else first + n)
             if lo < hi:
-                path = d / entry["path"]
+                path = mf.check_shard(d, entry, sha256=sha256)
                 try:
                     reader = ArrayRecordReader(str(path))
                     records = reader.read(lo - first, hi - first)
                     reader.close()
                 except Exception as e:  # array_record raises plain RuntimeError on damage
-                    raise InputError(f"{path}: unreadable ({str(e).splitlines()[0]}); "
+                    raise InputError(f"{path}: unreadable ({mf.first_line(e)}); "
                                      "run `prep verify`, then `prep shards` to rebuild") from None
                 for i, rec in enumerate(records, lo - first):
                     where = f"{path}#{i}"

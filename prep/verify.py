@@ -10,8 +10,10 @@ Checks, each failure one line naming the file (and record) at fault:
    (accepted - measurements_excluded_by_split) × epochs; only ``time+probe`` excludes);
    the segments-per-row histogram covers every row; padding = rows × row_len - tokens.
    The config's split rule is known and a time split has an int cutoff ``test_from``.
-3. The folder holds the listed shards and no other shard files.
-4. Per shard (in parallel): sha256 and record count as listed; every record is a row of
+3. The folder holds the listed shards and no other shard files; every listed path lies
+   inside the folder (prep.manifest.shard_path: else exit 2, nothing is opened).
+4. Per shard (in parallel): size (where listed), sha256 and record count as listed; a
+   damaged or truncated file is one line; every record is a row of
    this format and row_len (the header's magic, version and row_len, as prep.rows.decode_row
    checks them, and its segment count); segment ids run 1, 2, … with padding only at the
    end, every segment opens with MEASUREMENT_START, padding is token 0; every segment is
@@ -32,7 +34,6 @@ so a decoded row does not say which probe measured.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 from prep import grammar, rows
 from prep import manifest as mf
 from prep.decode import DecodeError, decode_context
+from prep.errors import InputError
 from prep.splits import SPLIT_RULES, TIME_RULES, format_time
 
 SPLITS = ("train", "test")
@@ -50,8 +52,14 @@ _MAX_PER_SHARD = 5  # problems reported per shard before "…and more"
 def verify_dir(shards_dir: str | Path, *, workers: int = 1) -> list[str]:
     """Every problem found, one line each; empty when the folder is a sound dataset."""
     d = Path(shards_dir)
-    m = mf.load_manifest(d)
-    problems = check_counts(m)
+    m = mf.load_manifest(d)  # also: every shard path inside d, row_len an int, splits listed
+    try:
+        problems = check_counts(m)
+    except KeyError as e:
+        problems = [f"{mf.MANIFEST_NAME}: no field {e}; re-run `prep shards` to rebuild it"]
+    except (TypeError, ValueError, AttributeError) as e:
+        problems = [f"{mf.MANIFEST_NAME}: a malformed field ({mf.first_line(e)}); re-run "
+                    "`prep shards` to rebuild it"]
     entries = [e for s in SPLITS for e in m.get("splits", {}).get(s, {}).get("shards", [])]
     listed = {e["path"] for e in entries}
     for split in SPLITS:
@@ -133,23 +141,25 @@ def check_shard(task: tuple[str, dict, int, int | None]) -> list[str]:
     the shard's split.
     """
     shards_dir, entry, row_len, cutoff = task
-    path = Path(shards_dir) / entry["path"]
+    path = mf.shard_path(shards_dir, entry["path"])  # inside the folder (load_manifest checked)
     if not path.is_file():
         return [f"{path}: missing (listed in the manifest)"]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
     out = []
-    if h.hexdigest() != entry["sha256"]:
-        out.append(f"{path}: sha256 {h.hexdigest()[:16]}… differs from the manifest's "
+    if "size" in entry and path.stat().st_size != entry["size"]:
+        out.append(f"{path}: {path.stat().st_size:,} bytes, the manifest lists {entry['size']:,}")
+    digest = mf.file_sha256(path)
+    if digest != entry["sha256"]:
+        out.append(f"{path}: sha256 {digest[:16]}… differs from the manifest's "
                    f"{entry['sha256'][:16]}…")
     try:
+        mf.record_count(path)  # a truncated file opens "fine" with 0 records: ask its status
         reader = ArrayRecordReader(str(path))
         records = reader.read_all()
         reader.close()
+    except InputError as e:
+        return out + [str(e)]
     except Exception as e:  # array_record raises plain RuntimeError/ValueError on damage
-        return out + [f"{path}: not a readable ArrayRecord file ({str(e).splitlines()[0]})"]
+        return out + [f"{path}: not a readable ArrayRecord file ({mf.first_line(e)})"]
     if len(records) != entry["records"]:
         out.append(f"{path}: {len(records):,} records, the manifest lists {entry['records']:,}")
 
@@ -182,7 +192,7 @@ def check_shard(task: tuple[str, dict, int, int | None]) -> list[str]:
             return out + [f"{path}: …and possibly more problems"]
     for what, got in (("measurements", n_meas), ("tokens", n_tok), ("segments", n_seg)):
         got = int(got[sound].sum())
-        if got != entry[what]:
+        if what in entry and got != entry[what]:
             out.append(f"{path}: {got:,} {what} decoded, the manifest lists {entry[what]:,}")
     if cutoff is not None and sound.any():
         out.extend(_time_problems(tok[sound], seg[sound], idx[sound], entry["split"], cutoff,

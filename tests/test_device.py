@@ -58,3 +58,16 @@ def test_make_setup_without_a_gpu_and_overrides(tmp_path):
     assert "pip install -q -e '.[dev,plots,cuda12]'" in run("CUDA=12")
     fake_nvidia_smi(tmp_path)
     assert "pip install -q -e '.[dev,plots]'" in run("CUDA=none")
+
+
+def test_train_with_a_visible_gpu_and_cpu_jax_is_one_line(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from train.cli import main
+
+    monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path)}:{os.environ['PATH']}")
+    r = CliRunner().invoke(main, ["--data", str(tmp_path / "none"), "--steps", "1"])
+    assert r.exit_code == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: nvidia-smi lists 1 GPU(s)"), lines
+    assert "pip install -e '.[cuda13]'" in lines[0]

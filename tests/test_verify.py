@@ -151,3 +151,33 @@ def test_a_duplicated_block_is_refused_though_decode_context_takes_it(dataset, t
     assert problems[0].startswith(f"{shard}#0 segment ")
     assert problems[0].endswith(": a measurement holds the same block twice")
     assert any("measurements decoded, the manifest lists" in p for p in problems)
+
+
+def test_half_truncated_and_empty_shards_are_problem_lines(dataset, tmp_path):
+    d = copy_of(dataset, tmp_path)
+    half = d / "train" / "shard-b00000-e0.array_record"
+    half.write_bytes(half.read_bytes()[:half.stat().st_size // 2])
+    empty = d / "test" / "shard-b00001-e0.array_record"
+    empty.write_bytes(b"")
+    r = CliRunner().invoke(main, ["verify", str(d)])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert r.stdout.splitlines() == [
+        f"{half}: sha256 {mf.file_sha256(half)[:16]}… differs from the manifest's "
+        f"{mf.load_manifest(dataset)['splits']['train']['shards'][0]['sha256'][:16]}…",
+        f"{half}: not a readable ArrayRecord file (damaged or truncated)",
+        f"{empty}: sha256 {mf.file_sha256(empty)[:16]}… differs from the manifest's "
+        f"{mf.load_manifest(dataset)['splits']['test']['shards'][1]['sha256'][:16]}…",
+        f"{empty}: not a readable ArrayRecord file (ArrayRecord file should be at least 64KB big)"]
+    assert r.stderr.splitlines()[-1] == f"{d}: 4 problems; re-run `prep shards` to rebuild it"
+
+
+def test_a_shard_path_outside_the_folder_is_not_opened(dataset, tmp_path):
+    d = copy_of(dataset, tmp_path)
+    m = json.loads((d / mf.MANIFEST_NAME).read_text())
+    m["splits"]["train"]["shards"][0]["path"] = "../../../../etc/passwd"
+    (d / mf.MANIFEST_NAME).write_text(json.dumps(m))
+    r = CliRunner().invoke(main, ["verify", str(d)])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr == (f"error: {d / mf.MANIFEST_NAME}: shard path '../../../../etc/passwd' "
+                        f"leads outside {d}; a manifest names only files in its own folder: "
+                        "re-run `prep shards` to rebuild the dataset\n")

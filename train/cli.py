@@ -13,7 +13,10 @@ Usage:
 `train` with no subcommand trains (`train fit` is the same command).
 
 Log lines and the closing summary go to stdout, setup notes to stderr; a bad dataset is
-one line on stderr and exit status 2. Ctrl-C saves a checkpoint and exits with 130.
+one line on stderr and exit status 2. Ctrl-C saves a checkpoint and exits with 130,
+SIGTERM the same with 143. `--resume` takes the run's settings from its config.json
+(flags given must agree with the run's, see train.config.RUN_BINDING) and its dataset
+(`--data` defaults to the run's own, and must hold the same shards).
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ RUNS = Path("runs")
 
 
 def _newest_run() -> Path | None:
-    runs = [p for p in RUNS.glob("*") if (p / "checkpoints").is_dir()]
+    from train.checkpoint import step_dirs
+
+    runs = [p for p in RUNS.glob("*") if step_dirs(p / "checkpoints")]
     return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
 
 
@@ -59,8 +64,9 @@ def main():
 
 @main.command(epilog="Also: `train eval RUN_DIR` (the model against RTT baselines) and "
               "`train predict RUN_DIR --src A --dst B` (RTT and P(failed) of one ping).")
-@click.option("--data", type=click.Path(), default="shards", show_default=True,
-              help="A shards folder written by `prep shards`.")
+@click.option("--data", type=click.Path(), default=None,
+              help="A shards folder written by `prep shards` [default: shards; with --resume, "
+                   "the run's own].")
 @click.option("--run-dir", type=click.Path(), default=None,
               help="Checkpoints and metrics.jsonl [default: runs/<model>-<time>].")
 @click.option("--resume", is_flag=True, help="Continue the run in --run-dir (or the newest).")
@@ -82,24 +88,44 @@ def main():
               default=None, help="Compute dtype; parameters stay float32.")
 @click.option("--workers", "num_workers", type=int, default=None,
               help="Grain mp_prefetch worker processes (0: read in this process).")
+@click.option("--check-data", "data_check", type=click.Choice(["auto", "counts", "sha256"]),
+              default=None, help="How the shards are held to the manifest at start: record "
+              "counts and sizes, or also every sha256 [default: auto = sha256 up to 2 GiB].")
 @click.option("--distributed", is_flag=True,
               help="Call jax.distributed.initialize() first (multi-host).")
-def fit(data, run_dir, resume, distributed, **flags):
+@click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto",
+              show_default=True, help="auto: the GPU when jax has one (an NVIDIA GPU that jax "
+              "cannot use is an error naming the install); cpu: the CPU on purpose.")
+def fit(data, run_dir, resume, distributed, device, **flags):
     """Train on the packed rows of --data (`train --data shards/`; see README: train)."""
+    from train.device import check_backend
+
+    check_backend(device)  # before anything asks jax for devices
     import jax  # after click parsed the flags: --help stays fast
 
     from train.config import TrainConfig, defaults_for
-    from train.loop import train
+    from train.loop import load_run, train
 
     if distributed:
         jax.distributed.initialize()
-    platform = jax.devices()[0].platform
-    settings = defaults_for(platform, jax.device_count())
-    settings.update({k: v for k, v in flags.items() if v is not None})
-    if run_dir is None and resume:
-        run_dir = _newest_run()
+    given = {k: v for k, v in flags.items() if v is not None}
+    if resume:  # the run's own settings and data, unless given (train() refuses conflicts)
         if run_dir is None:
-            _fail(f"--resume: no run with checkpoints under {RUNS}/; pass --run-dir")
+            run_dir = _newest_run()
+            if run_dir is None:
+                _fail(f"--resume: no run with checkpoints under {RUNS}/; pass --run-dir")
+        saved = load_run(run_dir)["train"]
+        fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"data", "run_dir", "resume"}
+        settings = {k: v for k, v in saved.items() if k in fields}
+        if data is None:
+            data = saved.get("data", "shards")
+            if not Path(data).is_dir():
+                _fail(f"--resume: the run's dataset {data} (its config.json) is not there "
+                      f"from {Path.cwd()}; pass --data where it is now")
+    else:
+        settings = defaults_for(jax.devices()[0].platform, jax.device_count())
+        data = data if data is not None else "shards"
+    settings.update(given)
     if run_dir is None:
         run_dir = RUNS / f"{settings['model']}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = TrainConfig(data=data, run_dir=str(run_dir), resume=resume, **settings)
@@ -113,7 +139,7 @@ def fit(data, run_dir, resume, distributed, **flags):
     print(f"{'interrupted' if s['interrupted'] else 'done'}: step {s['step']:,} | loss {loss} | "
           f"eval loss {ev} | {tps} | mfu {mfu} | checkpoint and metrics.jsonl in {s['run_dir']}")
     if s["interrupted"]:
-        sys.exit(130)
+        sys.exit(s["exit_code"])  # 130 after SIGINT (Ctrl-C), 143 after SIGTERM
 
 
 @main.command("eval")

@@ -53,6 +53,28 @@ class TrainConfig:
     ckpt_every: int = 500  # steps between checkpoints (also saved at the end and on Ctrl-C)
     num_workers: int = 0  # Grain mp_prefetch worker processes (0 = read in this process)
     resume: bool = False
+    # shards held to the manifest at start: "counts" (size if listed, record count),
+    # "sha256" (and every file's digest) or "auto" (sha256 up to train.reader.HASH_LIMIT_BYTES)
+    data_check: str = "auto"
+
+
+# What a resumed run keeps from its config.json: these shape the model, the data order or
+# the optimizer, so a resume may not change them (the dataset itself is held to the run's
+# data_fingerprint). The rest (steps, log/eval/checkpoint intervals, eval rows, workers,
+# attention kernel, data check) may change on resume.
+RUN_BINDING = ("model", "batch_size", "lr", "min_lr_ratio", "warmup", "weight_decay", "b1",
+               "b2", "grad_clip", "seed", "compute_dtype")
+# the `train` flag of each setting, for messages
+FLAGS = {"data": "--data", "model": "--model", "steps": "--steps", "batch_size": "--batch-size",
+         "lr": "--lr", "warmup": "--warmup", "seed": "--seed", "compute_dtype": "--dtype",
+         "log_every": "--log-every", "eval_every": "--eval-every", "eval_rows": "--eval-rows",
+         "ckpt_every": "--ckpt-every", "attention": "--attention", "num_workers": "--workers",
+         "data_check": "--check-data"}
+
+
+def flag(field: str) -> str:
+    """The flag of a TrainConfig field (fields without one are named as in config.json)."""
+    return FLAGS.get(field, f"{field} (config.json)")
 
 
 def model_config(name: str, *, seq_len: int) -> ModelConfig:

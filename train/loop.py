@@ -12,14 +12,23 @@ step (compilation) is left out of the timings. The same numbers go to
 ``RUN_DIR/metrics.jsonl``, one JSON object per line, with ``eval_loss`` records every
 ``eval_every`` steps.
 
-The first Ctrl-C finishes the current step, saves a checkpoint (state + data iterator)
-and returns; a second one aborts at once.
+The first Ctrl-C (SIGINT) or SIGTERM (what a scheduler sends) finishes the current step,
+saves a checkpoint (state + data iterator) and returns; a second one aborts at once.
+
+A run is bound to its folder's config.json: ``resume`` takes the newest intact checkpoint
+(skipping damaged ones, named on stderr, and moving them to ``checkpoints-damaged/``) and
+refuses settings that differ from the run's (config.RUN_BINDING) or a dataset whose shard
+digests differ from the run's ``data_fingerprint``. Everything that can refuse a start
+(dataset, shards, settings, batch size) is checked before the run folder is made; a start
+that fails before its first step leaves no folder it made behind.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 import signal
 import sys
 import threading
@@ -33,30 +42,33 @@ import numpy as np
 from prep.errors import InputError
 from train import attention, model, reader
 from train import step as step_lib
-from train.checkpoint import Checkpointer
-from train.config import TrainConfig, model_config
+from train.checkpoint import Checkpointer, step_dirs
+from train.config import RUN_BINDING, TrainConfig, flag, model_config
 
 
 class GracefulStop:
-    """SIGINT sets ``requested`` (the loop saves and leaves); a second SIGINT aborts."""
+    """SIGINT or SIGTERM sets ``requested`` and ``signum`` (the loop saves and leaves); a
+    second one aborts."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __enter__(self):
-        self.requested = False
-        self._prev = None
+        self.requested, self.signum = False, None
+        self._prev = {}
         if threading.current_thread() is threading.main_thread():
-            self._prev = signal.signal(signal.SIGINT, self._handle)
+            self._prev = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         return self
 
-    def _handle(self, *_):
+    def _handle(self, signum, _frame):
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
-        print("stopping after this step and saving a checkpoint (Ctrl-C again to abort)",
-              file=sys.stderr, flush=True)
+        self.requested, self.signum = True, signum
+        print(f"{signal.Signals(signum).name}: stopping after this step and saving a checkpoint "
+              "(again to abort)", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
-        if self._prev is not None:
-            signal.signal(signal.SIGINT, self._prev)
+        for s, prev in self._prev.items():
+            signal.signal(s, prev)
 
 
 class Meter:
@@ -110,7 +122,7 @@ class EvalSample:
         from prep import rowdecode
         from prep.rows import RowFormatError
 
-        tok, seg = reader.read_split(cfg.data, manifest, "test")
+        tok, seg = reader.read_split(cfg.data, manifest, "test", sha256=False)  # checked at start
         pick = np.random.default_rng([cfg.seed, 0xE7A1]).permutation(len(tok))[:cfg.eval_rows]
         tok, seg = tok[np.sort(pick)], seg[np.sort(pick)]
         try:
@@ -153,14 +165,72 @@ def _pad(a: np.ndarray, n: int) -> np.ndarray:
     return a if len(a) == n else np.concatenate([a, np.zeros((n - len(a),) + a.shape[1:], a.dtype)])
 
 
-def _check_run_dir(run_dir: Path, record: dict, resume: bool) -> None:
-    saved = run_dir / "config.json"
-    if resume and saved.is_file():
-        old = json.loads(saved.read_text())
-        if old.get("model") != record["model"]:
-            raise InputError(f"{saved}: the run has another model ({old.get('model')}); resume "
-                             "with the same --model and data, or start a new --run-dir")
-    saved.write_text(json.dumps(record, indent=2) + "\n")
+def load_run(run_dir: str | os.PathLike) -> dict:
+    """The config.json record of a run that ``resume`` can continue; InputError (one line)
+    if the folder is missing, has no checkpoint, or no readable config.json."""
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise InputError(f"{d}: no such run folder; start the run without --resume")
+    if not step_dirs(d / "checkpoints"):
+        raise InputError(f"{d}: no checkpoint to resume (the run never saved one); start it "
+                         "again without --resume")
+    try:
+        record = json.loads((d / "config.json").read_text())
+        if not isinstance(record.get("train"), dict):
+            raise ValueError("no 'train' settings")
+    except (OSError, ValueError, AttributeError) as e:
+        raise InputError(f"{d / 'config.json'}: missing or unreadable ({e}), so the run's "
+                         "settings are unknown; start a new --run-dir") from None
+    return record
+
+
+def check_resume(saved: dict, cfg: TrainConfig, fingerprint: str) -> list[str]:
+    """InputError (one line) if ``cfg`` differs from the run's recorded settings in one
+    that binds it (config.RUN_BINDING) or reads another dataset (by shard digests); notes
+    on the settings that may change (stderr) otherwise."""
+    old, run = saved["train"], cfg.run_dir
+    for k in RUN_BINDING:
+        if k in old and old[k] != getattr(cfg, k):
+            raise InputError(f"{flag(k)} {getattr(cfg, k)}: the run in {run} has {old[k]} "
+                             f"(its config.json); drop {flag(k)} to resume with the run's own, "
+                             "or start a new --run-dir")
+    had = saved.get("data_fingerprint")
+    if had is not None and had != fingerprint:
+        if os.path.abspath(old.get("data", "")) == os.path.abspath(cfg.data):
+            raise InputError(f"{cfg.data}: its shards changed since the run in {run} started "
+                             f"(fingerprint {fingerprint}, the run's {had}); resume with the "
+                             "dataset it trained on, or start a new --run-dir")
+        raise InputError(f"--data {cfg.data}: not the dataset the run in {run} trained on "
+                         f"({old.get('data')}: fingerprint {had}, this one {fingerprint}); "
+                         "drop --data to resume on the run's own, or start a new --run-dir")
+    notes = []
+    if old.get("steps") not in (None, cfg.steps):
+        notes.append(f"{flag('steps')} {cfg.steps} (the run had {old['steps']}): the learning-"
+                     f"rate schedule now spans {cfg.steps} steps")
+    return notes
+
+
+def _write_json(path: Path, obj) -> None:
+    """Whole or not at all (temp file + rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _trim_metrics(path: Path, step: int) -> None:
+    """Drop records after ``step`` (a resume from an earlier checkpoint redoes those steps)."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                keep.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line of a killed run
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    os.replace(tmp, path)
 
 
 def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
@@ -168,7 +238,17 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
 
     ``devices``: the mesh (default: all); ``on_step(step)`` runs after each step (tests).
     """
+    run_dir = Path(cfg.run_dir)
+    saved = load_run(run_dir) if cfg.resume else None
+    if not cfg.resume and step_dirs(run_dir / "checkpoints"):
+        raise InputError(f"{run_dir} already holds a run at step "
+                         f"{max(step_dirs(run_dir / 'checkpoints'))}; pass --resume to "
+                         "continue it, or choose another --run-dir")
     manifest = reader.open_shards(cfg.data)
+    fingerprint = reader.dataset_fingerprint(manifest)
+    notes = check_resume(saved, cfg, fingerprint) if saved is not None else []
+    reader.check_data(cfg.data, manifest, ["train"] + (["test"] if cfg.eval_every else []),
+                      check=cfg.data_check)
     mcfg = model_config(cfg.model, seq_len=manifest["row_len"])
     impl = attention.resolve(cfg.attention)
     # max_segments sizes cuDNN's per-row segment tables; the JAX wrapper treats a table
@@ -180,25 +260,57 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
     if cfg.batch_size % mesh.size:
         raise InputError(f"--batch-size {cfg.batch_size} does not split over {mesh.size} "
                          f"devices; use a multiple of {mesh.size}")
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     state = step_lib.init_state(mcfg, step_lib.make_optimizer(cfg), cfg.seed, rep)
-    ckpt = Checkpointer(run_dir / "checkpoints")
     it = iter(reader.to_device(reader.batches(
         cfg.data, "train", batch_size=cfg.batch_size // jax.process_count(), seed=cfg.seed,
         num_workers=cfg.num_workers, manifest=manifest), rows))
-    start = ckpt.latest_step() or 0
-    if start and not cfg.resume:
-        raise InputError(f"{run_dir} already holds a run at step {start}; pass --resume to "
-                         "continue it, or choose another --run-dir")
-    if start:
-        state, data_state = ckpt.restore(start, state)
-        it.set_state(data_state)
-        print(f"resumed {run_dir} at step {start}", file=sys.stderr)
-    _check_run_dir(run_dir, {"train": dataclasses.asdict(cfg), "model": dataclasses.asdict(mcfg),
-                             "data_fingerprint": reader.dataset_fingerprint(manifest),
-                             "attention": impl, "devices": [str(d) for d in mesh.devices.flat],
-                             "jax": jax.__version__}, cfg.resume)
+    ckpt = metrics_file = None
+    created = not run_dir.exists()
+    start = 0
+    try:
+        eval_sample = EvalSample(cfg, manifest, rows) if cfg.eval_every else None
+        # the run starts here: nothing above wrote anything
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt = Checkpointer(run_dir / "checkpoints")
+        if saved is not None:
+            start, state, data_state = ckpt.restore_intact(state)
+            if ckpt.skipped:
+                moved = ckpt.set_aside([s for s, _ in ckpt.skipped], run_dir / "checkpoints-damaged")
+                print(f"moved the damaged checkpoints to {', '.join(map(str, moved))}",
+                      file=sys.stderr)
+            it.set_state(data_state)
+            _trim_metrics(run_dir / "metrics.jsonl", start)
+            print(f"resumed {run_dir} at step {start}", file=sys.stderr)
+            for n in notes:
+                print(f"note: {n}", file=sys.stderr)
+        _write_json(run_dir / "config.json", {
+            "train": dataclasses.asdict(cfg), "model": dataclasses.asdict(mcfg),
+            "data_fingerprint": fingerprint, "attention": impl,
+            "devices": [str(d) for d in mesh.devices.flat], "jax": jax.__version__})
+        metrics_file = open(run_dir / "metrics.jsonl", "a" if saved is not None else "w")
+        return _run(cfg, mcfg, impl, fwd, mesh, state, it, ckpt, metrics_file, eval_sample,
+                    start, on_step)
+    finally:
+        it.close()
+        if ckpt is not None:
+            ckpt.close()
+        if metrics_file is not None:
+            metrics_file.close()
+        if created and _never_started(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)  # a start that made no step
+
+
+def _never_started(run_dir: Path) -> bool:
+    """No checkpoint and no metrics: nothing a resume could take or a person would want."""
+    metrics = run_dir / "metrics.jsonl"
+    return run_dir.is_dir() and not step_dirs(run_dir / "checkpoints") and \
+        (not metrics.is_file() or metrics.stat().st_size == 0)
+
+
+def _run(cfg: TrainConfig, mcfg, impl: str, fwd: dict, mesh, state: dict, it,
+         ckpt: Checkpointer, metrics_file, eval_sample, start: int, on_step) -> dict:
+    """The loop proper: steps ``start``..``cfg.steps``, logs, evals, checkpoints; a signal
+    (GracefulStop) ends it after the current step with a checkpoint."""
     train_step, eval_step = step_lib.compile_steps(mesh, mcfg, cfg, fwd)
     n_matmul = step_lib.matmul_params(state["params"])
     peak = step_lib.peak_flops()
@@ -208,9 +320,7 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
           f"{impl} | {mesh.size} x {mesh.devices.flat[0].device_kind} | batch {cfg.batch_size} "
           f"| {cfg.compute_dtype}", file=sys.stderr)
 
-    eval_sample = EvalSample(cfg, manifest, rows) if cfg.eval_every else None
     meter, step, last, eval_loss = Meter(), start, {}, None
-    metrics_file = open(run_dir / "metrics.jsonl", "a")
 
     def write(rec):
         metrics_file.write(json.dumps(rec) + "\n")
@@ -224,55 +334,53 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
         write(rec)
         return rec
 
-    saved = False
-    try:
-        with GracefulStop() as stop:
-            while step < cfg.steps and not stop.requested:
-                t0 = time.perf_counter()
-                batch = next(it)
-                wait = time.perf_counter() - t0
-                state, metrics = train_step(state, batch)
-                step += 1
-                meter.add(metrics, wait, timed=step > start + 1)
-                if step == start + 1:  # compilation: start the clock after it
-                    jax.block_until_ready(metrics["loss"])
-                    meter.t0 = time.perf_counter()
-                interval = False
-                if step % cfg.log_every == 0 or step == cfg.steps:
-                    last = log_line()
-                    interval = True
-                if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-                    ev = eval_sample(state["params"], eval_step)
-                    if ev is not None:
-                        eval_loss = ev["eval_loss"]
-                        roles = " | ".join(f"{k} {v:.3f}" for k, v in
-                                           ev.get("eval_loss_by_role", {}).items())
-                        print(f"step {step} | eval loss {eval_loss:.4f} on {ev['eval_rows']:,} "
-                              f"test rows" + (f" | {roles}" if roles else ""), flush=True)
-                        write({"step": step, **ev})
-                    interval = True
-                if cfg.ckpt_every and step % cfg.ckpt_every == 0:
-                    ckpt.save(step, state, it.get_state())
-                    interval = True
-                if interval:  # keep eval and checkpoint time out of the next timings
-                    meter.reset()
-                if on_step is not None:
-                    on_step(step)
-            interrupted = stop.requested
+    with GracefulStop() as stop:
+        while step < cfg.steps and not stop.requested:
+            t0 = time.perf_counter()
+            batch = next(it)
+            wait = time.perf_counter() - t0
+            state, metrics = train_step(state, batch)
+            step += 1
+            meter.add(metrics, wait, timed=step > start + 1)
+            if step == start + 1:  # compilation: start the clock after it
+                jax.block_until_ready(metrics["loss"])
+                meter.t0 = time.perf_counter()
+            interval = False
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                last = log_line()
+                interval = True
+            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                ev = eval_sample(state["params"], eval_step)
+                if ev is not None:
+                    eval_loss = ev["eval_loss"]
+                    roles = " | ".join(f"{k} {v:.3f}" for k, v in
+                                       ev.get("eval_loss_by_role", {}).items())
+                    print(f"step {step} | eval loss {eval_loss:.4f} on {ev['eval_rows']:,} "
+                          f"test rows" + (f" | {roles}" if roles else ""), flush=True)
+                    write({"step": step, **ev})
+                interval = True
+            if cfg.ckpt_every and step % cfg.ckpt_every == 0:
+                ckpt.save(step, state, it.get_state())
+                interval = True
+            if interval:  # keep eval and checkpoint time out of the next timings
+                meter.reset()
+            if on_step is not None:
+                on_step(step)
+        # a signal from here on aborts (second signal): the checkpoint below is the exit
         if meter.pending:  # stopped between log lines: log the steps since the last one
             last = log_line()
         if step > start:
             ckpt.save(step, state, it.get_state())
-        saved = True
-    finally:
-        it.close()
-        ckpt.close()
-        metrics_file.close()
+        ckpt.manager.wait_until_finished()
+        signum = stop.signum
     t = meter.totals
-    summary = {"step": step, "loss": last.get("loss"), "eval_loss": eval_loss,
-               "interrupted": interrupted and saved, "run_dir": str(run_dir),
-               "tokens_per_s": t["tokens"] / t["time"] if t["time"] else None,
-               "data_wait": t["wait"] / t["time"] if t["time"] else None,
-               "mfu": t["flops"] / t["time"] / (peak * mesh.size) if t["time"] and peak else None,
-               "params": model.count_params(state["params"]), "attention": impl}
-    return summary
+    return {"step": step, "loss": last.get("loss"), "eval_loss": eval_loss,
+            "interrupted": signum is not None,
+            "signal": signal.Signals(signum).name if signum is not None else None,
+            "exit_code": 128 + signum if signum is not None else 0,
+            "run_dir": str(cfg.run_dir),
+            "tokens_per_s": t["tokens"] / t["time"] if t["time"] else None,
+            "data_wait": t["wait"] / t["time"] if t["time"] else None,
+            "mfu": t["flops"] / t["time"] / (peak * mesh.size) if t["time"] and peak else None,
+            "params": model.count_params(state["params"]), "attention": impl}
+

@@ -378,7 +378,7 @@ def load(run_dir: str | Path, *, step: int | None = None, batch_size: int | None
         steps = ckpt.manager.all_steps()
         if not steps:
             raise InputError(f"{run_dir}: no checkpoint yet; train longer or resume the run")
-        step = max(steps) if step is None else step
+        step = ckpt.newest_intact_step() if step is None else step
         if step not in steps:
             raise InputError(f"{run_dir}: no checkpoint at step {step}; there are "
                              f"{', '.join(map(str, sorted(steps)))}")

@@ -42,10 +42,37 @@ def open_shards(shards_dir: str | os.PathLike) -> dict:
     return manifest_lib.load_manifest(shards_dir)
 
 
+# shards totalling at most this many bytes are hashed at the start of `train` (check="auto")
+HASH_LIMIT_BYTES = 2 << 30
+
+
+def check_data(shards_dir: str | os.PathLike, manifest: dict, splits, *,
+               check: str = "auto") -> bool:
+    """Hold the shards of ``splits`` to the manifest; InputError naming the first that
+    differs. ``check``: "counts" (present, size if listed, record count: a stat and the
+    footer per shard), "sha256" (that and every file's digest: reads them all), "auto"
+    (sha256 when they total at most HASH_LIMIT_BYTES, else counts). True if hashed."""
+    if check not in ("auto", "counts", "sha256"):
+        raise InputError(f"--check-data {check}: one of auto, counts, sha256")
+    entries = [e for s in splits for e in manifest_lib.split_entries(manifest, shards_dir, s)]
+    if check == "auto":
+        total = 0
+        for e in entries:
+            p = manifest_lib.shard_path(shards_dir, e["path"])
+            total += p.stat().st_size if p.is_file() else 0
+        check = "sha256" if total <= HASH_LIMIT_BYTES else "counts"
+    manifest_lib.check_shards(manifest, shards_dir, splits, sha256=check == "sha256",
+                              workers=min(4, os.cpu_count() or 1))
+    return check == "sha256"
+
+
 def max_segments(manifest: dict) -> int:
     """Most segments in any row (from the manifest's histogram), at least 1."""
     hist = manifest.get("segments_per_row") or {}
     return max([int(k) for k, v in hist.items() if v] or [rows_lib.MAX_SEGMENTS])
+
+
+_FIX = "run `prep verify` on the dataset to see what is wrong, `prep shards` to rebuild it"
 
 
 class SerialArrayRecordSource(ArrayRecordDataSource):
@@ -54,7 +81,7 @@ class SerialArrayRecordSource(ArrayRecordDataSource):
     The stock ``__getitems__`` starts a thread pool on every call, which at ~1,000 batches
     a second costs more than the reads (bench/bench_reader.py). Here each shard's records
     of a batch are one ``ArrayRecordReader.read(positions)`` call, in C++. It relies on
-    the base class's reader bookkeeping of array_record==0.8.6 (pinned in pyproject.toml).
+    the base class's reader bookkeeping of array_record 0.8.x (bounded in pyproject.toml).
     """
 
     def __getitems__(self, record_keys):
@@ -78,7 +105,13 @@ class RowReader:
     def __init__(self, paths: list[Path], row_len: int):
         self.paths = [str(p) for p in paths]
         self.row_len = row_len
-        self.source = SerialArrayRecordSource(self.paths)
+        try:
+            self.source = SerialArrayRecordSource(self.paths)
+        except Exception as e:  # array_record raises plain RuntimeError on damage
+            for p in self.paths:  # name the file (the check at open usually did already)
+                manifest_lib.record_count(p)
+            raise InputError(f"{self.paths[0] if len(self.paths) == 1 else 'one of the shards'}"
+                             f": unreadable ({manifest_lib.first_line(e)}); {_FIX}") from None
         header = rows_lib._HEADER.pack(rows_lib.MAGIC, rows_lib.ROW_FORMAT_VERSION, row_len, 0)
         self._prefix = np.frombuffer(header[:8], np.uint8)  # magic, version, row_len
 
@@ -86,7 +119,25 @@ class RowReader:
         return len(self.source)
 
     def __call__(self, keys: np.ndarray) -> dict[str, np.ndarray]:
-        return self.decode(self.source.__getitems__(keys), keys)
+        try:
+            records = self.source.__getitems__(keys)
+        except Exception as e:  # a damaged chunk: array_record's RuntimeError, no file name
+            self._raise_unreadable(keys, e)
+        return self.decode(records, keys)
+
+    def _raise_unreadable(self, keys, error: Exception):
+        """InputError naming the shard and record that cannot be read."""
+        bounds = np.cumsum([0] + [len(ArrayRecordDataSource([p])) for p in self.paths])
+        for key in np.asarray(keys).tolist():
+            shard = int(np.searchsorted(bounds, key, side="right")) - 1
+            where = f"{self.paths[shard]}#{int(key) - bounds[shard]}"
+            try:
+                ArrayRecordDataSource([self.paths[shard]])[int(key) - int(bounds[shard])]
+            except Exception as e:
+                raise InputError(f"{where}: unreadable record ({manifest_lib.first_line(e)}); "
+                                 f"{_FIX}") from None
+        raise InputError(f"{', '.join(self.paths)}: a batch failed to read "
+                         f"({manifest_lib.first_line(error)}); {_FIX}") from None
 
     def decode(self, records, keys) -> dict[str, np.ndarray]:
         L, size = self.row_len, rows_lib.record_size(self.row_len)
@@ -122,7 +173,7 @@ def batches(shards_dir: str | os.PathLike, split: str, *, batch_size: int, seed:
     ``train``: shuffle globally and repeat forever; otherwise read once in file order.
     """
     manifest = manifest or open_shards(shards_dir)
-    paths = manifest_lib.shard_paths(manifest, shards_dir, split)
+    paths = manifest_lib.check_shards(manifest, shards_dir, [split])  # counts: cheap
     reader = RowReader(paths, manifest["row_len"])
     ds = key_batches(len(reader), batch_size=batch_size, seed=seed, train=train,
                      process_index=process_index, process_count=process_count).map(reader)
@@ -195,19 +246,26 @@ def dataset_fingerprint(manifest: dict) -> str:
     return hashlib.sha256("\n".join(shas).encode()).hexdigest()[:16]
 
 
-def read_split(shards_dir, manifest: dict, split: str, *, epoch: int = 0):
+def read_split(shards_dir, manifest: dict, split: str, *, epoch: int = 0,
+               sha256: bool = True):
     """(tokens uint16[R, L], segment_ids uint8[R, L]) of a split's shards of one epoch, all
-    in memory (evaluation: the test split, or the train split for the baselines)."""
+    in memory (evaluation: the test split, or the train split for the baselines). Each
+    shard is held to its manifest entry first (prep.manifest.check_shard), its sha256 too
+    unless ``sha256`` is False: the whole file is read anyway."""
     L = manifest["row_len"]
     size = rows_lib.record_size(L)
     toks, segs = [], []
-    for e in manifest["splits"][split]["shards"]:
+    for e in manifest_lib.split_entries(manifest, shards_dir, split):
         if e.get("epoch", 0) != epoch:
             continue
-        path = Path(shards_dir) / e["path"]
-        reader = ArrayRecordReader(str(path))
-        records = reader.read_all()
-        reader.close()
+        path = manifest_lib.check_shard(shards_dir, e, sha256=sha256)
+        try:
+            reader = ArrayRecordReader(str(path))
+            records = reader.read_all()
+            reader.close()
+        except Exception as err:  # array_record raises plain RuntimeError on damage
+            raise InputError(f"{path}: unreadable ({manifest_lib.first_line(err)}); "
+                             f"{_FIX}") from None
         if any(len(r) != size for r in records):
             bad = next(i for i, r in enumerate(records) if len(r) != size)
             rows_lib.decode_row(records[bad], where=f"{path}#{bad}")  # raises, naming it

@@ -1,0 +1,410 @@
+"""Faults a run must survive or refuse in one line: shards that are not what the manifest
+promises, resumes that would change the run, SIGTERM, damaged files and checkpoints.
+
+Every CLI case asserts the exit code, the one `error:` line (no traceback) and what is on
+disk afterwards. Runs are tiny (tests/test_train.py's `small()`), each a second or two.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from prep import manifest as mf
+from prep.cli import main as prep_main
+from prep.errors import InputError
+from train import reader, synthetic
+from train.checkpoint import Checkpointer
+from train.cli import main as train_main
+from train.config import TrainConfig
+from train.loop import train
+
+REPO = Path(__file__).resolve().parent.parent
+ROW_LEN = 64
+
+
+def step_dirs(d: Path) -> list[int]:
+    """Checkpoint steps on disk (step folders, intact or not)."""
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+
+
+def write_dataset(d: Path, seed: int = 0) -> Path:
+    """64 train rows in shards of 24, 24 and 16 records; 8 test rows."""
+    synthetic.write_shards(d, {"train": synthetic.counting_rows(64, ROW_LEN, seed=seed),
+                               "test": synthetic.counting_rows(8, ROW_LEN, seed=seed + 1)},
+                           rows_per_shard=24)
+    return d
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("safety") / "shards")
+
+
+@pytest.fixture
+def copy(shards, tmp_path):
+    return Path(shutil.copytree(shards, tmp_path / "data"))
+
+
+def small(data, run_dir, **kw):
+    base = dict(data=str(data), run_dir=str(run_dir), steps=20, batch_size=4, lr=3e-3,
+                warmup=3, log_every=1, eval_every=0, ckpt_every=0)
+    return TrainConfig(**{**base, **kw})
+
+
+FLAGS = ["--model", "tiny", "--steps", "20", "--batch-size", "4", "--lr", "3e-3",
+         "--warmup", "3", "--log-every", "5", "--eval-every", "0", "--ckpt-every", "0"]
+
+
+def one_error_line(result, *needles) -> str:
+    """The run failed with exit 2 and exactly one `error:` line, the last on stderr."""
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    assert "Traceback" not in result.output
+    lines = [x for x in result.stderr.splitlines() if x.strip()]
+    errors = [x for x in lines if x.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr
+    for n in needles:
+        assert n in errors[0], (n, errors[0])
+    return errors[0]
+
+
+def fit(args):
+    return CliRunner().invoke(train_main, [str(a) for a in args])
+
+
+def prep(args):
+    return CliRunner().invoke(prep_main, [str(a) for a in args])
+
+
+def shard(d: Path, i: int, split="train") -> Path:
+    return d / split / f"synthetic-{i:05d}.array_record"
+
+
+def edit_manifest(d: Path, change) -> None:
+    m = json.loads((d / mf.MANIFEST_NAME).read_text())
+    change(m)
+    (d / mf.MANIFEST_NAME).write_text(json.dumps(m))
+
+
+def records(run):
+    return [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_params(run):
+    ck = Checkpointer(Path(run) / "checkpoints")
+    state, data = ck.restore(ck.latest_step())
+    ck.close()
+    return state["params"], data
+
+
+def stop_at(step, sig=signal.SIGINT):
+    return lambda s: s == step and os.kill(os.getpid(), sig)
+
+
+# --- 4. a manifest names only its own files, and they must be what it promises ----------
+
+@pytest.mark.parametrize("bad", ["../../../../etc/passwd", "/etc/passwd", "symlink"])
+def test_shard_paths_must_stay_inside_the_dataset(copy, tmp_path, bad):
+    if bad == "symlink":  # a shard replaced by a link to a file outside the folder
+        outside = tmp_path / "elsewhere.array_record"
+        shutil.move(shard(copy, 0), outside)
+        shard(copy, 0).symlink_to(outside)
+        rel = "train/synthetic-00000.array_record"
+    else:
+        rel = bad
+        edit_manifest(copy, lambda m: m["splits"]["train"]["shards"][0].update(path=bad))
+    with pytest.raises(InputError, match="leads outside"):
+        mf.load_manifest(copy)
+    run = tmp_path / "run"
+    for result in (fit(["--data", copy, "--run-dir", run, *FLAGS]),
+                   prep(["verify", copy]), prep(["inspect", copy, "--rows", "0:1"]),
+                   prep(["analyze-padding", copy])):
+        one_error_line(result, f"shard path {rel!r} leads outside {copy}", "prep shards")
+    assert not run.exists()
+
+
+def test_shards_that_differ_from_the_manifest_are_refused_at_open(copy, shards, tmp_path):
+    run = tmp_path / "run"
+    # two shards of 24 and 16 records swapped
+    a, c = shard(copy, 0), shard(copy, 2)
+    tmp = copy / "x"
+    a.rename(tmp), c.rename(a), tmp.rename(c)
+    want = f"{a}: 16 records, manifest.json lists 24; run `prep verify"
+    one_error_line(fit(["--data", copy, "--run-dir", run, *FLAGS]), want, "prep shards")
+    one_error_line(prep(["inspect", copy, "--rows", "0:1"]), want)
+    one_error_line(prep(["analyze-padding", copy]), want)
+    with pytest.raises(InputError, match="16 records, manifest.json lists 24"):
+        reader.read_split(copy, mf.load_manifest(copy), "train")  # `train eval`'s reader
+    assert not run.exists()
+
+    # a shard of the same size from another build: only its digest tells
+    other = write_dataset(tmp_path / "other", seed=5)
+    shutil.rmtree(copy)
+    shutil.copytree(shards, copy)
+    shutil.copy(shard(other, 1), shard(copy, 1))
+    want = f"{shard(copy, 1)}: sha256 "
+    one_error_line(fit(["--data", copy, "--run-dir", run, *FLAGS]), want, "prep verify")
+    one_error_line(prep(["analyze-padding", copy]), want)
+    with pytest.raises(InputError, match="sha256 .* differs"):
+        reader.read_split(copy, mf.load_manifest(copy), "train")
+    assert not run.exists()
+
+    # a size recorded in the manifest is held to as well
+    shutil.copy(shard(shards, 1), shard(copy, 1))
+    edit_manifest(copy, lambda m: m["splits"]["train"]["shards"][2].update(size=12345))
+    one_error_line(fit(["--data", copy, "--run-dir", run, *FLAGS]),
+                   f"{shard(copy, 2)}: {shard(copy, 2).stat().st_size:,} bytes, "
+                   "manifest.json lists 12,345")
+    assert not run.exists()
+
+
+# --- 5. a resume is bound to its run ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def stopped_run(shards, tmp_path_factory):
+    """A run stopped (SIGINT) at step 15 with checkpoints at 5, 10 and 15."""
+    run = tmp_path_factory.mktemp("stopped") / "run"
+    s = train(small(shards, run, ckpt_every=5), on_step=stop_at(15))
+    assert s["interrupted"] and s["step"] == 15
+    assert step_dirs(run / "checkpoints") == [5, 10, 15]
+    return run
+
+
+@pytest.fixture(scope="module")
+def straight_run(shards, tmp_path_factory):
+    run = tmp_path_factory.mktemp("straight") / "run"
+    train(small(shards, run, ckpt_every=5))
+    return run
+
+
+@pytest.fixture
+def run(stopped_run, tmp_path):
+    return Path(shutil.copytree(stopped_run, tmp_path / "run"))
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--batch-size", "8"], "--batch-size 8: the run in {run} has 4"),
+    (["--seed", "1"], "--seed 1: the run in {run} has 0"),
+    (["--lr", "0.01"], "--lr 0.01: the run in {run} has 0.003"),
+    (["--model", "base"], "--model base: the run in {run} has tiny"),
+    (["--dtype", "bfloat16"], "--dtype bfloat16: the run in {run} has float32"),
+    (["--data", "OTHER"], "--data OTHER: not the dataset the run in {run} trained on"),
+])
+def test_resume_refuses_a_flag_that_differs_from_the_run(shards, run, tmp_path, flags, needle):
+    other = write_dataset(tmp_path / "other", seed=7)
+    flags = [str(other) if f == "OTHER" else f for f in flags]
+    if "--data" not in flags:
+        flags = ["--data", shards, *flags]  # the run's own
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    r = fit(["--run-dir", run, "--resume", *flags])
+    one_error_line(r, needle.format(run=run).replace("OTHER", str(other)), "--run-dir")
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert after == before  # config.json, metrics and checkpoints untouched
+
+
+def test_resume_takes_the_runs_own_settings_and_data(run, tmp_path, monkeypatch, straight_run):
+    monkeypatch.chdir(tmp_path)  # no ./shards here: --data must come from the run
+    saved = json.loads((run / "config.json").read_text())
+    r = fit(["--run-dir", run, "--resume", "--ckpt-every", "10"])  # this one may change
+    assert r.exit_code == 0, r.output
+    assert f"resumed {run} at step 15" in r.stderr and "done: step 20" in r.stdout
+    now = json.loads((run / "config.json").read_text())
+    assert now["train"] == {**saved["train"], "ckpt_every": 10, "run_dir": str(run),
+                            "resume": True}
+    assert now["data_fingerprint"] == saved["data_fingerprint"]
+    assert step_dirs(run / "checkpoints") == [10, 15, 20]
+    # and it is the same run: the losses and parameters of an uninterrupted one
+    assert [x["loss"] for x in records(run)] == [x["loss"] for x in records(straight_run)]
+    pa, da = final_params(run)
+    pb, db = final_params(straight_run)
+    assert da == db
+    for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_resume_refuses_a_dataset_that_changed_under_the_run(shards, tmp_path):
+    data = Path(shutil.copytree(shards, tmp_path / "data"))
+    run = tmp_path / "run"
+    assert train(small(data, run), on_step=stop_at(3))["step"] == 3
+    config = (run / "config.json").read_bytes()
+    shutil.rmtree(data)
+    write_dataset(data, seed=3)  # rebuilt in place with other rows
+    one_error_line(fit(["--run-dir", run, "--resume"]),
+                   f"{data}: its shards changed since the run in {run} started")
+    assert (run / "config.json").read_bytes() == config
+    assert step_dirs(run / "checkpoints") == [3]
+
+
+def test_a_failed_start_leaves_no_run_and_resume_needs_a_checkpoint(shards, tmp_path):
+    run = tmp_path / "run"
+    one_error_line(fit(["--data", shards, "--run-dir", run, *FLAGS[:4], "--batch-size", "100"]),
+                   "64 rows make no batch of 100")
+    assert not run.exists()
+    one_error_line(fit(["--data", tmp_path / "nope", "--run-dir", run, *FLAGS]), "prep shards")
+    assert not run.exists()
+    one_error_line(fit(["--run-dir", run, "--resume"]), f"{run}: no such run folder")
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"train": {}}))
+    (run / "checkpoints").mkdir()
+    one_error_line(fit(["--run-dir", run, "--resume"]), f"{run}: no checkpoint to resume")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
+
+
+# --- 10. SIGTERM is Ctrl-C: finish the step, save, exit 143 ------------------------------
+
+class Unhandled(Exception):
+    pass
+
+
+def _unhandled(*_):
+    raise Unhandled("SIGTERM reached the default handler: the process would die unsaved")
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143(shards, tmp_path, monkeypatch):
+    import train.loop as loop
+
+    real = loop.train
+    monkeypatch.setattr(loop, "train", lambda cfg: real(cfg, on_step=stop_at(6, signal.SIGTERM)))
+    prev = signal.signal(signal.SIGTERM, _unhandled)  # stands in for "killed" (keeps pytest alive)
+    try:
+        run = tmp_path / "run"
+        r = fit(["--data", shards, "--run-dir", run, *FLAGS])
+        assert signal.getsignal(signal.SIGTERM) is _unhandled  # the handler is given back
+    finally:
+        signal.signal(signal.SIGTERM, prev)
+    assert not isinstance(r.exception, Unhandled)
+    assert r.exit_code == 143, r.output
+    assert "SIGTERM: stopping after this step" in r.stderr
+    assert "interrupted: step 6" in r.stdout
+    assert step_dirs(run / "checkpoints") == [6]
+    assert [x["step"] for x in records(run)] == [5, 6]
+
+
+def test_sigterm_from_outside_to_the_train_command(shards, tmp_path):
+    run = tmp_path / "run"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "train.cli", "--data", str(shards), "--run-dir", str(run),
+         "--model", "tiny", "--steps", "100000", "--batch-size", "4", "--log-every", "1",
+         "--eval-every", "0", "--ckpt-every", "0"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if (run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text():
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-2000:]
+    steps = step_dirs(run / "checkpoints")
+    assert len(steps) == 1 and "interrupted: step" in out
+    assert records(run)[-1]["step"] == steps[0]
+
+
+# --- 11. damaged shards and manifests: one line, not a traceback -------------------------
+# (`prep verify` on a half-truncated shard: tests/test_verify.py)
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "empty", "corrupted-record"])
+def test_train_names_a_damaged_shard(copy, tmp_path, damage):
+    s = shard(copy, 1)
+    data = s.read_bytes()
+    if damage == "missing":
+        s.unlink()
+        want = f"{s}: missing (listed in manifest.json)"
+    elif damage == "truncated":
+        s.write_bytes(data[:len(data) // 2])
+        want = f"{s}: not a readable ArrayRecord file"
+    elif damage == "empty":
+        s.write_bytes(b"")
+        want = f"{s}: not a readable ArrayRecord file"
+    else:  # one chunk's bytes flipped: record count intact, the digest and the read fail
+        b = bytearray(data)
+        b[300] ^= 0xFF
+        s.write_bytes(bytes(b))
+        want = f"{s}: sha256 "
+    run = tmp_path / "run"
+    one_error_line(fit(["--data", copy, "--run-dir", run, *FLAGS]), want, "prep verify")
+    assert not run.exists()
+    if damage == "corrupted-record":  # without the digest check, the read names it
+        r = fit(["--data", copy, "--run-dir", run, *FLAGS, "--check-data", "counts"])
+        one_error_line(r, f"{s}#", "unreadable record", "prep verify")
+        assert not step_dirs(run / "checkpoints")
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda m: m.pop("splits"), "no 'splits'"),
+    (lambda m: m.update(row_len="64"), "row_len is '64', not a positive int"),
+    (lambda m: m["splits"]["train"]["shards"][0].pop("records"), "'records' is None"),
+])
+def test_a_malformed_manifest_is_one_line(copy, tmp_path, change, needle):
+    edit_manifest(copy, change)
+    run = tmp_path / "run"
+    one_error_line(fit(["--data", copy, "--run-dir", run, *FLAGS]), needle, "prep shards")
+    one_error_line(prep(["verify", copy]), needle)
+    one_error_line(prep(["inspect", copy]), needle)
+    assert not run.exists()
+
+
+# --- 12. a damaged newest checkpoint: fall back to the newest intact one ----------------
+
+def _truncate_state(p: Path):
+    for f in (p / "state").rglob("*"):
+        if f.is_file() and f.parent.name == "d":
+            f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+
+
+DAMAGE = {
+    "no-state": (lambda p: shutil.rmtree(p / "state"), "no state/"),
+    "no-data": (lambda p: shutil.rmtree(p / "data"), "no data/"),
+    "empty": (lambda p: (shutil.rmtree(p), p.mkdir()), "an empty folder"),
+    "bad-json": (lambda p: (p / "data" / "metadata").write_text("{bad"), "JSONDecodeError"),
+    "truncated": (_truncate_state, "skipping checkpoint 15"),
+}
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_resume_falls_back_to_the_newest_intact_checkpoint(run, straight_run, kind):
+    damage, why = DAMAGE[kind]
+    damage(run / "checkpoints" / "15")
+    r = fit(["--run-dir", run, "--resume"])
+    assert r.exit_code == 0, r.output
+    assert f"skipping checkpoint 15 in {run / 'checkpoints'}: " in r.stderr and why in r.stderr
+    assert f"resumed {run} at step 10" in r.stderr and "done: step 20" in r.stdout
+    assert step_dirs(run / "checkpoints") == [10, 15, 20]  # 15 written again
+    assert step_dirs(run / "checkpoints-damaged") == [15]  # the damaged one kept aside
+    assert [x["step"] for x in records(run)] == list(range(1, 21))  # 11-15 not twice
+    if kind == "no-state":  # it is the uninterrupted run, bit for bit
+        pa, da = final_params(run)
+        pb, db = final_params(straight_run)
+        assert da == db
+        for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_no_intact_checkpoint_is_one_line_and_predict_falls_back(run):
+    from train import predictor
+
+    shutil.rmtree(run / "checkpoints" / "15" / "state")
+    model = predictor.load(run)  # `train eval` / `train predict` load through this
+    assert model.step == 10
+    with pytest.raises(InputError, match="15: damaged checkpoint \\(no state/\\)"):
+        predictor.load(run, step=15)
+    for s in (5, 10):
+        shutil.rmtree(run / "checkpoints" / str(s) / "data")
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    one_error_line(fit(["--run-dir", run, "--resume"]),
+                   "no intact checkpoint (15: no state/; 10: no data/; 5: no data/)",
+                   "start a new --run-dir")
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
