@@ -10,7 +10,9 @@ useful (kept, non-padding) tokens per row:
   the sum of its contexts' lengths.
 - ``grain-first-fit-B`` / ``grain-best-fit-B``: Grain's own online packers
   (FirstFitPackIterDataset / BestFitPackIterDataset, B bins) run for real on the lengths;
-  being Python, they run on a seeded sample (order kept) and rows are scaled to the whole.
+  being Python (~0.45 ms a context), they run on a seeded sample (order kept) when the
+  input has more than ``grain_sample`` contexts, and the rows are scaled to the whole but
+  never below the lower bound; the note says so (``--grain-sample 0``: all of them).
 - ``packer`` / ``packer-capK``: our offline packer (prep.packing), on the measurement-level
   arrays, so it may split contexts; ``capK`` with at most K segments per row. On a shards
   folder ``packer`` is what the shards hold (rows read back; equals the manifest).
@@ -38,7 +40,7 @@ class AnalyzeConfig:
     crop: int = 1024  # row length / crop, tokens
     batch_size: int = 64  # rows per step, for the steps column
     grain_bins: tuple[int, ...] = (4, 32, 256)  # num_packing_bins tried for Grain's packers
-    grain_sample: int = 2_000  # contexts given to each Grain packer (they run in Python)
+    grain_sample: int = 2_000  # contexts given to each Grain packer (Python); 0 = all
     max_segments: int = 16  # the capped packer variant
     seed: int = 0  # tokenizer seed for parquet input; also picks the Grain sample
 
@@ -77,6 +79,12 @@ def grain_rows(lengths: np.ndarray, *, crop: int, best_fit: bool, bins: int) -> 
     return np.array([int(ex["t_segment_ids"].max()) for ex in packed], np.int64)
 
 
+def scaled_rows(sample_rows: int, sample: int, total: int, lower_bound: int) -> int:
+    """Rows for ``total`` contexts from a packer's rows on ``sample`` of them, never fewer
+    than the lower bound (a lucky sample must not look better than possible)."""
+    return max(round(sample_rows * total / sample), lower_bound) if sample else lower_bound
+
+
 def strategies(ctx: Contexts, cfg: AnalyzeConfig) -> list[dict]:
     crop, batch = cfg.crop, cfg.batch_size
     n = len(ctx.lengths)
@@ -91,15 +99,17 @@ def strategies(ctx: Contexts, cfg: AnalyzeConfig) -> list[dict]:
                           np.ones(len(hist)), crop, batch))
     if n:
         rng = np.random.default_rng(cfg.seed)
-        pick = np.sort(rng.choice(n, min(n, cfg.grain_sample), replace=False))
+        size = n if not cfg.grain_sample else min(n, cfg.grain_sample)
+        pick = np.sort(rng.choice(n, size, replace=False))
         sample = kept[pick]
-        note = "" if len(pick) == n else f"sample of {len(pick):,}, rows scaled"
+        lower = -(-int(kept.sum()) // crop)
+        note = "" if len(pick) == n else \
+            f"estimated: {len(pick):,} of {n:,} contexts, rows scaled (>= lower bound)"
         for best in (False, True):
             for b in cfg.grain_bins:
                 segs = grain_rows(sample, crop=crop, best_fit=best, bins=b)
-                scale = n / len(pick)
                 out.append(_entry(f"grain-{'best' if best else 'first'}-fit-{b}",
-                                  round(len(segs) * scale), sample.sum() * scale,
+                                  scaled_rows(len(segs), len(pick), n, lower), kept.sum(),
                                   tokens - kept.sum(), segs, crop, batch, note))
     if ctx.shard_rows is not None:
         real, segs = ctx.shard_rows[:, 0], ctx.shard_rows[:, 1]
@@ -142,7 +152,7 @@ def from_parquet(paths: list[str], cfg: AnalyzeConfig) -> Contexts:
     _, probe = np.unique(plan.sorted.probe[plan.ctx_start], return_inverse=True)
     return Contexts(plan.ctx_len.astype(np.int64), probe.astype(np.int64),
                     (plan.ctx_start, plan.ctx_end, plan.cost, plan.has_ts, plan.abs_extra),
-                    source=f"parquet ({len(m):,} measurements)")
+                    source=f"{', '.join(map(str, paths))} (parquet, {len(m):,} measurements)")
 
 
 def from_shards(shards_dir: str) -> Contexts:
@@ -187,32 +197,57 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(r: dict, path: str) -> None:
-    """Length distribution and padding per strategy, one PNG."""
+GROUPS = (  # (name prefix, legend label, colour)
+    ("packer", "ours: offline packer (prep/packing.py)", "tab:green"),
+    ("grain-", "Grain online packers (first/best fit, bins)", "tab:blue"),
+    ("pad-to-crop", "ping-llm: one context per row, padded", "tab:gray"),
+    ("probe-window", "ping-llm: one window per probe history", "darkgray"),
+)
+
+
+def plot(r: dict, path: str, *, title: str | None = None) -> None:
+    """Context lengths and padding per strategy (log scale, so 0.1 % and 5 % both read),
+    the lower bound as a reference line; titled with the data set and N."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
     except ImportError:
         from prep.errors import InputError
         raise InputError("--plot needs matplotlib: pip install 'ping-pack[plots]'") from None
-    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5.6), gridspec_kw={"width_ratios": [1, 1.3]})
     h = r["length_histogram"]
-    a.bar(h["edges"][:-1], h["counts"], width=HIST_BIN, align="edge", label="contexts")
-    a.axvline(r["crop"], color="red", linestyle="--", label=f"crop {r['crop']}")
+    a.bar(h["edges"][:-1], h["counts"], width=HIST_BIN, align="edge", color="tab:blue",
+          label="contexts")
+    a.axvline(r["crop"], color="red", linestyle="--", label=f"row length {r['crop']}")
     a.set(xlabel="context length (tokens)", ylabel="contexts (log scale)", yscale="log",
           title="Context lengths")
-    a.legend()
-    names = [s["name"] for s in r["strategies"]]
-    pad = [100 * s["padding_fraction"] for s in r["strategies"]]
-    b.barh(names, pad, color=["tab:green" if n.startswith("packer") else "tab:gray"
-                              for n in names], label="padding")
-    for y, v in enumerate(pad):
-        b.text(v, y, f" {v:.2f}%", va="center", fontsize=8)
-    b.set(xlabel="padding (% of row tokens)", title="Padding per strategy")
+    a.legend(fontsize=8)
+
+    rows = [s for s in r["strategies"] if s["name"] != "lower-bound"]
+    lower = next(s for s in r["strategies"] if s["name"] == "lower-bound")
+    colour = lambda n: next((c for p, _, c in GROUPS if n.startswith(p)), "black")
+    pad = [max(100 * s["padding_fraction"], 1e-3) for s in rows]
+    b.barh([s["name"] for s in rows], pad, color=[colour(s["name"]) for s in rows])
+    for y, (s, v) in enumerate(zip(rows, pad)):
+        est = " (est.)" if s["note"].startswith("estimated") else ""
+        b.text(v * 1.08, y, f"{100 * s['padding_fraction']:.2f} %{est}", va="center", fontsize=8)
+    lb = max(100 * lower["padding_fraction"], 1e-3)
+    b.axvline(lb, color="black", linestyle=":", lw=1)
+    b.set_xscale("log")
+    b.set_xlim(min(pad + [lb]) / 2, max(pad) * 4)
+    b.set(xlabel="padding, % of row tokens (log scale)", title="Padding per strategy")
     b.invert_yaxis()
-    b.legend(loc="lower right")
+    present = {p for p, _, _ in GROUPS if any(s["name"].startswith(p) for s in rows)}
+    handles = [Patch(color=c, label=l) for p, l, c in GROUPS if p in present]
+    handles.append(plt.Line2D([], [], color="black", linestyle=":",
+                              label=f"lower bound ({lower['rows']:,} rows: {lb:.3f} %)"))
+    b.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13),
+             ncol=2, frameon=False)
+    fig.suptitle(title or f"{r['source']}: N = {r['contexts']:,} contexts, {r['tokens']:,} "
+                 f"tokens, rows of {r['crop']}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=150)
     plt.close(fig)

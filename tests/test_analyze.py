@@ -45,7 +45,14 @@ def test_grain_sample_is_scaled_and_said():
     cfg = analyze.AnalyzeConfig(grain_bins=(2,), grain_sample=3)
     g = [s for s in analyze.strategies(analyze.Contexts(np.full(12, 600)), cfg)
          if s["name"] == "grain-first-fit-2"][0]
-    assert (g["rows"], g["note"]) == (12, "sample of 3, rows scaled")
+    assert (g["rows"], g["note"]) == (
+        12, "estimated: 3 of 12 contexts, rows scaled (>= lower bound)")
+
+
+def test_a_scaled_sample_never_beats_the_lower_bound():
+    assert analyze.scaled_rows(129, 2_000, 2_000, 131) == 131  # the 129-against-131 case
+    assert analyze.scaled_rows(3, 3, 12, 8) == 12
+    assert analyze.scaled_rows(0, 0, 0, 0) == 0
 
 
 @pytest.fixture(scope="module")
