@@ -60,8 +60,15 @@ def stable_key(text: str) -> int:
 
 
 def addr_words(text: str) -> tuple[int, int, int]:
-    """(family, hi, lo) of an address text; raises ValueError when it is not an address."""
+    """(family, hi, lo) of an address text; raises ValueError when it is not an address.
+
+    An IPv6 zone id (``fe80::1%eth0``) is refused: it names an interface of the measuring
+    host, means nothing anywhere else, and two words cannot carry it, so keeping the address
+    without it would silently merge different links' ``fe80::1``.
+    """
     a = ipaddress.ip_address(text)
+    if getattr(a, "scope_id", None):
+        raise ValueError(f"{text!r} has an IPv6 zone id (%{a.scope_id}); give the address without it")
     v = int(a)
     return a.version, v >> 64, v & 0xFFFF_FFFF_FFFF_FFFF
 

@@ -3,20 +3,24 @@
 Columns (DESIGN section 1): ``event_time`` (timestamp in any unit, tz-aware or naive UTC,
 or integer Unix seconds), ``src_addr`` and ``dst_addr`` (strings), ``ip_version`` (integer),
 ``rtt`` (float or integer ms; ``rtt_avg`` is accepted when ``rtt`` is absent), optional
-``prb_id`` (integer). A missing required column or a wrong type is an ``InputError`` that
-names the file and the fix. Everything else is judged per row.
+``prb_id`` (integer). A missing required column, a column that appears twice, or a wrong
+type is an ``InputError`` that names the file and the fix. Everything else is judged per
+row; no value is ever clamped or wrapped on the way in.
 
 Rejection reasons, checked in this order (a row is counted under the first that applies):
 
     missing_timestamp   event_time is null
+    time_out_of_range   event_time before 1970-01-01 or from 2100-01-01 UTC on (TIME_MIN, TIME_MAX)
     empty_src_addr      src_addr is null or ""
-    invalid_src_addr    src_addr is not an IPv4/IPv6 address
+    invalid_src_addr    src_addr is not an IPv4/IPv6 address, or carries an IPv6 zone id (%eth0)
     empty_dst_addr      dst_addr is null or ""
-    invalid_dst_addr    dst_addr is not an IPv4/IPv6 address
+    invalid_dst_addr    dst_addr likewise
     bad_ip_version      ip_version is null or not 4/6
     family_mismatch     src_addr or dst_addr is not of the family ip_version says
     bad_rtt             rtt is null, NaN, inf, or negative other than -1
-    bad_prb_id          prb_id is negative (null is fine: the key falls back to src_addr)
+    rtt_out_of_range    rtt above RTT_MAX_MS, the largest RTT the token encoding holds (~50.9 days)
+    bad_prb_id          prb_id is negative, or an unsigned value of 2**63 or more (null is fine:
+                        the key falls back to src_addr)
 
 Invariant, for every call: rows in == accepted rows + sum(rejected.values()).
 
@@ -27,6 +31,8 @@ lives across the batches of one ``iter_validated`` run.
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -39,8 +45,20 @@ import pyarrow.parquet as pq
 from prep.errors import InputError
 from prep.measurements import Measurements, addr_words, empty, stable_key
 
-REASONS = ("missing_timestamp", "empty_src_addr", "invalid_src_addr", "empty_dst_addr",
-           "invalid_dst_addr", "bad_ip_version", "family_mismatch", "bad_rtt", "bad_prb_id")
+REASONS = ("missing_timestamp", "time_out_of_range", "empty_src_addr", "invalid_src_addr",
+           "empty_dst_addr", "invalid_dst_addr", "bad_ip_version", "family_mismatch", "bad_rtt",
+           "rtt_out_of_range", "bad_prb_id")
+# Accepted event_time, Unix seconds: 1970-01-01 <= t < 2100-01-01 UTC. No ping predates Unix
+# time, and a value outside is a unit mistake (milliseconds read as seconds land near the
+# year 55,000) or a sentinel, not a measurement. Inside, a time is a non-negative number
+# below 2**32, so the tokens' 8-byte absolute and 4-byte delta timestamps, datetime and
+# `prep inspect` all hold it exactly.
+TIME_MIN, TIME_MAX = 0, 4_102_444_800
+# The RTT encoding's ceiling (prep.kernel.rtt_code: an 11-bit mantissa times 2**31 µs at most,
+# ~50.9 days). Above it the code saturates, so the stored RTT would be silently wrong, and a
+# finite RTT near the float maximum becomes inf in µs, which the kernel cannot encode at all.
+RTT_MAX_MS = 2047 * 2**31 / 1000
+_I64_MAX = 2**63 - 1
 REQUIRED = ("event_time", "src_addr", "dst_addr", "ip_version", "rtt")
 _CACHE_LIMIT = 2_000_000  # distinct addresses kept between batches; bounds memory
 _UNIT_DIV = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
@@ -59,16 +77,31 @@ def find_files(paths: Iterable[str | Path], suffixes: tuple[str, ...], none_foun
 
     Hidden names under a folder are staging areas of interrupted runs (.synth-tmp/), never
     input. A missing path, or nothing found (``none_found`` says what to do), is InputError.
+    A link under a folder whose target is missing is skipped with a warning on stderr
+    (its rows are not read, so the run must say so); one named directly is InputError.
     """
     found: set[Path] = set()
+    broken: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found.update(f for f in p.rglob("*") if f.name.endswith(suffixes) and f.is_file()
-                         and not any(part.startswith(".") for part in f.relative_to(p).parts))
+            for f in p.rglob("*"):
+                if not f.name.endswith(suffixes) or any(
+                        part.startswith(".") for part in f.relative_to(p).parts):
+                    continue
+                if f.is_file():
+                    found.add(f)
+                elif f.is_symlink() and not f.exists():
+                    broken.append(f)
         elif p.is_file():
             found.add(p)
+        elif p.is_symlink():
+            raise InputError(f"{p}: broken symbolic link (its target {os.readlink(p)} does not "
+                             "exist); fix the link or the path")
         else:
             raise InputError(f"{p}: no such file or folder; check the path")
+    for f in sorted(broken):
+        print(f"warning: {f}: broken symbolic link (its target {os.readlink(f)} does not exist), "
+              "skipped; fix or remove the link", file=sys.stderr)
     if not found:
         raise InputError(f"{', '.join(map(str, paths))}: {none_found}")
     return sorted(found)
@@ -84,6 +117,10 @@ def _resolve_columns(schema: pa.Schema, source: str) -> dict[str, str]:
     """Our column name -> the table's, checking presence and types (InputError otherwise)."""
     names = set(schema.names)
     cols = {c: c for c in REQUIRED}
+    twice = [n for n in (*REQUIRED, "rtt_avg", "prb_id") if schema.names.count(n) > 1]
+    if twice:
+        raise InputError(f"{source}: column {twice[0]} appears {schema.names.count(twice[0])} "
+                         "times; keep one (rename or drop the others) before running prep")
     if "rtt" not in names and "rtt_avg" in names:
         cols["rtt"] = "rtt_avg"
     missing = [c for c in REQUIRED if cols[c] not in names]
@@ -115,11 +152,19 @@ def _is_text(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
 
-def _ints(col, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """(values as ``dtype`` with nulls as 0, null mask)."""
+def _ints(col, dtype, over: int = _I64_MAX) -> tuple[np.ndarray, np.ndarray]:
+    """(values as ``dtype`` with nulls as 0, null mask); uint64 values past int64 become ``over``.
+
+    ``over`` is a value the caller's check rejects, so 2**64 - 1 is refused, never wrapped
+    to -1 (or, as a time, to 1969).
+    """
     col = pc.cast(col, pa.int64()) if not pa.types.is_integer(col.type) else col
-    return (pc.fill_null(col, 0).to_numpy().astype(dtype, copy=False),
-            pc.is_null(col).to_numpy(zero_copy_only=False))
+    v = pc.fill_null(col, 0).to_numpy()
+    if v.dtype == np.uint64:
+        big = v > np.uint64(_I64_MAX)
+        v = v.astype(np.int64)
+        v[big] = over
+    return v.astype(dtype, copy=False), pc.is_null(col).to_numpy(zero_copy_only=False)
 
 
 def _times(col) -> tuple[np.ndarray, np.ndarray]:
@@ -177,15 +222,17 @@ def validate_rows(table: pa.Table, *, source: str, _cache: dict | None = None
     rtt_col = table.column(cols["rtt"])
     rtt = pc.cast(rtt_col, pa.float64()).to_numpy(zero_copy_only=False)  # nulls become NaN
     if "prb_id" in cols:
-        prb, prb_null = _ints(table.column(cols["prb_id"]), np.int64)
+        prb, prb_null = _ints(table.column(cols["prb_id"]), np.int64, over=-1)
     else:
         prb, prb_null = np.zeros(n, np.int64), np.ones(n, bool)
 
     checks = [
-        t_null, s_st == 1, s_st == 2, d_st == 1, d_st == 2,
+        t_null, (time < TIME_MIN) | (time >= TIME_MAX),
+        s_st == 1, s_st == 2, d_st == 1, d_st == 2,
         ipv_null | ((ipv != 4) & (ipv != 6)),
         (s_fam != ipv) | (d_fam != ipv),
         ~np.isfinite(rtt) | ((rtt < 0) & (rtt != -1.0)),
+        rtt > RTT_MAX_MS,
         ~prb_null & (prb < 0),
     ]
     code = np.zeros(n, np.uint8)

@@ -1,4 +1,5 @@
 import bz2
+import gzip
 import json
 
 import pyarrow.parquet as pq
@@ -62,7 +63,7 @@ VARIANTS = [
     # firmware 1: addr/name, every packet lost
     {"prb_id": 13, "timestamp": 1300000001, "addr": "2001:7fd::1", "name": "k.root",
      "from": "2a02::5", "result": [{"x": "*"}, {"x": "*"}], "msm_id": 2001, "size": 48},
-    "[1, 2]",
+    "[1, 2]",  # a top-level array stands for its elements: two values that are not results
     {"type": "traceroute", "prb_id": 1},
     {"prb_id": 14, "timestamp": 1300000002, "dst_addr": "1.1.1.1", "src_addr": "10.0.0.1",
      "af": 6, "result": [{"rtt": 1.0}], "msm_id": 5, "size": 48},
@@ -85,8 +86,8 @@ def test_firmware_variants_and_malformed_lines(tmp_path):
     assert res.exit_code == 0, res.output
     assert f"{src}:4: malformed JSON" in res.stderr
     s = json.loads(res.stdout)
-    assert (s["results_read"], s["rows_written"]) == (7, 3)
-    assert s["rejected"] == {"malformed_json": 1, "not_a_result": 1, "not_ping": 1,
+    assert (s["results_read"], s["rows_written"]) == (8, 3)
+    assert s["rejected"] == {"malformed_json": 1, "not_a_result": 2, "not_ping": 1,
                              "family_mismatch": 1}
     assert [r[1:] for r in read_rows(tmp_path / "o")] == [
         (12, "81.1.2.3", "193.0.14.129", 4, 58.042, 1001, 48),
@@ -97,8 +98,8 @@ def test_firmware_variants_and_malformed_lines(tmp_path):
 
     res = run(src, "--out", tmp_path / "pp", "--per-packet", "--json")
     s = json.loads(res.stdout)
-    assert (s["results_read"], s["rows_in"], s["rows_written"]) == (7, 9, 4)
-    assert s["rejected"] == {"malformed_json": 1, "not_a_result": 1, "not_ping": 1,
+    assert (s["results_read"], s["rows_in"], s["rows_written"]) == (8, 10, 4)
+    assert s["rejected"] == {"malformed_json": 1, "not_a_result": 2, "not_ping": 1,
                              "family_mismatch": 1, "packet_error": 1}
 
     res = run(src, "--out", tmp_path / "s", "--strict")
@@ -126,6 +127,9 @@ def test_json_array_streams_across_reads_and_bz2(tmp_path, monkeypatch):
     ("t.json", b'[{"prb_id": 1}, {"prb_id"', "malformed or truncated JSON array after 1 results"),
     ("u.json", b'[{"prb_id": 1}, ', "truncated JSON array (no closing ']' after 1 results)"),
     ("v.jsonl.bz2", bz2.compress(b'{"prb_id": 1}\n' * 50)[:-10], "unreadable or truncated"),
+    # a flipped bit in the deflate stream: zlib.error, which was a traceback
+    ("w.jsonl.gz", (lambda b: b[:20] + bytes([b[20] ^ 0xFF]) + b[21:])(
+        gzip.compress(b'{"prb_id": 1}\n' * 500, mtime=0)), "unreadable or truncated"),
 ])
 def test_bad_files_are_one_line_exit_2_nothing_written(tmp_path, name, content, problem):
     good = tmp_path / "a.jsonl"

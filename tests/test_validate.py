@@ -28,6 +28,8 @@ GOOD = [(T0, 7, "192.168.1.2", "193.0.14.129", 4, 12.5),
         (T0 + 1, None, "2001:db8::1", "2001:7fd::1", 6, -1.0)]
 BAD = [
     (None, 1, "10.0.0.1", "1.1.1.1", 4, 1.0),          # missing_timestamp
+    (T0 * 1000, 1, "10.0.0.1", "1.1.1.1", 4, 1.0),     # time_out_of_range (ms read as s)
+    (-1, 1, "10.0.0.1", "1.1.1.1", 4, 1.0),            # time_out_of_range (before 1970)
     (T0, 1, "", "1.1.1.1", 4, 1.0),                    # empty_src_addr
     (T0, 1, None, "1.1.1.1", 4, 1.0),                  # empty_src_addr
     (T0, 1, "10.0.0.256", "1.1.1.1", 4, 1.0),          # invalid_src_addr
@@ -41,6 +43,8 @@ BAD = [
     (T0, 1, "10.0.0.1", "1.1.1.1", 4, float("inf")),   # bad_rtt
     (T0, 1, "10.0.0.1", "1.1.1.1", 4, -2.0),           # bad_rtt
     (T0, 1, "10.0.0.1", "1.1.1.1", 4, None),           # bad_rtt
+    (T0, 1, "10.0.0.1", "1.1.1.1", 4, 1e12),           # rtt_out_of_range
+    (T0, 1, "fe80::1%eth0", "fe80::2", 6, 1.0),        # invalid_src_addr (zone id)
     (T0, -3, "10.0.0.1", "1.1.1.1", 4, 1.0),           # bad_prb_id
     (None, 1, "", "x", 9, float("nan")),               # missing_timestamp (first reason wins)
 ]
@@ -48,9 +52,10 @@ BAD = [
 
 def test_every_reason_counted_and_good_rows_exact():
     m, rejected = validate.validate_table(table(BAD[:8] + GOOD + BAD[8:]), source="t")
-    assert rejected == {"missing_timestamp": 2, "empty_src_addr": 2, "invalid_src_addr": 1,
-                        "empty_dst_addr": 1, "invalid_dst_addr": 1, "bad_ip_version": 2,
-                        "family_mismatch": 2, "bad_rtt": 4, "bad_prb_id": 1}
+    assert rejected == {"missing_timestamp": 2, "time_out_of_range": 2, "empty_src_addr": 2,
+                        "invalid_src_addr": 2, "empty_dst_addr": 1, "invalid_dst_addr": 1,
+                        "bad_ip_version": 2, "family_mismatch": 2, "bad_rtt": 4,
+                        "rtt_out_of_range": 1, "bad_prb_id": 1}
     assert len(m) + sum(rejected.values()) == len(BAD) + len(GOOD)
     assert m.probe.tolist() == [7, stable_key("2001:db8::1")]
     assert m.time.tolist() == [T0, T0 + 1]
@@ -109,11 +114,11 @@ def test_files_folders_batches_and_damaged_files(tmp_path):
     assert files == [tmp_path / "d" / "a.parquet", tmp_path / "d" / "e" / "b.parquet"]
     batches = list(validate.iter_validated([tmp_path / "d"], batch_rows=4))
     assert [(b.source.endswith("a.parquet"), b.rows_in) for b in batches] == [
-        (True, 2), (False, 4), (False, 4), (False, 4), (False, 4), (False, 2)]
+        (True, 2), (False, 4), (False, 4), (False, 4), (False, 4), (False, 4), (False, 2)]
     for b in batches:
         assert b.rows_in == len(b.measurements) + sum(b.rejected.values())
     m, rejected, rows_in = validate.read_validated([tmp_path / "d"])
-    assert rows_in == 20 and len(m) == 4 and sum(rejected.values()) == 16
+    assert rows_in == 24 and len(m) == 4 and sum(rejected.values()) == 20
     assert m.rtt.tolist() == [12.5, -1.0, 12.5, -1.0]
 
     bad = tmp_path / "trunc.parquet"
@@ -128,12 +133,13 @@ def test_files_folders_batches_and_damaged_files(tmp_path):
 
 
 ROW = st.tuples(
-    st.one_of(st.none(), st.integers(0, 2**40)),
+    st.one_of(st.none(), st.integers(0, 2**40), st.integers(T0 - 10**6, T0 + 10**6)),
     st.one_of(st.none(), st.integers(-5, 2**40)),
     st.sampled_from(["1.2.3.4", "::1", "", None, "zz", "300.1.1.1", "fe80::1"]),
     st.sampled_from(["8.8.8.8", "2001:db8::5", "", None, "::ffff:1.2.3.4", "a b"]),
     st.one_of(st.none(), st.sampled_from([4, 6, 0, 5])),
-    st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.just(-1.0)),
+    st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.just(-1.0),
+              st.floats(0, 1e4)),
 )
 
 
@@ -145,10 +151,14 @@ def test_counts_always_add_up(rows):
     assert len(m) + sum(rejected.values()) == len(rows) == len(keep)
     assert set(rejected) <= set(validate.REASONS) and all(v > 0 for v in rejected.values())
     assert np.all((m.rtt == -1) | (m.rtt >= 0)) and set(m.family.tolist()) <= {4, 6}
+    assert np.all(m.rtt <= validate.RTT_MAX_MS)
+    assert np.all((m.time >= validate.TIME_MIN) & (m.time < validate.TIME_MAX))
 
 
-def test_time_is_floor_seconds_before_1970():
-    t = table([(dt.datetime(1969, 12, 31, 23, 59, 59, 500000), *GOOD[0][1:])],
-              event_time=pa.timestamp("us"))
-    m, _ = validate.validate_table(t, source="t")
-    assert m.time.tolist() == [-1]
+def test_time_is_floor_seconds_and_the_range_is_1970_to_2100():
+    # Floor, not truncation: half a second before 1970 is -1, out of range (truncated, 0 would pass).
+    times = [dt.datetime(1969, 12, 31, 23, 59, 59, 500000), dt.datetime(1970, 1, 1),
+             dt.datetime(2099, 12, 31, 23, 59, 59, 999999), dt.datetime(2100, 1, 1)]
+    t = table([(x, *GOOD[0][1:]) for x in times], event_time=pa.timestamp("us"))
+    m, rejected = validate.validate_table(t, source="t")
+    assert m.time.tolist() == [0, 4_102_444_799] and rejected == {"time_out_of_range": 2}
