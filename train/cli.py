@@ -34,6 +34,17 @@ from prep.rows import RowFormatError
 RUNS = Path("runs")
 
 
+def _default(key: str, scale: str = "") -> str:
+    """"[default: A on a CPU, B on a GPU]" from train.config.defaults_for (one device)."""
+    from train.config import TrainConfig, defaults_for
+
+    cpu, gpu = defaults_for("cpu"), defaults_for("gpu")
+    c, g = cpu.get(key, getattr(TrainConfig, key)), gpu.get(key, getattr(TrainConfig, key))
+    if c == g:
+        return f"[default: {c}]"
+    return f"[default: {c} on a CPU, {g}{scale} on a GPU]"
+
+
 def _newest_run() -> Path | None:
     from train.checkpoint import step_dirs
 
@@ -46,7 +57,7 @@ class _Train(click.Group):
     one line on stderr and exit code 2."""
 
     def parse_args(self, ctx, args):
-        if not args or args[0] not in self.commands:
+        if not args or (args[0] not in self.commands and args[0] != "--version"):
             args = ["fit", *args]
         return super().parse_args(ctx, args)
 
@@ -58,6 +69,7 @@ class _Train(click.Group):
 
 
 @click.group(cls=_Train, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ping-pack", prog_name="train")
 def main():
     """Train, evaluate and query a transformer on packed ping shards."""
 
@@ -72,22 +84,28 @@ def main():
 @click.option("--resume", is_flag=True, help="Continue the run in --run-dir (or the newest).")
 @click.option("--model", type=click.Choice(["tiny", "base"]), default=None,
               help="[default: base on a GPU, tiny elsewhere]")
-@click.option("--steps", type=int, default=None, help="Total optimizer steps.")
-@click.option("--batch-size", type=int, default=None, help="Rows per step, all devices.")
-@click.option("--lr", type=float, default=None, help="Peak learning rate.")
-@click.option("--warmup", type=int, default=None, help="Linear warmup steps.")
-@click.option("--log-every", type=int, default=None, help="Steps between log lines.")
-@click.option("--eval-every", type=int, default=None, help="Steps between eval (0: never).")
+@click.option("--steps", type=int, default=None, help=f"Total optimizer steps. {_default('steps')}")
+@click.option("--batch-size", type=int, default=None,
+              help=f"Rows per step, all devices. {_default('batch_size', ' per GPU')}")
+@click.option("--lr", type=float, default=None, help=f"Peak learning rate. {_default('lr')}")
+@click.option("--warmup", type=int, default=None, help=f"Linear warmup steps. {_default('warmup')}")
+@click.option("--log-every", type=int, default=None,
+              help=f"Steps between log lines. {_default('log_every')}")
+@click.option("--eval-every", type=int, default=None,
+              help=f"Steps between evals (0: never). {_default('eval_every')}")
 @click.option("--eval-rows", type=int, default=None,
-              help="Test rows each eval reads (a fixed sample, seeded by --seed).")
-@click.option("--ckpt-every", type=int, default=None, help="Steps between checkpoints.")
-@click.option("--seed", type=int, default=None, help="Parameters and data order.")
+              help=f"Test rows each eval reads (a fixed sample, seeded by --seed). "
+                   f"{_default('eval_rows')}")
+@click.option("--ckpt-every", type=int, default=None,
+              help=f"Steps between checkpoints. {_default('ckpt_every')}")
+@click.option("--seed", type=int, default=None, help=f"Parameters and data order. {_default('seed')}")
 @click.option("--attention", type=click.Choice(["auto", "xla", "cudnn"]), default=None,
-              help="Packed attention kernel [default: auto = cuDNN on Hopper+].")
+              help="Packed attention kernel [default: auto = cuDNN packed where it compiles, else XLA].")
 @click.option("--dtype", "compute_dtype", type=click.Choice(["float32", "bfloat16"]),
-              default=None, help="Compute dtype; parameters stay float32.")
+              default=None,
+              help=f"Compute dtype; parameters stay float32. {_default('compute_dtype')}")
 @click.option("--workers", "num_workers", type=int, default=None,
-              help="Grain mp_prefetch worker processes (0: read in this process).")
+              help="Grain mp_prefetch worker processes (0: read in this process). [default: 0]")
 @click.option("--check-data", "data_check", type=click.Choice(["auto", "counts", "sha256"]),
               default=None, help="How the shards are held to the manifest at start: record "
               "counts and sizes, or also every sha256 [default: auto = sha256 up to 2 GiB].")
