@@ -72,17 +72,29 @@ class Batch:
     rejected: dict[str, int]
 
 
-def find_files(paths: Iterable[str | Path], suffixes: tuple[str, ...], none_found: str) -> list[Path]:
+def find_files(paths: Iterable[str | Path], suffixes: tuple[str, ...], none_found: str, *,
+               command: str | None = None, kinds: tuple[str, ...] = ()) -> list[Path]:
     """Files named directly, or under folders (recursively) ending in ``suffixes``, sorted.
 
     Hidden names under a folder are staging areas of interrupted runs (.synth-tmp/), never
     input. A missing path, or nothing found (``none_found`` says what to do), is InputError.
     A link under a folder whose target is missing is skipped with a warning on stderr
     (its rows are not read, so the run must say so); one named directly is InputError.
+    With ``command``, a folder that is a shards or run folder, a file named directly whose
+    content (prep.sniff) is not one of ``kinds``, and a folder with nothing to read are
+    InputError naming the command that takes what they hold.
     """
+    from prep import sniff
+
+    paths = list(paths)
     found: set[Path] = set()
     broken: list[Path] = []
     for p in map(Path, paths):
+        if command and p.is_dir() and sniff.kind(p) in ("shards", "run"):
+            raise InputError(sniff.advice(p, sniff.kind(p), command))
+        if command and p.is_file() and kinds and sniff.kind(p) not in kinds:
+            raise InputError(sniff.advice(p, sniff.kind(p), command)
+                             or f"{p}: not an input of `{command}`")
         if p.is_dir():
             for f in p.rglob("*"):
                 if not f.name.endswith(suffixes) or any(
@@ -103,6 +115,10 @@ def find_files(paths: Iterable[str | Path], suffixes: tuple[str, ...], none_foun
         print(f"warning: {f}: broken symbolic link (its target {os.readlink(f)} does not exist), "
               "skipped; fix or remove the link", file=sys.stderr)
     if not found:
+        for p in map(Path, paths):  # say what the folders hold instead, if it is telling
+            hint = sniff.advice(p, sniff.kind(p), command) if command and p.is_dir() else None
+            if hint and not hint.endswith(("empty", "unknown format")):
+                raise InputError(hint)
         raise InputError(f"{', '.join(map(str, paths))}: {none_found}")
     return sorted(found)
 
@@ -110,7 +126,9 @@ def find_files(paths: Iterable[str | Path], suffixes: tuple[str, ...], none_foun
 def list_inputs(paths: Iterable[str | Path]) -> list[Path]:
     """Parquet files named directly or found under folders (recursively), sorted by path."""
     return find_files(paths, (".parquet",), "no .parquet files found; point at parquet files "
-                      "or a folder of them (make some with `prep synth`)")
+                      "or a folder of them (make some with `prep synth`, or from RIPE Atlas "
+                      "results with `prep import-atlas`)", command="prep shards",
+                      kinds=("parquet",))
 
 
 def _resolve_columns(schema: pa.Schema, source: str) -> dict[str, str]:

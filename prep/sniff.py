@@ -1,0 +1,88 @@
+"""What a path holds, read from its first bytes, so a wrong input gets the right command.
+
+``kind(path)`` is one of:
+
+    parquet      a file starting with PAR1              -> prep shards
+    atlas        JSON (array or lines), .bz2 or .gz     -> prep import-atlas
+    csv          text whose first line has commas       -> convert to parquet (polars)
+    shards       a folder with manifest.json / train/   -> train --data, prep inspect/verify
+    run          a folder with config.json and checkpoints/  -> train eval / train predict
+    folder:K     a folder whose files are mostly of kind K
+    empty        an empty file or folder
+    unknown      anything else
+
+``advice(path, kind, command)`` is the one-line fix for giving ``path`` to ``command``
+(``"prep shards"``, ``"prep import-atlas"``, ``"train"``), or None when that is the right
+command for it. Commands call it where they would otherwise fail with a message about
+their own format ("not a readable parquet file") and leave the user guessing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+_MAGIC = ((b"PAR1", "parquet"), (b"BZh", "atlas"), (b"\x1f\x8b", "atlas"))
+_SCAN = 200  # files looked at in a folder
+
+
+def kind(path: str | Path) -> str:
+    p = Path(path)
+    if p.is_dir():
+        if (p / "manifest.json").is_file() or any((p / s).is_dir() and any((p / s).glob(
+                "*.array_record")) for s in ("train", "test")):
+            return "shards"
+        if (p / "config.json").is_file() and (p / "checkpoints").is_dir():
+            return "run"
+        counts = Counter()
+        for i, f in enumerate(x for x in sorted(p.rglob("*")) if x.is_file()
+                              and not any(part.startswith(".") for part in x.relative_to(p).parts)):
+            if i >= _SCAN:
+                break
+            counts[kind(f)] += 1
+        counts.pop("empty", None)
+        return f"folder:{counts.most_common(1)[0][0]}" if counts else "empty"
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return "unknown"
+    if not head:
+        return "empty"
+    for magic, name in _MAGIC:
+        if head.startswith(magic):
+            return name
+    text = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    if text[:1] in (b"[", b"{"):
+        return "atlas"
+    first = text.split(b"\n", 1)[0]
+    if b"," in first and all(32 <= c < 127 or c == 9 for c in first.rstrip(b"\r")):
+        return "csv"
+    return "unknown"
+
+
+def advice(path: str | Path, k: str, command: str) -> str | None:
+    """The one-line fix for giving ``path`` (of kind ``k``) to ``command``; None if right."""
+    base = k.removeprefix("folder:")
+    what = {"parquet": "parquet measurements", "atlas": "RIPE Atlas JSON results",
+            "csv": "CSV", "shards": "a shards folder (the output of `prep shards`)",
+            "run": "a training run folder", "empty": "empty", "unknown": "of an unknown format"}
+    holds = f"{path} holds {what.get(base, base)}" if k.startswith("folder:") or base in (
+        "parquet", "atlas") else f"{path} is {what.get(base, base)}"
+    if base == "parquet" and command != "prep shards":
+        return f"{holds}; `prep shards {path} --out shards` makes training shards of it"
+    if base == "atlas" and command != "prep import-atlas":
+        return (f"{holds}; convert them first: `prep import-atlas {path} --out data/atlas`, "
+                "then `prep shards data/atlas --out shards`")
+    if base == "csv":
+        stem = Path(path).with_suffix(".parquet") if not k.startswith("folder:") else "out.parquet"
+        return (f"{holds}; convert it to parquet with the input columns first, e.g. `python -c "
+                f"\"import polars as pl; pl.read_csv('{path}', try_parse_dates=True)"
+                f".write_parquet('{stem}')\"`")
+    if base == "shards" and command != "train":
+        return f"{holds}; train on it with `train --data {path}` (or `prep inspect {path}`)"
+    if base == "run":
+        return f"{holds}; evaluate it with `train eval {path}` or query it with `train predict`"
+    if base in ("empty", "unknown"):
+        return f"{holds}"
+    return None
