@@ -32,7 +32,7 @@ data/raw/.done: | $(STAMP)
 	touch $@
 
 shards: setup data/raw/.done
-	$(BIN)/prep shards data/raw --out shards --workers $(WORKERS) --seed $(SEED)
+	$(BIN)/prep shards data/raw --out shards --workers $(WORKERS) --seed $(SEED) --overwrite
 
 test: setup
 	$(BIN)/python -m pytest tests

@@ -22,10 +22,12 @@ local runner's very rule, ``prep.splits.default_cutoff``) and records it in
 ``<stage>/cutoff.json`` for the manifest (a shared folder, as for the shards), and ``BucketFn`` takes it as a singleton side
 input, so every bucket uses the same resolved config as the local runner would.
 
-The driver then moves the shards into place and writes ``manifest.json`` last from those
-JSON files, exactly as the local runner does, so both give byte-identical shards and the
-same manifest (timing fields aside). A failed pipeline leaves only the staging folder
-``<out>/.tmp-beam-<pid>``, which no reader takes for a dataset and the next run removes.
+The driver then builds the manifest from those JSON files and publishes the staging
+folder with the local runner's very ending (``prep.shards.finish``, prep.outdir: lock,
+``--overwrite``, the swap), so both give byte-identical shards and the same manifest
+(timing fields aside). A failed pipeline publishes nothing: its staging folder
+``<out>/.tmp-beam-<pid>-<token>`` is removed (or, if the driver was killed, by the next
+run), and a dataset already in ``<out>`` stays as it was.
 
 Runners: the default is Beam's in-process ``FnApiRunner`` (pinned: Beam's default local
 runner would try to download a binary at run time). ``--beam-option runner=...`` picks
@@ -37,7 +39,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import replace
@@ -46,8 +47,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from prep import manifest as mf
-from prep.bucket import SPLITS, ShardsConfig, bucket_of, process_bucket
+from prep.bucket import ShardsConfig, bucket_of, process_bucket
 from prep.errors import InputError
 from prep.measurements import DTYPES, Measurements, empty
 from prep.splits import default_cutoff, format_time, merge_histograms, minute_histogram
@@ -178,78 +178,65 @@ def beam_options(pairs: list[str]):
 
 
 def run_beam(inputs: list[str], out: str, cfg: ShardsConfig, *, beam_options_kv=(),
-             progress: bool = True) -> dict:
+             progress: bool = True, overwrite: bool = False) -> dict:
     """Build the dataset in ``out`` with Beam; return the closing summary."""
-    from prep.shards import (build_manifest, claim_out_dir, config_to_json, file_info,
-                             needs_cutoff, read_units, summary)
+    from prep import outdir
+    from prep.shards import (config_to_json, file_info, finish, needs_cutoff, read_units)
     from prep.validate import list_inputs
 
     t0 = time.perf_counter()
     beam, options, runner = beam_options(list(beam_options_kv))
     out_dir = Path(out)
     paths = list_inputs(inputs)
-    units, rows_total = read_units(paths)
-    claim_out_dir(out_dir)
-    stage = out_dir / f".tmp-beam-{os.getpid()}"
-    stage.mkdir()
-    print(f"prep shards (beam, {type(runner).__name__ if not isinstance(runner, str) else runner}): "
-          f"{len(paths)} input files, {rows_total:,} rows; config {config_to_json(cfg)}",
-          file=sys.stderr)
-    tasks = [json.dumps([i, parts]) for i, parts in enumerate(units)]
-    BucketFn = _bucket_fn(beam)
-    want_cutoff = needs_cutoff(cfg)
-    with beam.Pipeline(runner=runner, options=options) as p:
-        routed = (p
-                  | "units" >> beam.Create(tasks)
-                  | "read+route" >> beam.FlatMap(read_unit, str(stage), cfg.n_buckets, want_cutoff)
-                      .with_output_types(tuple[int, bytes])  # the main output's coders
-                      .with_outputs("minutes", main="rows"))
-        side = []
+    with outdir.claim(out_dir, overwrite=overwrite, runner="beam") as od:
+        stage = od.stage
+        units, rows_total = read_units(paths)
+        print(f"prep shards (beam, {type(runner).__name__ if not isinstance(runner, str) else runner}): "
+              f"{len(paths)} input files, {rows_total:,} rows; config {config_to_json(cfg)}",
+              file=sys.stderr)
+        tasks = [json.dumps([i, parts]) for i, parts in enumerate(units)]
+        BucketFn = _bucket_fn(beam)
+        want_cutoff = needs_cutoff(cfg)
+        with beam.Pipeline(runner=runner, options=options) as p:
+            routed = (p
+                      | "units" >> beam.Create(tasks)
+                      | "read+route" >> beam.FlatMap(read_unit, str(stage), cfg.n_buckets, want_cutoff)
+                          .with_output_types(tuple[int, bytes])  # the main output's coders
+                          .with_outputs("minutes", main="rows"))
+            side = []
+            if want_cutoff:
+                cutoff = (routed.minutes
+                          | "minutes" >> beam.CombinePerKey(sum)
+                          | "all minutes" >> beam.combiners.ToList()
+                          | "cutoff" >> beam.Map(resolve_cutoff, cfg.test_fraction, str(stage)))
+                side = [beam.pvalue.AsSingleton(cutoff)]
+            _ = (routed.rows
+                 | "by bucket" >> beam.GroupByKey()
+                 | "bucket" >> beam.ParDo(BucketFn(config_to_json(cfg), str(stage)), *side))
         if want_cutoff:
-            cutoff = (routed.minutes
-                      | "minutes" >> beam.CombinePerKey(sum)
-                      | "all minutes" >> beam.combiners.ToList()
-                      | "cutoff" >> beam.Map(resolve_cutoff, cfg.test_fraction, str(stage)))
-            side = [beam.pvalue.AsSingleton(cutoff)]
-        _ = (routed.rows
-             | "by bucket" >> beam.GroupByKey()
-             | "bucket" >> beam.ParDo(BucketFn(config_to_json(cfg), str(stage)), *side))
-    if want_cutoff:
-        cutoff = json.loads((stage / "cutoff.json").read_text())["test_from"]
-        cfg = replace(cfg, test_from=cutoff)
-        print(f"prep shards (beam): test from {format_time(cutoff)} ({cutoff}), the earliest "
-              f"whole minute with at most {100 * cfg.test_fraction:g} % of the accepted "
-              "measurements at or after it", file=sys.stderr)
+            cutoff = json.loads((stage / "cutoff.json").read_text())["test_from"]
+            cfg = replace(cfg, test_from=cutoff)
+            print(f"prep shards (beam): test from {format_time(cutoff)} ({cutoff}), the earliest "
+                  f"whole minute with at most {100 * cfg.test_fraction:g} % of the accepted "
+                  "measurements at or after it", file=sys.stderr)
 
-    read = {"rows_in": 0, "accepted": 0, "rejected": {}}
-    for f in sorted((stage / "read").glob("unit-*.json")):
-        r = json.loads(f.read_text())
-        read["rows_in"] += r["rows_in"]
-        read["accepted"] += r["accepted"]
-        for k, v in r["rejected"].items():
-            read["rejected"][k] = read["rejected"].get(k, 0) + v
-    results = {}
-    for f in sorted((stage / "results").glob("bucket-*.json")):
-        r = json.loads(f.read_text())
-        results[r["bucket"]] = r
-    for b in range(cfg.n_buckets):  # a bucket no row hashed to never reached a worker
-        if b not in results:
-            results[b] = process_bucket(b, empty(), cfg, str(stage))
-    if read["rows_in"] != rows_total:
-        raise InputError(f"{out_dir}: the pipeline read {read['rows_in']:,} of {rows_total:,} "
-                         "rows; re-run `prep shards`")
-    for split in SPLITS:
-        (out_dir / split).mkdir(exist_ok=True)
-    ordered = [results[b] for b in sorted(results)]
-    for r in ordered:
-        for s in r["shards"]:
-            os.replace(stage / s["path"], out_dir / s["path"])
-    elapsed = time.perf_counter() - t0
-    manifest = build_manifest(cfg, [file_info(p) for p in paths], read, ordered)
-    manifest["elapsed_s"] = round(elapsed, 3)
-    manifest["timing"] = {"runner": "beam", "workers": None, "read_s": None,
-                          "measurements_per_s": round(read["rows_in"] / max(elapsed, 1e-9)),
-                          "peak_rss_mb": None}
-    mf.write_manifest(out_dir, manifest)
-    shutil.rmtree(stage, ignore_errors=True)
-    return summary(manifest)
+        read = {"rows_in": 0, "accepted": 0, "rejected": {}}
+        for f in sorted((stage / "read").glob("unit-*.json")):
+            r = json.loads(f.read_text())
+            read["rows_in"] += r["rows_in"]
+            read["accepted"] += r["accepted"]
+            for k, v in r["rejected"].items():
+                read["rejected"][k] = read["rejected"].get(k, 0) + v
+        results = {}
+        for f in sorted((stage / "results").glob("bucket-*.json")):
+            r = json.loads(f.read_text())
+            results[r["bucket"]] = r
+        for b in range(cfg.n_buckets):  # a bucket no row hashed to never reached a worker
+            if b not in results:
+                results[b] = process_bucket(b, empty(), cfg, str(stage))
+        if read["rows_in"] != rows_total:
+            raise InputError(f"{out_dir}: the pipeline read {read['rows_in']:,} of {rows_total:,} "
+                             "rows; re-run `prep shards`")
+        timing = {"runner": "beam", "workers": None, "read_s": None, "peak_rss_mb": None}
+        return finish(od, cfg, [file_info(p) for p in paths], read,
+                      [results[b] for b in sorted(results)], t0, timing)

@@ -130,12 +130,36 @@ class _Time(click.ParamType):
               help="local: a process pool; beam: Apache Beam (same bytes; needs ping-pack[beam]).")
 @click.option("--beam-option", "beam_options", multiple=True, metavar="KEY=VALUE",
               help="Beam pipeline option, repeatable (runner=DataflowRunner, project=…).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace the dataset already in --out; it stays intact until the new one "
+                   "is complete.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row_len,
            max_segments, max_measurements, max_gap, epochs, buckets, compression, runner,
-           beam_options, as_json, quiet):
+           beam_options, overwrite, as_json, quiet):
     """Validate, tokenize and pack INPUT parquet files or folders into shards in --out."""
+    import signal
+
+    from prep import outdir
+
+    # SIGINT/SIGTERM: one line and exit 128 + the signal, never a traceback; the run
+    # itself (prep.outdir.claim) stops its workers and removes its staging folder first.
+    try:
+        with outdir.stop_on_signals():
+            _shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row_len,
+                    max_segments, max_measurements, max_gap, epochs, buckets, compression,
+                    runner, beam_options, overwrite, as_json, quiet)
+    except KeyboardInterrupt as e:
+        if not isinstance(e, outdir.Interrupted):
+            e = outdir.Interrupted(signal.SIGINT)  # before or after the handlers
+        click.echo(f"error: {e}", err=True)
+        sys.exit(128 + e.signum)
+
+
+def _shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row_len,
+            max_segments, max_measurements, max_gap, epochs, buckets, compression, runner,
+            beam_options, overwrite, as_json, quiet):
     import json
 
     from prep.bucket import ShardsConfig
@@ -155,10 +179,10 @@ def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row
         from prep.beam_runner import run_beam
 
         summary = run_beam(list(inputs), out, cfg, beam_options_kv=beam_options,
-                           progress=not quiet)
+                           progress=not quiet, overwrite=overwrite)
     else:
         summary = run_shards(list(inputs), out, cfg, workers=_workers(workers),
-                             progress=not quiet)
+                             progress=not quiet, overwrite=overwrite)
     click.echo(format_summary(summary), err=True)
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))

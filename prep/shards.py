@@ -5,38 +5,46 @@ Two passes, both spread over a process pool, memory bounded by a batch and by a 
 1. Read + route. The inputs are cut into units of whole parquet row groups (at most
    ``UNIT_ROWS`` rows each). A worker validates a unit in batches and appends each
    batch's rows to per-bucket Arrow IPC spill files (bucket = splitmix64 of the probe key
-   mod ``n_buckets``), under ``DIR/.tmp-<pid>/spill/``. No pickle: pool tasks and results
-   are plain tuples and dicts, the data crosses processes as files.
+   mod ``n_buckets``), under ``DIR/.tmp-shards-<pid>-<token>/spill/``. No pickle: pool
+   tasks and results are plain tuples and dicts, the data crosses processes as files.
    With a time split (``--split time|time+probe``) and no ``--test-from``, each unit also
    returns a per-minute histogram of its accepted measurements' times; the driver sums
    them and resolves the default cutoff (prep.splits.default_cutoff) into the config.
 2. Buckets. A worker loads one bucket's spill files and calls
    ``prep.bucket.process_bucket``, which writes that bucket's finished shards into the
-   staging folder ``DIR/.tmp-<pid>/``.
+   staging folder ``DIR/.tmp-shards-<pid>-<token>/``.
 
-Then the shards move into ``DIR/train`` and ``DIR/test`` and ``manifest.json`` is written
-last (prep.manifest.write_manifest, atomic). A run killed at any point leaves no
-manifest, so nothing a reader takes as a dataset; the next run removes the leftovers.
+Then ``finish`` writes the manifest into the staging folder and prep.outdir swaps the
+new dataset in (the Beam runner ends the same way). prep.outdir owns ``DIR``: the lock
+against a second run, the refusals, ``--overwrite``, what a kill leaves at each step.
 Output bytes depend on (inputs, the resolved ShardsConfig) only: spill order does not
 matter because ``plan_contexts`` sorts, and shard names come from the bucket id.
+
+The pool (``_Workers``, a ProcessPoolExecutor: unlike multiprocessing.Pool it notices a
+worker that dies, e.g. to the OOM killer) stops with the run: workers ignore SIGINT
+(Ctrl-C reaches the whole process group; the driver decides), are terminated by the
+driver when the run stops, and die with it if it is killed (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import hashlib
 import json
 import math
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.pool
 import os
-import re
 import resource
 import shutil
+import signal
 import sys
 import threading
 import time
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -46,6 +54,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from prep import manifest as mf
+from prep import outdir
 from prep.bucket import SPLITS, ShardsConfig, bucket_of, process_bucket
 from prep.errors import InputError
 from prep.measurements import DTYPES, Measurements
@@ -60,89 +69,96 @@ _SCHEMA = pa.schema([(k, pa.from_numpy_dtype(v)) for k, v in DTYPES.items()])
 # LZ4 halves the spill's CPU in the kernel (page-cache writes are dear on small VMs) and
 # shrinks it 2.8x, for +0.3 s of user time per 10M rows.
 _SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
-_SHARD_FILE = re.compile(r"shard-b\d+-e\d+\.array_record(\.tmp)?")
 
 
 def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int = 1,
-               progress: bool = True) -> dict:
-    """Build the dataset in ``out``; return the closing summary (also in the manifest)."""
+               progress: bool = True, overwrite: bool = False) -> dict:
+    """Build the dataset in ``out``; return the closing summary (also in the manifest).
+    A dataset already in ``out`` is replaced only with ``overwrite`` (prep.outdir)."""
     t0 = time.perf_counter()
     out_dir = Path(out)
     paths = list_inputs(inputs)
-    # Start the pool before Arrow or the hashing thread start threads of their own.
-    pool = process_pool(workers) if workers > 1 else None
-    hasher = concurrent.futures.ThreadPoolExecutor(1)
-    stage = out_dir / f".tmp-{os.getpid()}"
-    failed = True
-    try:
-        units, rows_total = read_units(paths)
-        claim_out_dir(out_dir)
-        stage.mkdir()
-        print(f"prep shards: {len(paths)} input files, {rows_total:,} rows, {workers} workers; "
-              f"config {config_to_json(cfg)}", file=sys.stderr)
-        inputs_info = hasher.submit(lambda: [file_info(p) for p in paths])
-        imap = pool.imap_unordered if pool else map
+    with outdir.claim(out_dir, overwrite=overwrite, runner="shards") as od:
+        stage = od.stage
+        pool, hasher, stop_hashing = None, None, threading.Event()
+        failed = True
+        try:
+            # Workers and the hashing thread start before Arrow starts threads of its own,
+            # with SIGINT/SIGTERM blocked: they reach the driver, which stops the workers.
+            with outdir.signals_blocked():
+                pool = _Workers(workers) if workers > 1 else None
+                hasher = concurrent.futures.ThreadPoolExecutor(1)
+                inputs_info = hasher.submit(lambda: [file_info(p, stop_hashing) for p in paths])
+            units, rows_total = read_units(paths)
+            print(f"prep shards: {len(paths)} input files, {rows_total:,} rows, {workers} "
+                  f"workers; config {config_to_json(cfg)}", file=sys.stderr)
+            imap = pool.imap_unordered if pool else map
 
-        read = {"rows_in": 0, "accepted": 0, "rejected": {}}
-        want_cutoff = needs_cutoff(cfg)
-        minutes = MinuteHistogram()
-        tasks = [(i, parts, str(stage), cfg.n_buckets, want_cutoff)
-                 for i, parts in enumerate(units)]
-        rss_read = [_own_rss_mb()]
-        with tqdm(total=rows_total, unit="meas", unit_scale=True, desc="read + route",
-                  disable=not progress, file=sys.stderr) as bar:
-            for r in map(_raise_error, imap(_spill_unit, tasks)):
-                rss_read.append(r["peak_rss_mb"])
-                read["rows_in"] += r["rows_in"]
-                read["accepted"] += r["accepted"]
-                for k, v in r["rejected"].items():
-                    read["rejected"][k] = read["rejected"].get(k, 0) + v
-                if want_cutoff:
-                    minutes.add(*r["minutes"])
-                bar.update(r["rows_in"])
-        t_read = time.perf_counter() - t0
-        if want_cutoff:
-            cfg = replace(cfg, test_from=default_cutoff(*minutes.result(), cfg.test_fraction))
-            print(f"prep shards: test from {format_time(cfg.test_from)} ({cfg.test_from}), the "
-                  f"earliest whole minute with at most {100 * cfg.test_fraction:g} % of the "
-                  "accepted measurements at or after it", file=sys.stderr)
+            read = {"rows_in": 0, "accepted": 0, "rejected": {}}
+            want_cutoff = needs_cutoff(cfg)
+            minutes = MinuteHistogram()
+            tasks = [(i, parts, str(stage), cfg.n_buckets, want_cutoff)
+                     for i, parts in enumerate(units)]
+            rss_read = [_own_rss_mb()]
+            with tqdm(total=rows_total, unit="meas", unit_scale=True, desc="read + route",
+                      disable=not progress, file=sys.stderr) as bar:
+                for r in map(_raise_error, imap(_spill_unit, tasks)):
+                    rss_read.append(r["peak_rss_mb"])
+                    read["rows_in"] += r["rows_in"]
+                    read["accepted"] += r["accepted"]
+                    for k, v in r["rejected"].items():
+                        read["rejected"][k] = read["rejected"].get(k, 0) + v
+                    if want_cutoff:
+                        minutes.add(*r["minutes"])
+                    bar.update(r["rows_in"])
+            t_read = time.perf_counter() - t0
+            if want_cutoff:
+                cfg = replace(cfg, test_from=default_cutoff(*minutes.result(), cfg.test_fraction))
+                print(f"prep shards: test from {format_time(cfg.test_from)} ({cfg.test_from}), "
+                      f"the earliest whole minute with at most {100 * cfg.test_fraction:g} % of "
+                      "the accepted measurements at or after it", file=sys.stderr)
 
-        results = []
-        cfg_json = config_to_json(cfg)
-        tasks = [(b, cfg_json, str(stage)) for b in range(cfg.n_buckets)]
-        with tqdm(total=cfg.n_buckets, unit="bucket", desc="buckets", disable=not progress,
-                  file=sys.stderr) as bar:
-            for r in map(_raise_error, imap(_bucket_task, tasks)):
-                results.append(r)
-                bar.update(1)
-        rss = [r.pop("peak_rss_mb") for r in results]
-        results.sort(key=lambda r: r["bucket"])
-        infos = inputs_info.result()
-        failed = False
-    finally:
-        hasher.shutdown(cancel_futures=True)
-        if pool:
-            pool.terminate() if failed else pool.close()
-            pool.join()
-        if failed:  # bad input mid-way: nothing of this run stays behind
-            shutil.rmtree(stage, ignore_errors=True)
+            results = []
+            cfg_json = config_to_json(cfg)
+            tasks = [(b, cfg_json, str(stage)) for b in range(cfg.n_buckets)]
+            with tqdm(total=cfg.n_buckets, unit="bucket", desc="buckets", disable=not progress,
+                      file=sys.stderr) as bar:
+                for r in map(_raise_error, imap(_bucket_task, tasks)):
+                    results.append(r)
+                    bar.update(1)
+            rss = [r.pop("peak_rss_mb") for r in results]
+            results.sort(key=lambda r: r["bucket"])
+            infos = inputs_info.result()
+            failed = False
+        except BrokenProcessPool:
+            what, fix = pool.death()
+            raise InputError(f"{out_dir}: {what}; the run stopped and nothing was published; "
+                             f"{fix}") from None
+        finally:
+            if hasher:
+                stop_hashing.set()
+                hasher.shutdown(wait=not failed, cancel_futures=True)
+            if pool:
+                pool.close(failed)
 
-    for split in SPLITS:
-        (out_dir / split).mkdir(exist_ok=True)
-    for r in results:
-        for s in r["shards"]:
-            os.replace(stage / s["path"], out_dir / s["path"])
+        # Per process (the largest), as each pass ended; each worker process serves both
+        # passes, so the second includes the first.
+        timing = {"workers": workers, "read_s": round(t_read, 3),
+                  "peak_rss_mb": {"main": _own_rss_mb(), "read": max(rss_read),
+                                  "buckets": max(rss, default=0.0)}}
+        return finish(od, cfg, infos, read, results, t0, timing)
+
+
+def finish(od: outdir.OutDir, cfg: ShardsConfig, inputs: list[dict], read: dict,
+           results: list[dict], t0: float, timing: dict) -> dict:
+    """Both runners' ending: the manifest from the read counts and the per-bucket results
+    (ordered by bucket), written into the staging folder and published (prep.outdir)."""
+    manifest = build_manifest(cfg, inputs, read, results)
     elapsed = time.perf_counter() - t0
-    manifest = build_manifest(cfg, infos, read, results)
     manifest["elapsed_s"] = round(elapsed, 3)
-    manifest["timing"] = {"workers": workers, "read_s": round(t_read, 3),
-                          "measurements_per_s": round(read["rows_in"] / max(elapsed, 1e-9)),
-                          # Per process (the largest), as each pass ended; each worker
-                          # process serves both passes, so the second includes the first.
-                          "peak_rss_mb": {"main": _own_rss_mb(), "read": max(rss_read),
-                                          "buckets": max(rss, default=0.0)}}
-    mf.write_manifest(out_dir, manifest)
-    shutil.rmtree(stage, ignore_errors=True)
+    manifest["timing"] = timing | {
+        "measurements_per_s": round(read["rows_in"] / max(elapsed, 1e-9))}
+    od.publish(manifest)
     return summary(manifest)
 
 
@@ -379,15 +395,120 @@ def _bucket_task(task) -> dict:
     return result | {"peak_rss_mb": _own_rss_mb()}
 
 
-def process_pool(workers: int) -> multiprocessing.pool.Pool:
-    """A pool of ``workers`` processes: forked (cheap: inherits imports and loaded kernels)
-    unless this process runs Python threads or has imported JAX, whose threads may hold
-    locks at fork time (a deadlock); then from a fork server."""
+def _mp_context() -> multiprocessing.context.BaseContext:
+    """Fork (cheap: inherits imports and loaded kernels) unless this process runs Python
+    threads or has imported JAX, whose threads may hold locks at fork time (a deadlock);
+    then a fork server."""
     if threading.active_count() == 1 and "jax" not in sys.modules:
-        return multiprocessing.get_context("fork").Pool(workers)
+        return multiprocessing.get_context("fork")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["prep.shards", "prep.verify"])
-    return ctx.Pool(workers)
+    return ctx
+
+
+def process_pool(workers: int) -> multiprocessing.pool.Pool:
+    """A multiprocessing pool of ``workers`` processes (prep.verify's), started as
+    ``_mp_context`` says."""
+    return _mp_context().Pool(workers)
+
+
+class _Workers:
+    """The run's process pool: ``imap_unordered`` like multiprocessing.Pool's, but a
+    worker that dies (SIGKILL from the OOM killer, SIGTERM, a crash) raises
+    BrokenProcessPool instead of leaving the driver waiting forever."""
+
+    def __init__(self, workers: int):
+        ctx = _mp_context()
+        parent = os.getpid() if ctx.get_start_method() == "fork" else None
+        self._ex = concurrent.futures.ProcessPoolExecutor(
+            workers, mp_context=ctx, initializer=_worker_init, initargs=(parent,))
+        self._procs: dict[int, multiprocessing.Process] = {}
+        if parent is not None:  # fork every worker now, before any thread exists
+            self._ex.submit(os.getpid)
+            self._procs.update(self._ex._processes)
+
+    def imap_unordered(self, fn, tasks):
+        futures = [self._ex.submit(fn, t) for t in tasks]
+        self._procs.update(self._ex._processes)  # a fork server starts them on demand
+        pending = set(futures)
+        while pending:
+            # A timeout, so that SIGINT/SIGTERM are handled promptly in this thread.
+            done, pending = concurrent.futures.wait(
+                pending, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED)
+            for f in done:
+                yield f.result()
+
+    def death(self) -> tuple[str, str]:
+        """What happened to the worker that broke the pool, and the fix, for the error."""
+        procs = list(self._procs.values())
+        multiprocessing.connection.wait([p.sentinel for p in procs], timeout=5)
+        deadline = time.monotonic() + 2
+        while True:  # the executor's thread may be reaping them right now: None until then
+            codes = [(p.pid, p.exitcode) for p in procs]
+            if all(c is not None for _, c in codes) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        # The executor terminates (SIGTERM) the others once one has died.
+        dead = ([c for c in codes if c[1] not in (None, 0, -signal.SIGTERM)]
+                or [c for c in codes if c[1] == -signal.SIGTERM])
+        if not dead:
+            return "a worker process stopped unexpectedly", "run again"
+        pid, code = dead[0]
+        if code > 0:
+            return f"a worker process (pid {pid}) exited with code {code}", "run again"
+        name = signal.Signals(-code).name
+        if -code == signal.SIGKILL:
+            return (f"a worker process (pid {pid}) was killed by {name}, most likely by the "
+                    "kernel's out-of-memory killer",
+                    "use more --buckets (less memory per worker) or fewer --workers")
+        return f"a worker process (pid {pid}) was stopped by {name}", "run again"
+
+    def close(self, failed: bool) -> None:
+        if not failed:
+            self._ex.shutdown(wait=True)
+            return
+        self._procs.update(self._ex._processes)
+        procs = list(self._procs.values())
+        self._ex.shutdown(wait=False, cancel_futures=True)
+        for p in procs:  # SIGTERM: a worker keeps its default action (_worker_init)
+            with contextlib.suppress(Exception):
+                p.terminate()
+        # The staging folder is removed next: wait until no worker writes into it.
+        alive = [p.sentinel for p in procs]
+        multiprocessing.connection.wait(alive, timeout=5)
+        for p in procs:
+            with contextlib.suppress(Exception):
+                if p.exitcode is None:
+                    p.kill()
+        multiprocessing.connection.wait(alive, timeout=5)
+
+
+def _worker_init(parent: int | None) -> None:
+    """A worker's signals: it starts with SIGINT and SIGTERM blocked (they were while the
+    driver forked it) and with the driver's handlers; it ignores SIGINT, dies of SIGTERM,
+    and dies with the driver (``parent`` is its pid when forked from it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent(parent)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """SIGKILL this process when its parent dies (PR_SET_PDEATHSIG on Linux; elsewhere a
+    thread watching the parent pid), so a killed driver leaves no worker writing."""
+    ppid = os.getppid()
+    watched = False
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            watched = ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0) == 0
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)  # the driver died before the line above
+    if not watched:
+        def watch():
+            while os.getppid() == ppid:
+                time.sleep(0.5)
+            os._exit(1)
+        threading.Thread(target=watch, daemon=True).start()
 
 
 def config_to_json(cfg: ShardsConfig) -> str:
@@ -404,38 +525,12 @@ def config_from_dict(d: dict) -> ShardsConfig:
 
 # --- files ---------------------------------------------------------------------------
 
-def claim_out_dir(out: Path) -> None:
-    """Make ``out`` ours: refuse unrelated files, then clear what an earlier run left."""
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out}: is a file; --out must name a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    ours = {mf.MANIFEST_NAME, mf.MANIFEST_NAME + ".tmp"}
-    for entry in sorted(out.iterdir()):
-        if entry.name in ours or (entry.name.startswith(".tmp-") and entry.is_dir()):
-            continue
-        if entry.name in SPLITS and entry.is_dir():
-            for f in sorted(entry.iterdir()):
-                if not _SHARD_FILE.fullmatch(f.name):
-                    raise InputError(f"{out}: {f} was not written by `prep shards`; use an "
-                                     "empty or new --out folder, or move that file away")
-            continue
-        raise InputError(f"{out}: holds {entry.name}, which `prep shards` did not write; "
-                         "use an empty or new --out folder, or move it away")
-    # The manifest goes first: from here on the folder is not a dataset until the new one.
-    for name in ours:
-        (out / name).unlink(missing_ok=True)
-    for entry in out.iterdir():
-        if entry.name.startswith(".tmp-"):
-            shutil.rmtree(entry)
-        elif entry.name in SPLITS:
-            for f in entry.iterdir():
-                f.unlink()
-
-
-def file_info(p: Path) -> dict:
+def file_info(p: Path, stop: threading.Event | None = None) -> dict:
     h = hashlib.sha256()
     with open(p, "rb") as f:
         while chunk := f.read(1 << 22):
+            if stop is not None and stop.is_set():
+                break  # the run failed: the caller no longer waits for this
             h.update(chunk)
     return {"name": str(p), "size": p.stat().st_size, "sha256": h.hexdigest()}
 

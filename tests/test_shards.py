@@ -210,10 +210,17 @@ def test_process_bucket_is_pure(tmp_path):
     assert _tree_bytes(tmp_path / "a") == _tree_bytes(tmp_path / "b")
 
 
-def test_killed_run_leaves_no_dataset_and_next_run_completes(tmp_path):
+def _dataset_bytes(d: Path) -> dict[str, bytes]:
+    """The dataset's files: manifest.json, train/*, test/*."""
+    files = [d / mf.MANIFEST_NAME] + sorted(d.glob("train/*")) + sorted(d.glob("test/*"))
+    return {str(p.relative_to(d)): p.read_bytes() for p in files if p.is_file()}
+
+
+def test_killed_rerun_keeps_the_old_dataset_and_next_run_completes(tmp_path):
     inp = write_parquet(tmp_path / "in" / "a.parquet", probe_data(n_probes=200, per_probe=400, seed=4))
     out = tmp_path / "out"
-    args = ["shards", str(inp), "--out", str(out), "--workers", "2", "--buckets", "32", "--quiet"]
+    args = ["shards", str(inp), "--out", str(out), "--workers", "2", "--buckets", "32", "--quiet",
+            "--seed", "1", "--overwrite"]
     cmd = [str(REPO / ".venv" / "bin" / "prep")] + args
     # Each bucket lingers after writing its shards, so the kill below always lands mid-run.
     slow = ("import sys, time, prep.shards as s; from prep.cli import main\n"
@@ -221,6 +228,7 @@ def test_killed_run_leaves_no_dataset_and_next_run_completes(tmp_path):
             "def slow(*a):\n    r = real(*a); time.sleep(0.5); return r\n"
             "s.process_bucket = slow; main(sys.argv[1:])")
     run_shards([str(inp)], str(out), ShardsConfig(n_buckets=32), progress=False)  # an old dataset
+    old = _dataset_bytes(out)
     proc = subprocess.Popen([sys.executable, "-c", slow] + args, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + 60
@@ -229,12 +237,11 @@ def test_killed_run_leaves_no_dataset_and_next_run_completes(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert list(out.glob(".tmp-*/train/*.array_record")), "the run ended before it could be killed"
-    assert not (out / mf.MANIFEST_NAME).exists()
-    assert not list(out.glob("*/*.array_record"))  # nothing outside the staging folder
-    with pytest.raises(Exception, match="no manifest.json"):
-        verify_dir(out)
-    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
+    # The old dataset is untouched: nothing of the killed run outside its staging folder.
+    assert _dataset_bytes(out) == old and verify_dir(out) == []
+    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL, timeout=120)
     assert not list(out.glob(".tmp-*")) and verify_dir(out) == []
+    assert mf.load_manifest(out)["seed"] == 1 and _dataset_bytes(out) != old
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
