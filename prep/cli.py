@@ -58,9 +58,18 @@ def synth(out, rows, probes, days, seed):
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for the parquet output.")
 @click.option("--per-packet", is_flag=True, help="One row per packet instead of one per result.")
+@click.option("--source", type=click.Choice(["public", "local"]), default="public", show_default=True,
+              help="src_addr: public = the probe's public address (`from`, else `src_addr`); "
+                   "local = its interface address (`src_addr`, often private). The local one "
+                   "is kept in src_addr_local either way.")
+@click.option("--errors", type=click.Choice(["skip", "failed"]), default="skip", show_default=True,
+              help="A result whose packets are only local errors ({\"error\": ...}, no reply, no "
+                   "timeout): skip = rejected as local_error; failed = an rtt -1 row like a timeout.")
+@click.option("--workers", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Processes, one input file each; 0 = one per core. The output does not depend on it.")
 @click.option("--strict", is_flag=True, help="A malformed JSON line is an error, not a rejected row.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on stdout.")
-def import_atlas(inputs, out, per_packet, strict, as_json):
+def import_atlas(inputs, out, per_packet, source, errors, workers, strict, as_json):
     """Convert RIPE Atlas ping results (JSON, JSON lines, .bz2 dumps) to parquet."""
     import json
     from pathlib import Path
@@ -68,7 +77,8 @@ def import_atlas(inputs, out, per_packet, strict, as_json):
     from prep.atlas import AtlasConfig, import_atlas as run
 
     summary = run(AtlasConfig(inputs=tuple(Path(p) for p in inputs), out=Path(out),
-                              per_packet=per_packet, strict=strict))
+                              per_packet=per_packet, strict=strict, source=source, errors=errors,
+                              workers=workers))
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
 

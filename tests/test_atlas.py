@@ -26,34 +26,38 @@ def rows_by(folder, prb, ts):
 
 
 def test_real_sample_every_result_accounted(atlas_dir, tmp_path):
+    # Defaults --source public --errors skip (the behaviour before them, --source local
+    # --errors failed, is pinned in tests/test_atlas_source.py).
     res = run(atlas_dir / "api", atlas_dir / "dump", "--out", tmp_path / "x", "--json")
     assert res.exit_code == 0, res.output
     s = json.loads(res.stdout)
-    assert (s["results_read"], s["rows_in"], s["rows_written"]) == (7725, 7725, 7724)
-    assert s["rejected"] == {"empty_src_addr": 1}  # dump line 3141: "src_addr": ""
+    assert (s["results_read"], s["rows_in"], s["rows_written"]) == (7725, 7725, 7592)
+    # 133 results whose one packet is {"error": ...}; one of them (dump line 3141) has
+    # "src_addr": "" (empty_src_addr before --source public)
+    assert s["rejected"] == {"local_error": 133}
     assert s["files"] == 37 and len(list((tmp_path / "x").glob("*.parquet"))) == 37
     out = tmp_path / "x"
-    # Duplicate reply left out of the mean: (664.750625 + 187.372292) / 2.
+    # Duplicate reply left out of the mean: (664.750625 + 187.372292) / 2. The source is
+    # the probe's public address ("from"); its local one was 10.0.27.2.
     assert rows_by(out / "ping-sample.parquet", 52543, 1635001080) == [
-        ("10.0.27.2", "193.0.14.129", 4, (664.750625 + 187.372292) / 2, 1001, 32)]
+        ("81.217.68.120", "193.0.14.129", 4, (664.750625 + 187.372292) / 2, 1001, 32)]
     assert rows_by(out / "3359986_results.parquet", 3183, 1453256556) == [
-        ("192.168.189.1", "193.170.114.242", 4, (34.506247 + 34.261254 + 34.22132) / 3, 3359986, 48)]
+        ("212.122.42.107", "193.170.114.242", 4, (34.506247 + 34.261254 + 34.22132) / 3, 3359986, 48)]
     assert rows_by(out / "RIPE-Atlas-measurement-47848471.parquet", 1001040, 1671120843) == [
-        ("10.80.80.10", "3.105.132.193", 4, (179.801394 + 184.984237 + 164.792343) / 3, 47848471, 48)]
-    # An error packet only: nothing received, so a failed ping.
-    assert rows_by(out / "ping-sample.parquet", 21580, 1634960815) == [
-        ("192.168.251.197", "193.0.14.129", 4, -1.0, 1001, 20)]
+        ("98.97.113.188", "3.105.132.193", 4, (179.801394 + 184.984237 + 164.792343) / 3, 47848471, 48)]
+    # An error packet only: nothing was sent, so no row (local_error), not a failed ping.
+    assert rows_by(out / "ping-sample.parquet", 21580, 1634960815) == []
     t = pq.read_table(out)
-    assert sum(r == -1 for r in t.column("rtt").to_pylist()) == 653
+    assert sum(r == -1 for r in t.column("rtt").to_pylist()) == 521  # 653 less the 132 kept before
 
     res = run(atlas_dir / "api", atlas_dir / "dump", "--out", tmp_path / "p", "--per-packet", "--json")
     s = json.loads(res.stdout)
     assert (s["results_read"], s["rows_in"], s["rows_written"]) == (7725, 22868, 22727)
     assert s["rejected"] == {"duplicate_reply": 8, "packet_error": 133}
     assert sorted(rows_by(tmp_path / "p" / "ping-sample.parquet", 52543, 1635001080)) == [
-        ("10.0.27.2", "193.0.14.129", 4, -1.0, 1001, 32),
-        ("10.0.27.2", "193.0.14.129", 4, 187.372292, 1001, 32),
-        ("10.0.27.2", "193.0.14.129", 4, 664.750625, 1001, 32)]
+        ("81.217.68.120", "193.0.14.129", 4, -1.0, 1001, 32),
+        ("81.217.68.120", "193.0.14.129", 4, 187.372292, 1001, 32),
+        ("81.217.68.120", "193.0.14.129", 4, 664.750625, 1001, 32)]
 
 
 VARIANTS = [
@@ -89,10 +93,11 @@ def test_firmware_variants_and_malformed_lines(tmp_path):
     assert (s["results_read"], s["rows_written"]) == (8, 3)
     assert s["rejected"] == {"malformed_json": 1, "not_a_result": 2, "not_ping": 1,
                              "family_mismatch": 1}
+    # the last column, src_addr_local, is the result's own src_addr (none before fw 4460)
     assert [r[1:] for r in read_rows(tmp_path / "o")] == [
-        (12, "81.1.2.3", "193.0.14.129", 4, 58.042, 1001, 48),
-        (13, "2a02::5", "2001:7fd::1", 6, -1.0, 2001, 48),
-        (15, "10.0.0.1", "1.1.1.1", 4, 2.5, 5, 48)]
+        (12, "81.1.2.3", "193.0.14.129", 4, 58.042, 1001, 48, None),
+        (13, "2a02::5", "2001:7fd::1", 6, -1.0, 2001, 48, None),
+        (15, "10.0.0.1", "1.1.1.1", 4, 2.5, 5, 48, "10.0.0.1")]
     assert [int(t.timestamp()) for t in pq.read_table(tmp_path / "o").column("event_time").to_pylist()] == [
         1300000000, 1300000001, 1300000003]
 
