@@ -145,7 +145,10 @@ class AtlasConfig:
 
 def list_atlas_inputs(paths) -> list[Path]:
     """Result files (JSON, JSON lines, .bz2/.gz dumps) named directly or found under folders."""
-    return find_files(paths, SUFFIXES, f"no RIPE Atlas result files ({', '.join(SUFFIXES)}) found")
+    return find_files(paths, SUFFIXES, f"no RIPE Atlas result files ({', '.join(SUFFIXES)}) found",
+                      # a file of no known kind goes to the importer, which counts its
+                      # lines as malformed_json (and fails if nothing is left)
+                      command="prep import-atlas", kinds=("atlas", "unknown", "empty"))
 
 
 def _open_binary(path: Path, threads: int = 1):
@@ -1002,6 +1005,20 @@ def _tasks_run(procs: int, tasks: list):
                     p.join(5)
 
 
+def _nothing_written(files: list[Path], results: int, rejected: dict, out: Path) -> str:
+    where = f"{files[0]}" if len(files) == 1 else f"{len(files)} files"
+    if not results:
+        why = f"{where} hold{'s' if len(files) == 1 else ''} no JSON values"
+    else:
+        top = ", ".join(f"{k} {v:,}" for k, v in sorted(rejected.items(), key=lambda kv: -kv[1])[:3])
+        why = (f"all {results:,} values" if results > 1 else "the one value") + f" read from {where} were rejected ({top})"
+        if rejected.get("malformed_json", 0) + rejected.get("not_a_result", 0) >= sum(rejected.values()) / 2:
+            why += "; are these RIPE Atlas ping results (JSON from the results API or a daily dump)?"
+        elif rejected.get("not_ping"):
+            why += "; only ping measurements are imported"
+    return f"import-atlas: no rows written: {why}; nothing was written to {out}"
+
+
 def import_atlas(cfg: AtlasConfig) -> dict:
     """Convert every input; all output files appear together at the end, or none do."""
     if cfg.source not in SOURCES or cfg.errors not in ERRORS:
@@ -1010,6 +1027,7 @@ def import_atlas(cfg: AtlasConfig) -> dict:
     files = list_atlas_inputs(cfg.inputs)
     names = _output_names(files)
     stage = Path(cfg.out) / ".import-tmp"
+    made = not Path(cfg.out).exists()
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
     workers = cfg.workers if cfg.workers > 0 else _cores()
@@ -1039,10 +1057,15 @@ def import_atlas(cfg: AtlasConfig) -> dict:
             print(line, file=sys.stderr)
         if logged > MAX_LOGGED:
             print(f"... and {logged - MAX_LOGGED:,} more malformed JSON lines", file=sys.stderr)
+        if not rows_written:  # a finished-looking empty dataset is worse than an error
+            raise InputError(_nothing_written(files, results_read, rejected, Path(cfg.out)))
         for name in names:
             (stage / name).replace(Path(cfg.out) / name)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+        if made:  # an empty folder left behind would look like output
+            with contextlib.suppress(OSError):
+                Path(cfg.out).rmdir()
     elapsed = time.perf_counter() - t0
     summary = {"files": len(files), "results_read": results_read, "rows_in": rows_in,
                "rows_written": rows_written, "rejected": dict(sorted(rejected.items())),

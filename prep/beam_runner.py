@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from prep.bucket import ShardsConfig, bucket_of, process_bucket
+from prep.bucket import ShardsConfig, bucket_of, process_bucket, resolve_buckets
 from prep.errors import InputError
 from prep.measurements import DTYPES, Measurements, empty
 from prep.splits import default_cutoff, format_time, merge_histograms, minute_histogram
@@ -191,6 +191,7 @@ def run_beam(inputs: list[str], out: str, cfg: ShardsConfig, *, beam_options_kv=
     with outdir.claim(out_dir, overwrite=overwrite, runner="beam") as od:
         stage = od.stage
         units, rows_total = read_units(paths)
+        cfg = resolve_buckets(cfg, rows_total)
         print(f"prep shards (beam, {type(runner).__name__ if not isinstance(runner, str) else runner}): "
               f"{len(paths)} input files, {rows_total:,} rows; config {config_to_json(cfg)}",
               file=sys.stderr)

@@ -34,8 +34,16 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ping-pack", prog_name="prep")
 def main():
-    """Offline ETL for ping measurements: validate, tokenize, bin-pack, write shards."""
+    """Offline ETL for ping measurements: validate, tokenize, bin-pack, write shards.
+
+    \b
+    Example, from RIPE Atlas results to training shards:
+      prep import-atlas results/ --out data/atlas
+      prep shards data/atlas --out shards
+      prep verify shards
+    """
 
 
 # --- synth / import-atlas (foundation) ---------------------------------------------
@@ -46,7 +54,12 @@ def main():
 @click.option("--days", default=2, show_default=True, type=click.IntRange(min=1, max=366))
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
 def synth(out, rows, probes, days, seed):
-    """Write realistic RIPE-Atlas-like measurements as hourly parquet files."""
+    """Write realistic RIPE-Atlas-like measurements as hourly parquet files.
+
+    \b
+    Example:
+      prep synth --out data/raw --rows 100000 --probes 300
+    """
     from pathlib import Path
 
     from prep.synth import SynthConfig, synth as run
@@ -70,7 +83,15 @@ def synth(out, rows, probes, days, seed):
 @click.option("--strict", is_flag=True, help="A malformed JSON line is an error, not a rejected row.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on stdout.")
 def import_atlas(inputs, out, per_packet, source, errors, workers, strict, as_json):
-    """Convert RIPE Atlas ping results (JSON, JSON lines, .bz2 dumps) to parquet."""
+    """Convert RIPE Atlas ping results (JSON, JSON lines, .bz2 dumps) to parquet.
+
+    INPUTS are files or folders (searched recursively for .json, .jsonl, .ndjson, .bz2,
+    .gz). One parquet file per input file; rejected results are counted by reason.
+
+    \b
+    Example:
+      prep import-atlas ping-2026-01-01T00:00.bz2 measurement-1001.json --out data/atlas
+    """
     import json
     from pathlib import Path
 
@@ -105,9 +126,9 @@ class _Time(click.ParamType):
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--out", required=True, help="Folder for train/, test/ and manifest.json.")
-@click.option("--workers", default=0, type=click.IntRange(0),
-              help="Processes (default: one per core); never changes the output bytes.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--workers", default=0, show_default="0: one per core", type=click.IntRange(0),
+              help="Processes; never changes the output bytes.")
+@click.option("--seed", default=0, show_default=True, help="Seeds the encoding and the cuts.")
 @click.option("--test-fraction", default=0.1, show_default=True, type=click.FloatRange(0, 1),
               help="Share of probes held out for test (--split probe, time+probe); with a "
                    "time split and no --test-from, also the share of measurements at or "
@@ -132,8 +153,9 @@ class _Time(click.ParamType):
               help="Cut a context after a silence longer than this many seconds (0 = never).")
 @click.option("--epochs", default=1, show_default=True, type=click.IntRange(1),
               help="Passes over the data, each encoded and cut with its own seed.")
-@click.option("--buckets", default=16, show_default=True, type=click.IntRange(1),
-              help="Hash partitions of the probes; bounds memory per worker.")
+@click.option("--buckets", default=0, show_default="0: one per 250,000 input rows", type=click.IntRange(0),
+              help="Hash partitions of the probes: more bound the memory per worker, fewer "
+                   "pack tighter (each ends in part-filled rows).")
 @click.option("--compression", default="snappy", show_default=True,
               help="ArrayRecord compression: zstd:N, snappy or uncompressed.")
 @click.option("--runner", type=click.Choice(["local", "beam"]), default="local", show_default=True,
@@ -148,7 +170,12 @@ class _Time(click.ParamType):
 def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row_len,
            max_segments, max_measurements, max_gap, epochs, buckets, compression, runner,
            beam_options, overwrite, as_json, quiet):
-    """Validate, tokenize and pack INPUT parquet files or folders into shards in --out."""
+    """Validate, tokenize and pack INPUT parquet files or folders into shards in --out.
+
+    \b
+    Example:
+      prep shards data/atlas --out shards --split time --test-from 2026-01-02
+    """
     import signal
 
     from prep import outdir
@@ -200,9 +227,15 @@ def _shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, ro
 
 @main.command()
 @click.argument("shards_dir")
-@click.option("--workers", default=0, type=click.IntRange(0), help="Processes (default: one per core).")
+@click.option("--workers", default=0, show_default="0: one per core", type=click.IntRange(0),
+              help="Processes.")
 def verify(shards_dir, workers):
-    """Check a shards folder against its manifest; list the problems (exit 1) or exit 0."""
+    """Check a shards folder against its manifest; list the problems (exit 1) or exit 0.
+
+    \b
+    Example:
+      prep verify shards
+    """
     from prep.verify import verify_dir
 
     problems = verify_dir(shards_dir, workers=_workers(workers))
@@ -217,12 +250,19 @@ def verify(shards_dir, workers):
 
 @main.command()
 @click.argument("shards_dir")
-@click.option("--split", type=click.Choice(["train", "test"]), help="Only this split.")
+@click.option("--split", type=click.Choice(["train", "test"]), show_default="both",
+              help="Only this split.")
 @click.option("--rows", "rows_range", default=None, metavar="A:B",
+              show_default="all",
               help="Rows A (inclusive) to B (exclusive) of each split, in manifest order.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
 def inspect(shards_dir, split, rows_range, as_json):
-    """Print rows for people: each segment's measurements (or JSON lines with --json)."""
+    """Print rows for people: each segment's measurements (or JSON lines with --json).
+
+    \b
+    Example:
+      prep inspect shards --split test --rows 0:2
+    """
     from prep.inspect_rows import format_row, iter_rows, parse_range, row_json
 
     start, stop = parse_range(rows_range)
@@ -252,7 +292,12 @@ def _workers(n: int) -> int:
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG here.")
 def analyze_padding(input_path, crop, batch_size, max_segments, grain_sample, seed, as_json,
                     plot):
-    """Padding of every packing strategy on INPUT (parquet measurements or a shards folder)."""
+    """Padding of every packing strategy on INPUT (parquet measurements or a shards folder).
+
+    \b
+    Example:
+      prep analyze-padding data/atlas --crop 1024 --plot padding.png
+    """
     import json
 
     from prep import analyze

@@ -55,7 +55,7 @@ from tqdm import tqdm
 
 from prep import manifest as mf
 from prep import outdir
-from prep.bucket import SPLITS, ShardsConfig, bucket_of, process_bucket
+from prep.bucket import SPLITS, ShardsConfig, bucket_of, process_bucket, resolve_buckets
 from prep.errors import InputError
 from prep.measurements import DTYPES, Measurements
 from prep.splits import (TIME_RULES, MinuteHistogram, default_cutoff, format_time,
@@ -90,6 +90,7 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
                 hasher = concurrent.futures.ThreadPoolExecutor(1)
                 inputs_info = hasher.submit(lambda: [file_info(p, stop_hashing) for p in paths])
             units, rows_total = read_units(paths)
+            cfg = resolve_buckets(cfg, rows_total)
             print(f"prep shards: {len(paths)} input files, {rows_total:,} rows, {workers} "
                   f"workers; config {config_to_json(cfg)}", file=sys.stderr)
             imap = pool.imap_unordered if pool else map
@@ -154,12 +155,35 @@ def finish(od: outdir.OutDir, cfg: ShardsConfig, inputs: list[dict], read: dict,
     """Both runners' ending: the manifest from the read counts and the per-bucket results
     (ordered by bucket), written into the staging folder and published (prep.outdir)."""
     manifest = build_manifest(cfg, inputs, read, results)
+    check_not_empty(od.path, manifest)
     elapsed = time.perf_counter() - t0
     manifest["elapsed_s"] = round(elapsed, 3)
     manifest["timing"] = timing | {
         "measurements_per_s": round(read["rows_in"] / max(elapsed, 1e-9))}
     od.publish(manifest)
     return summary(manifest)
+
+
+def check_not_empty(out: Path, manifest: dict) -> None:
+    """InputError, before anything is published, when the dataset would have no train rows:
+    a finished-looking empty dataset is worse than an error."""
+    c, n = manifest["counts"], sum(manifest["counts"]["rows"].values())
+    if c["rows"]["train"]:
+        return
+    if not c["rows_in"]:
+        why = "the inputs hold no rows"
+    elif not c["measurements_accepted"]:
+        top = ", ".join(f"{k} {v:,}" for k, v in sorted(
+            c["rows_rejected"].items(), key=lambda kv: -kv[1])[:3])
+        why = (f"all {c['rows_in']:,} measurements were rejected ({top}); `prep import-atlas` "
+               "writes only rows that pass these checks")
+    elif n:
+        cfg = manifest["config"]
+        why = (f"all {n:,} rows went to the test split (--split {cfg['split']}, --test-fraction "
+               f"{cfg['test_fraction']:g}); lower --test-fraction or give more probes")
+    else:
+        why = f"{c['measurements_accepted']:,} measurements were accepted but none was tokenized"
+    raise InputError(f"{out}: no training rows written: {why}; nothing was published")
 
 
 def needs_cutoff(cfg: ShardsConfig) -> bool:
@@ -238,7 +262,7 @@ def summary(manifest: dict) -> dict:
             "rows_over_lower_bound": manifest["rows_over_lower_bound"],
             "elapsed_s": manifest.get("elapsed_s"),
             "measurements_per_s": t.get("measurements_per_s"), "workers": t.get("workers"),
-            "peak_rss_mb": t.get("peak_rss_mb")}
+            "peak_rss_mb": t.get("peak_rss_mb"), "buckets": cfg["n_buckets"]}
 
 
 def format_summary(s: dict) -> str:
@@ -260,6 +284,10 @@ def format_summary(s: dict) -> str:
         f"  contexts      {s['contexts']:,} ({s['segments']:,} segments after cuts)",
         f"  rows          {rows:,} (train {s['rows']['train']:,}, test {s['rows']['test']:,}); "
         f"lower bound {s['lower_bound_rows']:,} (x{s['rows_over_lower_bound']:.4f})",
+        f"  buckets       {s['buckets']}" + (
+            f"; each ends in part-filled rows: {rows - s['lower_bound_rows']:,} rows over the "
+            "lower bound (fewer --buckets pack tighter, with more memory per worker)"
+            if s["buckets"] > 1 and rows - s["lower_bound_rows"] >= s["buckets"] else ""),
         f"  tokens        {s['tokens']:,}, padding {100 * s['padding_fraction']:.3f} %",
     ])
 

@@ -247,6 +247,11 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
     manifest = reader.open_shards(cfg.data)
     fingerprint = reader.dataset_fingerprint(manifest)
     notes = check_resume(saved, cfg, fingerprint) if saved is not None else []
+    reader.require_rows(cfg.data, manifest, "train",
+                        "rebuild the dataset with `prep shards` from more measurements")
+    if cfg.eval_every:
+        reader.require_rows(cfg.data, manifest, "test", "pass --eval-every 0 to train without "
+                            "in-training eval, or rebuild with `prep shards --test-fraction` above 0")
     reader.check_data(cfg.data, manifest, ["train"] + (["test"] if cfg.eval_every else []),
                       check=cfg.data_check)
     mcfg = model_config(cfg.model, seq_len=manifest["row_len"])

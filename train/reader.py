@@ -46,6 +46,13 @@ def open_shards(shards_dir: str | os.PathLike) -> dict:
 HASH_LIMIT_BYTES = 2 << 30
 
 
+def require_rows(shards_dir: str | os.PathLike, manifest: dict, split: str, fix: str) -> None:
+    """InputError (one line, ``fix`` the way out) when the manifest lists no rows in ``split``."""
+    entries = manifest_lib.split_entries(manifest, shards_dir, split)
+    if not sum(e.get("records", 0) for e in entries):
+        raise InputError(f"{shards_dir}: no {split} rows (its manifest.json lists none); {fix}")
+
+
 def check_data(shards_dir: str | os.PathLike, manifest: dict, splits, *,
                check: str = "auto") -> bool:
     """Hold the shards of ``splits`` to the manifest; InputError naming the first that

@@ -1,0 +1,128 @@
+"""Zero rows written is an error, never a finished-looking empty dataset, and every command
+given another command's input names the right one: one line on stderr, exit code 2, no
+output: import-atlas leaves no folder, prep shards an empty one (no manifest.json)."""
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from prep.atlas import SCHEMA
+from prep.cli import main as prep
+from train import synthetic
+from train.cli import main as train
+
+
+EMPTY = (np.zeros((0, 64), np.uint16), np.zeros((0, 64), np.uint8))
+
+
+def fails(cli, *args):
+    r = CliRunner().invoke(cli, [*map(str, args)])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    return lines[-1]
+
+
+@pytest.fixture
+def shards_dir(tmp_path):
+    d = tmp_path / "shards"
+    (d / "train").mkdir(parents=True)
+    (d / "manifest.json").write_text(json.dumps({"format": "x"}))
+    return d
+
+
+# --- import-atlas ----------------------------------------------------------------------
+
+def test_import_atlas_given_shards_names_train(shards_dir, tmp_path):
+    assert fails(prep, "import-atlas", shards_dir, "--out", tmp_path / "o") == (
+        f"error: {shards_dir} is a shards folder (the output of `prep shards`); train on it "
+        f"with `train --data {shards_dir}` (or `prep inspect {shards_dir}`)")
+    assert not (tmp_path / "o").exists()
+
+
+def test_import_atlas_given_parquet_names_prep_shards(tmp_path):
+    pq.write_table(SCHEMA.empty_table(), tmp_path / "m.parquet")
+    assert fails(prep, "import-atlas", tmp_path / "m.parquet", "--out", tmp_path / "o") == (
+        f"error: {tmp_path}/m.parquet holds parquet measurements; `prep shards "
+        f"{tmp_path}/m.parquet --out shards` makes training shards of it")
+    (tmp_path / "pq").mkdir()
+    shutil.move(tmp_path / "m.parquet", tmp_path / "pq" / "m.parquet")
+    assert fails(prep, "import-atlas", tmp_path / "pq", "--out", tmp_path / "o") == (
+        f"error: {tmp_path}/pq holds parquet measurements; `prep shards {tmp_path}/pq --out "
+        "shards` makes training shards of it")
+    assert not (tmp_path / "o").exists()
+
+
+def test_import_atlas_with_nothing_to_write_fails(tmp_path):
+    (tmp_path / "tr.jsonl").write_text('{"type": "traceroute", "prb_id": 1}\n' * 3)
+    assert fails(prep, "import-atlas", tmp_path / "tr.jsonl", "--out", tmp_path / "o") == (
+        f"error: import-atlas: no rows written: all 3 values read from {tmp_path}/tr.jsonl were "
+        f"rejected (not_ping 3); only ping measurements are imported; nothing was written to "
+        f"{tmp_path}/o")
+    (tmp_path / "junk.json").write_text('{"a": 1}\n[1, 2]\n')
+    assert fails(prep, "import-atlas", tmp_path / "junk.json", "--out", tmp_path / "o") == (
+        f"error: import-atlas: no rows written: all 3 values read from {tmp_path}/junk.json were "
+        "rejected (not_a_result 2, bad_result 1); are these RIPE Atlas ping results (JSON from "
+        f"the results API or a daily dump)?; nothing was written to {tmp_path}/o")
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "o").mkdir()  # a folder the user made stays
+    fails(prep, "import-atlas", tmp_path / "tr.jsonl", "--out", tmp_path / "o")
+    assert (tmp_path / "o").is_dir() and not list((tmp_path / "o").iterdir())
+
+
+# --- prep shards -----------------------------------------------------------------------
+
+def test_prep_shards_with_no_rows_fails(tmp_path):
+    pq.write_table(SCHEMA.empty_table(), tmp_path / "e.parquet")
+    assert fails(prep, "shards", tmp_path / "e.parquet", "--out", tmp_path / "s",
+                 "--workers", "1", "--quiet") == (
+        f"error: {tmp_path}/s: no training rows written: the inputs hold no rows; nothing was "
+        "published")
+    assert list((tmp_path / "s").iterdir()) == []
+
+
+def test_prep_shards_with_every_row_rejected_fails(tmp_path):
+    t = pa.table({"event_time": pa.array([1_600_000_000] * 4, pa.timestamp("s", tz="UTC")),
+                  "src_addr": ["10.0.0.1", "x", "10.0.0.1", "10.0.0.1"],
+                  "dst_addr": ["1.1.1.1", "1.1.1.1", "2001:db8::1", "1.1.1.1"],
+                  "ip_version": pa.array([4, 4, 4, 5], pa.int8()),
+                  "rtt": [float("nan"), 1.0, 1.0, 1.0]})
+    pq.write_table(t, tmp_path / "bad.parquet")
+    line = fails(prep, "shards", tmp_path / "bad.parquet", "--out", tmp_path / "s",
+                 "--workers", "1", "--quiet")
+    assert line.startswith(f"error: {tmp_path}/s: no training rows written: all 4 measurements "
+                           "were rejected (")
+    assert line.endswith("); `prep import-atlas` writes only rows that pass these checks; "
+                         "nothing was published")
+    assert list((tmp_path / "s").iterdir()) == []
+
+
+def test_prep_shards_with_every_row_in_test_fails(tmp_path):
+    from prep.synth import SynthConfig, synth
+
+    synth(SynthConfig(out=tmp_path / "raw", rows=2_000, probes=20, days=1))
+    assert fails(prep, "shards", tmp_path / "raw", "--out", tmp_path / "s", "--workers", "1",
+                 "--test-fraction", "1", "--quiet").startswith(
+        f"error: {tmp_path}/s: no training rows written: all ")
+    assert list((tmp_path / "s").iterdir()) == []
+
+
+# --- train -----------------------------------------------------------------------------
+
+def test_train_on_a_split_without_rows_is_one_line(tmp_path):
+    d = tmp_path / "no-test"
+    synthetic.write_shards(d, {"train": synthetic.counting_rows(8, 64, seed=0),
+                               "test": EMPTY})
+    assert fails(train, "--data", d, "--run-dir", tmp_path / "r", "--steps", "1") == (
+        f"error: {d}: no test rows (its manifest.json lists none); pass --eval-every 0 to train "
+        "without in-training eval, or rebuild with `prep shards --test-fraction` above 0")
+    d = tmp_path / "no-train"
+    synthetic.write_shards(d, {"train": EMPTY,
+                               "test": synthetic.counting_rows(8, 64, seed=0)})
+    assert fails(train, "--data", d, "--run-dir", tmp_path / "r", "--steps", "1") == (
+        f"error: {d}: no train rows (its manifest.json lists none); rebuild the dataset with "
+        "`prep shards` from more measurements")
