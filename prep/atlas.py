@@ -91,6 +91,7 @@ import sys
 import threading
 import time
 import zlib
+from collections import Counter
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from itertools import compress
@@ -879,7 +880,7 @@ def _import_one(path: Path, out_file: Path, cfg: AtlasConfig, chunk: int, fast: 
     mode = _Mode(cfg.per_packet, cfg.source == "public", cfg.errors == "skip")
     results_read, rows_in, rows_written = 0, 0, 0
     mine: dict[str, int] = {}  # the importer's rejections
-    checked: dict[str, int] = {}  # validation's
+    checked: Counter = Counter()  # validation's
     log: list[str] = []
     rows = _Rows()
     with pq.ParquetWriter(out_file, SCHEMA, compression="zstd") as writer:
@@ -892,8 +893,7 @@ def _import_one(path: Path, out_file: Path, cfg: AtlasConfig, chunk: int, fast: 
                 writer.write_table(table.filter(pa.array(keep)))
                 rows_in += len(table)
                 rows_written += int(keep.sum())
-                for r, v in why.items():
-                    checked[r] = checked.get(r, 0) + v
+                checked.update(why)
 
         try:
             for v in _results(path, cfg.strict, log, chunk=chunk, fast=fast, threads=threads):
@@ -920,9 +920,7 @@ def _import_one(path: Path, out_file: Path, cfg: AtlasConfig, chunk: int, fast: 
                              "download the file again") from None
         if len(rows):
             write(len(rows))
-    rejected = dict(checked)
-    for r, v in mine.items():
-        rejected[r] = rejected.get(r, 0) + v
+    rejected = dict(checked + Counter(mine))
     return {"results_read": results_read, "rows_in": rows_in + sum(mine.values()),
             "rows_written": rows_written, "rejected": rejected, "log": log[:MAX_LOGGED],
             "logged": len(log)}
@@ -1035,7 +1033,7 @@ def import_atlas(cfg: AtlasConfig) -> dict:
     threads = max(1, workers // procs)  # decompression threads of a .bz2 file
     tasks = [(path, stage / name, cfg, CHUNK, _FAST, threads) for path, name in zip(files, names)]
     results_read = rows_in = rows_written = logged = 0
-    rejected: dict[str, int] = {}
+    rejected: Counter = Counter()
     log: list[str] = []
     try:
         with _tasks_run(procs, tasks) as results, contextlib.ExitStack() as stack:
@@ -1047,8 +1045,7 @@ def import_atlas(cfg: AtlasConfig) -> dict:
                 results_read += res["results_read"]
                 rows_in += res["rows_in"]
                 rows_written += res["rows_written"]
-                for k, v in res["rejected"].items():
-                    rejected[k] = rejected.get(k, 0) + v
+                rejected.update(res["rejected"])
                 log += res["log"][:MAX_LOGGED - len(log)]
                 logged += res["logged"]
                 if bar is not None:

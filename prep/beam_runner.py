@@ -50,6 +50,7 @@ import pyarrow as pa
 from prep.bucket import ShardsConfig, bucket_of, process_bucket, resolve_buckets
 from prep.errors import InputError
 from prep.measurements import DTYPES, Measurements, empty
+from prep.shards import add_read_counts, new_read_counts
 from prep.splits import default_cutoff, format_time, merge_histograms, minute_histogram
 
 
@@ -93,14 +94,11 @@ def read_unit(task: str, stage: str, n_buckets: int, with_minutes: bool = False)
     from prep.shards import validated_batches
 
     unit, parts = json.loads(task)
-    counts = {"rows_in": 0, "accepted": 0, "rejected": {}}
+    counts = new_read_counts()
     hists = []
     for path, row_groups in parts:
         for m, n_in, rej in validated_batches(path, row_groups):
-            counts["rows_in"] += n_in
-            counts["accepted"] += len(m)
-            for k, v in rej.items():
-                counts["rejected"][k] = counts["rejected"].get(k, 0) + v
+            add_read_counts(counts, {"rows_in": n_in, "accepted": len(m), "rejected": rej})
             if with_minutes:
                 hists.append(minute_histogram(m.time))
             b = bucket_of(m.probe, n_buckets)
@@ -221,13 +219,9 @@ def run_beam(inputs: list[str], out: str, cfg: ShardsConfig, *, beam_options_kv=
                   f"whole minute with at most {100 * cfg.test_fraction:g} % of the accepted "
                   "measurements at or after it", file=sys.stderr)
 
-        read = {"rows_in": 0, "accepted": 0, "rejected": {}}
+        read = new_read_counts()
         for f in sorted((stage / "read").glob("unit-*.json")):
-            r = json.loads(f.read_text())
-            read["rows_in"] += r["rows_in"]
-            read["accepted"] += r["accepted"]
-            for k, v in r["rejected"].items():
-                read["rejected"][k] = read["rejected"].get(k, 0) + v
+            add_read_counts(read, json.loads(f.read_text()))
         results = {}
         for f in sorted((stage / "results").glob("bucket-*.json")):
             r = json.loads(f.read_text())

@@ -39,11 +39,11 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from prep import rows
 from prep.contexts import ContextConfig, epoch_seed, plan_contexts
 from prep.kernel import encode_pieces
+from prep.manifest import SPLITS
 from prep.measurements import Measurements
 from prep.packing import pack
 from prep.splits import SPLIT_RULES, TIME_RULES
 
-SPLITS = ("train", "test")
 _BUCKET_SALT = np.uint64(0x5EED_B0C4_E7B1_0001)
 _SPLIT_SALT = np.uint64(0x5EED_5B11_7000_0002)
 

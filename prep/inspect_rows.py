@@ -26,12 +26,12 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from prep import manifest as mf
+from prep.manifest import SPLITS
 from prep import rows
 from prep.decode import DecodeError, decode_context
 from prep.errors import InputError
 from prep.measurements import addr_text
 
-SPLITS = ("train", "test")
 
 
 def parse_range(text: str | None) -> tuple[int, int | None]:

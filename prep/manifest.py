@@ -48,6 +48,7 @@ from prep.errors import InputError
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "ping-pack-shards"
+SPLITS = ("train", "test")  # the splits of a dataset, in manifest order
 
 
 def header(row_len: int) -> dict:

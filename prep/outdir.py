@@ -78,11 +78,11 @@ import time
 from pathlib import Path
 
 from prep.errors import InputError
+from prep.manifest import SPLITS
 
 LOCK_NAME = ".lock"
 MARKER = ".ping-pack-owner"
 MANIFEST = "manifest.json"  # == prep.manifest.MANIFEST_NAME (not imported: it pulls in numpy)
-SPLITS = ("train", "test")  # == prep.bucket.SPLITS (not imported: it pulls in Numba)
 SHARD_FILE = re.compile(r"shard-b\d+-e\d+\.array_record(\.tmp)?")
 _STAGE = re.compile(r"\.tmp-(shards|beam)-(\d+)-([0-9a-f]{12})")
 _OLD = re.compile(r"\.old-(\d+)-([0-9a-f]{12})")

@@ -26,6 +26,7 @@ derives positions and targets on the device. No pickle anywhere.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -117,8 +118,50 @@ def decode_row(record: bytes, *, where: str = "record") -> tuple[np.ndarray, np.
     return tokens, segment_ids
 
 
-def row_len_of(record: bytes) -> int:
-    return _HEADER.unpack_from(record)[2]
+def check_record(record: bytes, row_len: int, *, where: str = "record") -> None:
+    """RowFormatError, worded by ``decode_row``, unless ``record`` is a row of ``row_len``."""
+    tokens, _ = decode_row(record, where=where)
+    if len(tokens) != row_len:
+        raise RowFormatError(f"{where}: row_len {len(tokens)}, the manifest says {row_len}; "
+                             "re-run `prep shards` to rebuild the dataset")
+
+
+@dataclass(frozen=True)
+class Block:
+    """Records decoded side by side (``decode_block``): the rows are the records of the
+    expected size, in record order; nothing is validated beyond the header's columns."""
+    fits: np.ndarray  # bool[n_records]: the record has record_size(row_len) bytes
+    index: np.ndarray  # int64[n_rows]: the record each row came from
+    header_ok: np.ndarray  # bool[n_rows]: magic, format version and row_len as expected
+    n_segments: np.ndarray  # int64[n_rows]: the header's segment count
+    tokens: np.ndarray  # uint16[n_rows, row_len] (a view of the joined records)
+    segment_ids: np.ndarray  # uint8[n_rows, row_len]
+
+    @property
+    def sound(self) -> bool:
+        """Every record fits and every header is as expected."""
+        return bool(self.fits.all() and self.header_ok.all())
+
+    def first_bad(self) -> int | None:
+        """The first record (index) that does not fit or whose header is not as expected."""
+        bad = np.union1d(np.flatnonzero(~self.fits), self.index[~self.header_ok])
+        return int(bad[0]) if len(bad) else None
+
+
+def decode_block(records: list[bytes], row_len: int) -> Block:
+    """Many records of ``row_len`` at once: one join, headers checked as columns. A record
+    of another size is left out of the rows (``fits``); ``decode_row`` words what is wrong."""
+    size = record_size(row_len)
+    fits = np.fromiter(map(len, records), np.int64, len(records)) == size
+    index = np.arange(len(records)) if fits.all() else np.flatnonzero(fits)
+    joined = b"".join(records) if len(index) == len(records) else b"".join(
+        [records[i] for i in index.tolist()])
+    block = np.frombuffer(joined, np.uint8).reshape(len(index), size)
+    prefix = np.frombuffer(_HEADER.pack(MAGIC, ROW_FORMAT_VERSION, row_len, 0)[:8], np.uint8)
+    return Block(fits, index, header_ok=(block[:, :8] == prefix).all(axis=1),
+                 n_segments=block[:, 8:10].view("<u2")[:, 0].astype(np.int64),
+                 tokens=block[:, HEADER_SIZE:HEADER_SIZE + 2 * row_len].view("<u2"),
+                 segment_ids=block[:, HEADER_SIZE + 2 * row_len:])
 
 
 def positions(segment_ids: np.ndarray) -> np.ndarray:

@@ -29,6 +29,7 @@ driver when the run stops, and die with it if it is killed (PR_SET_PDEATHSIG).
 from __future__ import annotations
 
 import concurrent.futures
+from collections import Counter
 import contextlib
 import ctypes
 import hashlib
@@ -55,8 +56,9 @@ from tqdm import tqdm
 
 from prep import manifest as mf
 from prep import outdir
-from prep.bucket import SPLITS, ShardsConfig, bucket_of, process_bucket, resolve_buckets
+from prep.bucket import ShardsConfig, bucket_of, process_bucket, resolve_buckets
 from prep.errors import InputError
+from prep.manifest import SPLITS
 from prep.measurements import DTYPES, Measurements
 from prep.splits import (TIME_RULES, MinuteHistogram, default_cutoff, format_time,
                          minute_histogram)
@@ -95,7 +97,7 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
                   f"workers; config {config_to_json(cfg)}", file=sys.stderr)
             imap = pool.imap_unordered if pool else map
 
-            read = {"rows_in": 0, "accepted": 0, "rejected": {}}
+            read = new_read_counts()
             want_cutoff = needs_cutoff(cfg)
             minutes = MinuteHistogram()
             tasks = [(i, parts, str(stage), cfg.n_buckets, want_cutoff)
@@ -105,10 +107,7 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
                       disable=not progress, file=sys.stderr) as bar:
                 for r in map(_raise_error, imap(_spill_unit, tasks)):
                     rss_read.append(r["peak_rss_mb"])
-                    read["rows_in"] += r["rows_in"]
-                    read["accepted"] += r["accepted"]
-                    for k, v in r["rejected"].items():
-                        read["rejected"][k] = read["rejected"].get(k, 0) + v
+                    add_read_counts(read, r)
                     if want_cutoff:
                         minutes.add(*r["minutes"])
                     bar.update(r["rows_in"])
@@ -162,6 +161,17 @@ def finish(od: outdir.OutDir, cfg: ShardsConfig, inputs: list[dict], read: dict,
         "measurements_per_s": round(read["rows_in"] / max(elapsed, 1e-9))}
     od.publish(manifest)
     return summary(manifest)
+
+
+def new_read_counts() -> dict:
+    """Pass 1's counts, which both runners add up per unit (add_read_counts)."""
+    return {"rows_in": 0, "accepted": 0, "rejected": Counter()}
+
+
+def add_read_counts(read: dict, unit: dict) -> None:
+    read["rows_in"] += unit["rows_in"]
+    read["accepted"] += unit["accepted"]
+    read["rejected"].update(unit["rejected"])
 
 
 def check_not_empty(out: Path, manifest: dict) -> None:
@@ -349,7 +359,7 @@ _ADDR_CACHE: dict = {}  # per process, across tasks: each distinct address text 
 @_reporting_errors
 def _spill_unit(task) -> dict:
     unit, parts, stage, n_buckets, want_minutes = task
-    rows_in, accepted, rejected = 0, 0, {}
+    rows_in, accepted, rejected = 0, 0, Counter()
     minutes = MinuteHistogram()
     writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
     try:
@@ -357,8 +367,7 @@ def _spill_unit(task) -> dict:
             for m, n_in, rej in validated_batches(path, row_groups):
                 rows_in += n_in
                 accepted += len(m)
-                for k, v in rej.items():
-                    rejected[k] = rejected.get(k, 0) + v
+                rejected.update(rej)
                 if want_minutes:
                     minutes.add(*minute_histogram(m.time))
                 b = bucket_of(m.probe, n_buckets).astype(np.uint16)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -307,10 +308,9 @@ def iter_validated(paths: Iterable[str | Path], *, batch_rows: int = 1 << 20) ->
 
 def read_validated(paths: Iterable[str | Path]) -> tuple[Measurements, dict[str, int], int]:
     """Every accepted row of every input, the rejected counts by reason, and rows in."""
-    parts, rejected, rows_in = [], {}, 0
+    parts, rejected, rows_in = [], Counter(), 0
     for b in iter_validated(paths):
         parts.append(b.measurements)
         rows_in += b.rows_in
-        for k, v in b.rejected.items():
-            rejected[k] = rejected.get(k, 0) + v
-    return (Measurements.concat(parts) if parts else empty()), rejected, rows_in
+        rejected.update(b.rejected)
+    return (Measurements.concat(parts) if parts else empty()), dict(rejected), rows_in

@@ -119,8 +119,6 @@ class RowReader:
                 manifest_lib.record_count(p)
             raise InputError(f"{self.paths[0] if len(self.paths) == 1 else 'one of the shards'}"
                              f": unreadable ({manifest_lib.first_line(e)}); {_FIX}") from None
-        header = rows_lib._HEADER.pack(rows_lib.MAGIC, rows_lib.ROW_FORMAT_VERSION, row_len, 0)
-        self._prefix = np.frombuffer(header[:8], np.uint8)  # magic, version, row_len
 
     def __len__(self) -> int:
         return len(self.source)
@@ -147,27 +145,18 @@ class RowReader:
                          f"({manifest_lib.first_line(error)}); {_FIX}") from None
 
     def decode(self, records, keys) -> dict[str, np.ndarray]:
-        L, size = self.row_len, rows_lib.record_size(self.row_len)
-        if any(len(r) != size for r in records):
+        block = rows_lib.decode_block(records, self.row_len)
+        if not block.sound:
             self._raise_first_bad(records, keys)
-        buf = np.frombuffer(b"".join(records), np.uint8).reshape(len(records), size)
-        if not (buf[:, :8] == self._prefix).all():
-            self._raise_first_bad(records, keys)
-        body = buf[:, rows_lib.HEADER_SIZE:]
-        return {"tokens": body[:, :2 * L].view("<u2").astype(np.uint16),
-                "segment_ids": np.ascontiguousarray(body[:, 2 * L:])}
+        return {"tokens": block.tokens.astype(np.uint16),
+                "segment_ids": np.ascontiguousarray(block.segment_ids)}
 
     def _raise_first_bad(self, records, keys):
         """Let prep.rows word the error, naming the shard and the record in it."""
         bounds = np.cumsum([0] + [len(ArrayRecordDataSource([p])) for p in self.paths])
         for rec, key in zip(records, keys):
             shard = int(np.searchsorted(bounds, key, side="right")) - 1
-            where = f"{self.paths[shard]}#{int(key) - bounds[shard]}"
-            _, segs = rows_lib.decode_row(rec, where=where)
-            if len(segs) != self.row_len:
-                raise rows_lib.RowFormatError(
-                    f"{where}: row_len {len(segs)}, the manifest says {self.row_len}; "
-                    "re-run `prep shards` to rebuild the dataset")
+            rows_lib.check_record(rec, self.row_len, where=f"{self.paths[shard]}#{int(key) - bounds[shard]}")
         raise AssertionError("unreachable: a bad record was detected but not found")
 
 
@@ -260,7 +249,6 @@ def read_split(shards_dir, manifest: dict, split: str, *, epoch: int = 0,
     shard is held to its manifest entry first (prep.manifest.check_shard), its sha256 too
     unless ``sha256`` is False: the whole file is read anyway."""
     L = manifest["row_len"]
-    size = rows_lib.record_size(L)
     toks, segs = [], []
     for e in manifest_lib.split_entries(manifest, shards_dir, split):
         if e.get("epoch", 0) != epoch:
@@ -273,12 +261,12 @@ def read_split(shards_dir, manifest: dict, split: str, *, epoch: int = 0,
         except Exception as err:  # array_record raises plain RuntimeError on damage
             raise InputError(f"{path}: unreadable ({manifest_lib.first_line(err)}); "
                              f"{_FIX}") from None
-        if any(len(r) != size for r in records):
-            bad = next(i for i, r in enumerate(records) if len(r) != size)
-            rows_lib.decode_row(records[bad], where=f"{path}#{bad}")  # raises, naming it
-        block = np.frombuffer(b"".join(records), np.uint8).reshape(len(records), size)
-        toks.append(block[:, rows_lib.HEADER_SIZE:rows_lib.HEADER_SIZE + 2 * L].view("<u2"))
-        segs.append(block[:, rows_lib.HEADER_SIZE + 2 * L:])
+        block = rows_lib.decode_block(records, L)
+        if not block.sound:
+            bad = block.first_bad()
+            rows_lib.check_record(records[bad], L, where=f"{path}#{bad}")  # raises, naming it
+        toks.append(block.tokens)
+        segs.append(block.segment_ids)
     if not toks:
         return np.zeros((0, L), np.uint16), np.zeros((0, L), np.uint8)
     return np.concatenate(toks), np.concatenate(segs)
