@@ -38,6 +38,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from prep import rows
 from prep.contexts import ContextConfig, epoch_seed, plan_contexts
+from prep.hashing import splitmix64
 from prep.kernel import encode_pieces
 from prep.manifest import SPLITS
 from prep.measurements import Measurements
@@ -104,15 +105,6 @@ def resolve_buckets(cfg: "ShardsConfig", rows_total: int) -> "ShardsConfig":
     if cfg.n_buckets:
         return cfg
     return replace(cfg, n_buckets=max(1, -(-rows_total // BUCKET_ROWS)))
-
-
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """The splitmix64 finalizer over uint64 (wrapping arithmetic): a stable, well-mixed hash."""
-    with np.errstate(over="ignore"):
-        z = np.asarray(x, np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
 
 
 def bucket_of(probe: np.ndarray, n_buckets: int) -> np.ndarray:

@@ -36,7 +36,7 @@ import numpy as np
 
 from prep import kernel
 from prep.measurements import Measurements
-from prep.reference import mix64
+from prep.hashing import MASK, mix64
 
 # The longest measurement: START, two IPv6 address blocks, an RTT, an absolute timestamp.
 _MAX_MEASUREMENT_TOKENS = 1 + 17 + 17 + 3 + 9
@@ -85,8 +85,8 @@ class Plan:
 def epoch_seed(seed: int, epoch: int) -> int:
     """The seed of pass ``epoch`` over the data; epoch 0 is ``seed`` itself."""
     if epoch == 0:
-        return seed & 0xFFFF_FFFF_FFFF_FFFF
-    return mix64((seed ^ mix64(epoch & 0xFFFF_FFFF_FFFF_FFFF)) & 0xFFFF_FFFF_FFFF_FFFF)
+        return seed & MASK
+    return mix64((seed ^ mix64(epoch & MASK)) & MASK)
 
 
 def mode_thresholds(weights) -> tuple[int, int]:

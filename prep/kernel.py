@@ -41,12 +41,13 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from prep import hashing
 from prep import vocab as V
 from prep.packing import BACKOFF, fillable
 
-GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_C1 = np.uint64(0xBF58476D1CE4E5B9)
-_C2 = np.uint64(0x94D049BB133111EB)
+GOLDEN = np.uint64(hashing.GOLDEN)
+_C1 = np.uint64(hashing.C1)
+_C2 = np.uint64(hashing.C2)
 _S30, _S27, _S31, _S32 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(32)
 _S52, _S56 = np.uint64(52), np.uint64(56)
 

@@ -18,12 +18,11 @@ import math
 
 from prep import packing
 from prep import vocab as V
+from prep.hashing import GOLDEN, MASK, mix64
 from prep.packing import BACKOFF
 
 fillable = packing.fillable.py_func  # the packer's rule, run as plain Python
 
-MASK = 0xFFFF_FFFF_FFFF_FFFF
-GOLDEN = 0x9E3779B97F4A7C15
 STREAM_MODE, STREAM_FRAC, STREAM_DROP, STREAM_FIELD, STREAM_SHUFFLE = 1, 2, 3, 4, 5
 MODE_FULL, MODE_PARTIAL, MODE_NONE = 0, 1, 2
 DROP_LO, DROP_SPAN = 429_496_730, 3_435_973_837  # [0.1, 0.9) of 2**32
@@ -31,12 +30,6 @@ BLOCK_ORDERS = [  # every order of (src, dst, result, timestamp) = (0, 1, 2, 3)
     (a, b, c, d) for a in range(4) for b in range(4) for c in range(4) for d in range(4)
     if len({a, b, c, d}) == 4
 ]
-
-
-def mix64(z: int) -> int:
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-    return z ^ (z >> 31)
 
 
 def stream_key(seed: int, probe: int, stream: int) -> int:
