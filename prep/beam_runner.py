@@ -49,7 +49,7 @@ import pyarrow as pa
 
 from prep.bucket import ShardsConfig, bucket_of, process_bucket, resolve_buckets
 from prep.errors import InputError
-from prep.measurements import DTYPES, Measurements, empty
+from prep.measurements import ARROW_SCHEMA, DTYPES, Measurements, empty, from_arrow, to_arrow
 from prep.shards import add_read_counts, new_read_counts
 from prep.splits import default_cutoff, format_time, merge_histograms, minute_histogram
 
@@ -63,22 +63,16 @@ def _import_beam():
     return beam
 
 
-_SCHEMA = pa.schema([(k, pa.from_numpy_dtype(v)) for k, v in DTYPES.items()])
-
-
 def _to_ipc(m: Measurements) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, _SCHEMA) as w:
-        w.write_batch(pa.record_batch([pa.array(v) for v in m.columns().values()], schema=_SCHEMA))
+    with pa.ipc.new_stream(sink, ARROW_SCHEMA) as w:
+        w.write_batch(to_arrow(m))
     return sink.getvalue().to_pybytes()
 
 
 def _from_ipc(blobs) -> Measurements:
     tables = [pa.ipc.open_stream(pa.py_buffer(b)).read_all() for b in blobs]
-    if not tables:
-        return empty()
-    t = pa.concat_tables(tables).combine_chunks()
-    return Measurements(**{k: t.column(k).to_numpy() for k in DTYPES})
+    return from_arrow(pa.concat_tables(tables) if tables else None)
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -145,10 +139,10 @@ def _warm_up(cfg: ShardsConfig) -> None:
     import tempfile
 
     cfg = replace(cfg, split="probe", test_from=None)  # the kernels do not depend on the split
-    m = Measurements(probe=np.array([1, 1], np.uint64), time=np.array([0, 60], np.int64),
-                     family=np.array([4, 4], np.uint8), src_hi=np.zeros(2, np.uint64),
-                     src_lo=np.array([1, 1], np.uint64), dst_hi=np.zeros(2, np.uint64),
-                     dst_lo=np.array([2, 2], np.uint64), rtt=np.array([1.0, -1.0]))
+    m = Measurements(**{k: np.zeros(2, dt) for k, dt in DTYPES.items()} | {
+        "probe": np.ones(2, np.uint64), "time": np.array([0, 60], np.int64),
+        "family": np.full(2, 4, np.uint8), "src_lo": np.ones(2, np.uint64),
+        "dst_lo": np.full(2, 2, np.uint64), "rtt": np.array([1.0, -1.0])})
     with tempfile.TemporaryDirectory() as d:
         process_bucket(0, m, cfg, d)
 

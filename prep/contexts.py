@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from prep import kernel
-from prep.measurements import Measurements
+from prep.measurements import FIELDS, Measurements
 from prep.hashing import MASK, mix64
 
 # The longest measurement: START, two IPv6 address blocks, an RTT, an absolute timestamp.
@@ -109,8 +109,7 @@ def sort_order(m: Measurements) -> np.ndarray:
         in_run[1:] |= tie
         in_run[:-1] |= tie
         rows = order[in_run]
-        sub = np.lexsort((m.rtt[rows], m.dst_lo[rows], m.dst_hi[rows], m.src_lo[rows],
-                          m.src_hi[rows], m.family[rows], m.time[rows], m.probe[rows]))
+        sub = np.lexsort([getattr(m, k)[rows] for k in reversed(FIELDS)])  # all fields, in order
         order[in_run] = rows[sub]  # tie runs are contiguous, so their slots stay theirs
     return order
 

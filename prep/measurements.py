@@ -10,23 +10,30 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
+import pyarrow as pa
 
 HASHED_KEY_BIT = np.uint64(1 << 63)  # probe keys derived from src_addr have the top bit set
 
 
+def _column(dtype) -> "field":
+    return field(metadata={"dtype": np.dtype(dtype)})
+
+
 @dataclass(frozen=True)
 class Measurements:
-    probe: np.ndarray  # uint64: prb_id, or stable_key(src_addr) | HASHED_KEY_BIT without prb_id
-    time: np.ndarray  # int64 Unix seconds
-    family: np.ndarray  # uint8, 4 or 6 (source and destination always share it)
-    src_hi: np.ndarray  # uint64, high 64 bits of the source address (0 for IPv4)
-    src_lo: np.ndarray  # uint64, low 64 bits (IPv4: the 32-bit address)
-    dst_hi: np.ndarray  # uint64
-    dst_lo: np.ndarray  # uint64
-    rtt: np.ndarray  # float64 milliseconds, -1.0 = failed (nothing received)
+    """The schema: the fields below, in this order, with their dtypes. Everything else
+    (DTYPES, FIELDS, the Arrow schema, the sort key) is derived from it."""
+    probe: np.ndarray = _column(np.uint64)  # prb_id, or stable_key(src_addr) | HASHED_KEY_BIT
+    time: np.ndarray = _column(np.int64)  # Unix seconds
+    family: np.ndarray = _column(np.uint8)  # 4 or 6 (source and destination always share it)
+    src_hi: np.ndarray = _column(np.uint64)  # high 64 bits of the source address (0 for IPv4)
+    src_lo: np.ndarray = _column(np.uint64)  # low 64 bits (IPv4: the 32-bit address)
+    dst_hi: np.ndarray = _column(np.uint64)
+    dst_lo: np.ndarray = _column(np.uint64)
+    rtt: np.ndarray = _column(np.float64)  # milliseconds, -1.0 = failed (nothing received)
 
     def __len__(self) -> int:
         return len(self.time)
@@ -45,8 +52,23 @@ class Measurements:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-DTYPES = {"probe": np.uint64, "time": np.int64, "family": np.uint8, "src_hi": np.uint64,
-          "src_lo": np.uint64, "dst_hi": np.uint64, "dst_lo": np.uint64, "rtt": np.float64}
+DTYPES = {f.name: f.metadata["dtype"] for f in fields(Measurements)}
+# The fields in order. Sorting by all of them, in this order, is the total order that
+# determinism rests on (prep.contexts.sort_order breaks (probe, time) ties with the rest).
+FIELDS = tuple(DTYPES)
+ARROW_SCHEMA = pa.schema([(k, pa.from_numpy_dtype(v)) for k, v in DTYPES.items()])
+
+
+def to_arrow(m: Measurements) -> pa.RecordBatch:
+    return pa.record_batch([pa.array(getattr(m, k)) for k in FIELDS], schema=ARROW_SCHEMA)
+
+
+def from_arrow(t: pa.Table | None) -> Measurements:
+    """Measurements of a table of ARROW_SCHEMA (None: none)."""
+    if t is None:
+        return empty()
+    t = t.combine_chunks()
+    return Measurements(**{k: t.column(k).to_numpy() for k in FIELDS})
 
 
 def empty() -> Measurements:

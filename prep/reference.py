@@ -19,6 +19,7 @@ import math
 from prep import packing
 from prep import vocab as V
 from prep.hashing import GOLDEN, MASK, mix64
+from prep.measurements import FIELDS
 from prep.packing import BACKOFF
 
 fillable = packing.fillable.py_func  # the packer's rule, run as plain Python
@@ -177,8 +178,7 @@ def encode_context(rows: list[tuple], has_ts: list[bool], hist0: int, mode: int,
 def encode_pieces_reference(plan, piece_start, piece_end, seed: int) -> list[list[int]]:
     """``encode_context`` of each piece of a ``prep.contexts.Plan``."""
     cols = plan.sorted.columns()
-    rows = list(zip(*(cols[k].tolist() for k in
-                      ("probe", "time", "family", "src_hi", "src_lo", "dst_hi", "dst_lo", "rtt"))))
+    rows = list(zip(*(cols[k].tolist() for k in FIELDS)))
     starts = plan.ctx_start.tolist()
     has_ts, hist, modes = plan.has_ts.tolist(), plan.hist.tolist(), plan.ctx_mode.tolist()
     out = []

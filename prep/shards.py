@@ -59,7 +59,7 @@ from prep import outdir
 from prep.bucket import ShardsConfig, bucket_of, process_bucket, resolve_buckets
 from prep.errors import InputError
 from prep.manifest import SPLITS
-from prep.measurements import DTYPES, Measurements
+from prep.measurements import ARROW_SCHEMA, FIELDS, Measurements, from_arrow
 from prep.splits import (TIME_RULES, MinuteHistogram, default_cutoff, format_time,
                          minute_histogram)
 from prep.validate import REQUIRED, list_inputs, validate_rows
@@ -67,7 +67,6 @@ from prep.validate import REQUIRED, list_inputs, validate_rows
 UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
 BATCH_ROWS = 1 << 18  # rows validated at once: with a row group, bounds pass 1's memory
 _COLUMNS = set(REQUIRED) | {"rtt_avg", "prb_id"}  # all that validation reads
-_SCHEMA = pa.schema([(k, pa.from_numpy_dtype(v)) for k, v in DTYPES.items()])
 # LZ4 halves the spill's CPU in the kernel (page-cache writes are dear on small VMs) and
 # shrinks it 2.8x, for +0.3 s of user time per 10M rows.
 _SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
@@ -373,17 +372,17 @@ def _spill_unit(task) -> dict:
                 b = bucket_of(m.probe, n_buckets).astype(np.uint16)
                 order = np.argsort(b, kind="stable")  # a radix sort on uint16
                 bounds = np.searchsorted(b[order], np.arange(n_buckets + 1))
-                cols = [v[order] for v in m.columns().values()]
+                cols = [getattr(m, k)[order] for k in FIELDS]
                 for bucket in np.flatnonzero(np.diff(bounds)):
                     w = writers.get(bucket)
                     if w is None:
                         d = Path(stage) / "spill" / f"b{bucket:05d}"
                         d.mkdir(parents=True, exist_ok=True)
-                        w = pa.ipc.new_stream(str(d / f"u{unit:05d}.arrow"), _SCHEMA,
+                        w = pa.ipc.new_stream(str(d / f"u{unit:05d}.arrow"), ARROW_SCHEMA,
                                              options=_SPILL_OPTIONS)
                         writers[bucket] = w
                     lo, hi = bounds[bucket], bounds[bucket + 1]
-                    w.write_batch(pa.record_batch([c[lo:hi] for c in cols], schema=_SCHEMA))
+                    w.write_batch(pa.record_batch([c[lo:hi] for c in cols], schema=ARROW_SCHEMA))
     finally:
         for w in writers.values():
             w.close()
@@ -418,8 +417,7 @@ def load_bucket(stage: Path, bucket: int) -> Measurements:
     for f in files:
         with pa.ipc.open_stream(str(f)) as r:
             tables.append(r.read_all())
-    t = pa.concat_tables(tables).combine_chunks() if tables else _SCHEMA.empty_table()
-    return Measurements(**{k: t.column(k).to_numpy() for k in DTYPES})
+    return from_arrow(pa.concat_tables(tables) if tables else None)
 
 
 @_reporting_errors
