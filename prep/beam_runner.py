@@ -51,6 +51,7 @@ from prep.bucket import ShardsConfig, bucket_of, process_bucket, resolve_buckets
 from prep.errors import InputError
 from prep.measurements import ARROW_SCHEMA, DTYPES, Measurements, empty, from_arrow, to_arrow
 from prep.shards import add_read_counts, new_read_counts
+from prep.validate import validated_batches
 from prep.splits import default_cutoff, format_time, merge_histograms, minute_histogram
 
 
@@ -85,14 +86,13 @@ def _write_json(path: Path, obj: dict) -> None:
 def read_unit(task: str, stage: str, n_buckets: int, with_minutes: bool = False):
     """Validate one unit; yield (bucket, IPC bytes) per batch and bucket; record its counts.
     With ``with_minutes``, also its per-minute histogram on the tagged output ``minutes``."""
-    from prep.shards import validated_batches
-
     unit, parts = json.loads(task)
     counts = new_read_counts()
     hists = []
     for path, row_groups in parts:
-        for m, n_in, rej in validated_batches(path, row_groups):
-            add_read_counts(counts, {"rows_in": n_in, "accepted": len(m), "rejected": rej})
+        for batch in validated_batches(path, row_groups):
+            m = batch.measurements
+            add_read_counts(counts, batch.counts())
             if with_minutes:
                 hists.append(minute_histogram(m.time))
             b = bucket_of(m.probe, n_buckets)

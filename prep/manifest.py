@@ -44,7 +44,7 @@ import os
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from prep import rows, vocab
-from prep.errors import InputError
+from prep.errors import InputError, first_line
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "ping-pack-shards"
@@ -189,12 +189,6 @@ HASH_CHUNK = 1 << 22
 
 def _fix(d: Path) -> str:
     return f"run `prep verify {d}` to see what is wrong, `prep shards` to rebuild it"
-
-
-def first_line(e: BaseException) -> str:
-    """An exception as a short phrase: its message's first line, or its type's name."""
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
 
 
 def record_count(path: str | os.PathLike) -> int:

@@ -51,7 +51,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from prep import manifest as mf
@@ -62,11 +61,9 @@ from prep.manifest import SPLITS
 from prep.measurements import ARROW_SCHEMA, FIELDS, Measurements, from_arrow
 from prep.splits import (TIME_RULES, MinuteHistogram, default_cutoff, format_time,
                          minute_histogram)
-from prep.validate import REQUIRED, list_inputs, validate_rows
+from prep.validate import list_inputs, open_parquet, validated_batches
 
 UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
-BATCH_ROWS = 1 << 18  # rows validated at once: with a row group, bounds pass 1's memory
-_COLUMNS = set(REQUIRED) | {"rtt_avg", "prb_id"}  # all that validation reads
 # LZ4 halves the spill's CPU in the kernel (page-cache writes are dear on small VMs) and
 # shrinks it 2.8x, for +0.3 s of user time per 10M rows.
 _SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
@@ -310,13 +307,7 @@ def read_units(paths: list[Path]) -> tuple[list[list[tuple[str, list[int]]]], in
     """
     units, unit, n, total = [], [], 0, 0
     for p in paths:
-        try:
-            pf = pq.ParquetFile(p)
-        except (OSError, pa.ArrowException) as e:
-            raise InputError(f"{p}: not a readable parquet file ({_first_line(e)}); "
-                             "re-create or remove it") from None
-        validate_rows(pf.schema_arrow.empty_table(), source=str(p))  # columns and types, up front
-        md = pf.metadata
+        md = open_parquet(p).metadata
         groups = []
         for rg in range(md.num_row_groups):
             rows = md.row_group(rg).num_rows
@@ -352,21 +343,19 @@ def _raise_error(result: dict) -> dict:
     return result
 
 
-_ADDR_CACHE: dict = {}  # per process, across tasks: each distinct address text parsed once
 
 
 @_reporting_errors
 def _spill_unit(task) -> dict:
     unit, parts, stage, n_buckets, want_minutes = task
-    rows_in, accepted, rejected = 0, 0, Counter()
+    read = new_read_counts()
     minutes = MinuteHistogram()
     writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
     try:
         for path, row_groups in parts:
-            for m, n_in, rej in validated_batches(path, row_groups):
-                rows_in += n_in
-                accepted += len(m)
-                rejected.update(rej)
+            for batch in validated_batches(path, row_groups):
+                m = batch.measurements
+                add_read_counts(read, batch.counts())
                 if want_minutes:
                     minutes.add(*minute_histogram(m.time))
                 b = bucket_of(m.probe, n_buckets).astype(np.uint16)
@@ -386,25 +375,10 @@ def _spill_unit(task) -> dict:
     finally:
         for w in writers.values():
             w.close()
-    result = {"rows_in": rows_in, "accepted": accepted, "rejected": rejected,
-              "peak_rss_mb": _own_rss_mb()}
+    result = read | {"peak_rss_mb": _own_rss_mb()}
     if want_minutes:  # plain lists: pool results stay plain data
         result["minutes"] = [a.tolist() for a in minutes.result()]
     return result
-
-
-def validated_batches(path: str, row_groups: list[int]):
-    """(Measurements, rows in, rejected) per batch of some row groups of one file."""
-    try:
-        pf = pq.ParquetFile(path)
-        cols = [c for c in pf.schema_arrow.names if c in _COLUMNS]
-        for rb in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=row_groups, columns=cols):
-            _, m, rej = validate_rows(pa.Table.from_batches([rb]), source=path,
-                                      _cache=_ADDR_CACHE)
-            yield m, rb.num_rows, rej
-    except (OSError, pa.ArrowException) as e:
-        raise InputError(f"{path}: damaged or truncated parquet ({_first_line(e)}); "
-                         "re-create or remove it") from None
 
 
 # --- pass 2: one bucket ------------------------------------------------------------------
@@ -579,7 +553,3 @@ def _own_rss_mb() -> float:
                 if line.startswith("VmHWM:"):
                     return round(int(line.split()[1]) / 1024, 1)
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
-def _first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from prep.errors import InputError
+from prep.errors import InputError, first_line
 from prep.measurements import Measurements, addr_words, empty, stable_key
 
 REASONS = ("missing_timestamp", "time_out_of_range", "empty_src_addr", "invalid_src_addr",
@@ -71,6 +71,11 @@ class Batch:
     rows_in: int
     measurements: Measurements
     rejected: dict[str, int]
+
+    def counts(self) -> dict:
+        """rows_in, accepted and rejected: what the runners add up (prep.shards.add_read_counts)."""
+        return {"rows_in": self.rows_in, "accepted": len(self.measurements),
+                "rejected": self.rejected}
 
 
 def find_files(paths: Iterable[str | Path], suffixes: tuple[str, ...], none_found: str, *,
@@ -278,32 +283,41 @@ def validate_table(table: pa.Table, *, source: str) -> tuple[Measurements, dict[
     return m, rejected
 
 
-def _open(path: Path) -> pq.ParquetFile:
+def open_parquet(path: str | Path) -> pq.ParquetFile:
+    """The file, its columns and their types checked up front (InputError naming it if not)."""
     try:
-        return pq.ParquetFile(path)
+        pf = pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as e:
-        raise InputError(f"{path}: not a readable parquet file ({_first_line(e)}); "
+        raise InputError(f"{path}: not a readable parquet file ({first_line(e)}); "
                          "re-create or remove it") from None
+    _resolve_columns(pf.schema_arrow, str(path))
+    return pf
 
 
-def _first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+BATCH_ROWS = 1 << 18  # rows validated at once: with a row group, bounds pass 1's memory
+_ADDR_CACHE: dict = {}  # per process: each distinct address text parsed once, across files
+
+
+def validated_batches(path: str | Path, row_groups: list[int] | None = None, *,
+                      batch_rows: int = BATCH_ROWS) -> Iterator[Batch]:
+    """Validated batches of at most ``batch_rows`` rows of one parquet file (of its
+    ``row_groups``, all by default), reading only the columns validation uses."""
+    pf = open_parquet(path)
+    cols = sorted(set(_resolve_columns(pf.schema_arrow, str(path)).values()))
+    try:
+        for rb in pf.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=cols):
+            _, m, rejected = validate_rows(pa.Table.from_batches([rb]), source=str(path),
+                                           _cache=_ADDR_CACHE)
+            yield Batch(source=str(path), rows_in=rb.num_rows, measurements=m, rejected=rejected)
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(f"{path}: damaged or truncated parquet ({first_line(e)}); "
+                         "re-create or remove it") from None
 
 
 def iter_validated(paths: Iterable[str | Path], *, batch_rows: int = 1 << 20) -> Iterator[Batch]:
     """Validated batches of at most ``batch_rows`` rows, file by file, row group by row group."""
-    cache: dict = {}
     for path in list_inputs(paths):
-        pf = _open(path)
-        cols = _resolve_columns(pf.schema_arrow, str(path))
-        try:
-            for rb in pf.iter_batches(batch_size=batch_rows, columns=sorted(set(cols.values()))):
-                t = pa.Table.from_batches([rb])
-                _, m, rejected = validate_rows(t, source=str(path), _cache=cache)
-                yield Batch(source=str(path), rows_in=t.num_rows, measurements=m, rejected=rejected)
-        except (OSError, pa.ArrowException) as e:
-            raise InputError(f"{path}: damaged or truncated parquet ({_first_line(e)}); "
-                             "re-create or remove it") from None
+        yield from validated_batches(path, batch_rows=batch_rows)
 
 
 def read_validated(paths: Iterable[str | Path]) -> tuple[Measurements, dict[str, int], int]:
