@@ -150,3 +150,49 @@ def test_builtin_padding_pinned(builtin_small):
     _, st_ = builtin_small
     assert st_["padding_fraction"] <= 0.0042
     assert st_["rows"] <= 1.0042 * st_["lower_bound_rows"]
+
+
+def _planted(n23, n14, seed=None):
+    """Single-measurement contexts as on real RIPE Atlas data: timestamped of 23 tokens,
+    untimestamped of 14 (none can be cut)."""
+    cost = np.array([23] * n23 + [14] * n14, np.int32)
+    if seed is not None:
+        np.random.default_rng(seed).shuffle(cost)
+    s = np.arange(len(cost))
+    return s, s + 1, cost, cost == 23, np.zeros(len(cost), np.int32)
+
+
+@pytest.mark.parametrize("n14, seed", [(1535, None), (1585, None), (1585, 0)])
+def test_single_measurements_reach_the_lower_bound(n14, seed):
+    # best fit alone: 44 x 23 = 1012 leaves gaps of 12 that no 14 or 23 fills (65 rows for
+    # 1585); step 6 lays the 23s and 14s again in exact rows (36 x 23 + 14 x 14 = 1024 ...)
+    arrs = _planted(1880, n14, seed)
+    total = 1880 * 23 + n14 * 14
+    p = packing.pack(*arrs)
+    st_ = packing.stats(p, total)
+    assert st_["rows"] == -(-total // 1024) == st_["lower_bound_rows"]
+    assert st_["cut_tokens"] == 0 and (p.piece_end - p.piece_start == 1).all()
+    assert sorted(p.piece_start.tolist()) == list(range(len(arrs[0])))  # every context once
+    assert np.bincount(p.piece_row, weights=p.piece_len).max() <= 1024
+    assert _arrays(p) == _arrays(packing.pack(*arrs))  # deterministic
+    if n14 == 1585:  # what best fit alone gives
+        assert packing.pack(*arrs, split=False).n_rows == 65
+
+
+def test_real_atlas_sample_padding(atlas_dir, tmp_path):
+    # the shared RIPE Atlas sample end to end: mostly one measurement a context (23 and 14
+    # tokens); best fit alone left 1.31 % padding (130 rows, lower bound 129)
+    import json
+
+    from click.testing import CliRunner
+
+    from prep.cli import main
+
+    r = CliRunner().invoke(main, ["import-atlas", str(atlas_dir), "--out", str(tmp_path / "pq")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["shards", str(tmp_path / "pq"), "--out", str(tmp_path / "sh"),
+                                  "--quiet", "--json"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.output.strip().splitlines()[-1])
+    assert summary["padding_fraction"] <= 0.01
+    assert sum(summary["rows"].values()) == summary["lower_bound_rows"]
