@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from prep import packing
+from prep import costs, packing
 
 ROW_LEN = 1024
 GRAIN_SAMPLE = 5_000  # Grain packs in Python at ~3k sequences/s here: a sample is enough
@@ -59,8 +59,8 @@ def _synth(n_ctx, busy, seed, row_len):
                 t = 9 if first else (2 if np.random.random() < 0.9 else 5)
             if total + body + t > row_len:  # end it as the planner does (prep.kernel)
                 back = 0
-                while back < packing.BACKOFF and n - 1 > starts[c] and \
-                        not packing.fillable(row_len - total):
+                while back < costs.BACKOFF and n - 1 > starts[c] and \
+                        not costs.fillable(row_len - total):
                     n -= 1
                     total -= cost[n]
                     back += 1

@@ -6,8 +6,8 @@ new context before the measurement that would
 
 1. belong to another probe,
 2. push the context past ``row_len`` tokens (a context always fits one row); such a
-   context then ends up to ``prep.packing.BACKOFF`` measurements earlier if that leaves
-   its row a gap that untimestamped pieces can fill (``prep.packing.fillable``): a gap of
+   context then ends up to ``prep.costs.BACKOFF`` measurements earlier if that leaves
+   its row a gap that untimestamped pieces can fill (``prep.costs.fillable``): a gap of
    2-10 tokens, say, fits no measurement, so it would stay padding,
 3. make it longer than ``max_measurements`` measurements,
 4. follow a silence longer than ``max_gap_s``, or end more than ``max_span_s`` after
@@ -35,11 +35,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from prep import kernel
-from prep.measurements import FIELDS, Measurements
+from prep.costs import MAX_MEASUREMENT
 from prep.hashing import MASK, mix64
+from prep.measurements import FIELDS, Measurements
 
-# The longest measurement: START, two IPv6 address blocks, an RTT, an absolute timestamp.
-_MAX_MEASUREMENT_TOKENS = 1 + 17 + 17 + 3 + 9
 
 
 @dataclass(frozen=True)
@@ -51,9 +50,9 @@ class ContextConfig:
     mode_weights: tuple[float, float, float] = (0.4, 0.3, 0.3)  # full / partial / none
 
     def __post_init__(self):
-        if self.row_len < _MAX_MEASUREMENT_TOKENS:
+        if self.row_len < MAX_MEASUREMENT:
             raise ValueError(f"row_len {self.row_len} cannot hold one IPv6 measurement "
-                             f"({_MAX_MEASUREMENT_TOKENS} tokens); use >= 64")
+                             f"({MAX_MEASUREMENT} tokens); use >= 64")
         for name in ("max_measurements", "max_gap_s", "max_span_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0 turns the limit off)")

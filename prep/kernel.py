@@ -43,7 +43,8 @@ from numba.extending import intrinsic
 
 from prep import hashing
 from prep import vocab as V
-from prep.packing import BACKOFF, fillable
+from prep.costs import (ADDR4, ADDR6, BACKOFF, BASE4, BASE6, RESULT_FAILED, RESULT_OK, TS_ABS,
+                        TS_DELTA1, TS_DELTA4, TS_LEN, fillable)
 
 GOLDEN = np.uint64(hashing.GOLDEN)
 _C1 = np.uint64(hashing.C1)
@@ -69,11 +70,10 @@ PERMS = np.array([
 RANKS = np.argsort(PERMS, axis=1)  # RANKS[p, block] = where block stands in order p
 
 _BYTE = np.uint64(V.BYTE_OFFSET)  # uint64 + int64 is float64 in Numba: keep byte math unsigned
-TS_ABS, TS_DELTA1, TS_DELTA4 = 9, 2, 5  # tokens of each timestamp block
 DELTA4_LIMIT = 1 << 32  # a gap this large no longer fits DELTA4: written absolute
 # The timestamp kind ``tk``: 0 none, 1 DELTA1, 2 DELTA4, 3 absolute. By tk: the block's
 # length, header token and where the payload's bytes start in a uint64 (DELTA1: its top byte).
-TK_LEN = (0, TS_DELTA1, TS_DELTA4, TS_ABS)
+TK_LEN = TS_LEN
 TK_TOKEN = (V.TIMESTAMP_DELTA1, V.TIMESTAMP_DELTA1, V.TIMESTAMP_DELTA4, V.TIMESTAMP_ABS)
 TK_SHIFT = (0, 56, 32, 0)
 
@@ -90,7 +90,8 @@ def _layout_table() -> np.ndarray:
         for f6 in range(2):
             for failed in range(2):
                 for tk in range(4):
-                    lens = (17 if f6 else 5, 17 if f6 else 5, 1 if failed else 3, TK_LEN[tk])
+                    addr = ADDR6 if f6 else ADDR4
+                    lens = (addr, addr, RESULT_FAILED if failed else RESULT_OK, TK_LEN[tk])
                     w = 0
                     for b in range(4):
                         w |= sum(lens[o] for o in range(4) if RANKS[p, o] < RANKS[p, b]) << (8 * b)
@@ -245,7 +246,7 @@ def cut_contexts(probe, time, family, rtt, hist, seed, row_len, max_meas, max_ga
             else:
                 ts = False
             tt = _ts_tokens(have_prev, prev, time[j]) if ts else 0
-            c = (11 if family[j] == 4 else 35) + (1 if rtt[j] < 0.0 else 3) + tt
+            c = (BASE4 if family[j] == 4 else BASE6) + (RESULT_FAILED if rtt[j] < 0.0 else RESULT_OK) + tt
             full = length + c > row_len
             if j > i and (full
                           or (max_meas > 0 and j - i >= max_meas)

@@ -65,6 +65,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from prep.costs import SMALLEST_BODY, fillable
+
 
 @dataclass(frozen=True)
 class Packing:
@@ -75,22 +77,9 @@ class Packing:
     n_rows: int
 
 
-BACKOFF = 3  # the planner may end a context up to this many measurements early (fillable)
 WINDOW_MAX = 64  # step 4 lists donor windows up to this many tokens
 DONORS_PER_ROW = 2  # step 4 opens at most this many donors for one row's gap
 SMALL = 64  # step 6 dissolves rows whose pieces are all at most this many tokens
-
-
-# Even gaps (up to 100) that sums of 14- and 38-token bodies (successful IPv4 and IPv6 pings)
-# plus at most one 12 or 36 (a failed ping; ~1 in 6) cannot make: bit t // 2. From 102 on all are.
-UNFILLABLE = 0x40810e1c39f3e
-
-
-@njit(cache=True, inline="always")
-def fillable(gap):
-    """Whether untimestamped pieces of common sizes can fill ``gap`` tokens to at most 1."""
-    h = (gap & ~1) >> 1
-    return h > 50 or ((UNFILLABLE >> h) & 1) == 0
 
 
 @njit(cache=True)
@@ -220,7 +209,7 @@ def _find_window(head, wx, wy, wn, used, g, exact, last):
     g tokens, else g - 1, else (``exact``) the longest whose rest is ``fillable`` (not on a
     row's ``last`` slot), else (not ``exact``) the longest that fits; (-1, -1, 0) if none."""
     for want in range(min(g, WINDOW_MAX), 0, -1):
-        if exact and want < g - 1 and (last or g - want < 12 or not fillable(g - want)):
+        if exact and want < g - 1 and (last or g - want < SMALLEST_BODY or not fillable(g - want)):
             continue
         while head[want] >= 0:  # drop windows that lost a measurement
             w = head[want]
@@ -290,10 +279,10 @@ def _fill_exact(cum, has_ts, abs_extra, row_len, cap, n_rows, gap, nseg, rfirst,
         t = order[ti]
         ti += 1
         opened = 0
-        while gap[t] >= 12 and (cap == 0 or nseg[t] < cap):
+        while gap[t] >= SMALLEST_BODY and (cap == 0 or nseg[t] < cap):
             g = gap[t]
             wa, wb, ln = -1, -1, 0
-            if g > WINDOW_MAX + 12 and (cap == 0 or nseg[t] < cap - 1):
+            if g > WINDOW_MAX + SMALLEST_BODY and (cap == 0 or nseg[t] < cap - 1):
                 # a long gap takes a long run: the next unused run of the opened donors
                 while cur < nd and wa < 0:
                     q = cq if cq >= 0 else rfirst[donors[cur]]
@@ -304,7 +293,7 @@ def _fill_exact(cum, has_ts, abs_extra, row_len, cap, n_rows, gap, nseg, rfirst,
                     while m < pe[q] and not used[m] and cum[m + 1] - cum[a] <= g:
                         m += 1
                     while m > a and cum[m] - cum[a] != g and not (
-                            g - (cum[m] - cum[a]) >= 12 and fillable(g - (cum[m] - cum[a]))):
+                            g - (cum[m] - cum[a]) >= SMALLEST_BODY and fillable(g - (cum[m] - cum[a]))):
                         m -= 1
                     if m > a:
                         wa, wb, ln = a, m, cum[m] - cum[a]
@@ -357,7 +346,7 @@ def _fill_exact(cum, has_ts, abs_extra, row_len, cap, n_rows, gap, nseg, rfirst,
                     continue
                 c = cum[a + 1] - cum[a]
                 if r >= 0 and (gap[r] < c or (cap > 0 and nseg[r] >= cap)):
-                    while gap[r] >= 12 and (cap == 0 or nseg[r] < cap):
+                    while gap[r] >= SMALLEST_BODY and (cap == 0 or nseg[r] < cap):
                         wa, wb, ln = _find_window(head, wx, wy, wn, used, gap[r], True,
                                                   cap > 0 and nseg[r] == cap - 1)
                         if wa < 0:

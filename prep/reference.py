@@ -16,13 +16,13 @@ from __future__ import annotations
 import bisect
 import math
 
-from prep import packing
+from prep import costs
 from prep import vocab as V
+from prep.costs import BACKOFF, TS_ABS, TS_DELTA1, TS_DELTA4, body
 from prep.hashing import GOLDEN, MASK, mix64
 from prep.measurements import FIELDS
-from prep.packing import BACKOFF
 
-fillable = packing.fillable.py_func  # the packer's rule, run as plain Python
+fillable = costs.fillable.py_func  # the planner's rule, run as plain Python
 
 STREAM_MODE, STREAM_FRAC, STREAM_DROP, STREAM_FIELD, STREAM_SHUFFLE = 1, 2, 3, 4, 5
 MODE_FULL, MODE_PARTIAL, MODE_NONE = 0, 1, 2
@@ -56,8 +56,8 @@ def keeps_timestamp(seed: int, probe: int, first: int, index: int, mode: int) ->
 
 def ts_tokens(prev: int | None, t: int) -> int:
     if prev is None or t - prev >= 1 << 32:
-        return 9
-    return 2 if t - prev < 256 else 5
+        return TS_ABS
+    return TS_DELTA1 if t - prev < 256 else TS_DELTA4
 
 
 def rtt_code(ms: float) -> tuple[int, int]:
@@ -97,12 +97,12 @@ def plan_reference(rows: list[tuple], *, row_len: int, max_measurements: int, ma
                 break
             ctx["has_ts"].append(has_ts)
             ctx["cost"].append(c)
-            ctx["abs_extra"].append(9 - tt if has_ts else 0)
+            ctx["abs_extra"].append(TS_ABS - tt if has_ts else 0)
             if has_ts:
                 prev = rows[j][1]
             j += 1
         full = j < len(rows) and rows[j][0] == probe and sum(ctx["cost"]) + c > row_len
-        back = 0  # leave a gap that untimestamped pieces can fill (prep.packing.fillable)
+        back = 0  # leave a gap that untimestamped pieces can fill (prep.costs.fillable)
         while full and back < BACKOFF and j - 1 > i and not fillable(row_len - sum(ctx["cost"])):
             j -= 1
             for key in ("has_ts", "cost", "abs_extra"):
@@ -115,8 +115,7 @@ def plan_reference(rows: list[tuple], *, row_len: int, max_measurements: int, ma
 
 
 def measurement_tokens(row: tuple) -> int:
-    addr = 5 if row[2] == 4 else 17
-    return 1 + 2 * addr + (1 if row[7] < 0 else 3)
+    return body(row[2], row[7] < 0)
 
 
 def _addr(tok4: int, family: int, hi: int, lo: int) -> list[int]:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from prep import kernel, packing
+from prep import costs, kernel
 from prep import vocab as V
 from prep.contexts import ContextConfig, epoch_seed, piece_lengths, plan_contexts, sort_order
 from prep.measurements import Measurements
@@ -96,9 +96,9 @@ def test_contexts_fit_rows_and_hold_one_probe():
     # packer can fill
     same_probe = p[e[:-1]] == p[s[:-1]]
     inner = plan.ctx_len[:-1][same_probe]
-    assert same_probe.sum() > 50 and (inner > 1024 - (packing.BACKOFF + 1) * 47).all()
+    assert same_probe.sum() > 50 and (inner > 1024 - (costs.BACKOFF + 1) * 47).all()
     assert (inner < 1024 - 47).any()
-    assert np.mean([packing.fillable(1024 - x) for x in inner]) > 0.95
+    assert np.mean([costs.fillable(1024 - x) for x in inner]) > 0.95
     counts = np.bincount(plan.ctx_mode, minlength=3) / len(s)
     assert abs(counts[0] - 0.4) < 0.1 and abs(counts[1] - 0.3) < 0.1 and abs(counts[2] - 0.3) < 0.1
     partial = plan.ctx_mode == 1

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from prep import kernel
 from prep import vocab as V
 from prep.contexts import ContextConfig, plan_contexts
-from prep.decode import DecodeError, decode_context, render, rtt_ms
+from prep.decode import DecodeError, decode_context, render
 from prep.measurements import Measurements, addr_words
 
 

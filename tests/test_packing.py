@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.bench_packing import synthetic_contexts
-from prep import packing
+from prep import costs, packing
 
 
 def _ctx(sizes):
@@ -41,9 +41,15 @@ def test_free_rows_fill_the_others_exactly():
         "cut_tokens": 0, "segments_per_row": {"2": 2}}
 
 
+def test_costs_are_derived_from_the_block_sizes():
+    assert (costs.OK_BODIES, costs.FAILED_BODIES) == ((14, 38), (12, 36))
+    assert (costs.SMALLEST_BODY, costs.MAX_MEASUREMENT) == (12, 47)
+    assert costs.UNFILLABLE == 0x40810e1c39f3e  # the table written out by hand before
+
+
 def test_fillable_gaps():
     # sums of 14 and 38 plus at most one 12 or 36; an odd gap fills to 1
-    good = [t for t in range(0, 104) if packing.fillable(t)]
+    good = [t for t in range(0, 104) if costs.fillable(t)]
     assert good == [0, 1, 12, 13, 14, 15, 26, 27, 28, 29, 36, 37, 38, 39, 40, 41, 42, 43, 50, 51,
                     52, 53, 54, 55, 56, 57, 64, 65, 66, 67, 68, 69, 70, 71, 74, 75, 76, 77, 78,
                     79, 80, 81, 82, 83, 84, 85, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99,
