@@ -28,7 +28,7 @@ from prep.synth import SynthConfig, synth
 from train import baselines, model, reader
 from train import evaluate as E
 from train import predictor as P
-from train.config import model_config
+from train.arch import model_config
 
 ROWS, QUERIES, BATCH = 3_000_000, 2_000, 8
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from prep import rows
-from train import attention, model
-from train.config import MODELS
+from train import arch, attention, model
+from train.arch import MODELS
 
 CFG = dataclasses.replace(MODELS["tiny"], seq_len=32)
 LENGTHS = (10, 12, 7)  # three contexts, then 3 tokens of padding
@@ -99,8 +99,59 @@ def test_packed_gradients_equal_sum_over_contexts_alone(params):
 
 
 def test_base_config_size():
-    n = model.n_params(MODELS["base"])
+    n = arch.n_params(MODELS["base"])
     assert n == 20 * (4 * 640 * 640 + 2 * 640 * 2560 + 2 * 640) + 2 * 267 * 640 + 640
+    tiny = MODELS["tiny"]
+    assert arch.n_params(tiny) == model.count_params(model.init_params(tiny, 0))
+
+
+@pytest.mark.parametrize("name", ["tiny", "base"])
+def test_decay_mask_is_the_old_rule_leaf_by_leaf(name):
+    """The model's own mask (from its parameter structure) decays exactly what the old
+    rule did: every parameter whose tree path does not contain "norm"."""
+    cfg = MODELS[name]
+    shapes = arch.map_params(lambda p: jax.ShapeDtypeStruct(p.shape, jnp.float32),
+                             arch.param_specs(cfg))
+    old = jax.tree_util.tree_map_with_path(
+        lambda path, _: "norm" not in jax.tree_util.keystr(path), shapes)
+    new = arch.decay_mask(cfg)
+    assert jax.tree.structure(new) == jax.tree.structure(old)
+    assert jax.tree.leaves(new) == jax.tree.leaves(old)
+    assert sorted(k for k, v in new["layers"].items() if not v) == ["attn_norm", "mlp_norm"]
+    assert new["final_norm"] is False and new["embed"] is True and new["head"] is True
+
+
+def test_init_draws_in_jax_tree_order():
+    """Seeded parameters are what jax.tree.map over the specs drew before: a run re-made
+    from its seed, or a resume, sees the same numbers."""
+    rng = np.random.default_rng(3)
+    old = jax.tree.map(lambda p: p.std * rng.standard_normal(p.shape, np.float32) if p.std
+                       else np.ones(p.shape, np.float32),
+                       arch.param_specs(CFG), is_leaf=lambda x: isinstance(x, arch.Param))
+    new = model.init_params(CFG, 3)
+    assert jax.tree.structure(new) == jax.tree.structure(old)
+    for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(old)):
+        np.testing.assert_array_equal(a, b)
+
+
+# what train.step's old formula gave: 6 * (parameters - embedding) per token, 12 * L *
+# n_heads * head_dim per key seen; and for the 8 rows of counting_rows(8, 1024, seed=0,
+# max_segments=16, pad=2): 8,176 real tokens seeing 1,743,812 keys
+FLOPS = {"tiny": (694_272, 1_536, 8_354_863_104), "base": (591_006_720, 153_600, 5_099_920_465_920)}
+
+
+@pytest.mark.parametrize("name", ["tiny", "base"])
+def test_flop_count_is_pinned(name):
+    from train import synthetic
+
+    cfg = MODELS[name]
+    per_token, per_key, batch = FLOPS[name]
+    assert model.train_flops(cfg, 1, 0) == per_token == 6 * model.matmul_params(cfg)
+    assert model.train_flops(cfg, 0, 1) == per_key
+    _, segs = synthetic.counting_rows(8, 1024, seed=0, max_segments=16, pad=2)
+    counts = model.flop_counts(jnp.asarray(segs))
+    assert (int(counts["tokens"]), float(counts["attn_ctx"])) == (8_176, 1_743_812.0)
+    assert model.train_flops(cfg, float(counts["tokens"]), float(counts["attn_ctx"])) == batch
 
 
 def _random_qkv(B=2, T=256, N=4, H=64, dtype=jnp.bfloat16):
@@ -155,8 +206,7 @@ def test_cudnn_model_logits_equal_xla(params):
     tokens, segs = packed_row()
     cfg = dataclasses.replace(CFG, seq_len=32)
     fwd = lambda impl: model.forward(params, jnp.asarray(tokens[None]), jnp.asarray(segs[None]),
-                                     cfg, implementation=impl, max_segments=8,
-                                     dtype=jnp.bfloat16)
+                                     cfg, attention.AttentionConfig(impl, 8, jnp.bfloat16))
     real = segs > 0
     np.testing.assert_allclose(fwd("cudnn")[0][real], fwd("xla")[0][real], rtol=2e-2, atol=2e-2)
 

@@ -12,7 +12,7 @@ from prep.decode import decode_context
 from prep.errors import InputError
 from train import model
 from train import predictor as P
-from train.config import MODELS
+from train.arch import MODELS
 
 B = V.BYTE_OFFSET
 CFG = dataclasses.replace(MODELS["tiny"], seq_len=128)

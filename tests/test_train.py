@@ -15,11 +15,13 @@ from click.testing import CliRunner
 
 from prep.errors import InputError
 
+from train import model
 from train import step as step_lib
 from train import synthetic
 from train.checkpoint import Checkpointer
 from train.cli import main
-from train.config import MODELS, TrainConfig
+from train.arch import MODELS
+from train.config import TrainConfig
 from train.loop import train
 
 REPO = Path(__file__).resolve().parent.parent
@@ -188,9 +190,18 @@ def test_cli_resumes_an_interrupted_run(shards, tmp_path):
 def test_flops_per_step_counts_real_tokens_and_their_context():
     cfg = MODELS["base"]
     # one row: segments of 3 and 2 tokens, 1 padding -> contexts 1+2+3 + 1+2 = 9
-    stats = step_lib._batch_stats({"segment_ids": np.array([[1, 1, 1, 2, 2, 0]], np.uint8)})
+    stats = model.flop_counts(np.array([[1, 1, 1, 2, 2, 0]], np.uint8))
     assert int(stats["tokens"]) == 5 and float(stats["attn_ctx"]) == 9.0
-    n = 1000
-    assert step_lib.step_flops(cfg, n, 5, 9) == 6 * n * 5 + 12 * 20 * 640 * 9
+    n = model.matmul_params(cfg)
+    assert n == 98_501_120  # every parameter but the embedding table
+    assert model.train_flops(cfg, 5, 9) == 6 * n * 5 + 12 * 20 * 640 * 9
     assert step_lib.peak_flops(type("D", (), {"device_kind": "NVIDIA H100 80GB HBM3"})) == 989e12
     assert step_lib.peak_flops(type("D", (), {"device_kind": "cpu"})) is None
+
+
+def test_cli_model_choices_are_the_registry():
+    fit = main.commands["fit"]
+    opt = next(p for p in fit.params if p.name == "model")
+    assert list(opt.type.choices) == list(MODELS) == ["tiny", "base"]
+    bad = CliRunner().invoke(main, ["--model", "huge", "--data", "x"])
+    assert bad.exit_code == 2 and "'tiny', 'base'" in bad.stderr

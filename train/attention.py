@@ -23,18 +23,37 @@ Padding tokens (segment 0) attend to earlier padding under XLA, which keeps ever
 row non-empty; under cuDNN they belong to no segment and their output is undefined, so
 it is zeroed. Nothing reads those outputs: padding is never a loss target and no real
 token attends to it.
+
+``AttentionConfig`` carries the settings the model's forward pass takes (the
+implementation, the segment-table size, the compute dtype) as one hashable value.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import sys
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from prep.errors import InputError
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """How train.model.forward computes: ``implementation`` "xla" or "cudnn" (``resolve``
+    turns "auto" into one), ``max_segments`` (the most segments a row holds: the size of
+    cuDNN's per-row segment tables) and ``dtype``, the compute dtype (parameters are cast
+    to it at use). Frozen and hashable: a jit static argument and a compile-cache key."""
+    implementation: str = "xla"
+    max_segments: int = 255
+    dtype: Any = jnp.float32
+
+    def __post_init__(self):  # float32, "float32" and jnp.float32 are one setting
+        object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
 
 
 def segment_mask(segment_ids: jax.Array) -> jax.Array:

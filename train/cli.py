@@ -30,6 +30,7 @@ import click
 
 from prep.errors import InputError
 from prep.rows import RowFormatError
+from train.arch import MODELS
 
 RUNS = Path("runs")
 
@@ -82,7 +83,7 @@ def main():
 @click.option("--run-dir", type=click.Path(), default=None,
               help="Checkpoints and metrics.jsonl [default: runs/<model>-<time>].")
 @click.option("--resume", is_flag=True, help="Continue the run in --run-dir (or the newest).")
-@click.option("--model", type=click.Choice(["tiny", "base"]), default=None,
+@click.option("--model", type=click.Choice(list(MODELS)), default=None,
               help="[default: base on a GPU, tiny elsewhere]")
 @click.option("--steps", type=int, default=None, help=f"Total optimizer steps. {_default('steps')}")
 @click.option("--batch-size", type=int, default=None,

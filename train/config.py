@@ -1,46 +1,21 @@
-"""The two frozen configs of a training run: the model's shape and the run's settings."""
+"""The frozen settings of a training run (the model's shape is train.arch.ModelConfig)."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-
-from prep import vocab
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    n_layers: int
-    d_model: int
-    n_heads: int
-    head_dim: int
-    d_mlp: int
-    seq_len: int = 1024  # the shards' row_len; set from the manifest at run time
-    vocab_size: int = vocab.VOCAB_SIZE
-    rope_base: float = 10_000.0
-    norm_eps: float = 1e-6
-    remat: bool = False  # recompute each layer in the backward pass (less memory, ~30% more FLOPs)
-
-
-MODELS = {
-    # runs the same code as `base` on a CPU in seconds
-    "tiny": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256),
-    # ping-llm's ~95M model (98.6M parameters here, untied output head)
-    "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560),
-}
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     data: str = "shards"  # a shards folder written by `prep shards`
     run_dir: str = "runs/run"  # checkpoints/, metrics.jsonl, config.json
-    model: str = "tiny"  # a key of MODELS
+    model: str = "tiny"  # a key of train.arch.MODELS
     steps: int = 1000  # total optimizer steps (the LR schedule spans them)
     batch_size: int = 16  # rows per step, all processes and devices together
     lr: float = 1e-3  # peak learning rate after warmup
     min_lr_ratio: float = 0.1  # cosine decay ends at lr * this
     warmup: int = 50  # linear warmup steps
-    weight_decay: float = 0.1  # AdamW, matrices and embeddings only (not norms)
+    weight_decay: float = 0.1  # AdamW, matrices and embeddings only (train.arch.param_specs)
     b1: float = 0.9
     b2: float = 0.95
     grad_clip: float = 1.0  # global-norm clipping
@@ -75,12 +50,6 @@ FLAGS = {"data": "--data", "model": "--model", "steps": "--steps", "batch_size":
 def flag(field: str) -> str:
     """The flag of a TrainConfig field (fields without one are named as in config.json)."""
     return FLAGS.get(field, f"{field} (config.json)")
-
-
-def model_config(name: str, *, seq_len: int) -> ModelConfig:
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; one of {sorted(MODELS)}")
-    return dataclasses.replace(MODELS[name], seq_len=seq_len)
 
 
 def defaults_for(platform: str, n_devices: int = 1) -> dict:

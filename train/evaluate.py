@@ -260,13 +260,13 @@ def token_loss_by_role(pred: P.Predictor, tok, seg, roles, *, progress: bool = T
 
 
 def _loss_fn(pred: P.Predictor):
-    return _compiled_loss(pred.mcfg, tuple(sorted(pred.fwd.items())))
+    return _compiled_loss(pred.mcfg, pred.attention)
 
 
 @functools.lru_cache(maxsize=4)
-def _compiled_loss(mcfg, fwd: tuple):
+def _compiled_loss(mcfg, att):
     def f(params, tokens, seg):
-        logits = model.forward(params, tokens, seg, mcfg, **dict(fwd))
+        logits = model.forward(params, tokens, seg, mcfg, att)
         targets, mask = model.targets_and_mask(tokens, seg)
         ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
         return ce, (jnp.argmax(logits, axis=-1) == targets), mask

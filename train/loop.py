@@ -4,7 +4,7 @@ One log line per ``log_every`` steps, e.g.
 
     step   200/300 | loss 2.7314 | 41.2 ms | 198,513 tok/s | mfu - | wait 0.4% | lr 1.1e-03
 
-with the loss averaged over those steps, real (non-padding) tokens/s, MFU (train.step
+with the loss averaged over those steps, real (non-padding) tokens/s, MFU (train.model
 counts the FLOPs on real tokens; "-" where the device's peak is unknown, e.g. CPUs) and
 the share of wall time spent waiting for the next batch. The step's outputs stay on the
 device until that line: one host sync per ``log_every`` steps, none per step. The first
@@ -36,14 +36,15 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from prep.errors import InputError
 from train import attention, model, reader
 from train import step as step_lib
 from train.checkpoint import Checkpointer, step_dirs
-from train.config import RUN_BINDING, TrainConfig, flag, model_config
+from train.arch import model_config
+from train.attention import AttentionConfig
+from train.config import RUN_BINDING, TrainConfig, flag
 
 
 class GracefulStop:
@@ -258,14 +259,14 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
     impl = attention.resolve(cfg.attention)
     # max_segments sizes cuDNN's per-row segment tables; the JAX wrapper treats a table
     # of one segment as "not packed", so it is at least 2
-    fwd = dict(implementation=impl, max_segments=max(2, reader.max_segments(manifest)),
-               dtype=jnp.dtype(cfg.compute_dtype))
+    att = AttentionConfig(impl, max_segments=max(2, reader.max_segments(manifest)),
+                          dtype=cfg.compute_dtype)
     mesh = step_lib.make_mesh(devices)
     rep, rows = step_lib.shardings(mesh)
     if cfg.batch_size % mesh.size:
         raise InputError(f"--batch-size {cfg.batch_size} does not split over {mesh.size} "
                          f"devices; use a multiple of {mesh.size}")
-    state = step_lib.init_state(mcfg, step_lib.make_optimizer(cfg), cfg.seed, rep)
+    state = step_lib.init_state(mcfg, step_lib.make_optimizer(cfg, mcfg), cfg.seed, rep)
     it = iter(reader.to_device(reader.batches(
         cfg.data, "train", batch_size=cfg.batch_size // jax.process_count(), seed=cfg.seed,
         num_workers=cfg.num_workers, manifest=manifest), rows))
@@ -293,8 +294,8 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
             "data_fingerprint": fingerprint, "attention": impl,
             "devices": [str(d) for d in mesh.devices.flat], "jax": jax.__version__})
         metrics_file = open(run_dir / "metrics.jsonl", "a" if saved is not None else "w")
-        return _run(cfg, mcfg, impl, fwd, mesh, state, it, ckpt, metrics_file, eval_sample,
-                    start, on_step)
+        return _run(cfg, mcfg, att, mesh, state, it, ckpt, metrics_file, eval_sample, start,
+                    on_step)
     finally:
         it.close()
         if ckpt is not None:
@@ -312,17 +313,16 @@ def _never_started(run_dir: Path) -> bool:
         (not metrics.is_file() or metrics.stat().st_size == 0)
 
 
-def _run(cfg: TrainConfig, mcfg, impl: str, fwd: dict, mesh, state: dict, it,
+def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
          ckpt: Checkpointer, metrics_file, eval_sample, start: int, on_step) -> dict:
     """The loop proper: steps ``start``..``cfg.steps``, logs, evals, checkpoints; a signal
     (GracefulStop) ends it after the current step with a checkpoint."""
-    train_step, eval_step = step_lib.compile_steps(mesh, mcfg, cfg, fwd)
-    n_matmul = step_lib.matmul_params(state["params"])
+    train_step, eval_step = step_lib.compile_steps(mesh, mcfg, cfg, att)
     peak = step_lib.peak_flops()
-    flops_of = lambda tok, ctx: step_lib.step_flops(mcfg, n_matmul, tok, ctx)
+    flops_of = lambda tok, ctx: model.train_flops(mcfg, tok, ctx)
     print(f"model {cfg.model}: {model.count_params(state['params']):,} parameters, "
           f"{mcfg.n_layers} layers, d_model {mcfg.d_model}, seq {mcfg.seq_len} | attention "
-          f"{impl} | {mesh.size} x {mesh.devices.flat[0].device_kind} | batch {cfg.batch_size} "
+          f"{att.implementation} | {mesh.size} x {mesh.devices.flat[0].device_kind} | batch {cfg.batch_size} "
           f"| {cfg.compute_dtype}", file=sys.stderr)
 
     meter, step, last, eval_loss = Meter(), start, {}, None
@@ -387,5 +387,5 @@ def _run(cfg: TrainConfig, mcfg, impl: str, fwd: dict, mesh, state: dict, it,
             "tokens_per_s": t["tokens"] / t["time"] if t["time"] else None,
             "data_wait": t["wait"] / t["time"] if t["time"] else None,
             "mfu": t["flops"] / t["time"] / (peak * mesh.size) if t["time"] and peak else None,
-            "params": model.count_params(state["params"]), "attention": impl}
+            "params": model.count_params(state["params"]), "attention": att.implementation}
 

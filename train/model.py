@@ -11,53 +11,33 @@ the same angles a context would see alone) and attention is block-diagonal by se
 (train.attention), so each context's logits equal those of the context run alone.
 Positions and next-token targets are derived here, on the device, from the row's
 tokens and segment_ids (prep.rows documents the row).
+
+What the model is (its shapes, the named configs, the parameter tree and which parameters
+weight decay applies to) is train.arch, free of JAX; this module is the math over it,
+and counts its own FLOPs (``flop_counts``, ``train_flops``) for the trainer's MFU.
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from train import arch
 from train import attention as attn
-from train.config import ModelConfig
-
-
-def param_specs(cfg: ModelConfig) -> dict:
-    """(shape, init std) of every parameter; std 0 means ones (the norms' gains)."""
-    L, D, N, H, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_mlp,
-                        cfg.vocab_size)
-    out_std = 0.02 / (2 * L) ** 0.5  # GPT-2: residual projections scaled by depth
-    return {
-        "embed": ((V, D), 0.02),
-        "layers": {
-            "attn_norm": ((L, D), 0),
-            "wqkv": ((L, D, 3, N, H), 0.02),
-            "wo": ((L, N, H, D), out_std),
-            "mlp_norm": ((L, D), 0),
-            "w_in": ((L, D, F), 0.02),
-            "w_out": ((L, F, D), out_std),
-        },
-        "final_norm": ((D,), 0),
-        "head": ((D, V), 0.02),
-    }
+from train.arch import ModelConfig
 
 
 def init_params(cfg: ModelConfig, seed: int) -> dict:
-    """float32 parameters, drawn on the host: a jitted init costs seconds of compilation."""
+    """float32 parameters (train.arch.param_specs), drawn on the host: a jitted init costs
+    seconds of compilation."""
     rng = np.random.default_rng(seed)
-    draw = lambda spec: (spec[1] * rng.standard_normal(spec[0], np.float32) if spec[1]
-                         else np.ones(spec[0], np.float32))
-    return jax.tree.map(draw, param_specs(cfg), is_leaf=_is_spec)
-
-
-def n_params(cfg: ModelConfig) -> int:
-    return sum(int(np.prod(s[0])) for s in jax.tree.leaves(param_specs(cfg), is_leaf=_is_spec))
-
-
-def _is_spec(x) -> bool:
-    return isinstance(x, tuple) and isinstance(x[0], tuple)
+    draw = lambda p: (p.std * rng.standard_normal(p.shape, np.float32) if p.std
+                      else np.ones(p.shape, np.float32))
+    return arch.map_params(draw, arch.param_specs(cfg))
 
 
 def count_params(params: dict) -> int:
@@ -97,10 +77,11 @@ def rope(x, pos, base):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
 
 
-def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig, *,
-            implementation: str = "xla", max_segments: int = 255, dtype=jnp.float32,
+def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
+            attention: attn.AttentionConfig = attn.AttentionConfig(), *,
             probes: tuple[jax.Array, jax.Array] | None = None):
-    """float32 logits [B, T, V] of int tokens [B, T] under segment_ids [B, T].
+    """float32 logits [B, T, V] of int tokens [B, T] under segment_ids [B, T], computed as
+    ``attention`` says (implementation, segment-table size, compute dtype).
 
     ``probes = (probe_tokens int[B, M], probe_prev int[B, M])`` also returns the logits
     [B, M, V] of M extra tokens per row, each as if it stood right after row position
@@ -111,6 +92,7 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     byte this way (train.predictor). A probe attends to its segment up to ``probe_prev``
     and to itself, never to other probes.
     """
+    dtype = attention.dtype
     seg = segment_ids.astype(jnp.int32)
     pos = positions(seg)
     x = params["embed"].astype(dtype)[tokens]
@@ -136,8 +118,8 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
         qkv = jnp.einsum("btd,dsnh->sbtnh", h, p["wqkv"].astype(dtype))
         q, k = rope(qkv[0], pos, cfg.rope_base), rope(qkv[1], pos, cfg.rope_base)
-        a = attn.attention(q, k, qkv[2], seg, implementation=implementation,
-                           max_segments=max_segments)
+        a = attn.attention(q, k, qkv[2], seg, implementation=attention.implementation,
+                           max_segments=attention.max_segments)
         x = mlp(x + jnp.einsum("btnh,nhd->btd", a, p["wo"].astype(dtype)), p)
         if probes is not None:
             hp = rms_norm(xp, p["attn_norm"], cfg.norm_eps)
@@ -161,11 +143,40 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     return head(x) if probes is None else (head(x), head(xp))
 
 
-def loss_sum(params: dict, batch: dict, cfg: ModelConfig, **fwd) -> tuple[jax.Array, jax.Array]:
+def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
+             attention: attn.AttentionConfig = attn.AttentionConfig()) -> tuple[jax.Array, jax.Array]:
     """(sum of next-token cross-entropy over counted targets, number of counted targets)."""
     tokens = batch["tokens"].astype(jnp.int32)
     seg = batch["segment_ids"].astype(jnp.int32)
-    logits = forward(params, tokens, seg, cfg, **fwd)
+    logits = forward(params, tokens, seg, cfg, attention)
     targets, mask = targets_and_mask(tokens, seg)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     return jnp.where(mask, ce, 0.0).sum(), mask.sum()
+
+
+# --- FLOPs, for MFU ----------------------------------------------------------------------
+
+def flop_counts(segment_ids: jax.Array) -> dict:
+    """What a batch's FLOPs scale with (``train_flops`` takes them): its real tokens, and
+    the attention context they see (sum of position + 1)."""
+    seg = segment_ids.astype(jnp.int32)
+    real = seg > 0
+    ctx = jnp.where(real, positions(seg) + 1, 0)
+    return {"tokens": real.sum(), "attn_ctx": ctx.astype(jnp.float32).sum()}
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """N in 6N: every parameter but the embedding table, whose use is a lookup, not a matmul."""
+    return arch.n_params(cfg) - math.prod(arch.param_specs(cfg)["embed"].shape)
+
+
+def train_flops(cfg: ModelConfig, tokens: float, attn_ctx: float) -> float:
+    """Training FLOPs (forward + backward) over ``tokens`` real tokens that see ``attn_ctx``
+    keys in all (``flop_counts``): 6N per token, plus attention.
+
+    Attention per layer: QK^T and AV are 2 * d_attn * ctx each for a token seeing ctx
+    keys, times 3 for forward + backward. Counted over the keys each token really sees
+    (its position + 1, inside its own context), which is what the cuDNN kernel computes.
+    """
+    d_attn = cfg.n_heads * cfg.head_dim
+    return 6.0 * matmul_params(cfg) * tokens + 12.0 * cfg.n_layers * d_attn * attn_ctx

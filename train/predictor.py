@@ -47,7 +47,7 @@ from prep import vocab as V
 from prep.errors import InputError
 from prep.measurements import addr_words
 from train import attention, model
-from train.config import ModelConfig
+from train.arch import ModelConfig
 
 B = V.BYTE_OFFSET
 QUANTILES = (0.1, 0.5, 0.9)
@@ -173,17 +173,17 @@ class Predictor:
         self.params, self.mcfg, self.batch_size = params, mcfg, batch_size
         self.run_dir, self.step = run_dir, step
         impl = attention.resolve(attention_impl)
-        self.fwd = dict(implementation=impl, max_segments=max(2, mcfg.seq_len // 12 + 1),
-                        dtype=jnp.dtype(compute_dtype))
+        self.attention = attention.AttentionConfig(
+            impl, max_segments=max(2, mcfg.seq_len // 12 + 1), dtype=compute_dtype)
         self.row_len = mcfg.seq_len
 
     @property
     def _gather(self):
-        return _compiled(self.mcfg, tuple(sorted(self.fwd.items())))[0]
+        return _compiled(self.mcfg, self.attention)[0]
 
     @property
     def _probe(self):
-        return _compiled(self.mcfg, tuple(sorted(self.fwd.items())))[1]
+        return _compiled(self.mcfg, self.attention)[1]
 
     def answer(self, tok: np.ndarray, seg: np.ndarray, q_row: np.ndarray, q_choice: np.ndarray,
                q_rtt: np.ndarray, *, progress=None) -> Answers:
@@ -283,17 +283,16 @@ class Predictor:
 
 
 @functools.lru_cache(maxsize=4)
-def _compiled(mcfg: ModelConfig, fwd: tuple):
+def _compiled(mcfg: ModelConfig, att: attention.AttentionConfig):
     """(pass 1: log-probabilities at chosen positions, pass 2: of probes after chosen
     positions), jitted once per model shape and attention settings in a process."""
-    fwd = dict(fwd)
 
     def gather(params, tokens, seg, pos):
-        logits = model.forward(params, tokens, seg, mcfg, **fwd)
+        logits = model.forward(params, tokens, seg, mcfg, att)
         return jax.nn.log_softmax(jnp.take_along_axis(logits, pos[:, :, None], axis=1))
 
     def probe(params, tokens, seg, p_tok, p_prev):
-        _, logits = model.forward(params, tokens, seg, mcfg, probes=(p_tok, p_prev), **fwd)
+        _, logits = model.forward(params, tokens, seg, mcfg, att, probes=(p_tok, p_prev))
         return jax.nn.log_softmax(logits)
 
     return jax.jit(gather), jax.jit(probe)

@@ -1,4 +1,4 @@
-"""The jitted train and eval steps, data-parallel over a 1-D device mesh, and FLOP counting.
+"""The jitted train and eval steps, data-parallel over a 1-D device mesh, and device peaks.
 
 State is ``{"params", "opt", "step"}``: float32 parameters (cast to the compute dtype at
 use, so bf16 math keeps fp32 master weights), the optax AdamW state, and an int step.
@@ -9,6 +9,10 @@ Data parallelism: the state is replicated and each batch is sharded along its ro
 the "data" axis of a mesh of every device; XLA inserts the gradient all-reduce. The loss
 is a mean over all counted targets of the global batch (sum / count), so it does not
 depend on how the batch is split.
+
+The model says what it costs and what is decayed (train.model.train_flops,
+train.arch.decay_mask); the attention settings travel as one hashable
+train.attention.AttentionConfig, which keys the compiled steps.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from train import model
-from train.config import ModelConfig, TrainConfig
+from train import arch, model
+from train.arch import ModelConfig
+from train.attention import AttentionConfig
+from train.config import TrainConfig
 
 
 def make_mesh(devices=None) -> Mesh:
@@ -41,14 +47,11 @@ def lr_schedule(cfg: TrainConfig) -> optax.Schedule:
         end_value=cfg.lr * cfg.min_lr_ratio)
 
 
-def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-    schedule = lr_schedule(cfg)
-    # norms' gains are not decayed toward 0: that would fight the normalization
-    decay = lambda params: jax.tree_util.tree_map_with_path(
-        lambda path, _: "norm" not in jax.tree_util.keystr(path), params)
+def make_optimizer(cfg: TrainConfig, mcfg: ModelConfig) -> optax.GradientTransformation:
+    """Clipping, then AdamW with weight decay where the model says (arch.decay_mask)."""
     return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
-                       optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2,
-                                   weight_decay=cfg.weight_decay, mask=decay))
+                       optax.adamw(lr_schedule(cfg), b1=cfg.b1, b2=cfg.b2,
+                                   weight_decay=cfg.weight_decay, mask=arch.decay_mask(mcfg)))
 
 
 def init_state(mcfg: ModelConfig, opt: optax.GradientTransformation, seed: int,
@@ -58,36 +61,29 @@ def init_state(mcfg: ModelConfig, opt: optax.GradientTransformation, seed: int,
             "step": jax.device_put(np.int32(0), sharding)}
 
 
-def _batch_stats(batch: dict) -> dict:
-    """Real tokens and the attention context they see (sum of position + 1), for MFU."""
-    seg = batch["segment_ids"].astype(jnp.int32)
-    real = seg > 0
-    ctx = jnp.where(real, model.positions(seg) + 1, 0)
-    return {"tokens": real.sum(), "attn_ctx": ctx.astype(jnp.float32).sum()}
-
-
-def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, schedule, fwd: dict):
+def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, schedule,
+               attention: AttentionConfig):
     def loss_fn(params):
-        total, count = model.loss_sum(params, batch, mcfg, **fwd)
+        total, count = model.loss_sum(params, batch, mcfg, attention)
         return total / jnp.maximum(count, 1), count
 
     (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
     updates, opt_state = opt.update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state["step"]),
-               **_batch_stats(batch)}
+               **model.flop_counts(batch["segment_ids"])}
     return {"params": params, "opt": opt_state, "step": state["step"] + 1}, metrics
 
 
 N_ROLES = 8  # prep.rowdecode.ROLES (7) and one spare
 
 
-def eval_step(params: dict, batch: dict, *, mcfg: ModelConfig, fwd: dict):
+def eval_step(params: dict, batch: dict, *, mcfg: ModelConfig, attention: AttentionConfig):
     """(loss sum, target count), each float32[N_ROLES] by ``batch["target_roles"]`` (the role
     of the token each position predicts; 0 where the rows are not measurement rows)."""
     tokens = batch["tokens"].astype(jnp.int32)
     seg = batch["segment_ids"].astype(jnp.int32)
-    logits = model.forward(params, tokens, seg, mcfg, **fwd)
+    logits = model.forward(params, tokens, seg, mcfg, attention)
     targets, mask = model.targets_and_mask(tokens, seg)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     roles = batch["target_roles"].astype(jnp.int32).ravel()
@@ -101,43 +97,27 @@ def eval_step(params: dict, batch: dict, *, mcfg: ModelConfig, fwd: dict):
 OPT_FIELDS = ("steps", "lr", "min_lr_ratio", "warmup", "weight_decay", "b1", "b2", "grad_clip")
 
 
-def compile_steps(mesh: Mesh, mcfg: ModelConfig, cfg: TrainConfig, fwd: dict):
+def compile_steps(mesh: Mesh, mcfg: ModelConfig, cfg: TrainConfig, attention: AttentionConfig):
     """(train_step(state, batch) -> (state, metrics), eval_step(params, batch) -> (sums, counts) by role)."""
     opt_cfg = TrainConfig(**{f: getattr(cfg, f) for f in OPT_FIELDS})
-    return _compile_steps(mesh, mcfg, opt_cfg, tuple(sorted(fwd.items())))
+    return _compile_steps(mesh, mcfg, opt_cfg, attention)
 
 
 @functools.lru_cache(maxsize=4)
-def _compile_steps(mesh: Mesh, mcfg: ModelConfig, cfg: TrainConfig, fwd: tuple):
+def _compile_steps(mesh: Mesh, mcfg: ModelConfig, cfg: TrainConfig, attention: AttentionConfig):
     rep, rows = shardings(mesh)
-    step_fn = functools.partial(train_step, mcfg=mcfg, opt=make_optimizer(cfg),
-                                schedule=lr_schedule(cfg), fwd=dict(fwd))
+    step_fn = functools.partial(train_step, mcfg=mcfg, opt=make_optimizer(cfg, mcfg),
+                                schedule=lr_schedule(cfg), attention=attention)
     train = jax.jit(step_fn, in_shardings=(rep, rows), out_shardings=(rep, rep),
                     donate_argnums=0)
-    return train, _compile_eval(mesh, mcfg, fwd)
+    return train, _compile_eval(mesh, mcfg, attention)
 
 
 @functools.lru_cache(maxsize=4)
-def _compile_eval(mesh: Mesh, mcfg: ModelConfig, fwd: tuple):
+def _compile_eval(mesh: Mesh, mcfg: ModelConfig, attention: AttentionConfig):
     rep, rows = shardings(mesh)
-    return jax.jit(functools.partial(eval_step, mcfg=mcfg, fwd=dict(fwd)),
+    return jax.jit(functools.partial(eval_step, mcfg=mcfg, attention=attention),
                    in_shardings=(rep, rows), out_shardings=(rep, rep))
-
-
-def matmul_params(params: dict) -> int:
-    """N in 6N: every parameter but the embedding table, whose use is a lookup, not a matmul."""
-    return model.count_params(params) - params["embed"].size
-
-
-def step_flops(mcfg: ModelConfig, n_matmul: int, tokens: float, attn_ctx: float) -> float:
-    """Training FLOPs of a step over its real tokens: 6N per token, plus attention.
-
-    Attention per layer: QK^T and AV are 2 * d_attn * ctx each for a token seeing ctx
-    keys, times 3 for forward + backward. Counted over the keys each token really sees
-    (its position + 1, inside its own context), which is what the cuDNN kernel computes.
-    """
-    d_attn = mcfg.n_heads * mcfg.head_dim
-    return 6.0 * n_matmul * tokens + 12.0 * mcfg.n_layers * d_attn * attn_ctx
 
 
 # Dense bf16 peak per device (FLOP/s), by jax device_kind prefix; most specific first.
