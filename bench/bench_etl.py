@@ -4,7 +4,7 @@ at two input sizes with the same bucket size, to show memory follows the bucket,
 Each run is the real command in a subprocess (``prep shards --workers 2 --json``), timed
 from launch to exit. Peak RSS is the largest single process (main or pool worker), from
 the run's own report; ``etl.peak_rss_total_mb`` adds the main process and every worker.
-Reference: ping-llm's pipeline does ~108k measurements/s with 4 workers (DESIGN 9).
+Reference: ping-llm's pipeline does ~108k measurements/s with 4 workers (its published figure).
 Inputs are made by ``prep synth`` and cached under data/bench (git-ignored).
 """
 

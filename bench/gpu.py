@@ -5,7 +5,7 @@ compute, data-parallel over all local GPUs) for a few hundred steps and reports,
 the steps after warm-up: real (non-padding) tokens/s, MFU, the share of step time spent
 waiting for data, and step time. Writes ``bench/results/gpu-<device>.json``.
 
-Targets on one H100 (DESIGN section 9): >= 45 % MFU, >= 700k real tokens/s, < 1 % data
+Targets on one H100: >= 45 % MFU, >= 700k real tokens/s, < 1 % data
 wait. Without a GPU it runs the tiny config on the CPU so the script itself stays tested,
 says so, and writes ``bench/results/gpu-cpu-tiny.json`` (not a GPU result).
 

@@ -1,4 +1,4 @@
-"""`prep import-atlas`: RIPE Atlas ping results to parquet in the DESIGN section 1 schema.
+"""`prep import-atlas`: RIPE Atlas ping results to parquet, in the input schema of `prep shards`.
 
 Inputs: JSON array files (as the results API returns them), JSON lines, and either
 compressed with bzip2 (the daily dumps) or gzip; folders are searched recursively. The

@@ -3,7 +3,7 @@
 The pipeline is the local runner's two passes with Beam doing the shuffle:
 
 1. ``Create(units)``: the inputs cut into units of whole parquet row groups
-   (``prep.shards.read_units``), so workers read in parallel and in bounded pieces.
+   (``prep.dataset.read_units``), so workers read in parallel and in bounded pieces.
 2. ``FlatMap(read_unit)``: validate a unit batch by batch and emit, per batch and bucket,
    ``(bucket, Arrow IPC bytes of that bucket's rows)``; the unit's read counts go to
    ``<stage>/read/unit-<n>.json``. Elements are ints and bytes with Beam's own coders: no pickle
@@ -23,7 +23,7 @@ local runner's very rule, ``prep.splits.default_cutoff``) and records it in
 input, so every bucket uses the same resolved config as the local runner would.
 
 The driver then builds the manifest from those JSON files and publishes the staging
-folder with the local runner's very ending (``prep.shards.finish``, prep.outdir: lock,
+folder with the local runner's very ending (``prep.dataset.finish``, prep.outdir: lock,
 ``--overwrite``, the swap), so both give byte-identical shards and the same manifest
 (timing fields aside). A failed pipeline publishes nothing: its staging folder
 ``<out>/.tmp-beam-<pid>-<token>`` is removed (or, if the driver was killed, by the next
@@ -50,7 +50,7 @@ import pyarrow as pa
 from prep.bucket import ShardsConfig, bucket_of, process_bucket, resolve_buckets
 from prep.errors import InputError
 from prep.measurements import ARROW_SCHEMA, DTYPES, Measurements, empty, from_arrow, to_arrow
-from prep.shards import add_read_counts, new_read_counts
+from prep.dataset import add_read_counts, new_read_counts
 from prep.validate import validated_batches
 from prep.splits import default_cutoff, format_time, merge_histograms, minute_histogram
 
@@ -119,7 +119,7 @@ def _bucket_fn(beam):
             self.cfg_json, self.stage = cfg_json, stage
 
         def setup(self):
-            from prep.shards import config_from_dict
+            from prep.dataset import config_from_dict
 
             self.cfg = config_from_dict(json.loads(self.cfg_json))
             _warm_up(self.cfg)
@@ -173,7 +173,7 @@ def run_beam(inputs: list[str], out: str, cfg: ShardsConfig, *, beam_options_kv=
              progress: bool = True, overwrite: bool = False) -> dict:
     """Build the dataset in ``out`` with Beam; return the closing summary."""
     from prep import outdir
-    from prep.shards import (config_to_json, file_info, finish, needs_cutoff, read_units)
+    from prep.dataset import config_to_json, file_info, finish, needs_cutoff, read_units
     from prep.validate import list_inputs
 
     t0 = time.perf_counter()

@@ -46,7 +46,6 @@ def main():
     """
 
 
-# --- synth / import-atlas (foundation) ---------------------------------------------
 @main.command()
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for hourly parquet files.")
 @click.option("--rows", default=3_000_000, show_default=True, type=click.IntRange(min=1))
@@ -104,9 +103,7 @@ def import_atlas(inputs, out, per_packet, source, errors, workers, strict, as_js
         click.echo(json.dumps(summary, sort_keys=True))
 
 
-# --- end synth / import-atlas ------------------------------------------------------
 
-# --- shards / verify / inspect -----------------------------------------------------
 class _Time(click.ParamType):
     """ISO-8601 (UTC unless it carries an offset) or Unix seconds → int Unix seconds."""
 
@@ -200,7 +197,8 @@ def _shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, ro
     import json
 
     from prep.bucket import ShardsConfig
-    from prep.shards import format_summary, run_shards
+    from prep.dataset import format_summary
+    from prep.shards import run_shards
 
     if test_from is not None and split_rule == "probe":
         raise InputError("--test-from applies to --split time or time+probe; --split probe "
@@ -274,9 +272,7 @@ def _workers(n: int) -> int:
     import os
 
     return n or os.cpu_count() or 1
-# --- end shards / verify / inspect -------------------------------------------------
 
-# --- analyze-padding ---------------------------------------------------------------
 @main.command("analyze-padding")
 @click.argument("input_path", metavar="INPUT", type=click.Path(exists=True))
 @click.option("--crop", default=1024, show_default=True, type=click.IntRange(16, 65535),
@@ -310,7 +306,6 @@ def analyze_padding(input_path, crop, batch_size, max_segments, grain_sample, se
     if plot:
         analyze.plot(result, plot)
         click.echo(f"wrote {plot}", err=True)
-# --- end analyze-padding -----------------------------------------------------------
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ partial mode, which measurements lose their timestamp, from the counter-based RN
 ``prep.kernel``; that fixes each measurement's token ``cost`` before anything is
 encoded, so the packer can plan with lengths alone.
 
-Piece length rule (docs/CONTRACTS.md): a piece [s, e) of one context, encoded as a
+Piece length rule (prep.costs): a piece [s, e) of one context, encoded as a
 context of its own, is ``cost[s:e].sum() + abs_extra[f]`` tokens, f the piece's first
 timestamped measurement. ``cost`` counts a timestamp as encoded inside the whole
 context (2 for DELTA1, 5 for DELTA4, 9 for ABS) and ``abs_extra = 9 - that``, because a

@@ -9,9 +9,15 @@ A measurement is MEASUREMENT_START, then four blocks in a seeded order:
     result         RESULT_OK = 3 (header + 2 RTT tokens) or RESULT_FAILED = 1
     timestamp      TS_LEN[kind]: none 0, DELTA1 2, DELTA4 5, absolute 9 (``TS_ABS``)
 
-so its body (no timestamp) is 14 (IPv4 reply), 12 (IPv4 failed), 38 and 36 (IPv6). A
-piece of a context that starts with a timestamped measurement writes that timestamp
-absolute: ``TS_ABS - its own timestamp's tokens`` more (``abs_extra``).
+so its body (no timestamp) is 14 (IPv4 reply), 12 (IPv4 failed), 38 and 36 (IPv6).
+
+The piece length rule, which the planner (prep.contexts) states and the packer relies on
+exactly: ``cost[i]`` counts measurement i's tokens as encoded inside its whole context
+(its timestamp 0, DELTA1, DELTA4 or, for the context's first timestamped one, absolute),
+and ``abs_extra[i] = TS_ABS - its timestamp's tokens`` where it has one. A piece [s, e)
+of one context, encoded as a context of its own, has ``cost[s:e].sum() + abs_extra[f]``
+tokens, f its first timestamped measurement (no term if none): that one is written
+absolute.
 
 The planner ends a context up to BACKOFF measurements early when that leaves its row a gap
 the packer can fill (``fillable``, from the bodies above); the packer fills gaps of at

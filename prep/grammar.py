@@ -5,10 +5,10 @@ returns, per row, ``(n_measurements, n_tokens, n_segments, error, error_pos)``: 
 of a sound row (0 where ``error != 0``), or the first problem's code (``MESSAGES``) and
 the position in the row it refers to. The checks, in the order they are made:
 
-1. layout (the row format, DESIGN section 4): not empty; padding only after the last
+1. layout (the row format, prep.rows): not empty; padding only after the last
    segment; segment ids run 1, 2, 3, …; every segment opens with MEASUREMENT_START;
    padding is token 0; every token id is below VOCAB_SIZE;
-2. grammar (DESIGN section 2), segment by segment, measurement by measurement: each
+2. grammar (what prep.kernel writes), segment by segment, measurement by measurement: each
    block header is followed by its bytes inside the segment; a delta timestamp has an
    earlier timestamped measurement in its segment; no other token stands between blocks;
    each measurement has a source, a destination and a result, of one family.

@@ -9,7 +9,7 @@ hold them to, token for token):
 - ``cut_contexts``: walks one sorted bucket once and decides, per context, the timestamp
   mode and where the context ends, and per measurement whether it carries a timestamp
   and how many tokens it costs (the numbers the packer plans with).
-- ``piece_lengths_kernel``: the piece length rule of docs/CONTRACTS.md.
+- ``piece_lengths_kernel``: the piece length rule of prep.costs.
 - ``encode_kernel``: writes the tokens of every piece into one preallocated array
   (``SLACK`` tokens longer than the pieces), without a branch on the data per measurement:
   per piece, the random draws and RTT codes first, in loops LLVM vectorizes; then per

@@ -1,4 +1,4 @@
-"""`manifest.json`: what makes a shards folder a dataset (DESIGN section 5).
+"""`manifest.json`: what makes a shards folder a dataset.
 
 Written last, atomically (temp file + rename), after every shard is in place. A folder
 without it, or with one that is not ``finished``, is not a dataset. Fields readers rely on:

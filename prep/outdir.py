@@ -1,4 +1,4 @@
-"""The output folder of `prep shards`: claim, staging, publish, replace, clean up (DESIGN 5).
+"""The output folder of `prep shards`: claim, staging, publish, replace, clean up.
 
 Both runners (the local pool, prep/shards.py; Beam, prep/beam_runner.py) write through
 this module and nothing else touches ``--out``. What it may hold::

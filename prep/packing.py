@@ -3,7 +3,7 @@
 ``pack`` turns contexts (ranges of tokenized measurements) into pieces placed in rows of
 ``row_len`` tokens. All of it is one Numba pass over integer arrays:
 
-1. Length of every context by the piece length rule (docs/CONTRACTS.md): ``cost[s:e].sum()``
+1. Length of every context by the piece length rule (prep.costs): ``cost[s:e].sum()``
    plus ``abs_extra`` of the first timestamped measurement, from a cumulative cost array
    and a scan for that measurement. The cumulative array is the only one as long as the
    measurements: on these machines fresh memory costs more in page faults than the loops

@@ -4,7 +4,7 @@
 one entry per measurement of every row, in (row, segment, token) order, with the row, the
 segment id, the measurement's index in its segment, where its tokens start and where its
 result block's header stands, and the measurement itself (family, addresses as two uint64
-words, failure, RTT code, time). It reads what the tokenizer writes (DESIGN section 2) and
+words, failure, RTT code, time). It reads what the tokenizer writes and
 is held to ``prep.decode.decode_context`` segment by segment in tests/test_rowdecode.py.
 Rows are checked first with ``prep.grammar.check_rows``; a row that is not whole
 measurements is a ``RowFormatError`` naming it.

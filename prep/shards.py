@@ -1,10 +1,10 @@
-"""`prep shards`: parquet measurements → ArrayRecord shards + manifest.json (DESIGN 5, 7, 8).
+"""`prep shards`, the local runner: parquet measurements → ArrayRecord shards + manifest.json.
 
 Two passes, both spread over a process pool, memory bounded by a batch and by a bucket:
 
 1. Read + route. The inputs are cut into units of whole parquet row groups (at most
-   ``UNIT_ROWS`` rows each). A worker validates a unit in batches and appends each
-   batch's rows to per-bucket Arrow IPC spill files (bucket = splitmix64 of the probe key
+   ``prep.dataset.UNIT_ROWS`` rows each). A worker validates a unit in batches and appends
+   each batch's rows to per-bucket Arrow IPC spill files (bucket = splitmix64 of the probe key
    mod ``n_buckets``), under ``DIR/.tmp-shards-<pid>-<token>/spill/``. No pickle: pool
    tasks and results are plain tuples and dicts, the data crosses processes as files.
    With a time split (``--split time|time+probe``) and no ``--test-from``, each unit also
@@ -14,8 +14,8 @@ Two passes, both spread over a process pool, memory bounded by a batch and by a 
    ``prep.bucket.process_bucket``, which writes that bucket's finished shards into the
    staging folder ``DIR/.tmp-shards-<pid>-<token>/``.
 
-Then ``finish`` writes the manifest into the staging folder and prep.outdir swaps the
-new dataset in (the Beam runner ends the same way). prep.outdir owns ``DIR``: the lock
+Then ``prep.dataset.finish`` writes the manifest into the staging folder and prep.outdir
+swaps the new dataset in (the Beam runner ends the same way). prep.outdir owns ``DIR``: the lock
 against a second run, the refusals, ``--overwrite``, what a kill leaves at each step.
 Output bytes depend on (inputs, the resolved ShardsConfig) only: spill order does not
 matter because ``plan_contexts`` sorts, and shard names come from the bucket id.
@@ -29,12 +29,9 @@ driver when the run stops, and die with it if it is killed (PR_SET_PDEATHSIG).
 from __future__ import annotations
 
 import concurrent.futures
-from collections import Counter
 import contextlib
 import ctypes
-import hashlib
 import json
-import math
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.pool
@@ -46,24 +43,22 @@ import sys
 import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from prep import manifest as mf
 from prep import outdir
 from prep.bucket import ShardsConfig, bucket_of, process_bucket, resolve_buckets
+from prep.dataset import (add_read_counts, config_from_dict, config_to_json, file_info, finish,
+                          needs_cutoff, new_read_counts, read_units)
 from prep.errors import InputError
-from prep.manifest import SPLITS
 from prep.measurements import ARROW_SCHEMA, FIELDS, Measurements, from_arrow
-from prep.splits import (TIME_RULES, MinuteHistogram, default_cutoff, format_time,
-                         minute_histogram)
-from prep.validate import list_inputs, open_parquet, validated_batches
+from prep.splits import MinuteHistogram, default_cutoff, format_time, minute_histogram
+from prep.validate import list_inputs, validated_batches
 
-UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
 # LZ4 halves the spill's CPU in the kernel (page-cache writes are dear on small VMs) and
 # shrinks it 2.8x, for +0.3 s of user time per 10M rows.
 _SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
@@ -145,185 +140,7 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
         return finish(od, cfg, infos, read, results, t0, timing)
 
 
-def finish(od: outdir.OutDir, cfg: ShardsConfig, inputs: list[dict], read: dict,
-           results: list[dict], t0: float, timing: dict) -> dict:
-    """Both runners' ending: the manifest from the read counts and the per-bucket results
-    (ordered by bucket), written into the staging folder and published (prep.outdir)."""
-    manifest = build_manifest(cfg, inputs, read, results)
-    check_not_empty(od.path, manifest)
-    elapsed = time.perf_counter() - t0
-    manifest["elapsed_s"] = round(elapsed, 3)
-    manifest["timing"] = timing | {
-        "measurements_per_s": round(read["rows_in"] / max(elapsed, 1e-9))}
-    od.publish(manifest)
-    return summary(manifest)
-
-
-def new_read_counts() -> dict:
-    """Pass 1's counts, which both runners add up per unit (add_read_counts)."""
-    return {"rows_in": 0, "accepted": 0, "rejected": Counter()}
-
-
-def add_read_counts(read: dict, unit: dict) -> None:
-    read["rows_in"] += unit["rows_in"]
-    read["accepted"] += unit["accepted"]
-    read["rejected"].update(unit["rejected"])
-
-
-def check_not_empty(out: Path, manifest: dict) -> None:
-    """InputError, before anything is published, when the dataset would have no train rows:
-    a finished-looking empty dataset is worse than an error."""
-    c, n = manifest["counts"], sum(manifest["counts"]["rows"].values())
-    if c["rows"]["train"]:
-        return
-    if not c["rows_in"]:
-        why = "the inputs hold no rows"
-    elif not c["measurements_accepted"]:
-        top = ", ".join(f"{k} {v:,}" for k, v in sorted(
-            c["rows_rejected"].items(), key=lambda kv: -kv[1])[:3])
-        why = (f"all {c['rows_in']:,} measurements were rejected ({top}); `prep import-atlas` "
-               "writes only rows that pass these checks")
-    elif n:
-        cfg = manifest["config"]
-        why = (f"all {n:,} rows went to the test split (--split {cfg['split']}, --test-fraction "
-               f"{cfg['test_fraction']:g}); lower --test-fraction or give more probes")
-    else:
-        why = f"{c['measurements_accepted']:,} measurements were accepted but none was tokenized"
-    raise InputError(f"{out}: no training rows written: {why}; nothing was published")
-
-
-def needs_cutoff(cfg: ShardsConfig) -> bool:
-    """A time split whose cutoff is to be found from the data (no --test-from)."""
-    return cfg.split in TIME_RULES and cfg.test_from is None
-
-
-def build_manifest(cfg: ShardsConfig, inputs: list[dict], read: dict, results: list[dict]) -> dict:
-    """The manifest (without timing fields) from the read counts and the bucket results.
-    ``cfg`` is the resolved config (a time split's cutoff an int)."""
-    if needs_cutoff(cfg):
-        raise ValueError(f"split {cfg.split!r}: the cutoff test_from is not resolved")
-    splits = {s: {"rows": 0, "measurements": 0, "tokens": 0, "contexts": 0, "segments": 0,
-                  "probes": 0, "shards": []} for s in SPLITS}
-    hist: dict[str, int] = {}
-    for r in results:
-        for s in SPLITS:
-            splits[s]["probes"] += r["probes"][s]
-        for k, v in r["segments_per_row"].items():
-            hist[k] = hist.get(k, 0) + v
-    # Shards listed by (split, epoch, bucket): a reader taking one epoch takes a prefix.
-    shards = sorted((s | {"bucket": r["bucket"]} for r in results for s in r["shards"]),
-                    key=lambda s: (SPLITS.index(s["split"]), s["epoch"], s["bucket"]))
-    tokens_by_pass: dict[tuple[str, int], int] = {}
-    for s in shards:
-        sp = splits[s["split"]]
-        sp["rows"] += s["records"]
-        for k in ("measurements", "tokens", "contexts", "segments"):
-            sp[k] += s[k]
-        sp["shards"].append(s)
-        key = (s["split"], s["epoch"])
-        # Lower bound: whole contexts, tokens added by cuts count against the packer.
-        tokens_by_pass[key] = tokens_by_pass.get(key, 0) + s["context_tokens"]
-    lower = sum(math.ceil(t / cfg.row_len) for t in tokens_by_pass.values())
-    rows = sum(sp["rows"] for sp in splits.values())
-    tokens = sum(sp["tokens"] for sp in splits.values())
-    counts = {
-        "rows_in": read["rows_in"],
-        "rows_rejected": dict(sorted(read["rejected"].items())),
-        "measurements_accepted": read["accepted"],
-        # Accepted but in neither split (time+probe: held-out probes before the cutoff,
-        # the other probes from it on); tokenized = (accepted - excluded) x epochs.
-        "measurements_excluded_by_split": sum(r["excluded"] for r in results),
-        "measurements_tokenized": sum(sp["measurements"] for sp in splits.values()),
-        "contexts": sum(sp["contexts"] for sp in splits.values()),
-        "segments": sum(sp["segments"] for sp in splits.values()),
-        "rows": {s: splits[s]["rows"] for s in SPLITS},
-        "tokens": tokens,
-        "padding_tokens": rows * cfg.row_len - tokens,
-    }
-    return mf.header(cfg.row_len) | {
-        "config": json.loads(config_to_json(cfg)), "seed": cfg.seed,
-        "inputs": inputs, "counts": counts,
-        "padding_fraction": (rows * cfg.row_len - tokens) / (rows * cfg.row_len) if rows else 0.0,
-        "lower_bound_rows": lower,
-        "rows_over_lower_bound": rows / lower if lower else 1.0,
-        "segments_per_row": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
-        "splits": splits,
-    }
-
-
-def summary(manifest: dict) -> dict:
-    """The closing summary: what `prep shards --json` prints."""
-    c, t, cfg = manifest["counts"], manifest.get("timing", {}), manifest["config"]
-    test_from = cfg.get("test_from")
-    split = {"rule": cfg.get("split", "probe"), "test_fraction": cfg["test_fraction"],
-             "test_from": test_from,
-             "test_from_iso": None if test_from is None else format_time(test_from)}
-    return {"measurements_in": c["rows_in"], "measurements_rejected": sum(c["rows_rejected"].values()),
-            "rejected_by_reason": c["rows_rejected"], "measurements_tokenized": c["measurements_tokenized"],
-            "measurements_excluded_by_split": c.get("measurements_excluded_by_split", 0),
-            "split": split,
-            "contexts": c["contexts"], "segments": c["segments"], "rows": c["rows"],
-            "tokens": c["tokens"], "padding_fraction": manifest["padding_fraction"],
-            "lower_bound_rows": manifest["lower_bound_rows"],
-            "rows_over_lower_bound": manifest["rows_over_lower_bound"],
-            "elapsed_s": manifest.get("elapsed_s"),
-            "measurements_per_s": t.get("measurements_per_s"), "workers": t.get("workers"),
-            "peak_rss_mb": t.get("peak_rss_mb"), "buckets": cfg["n_buckets"]}
-
-
-def format_summary(s: dict) -> str:
-    rej = ", ".join(f"{k} {v:,}" for k, v in s["rejected_by_reason"].items()) or "none"
-    rows = s["rows"]["train"] + s["rows"]["test"]
-    sp = s["split"]
-    if sp["test_from"] is None:
-        split = f"{sp['rule']}, {100 * sp['test_fraction']:g} % of the probes in test"
-    else:
-        split = f"{sp['rule']}, test from {sp['test_from_iso']} ({sp['test_from']})"
-        if sp["rule"] == "time+probe":
-            split += (f", {100 * sp['test_fraction']:g} % of the probes held out; "
-                      f"{s['measurements_excluded_by_split']:,} measurements in neither split")
-    return "\n".join([
-        f"prep shards: done in {s['elapsed_s']:.1f} s, "
-        f"{s['measurements_per_s']:,} measurements/s on {s['workers']} workers",
-        f"  measurements  {s['measurements_in']:,} in, {s['measurements_rejected']:,} rejected ({rej})",
-        f"  split         {split}",
-        f"  contexts      {s['contexts']:,} ({s['segments']:,} segments after cuts)",
-        f"  rows          {rows:,} (train {s['rows']['train']:,}, test {s['rows']['test']:,}); "
-        f"lower bound {s['lower_bound_rows']:,} (x{s['rows_over_lower_bound']:.4f})",
-        f"  buckets       {s['buckets']}" + (
-            f"; each ends in part-filled rows: {rows - s['lower_bound_rows']:,} rows over the "
-            "lower bound (fewer --buckets pack tighter, with more memory per worker)"
-            if s["buckets"] > 1 and rows - s["lower_bound_rows"] >= s["buckets"] else ""),
-        f"  tokens        {s['tokens']:,}, padding {100 * s['padding_fraction']:.3f} %",
-    ])
-
-
-# --- pass 1: read, validate, route to bucket spill files ------------------------------
-
-def read_units(paths: list[Path]) -> tuple[list[list[tuple[str, list[int]]]], int]:
-    """Inputs cut into units of whole row groups, about UNIT_ROWS rows each.
-
-    Small files (synth writes one per hour) share a unit; a big file spans several.
-    """
-    units, unit, n, total = [], [], 0, 0
-    for p in paths:
-        md = open_parquet(p).metadata
-        groups = []
-        for rg in range(md.num_row_groups):
-            rows = md.row_group(rg).num_rows
-            if n and n + rows > UNIT_ROWS:
-                if groups:
-                    unit.append((str(p), groups))
-                units.append(unit)
-                unit, groups, n = [], [], 0
-            groups.append(rg)
-            n += rows
-        if groups:
-            unit.append((str(p), groups))
-        total += md.num_rows
-    if unit:
-        units.append(unit)
-    return units, total
+# Pass 1: read, validate, route to bucket spill files.
 
 
 def _reporting_errors(fn):
@@ -341,8 +158,6 @@ def _raise_error(result: dict) -> dict:
     if "error" in result:
         raise InputError(result["error"])
     return result
-
-
 
 
 @_reporting_errors
@@ -381,7 +196,7 @@ def _spill_unit(task) -> dict:
     return result
 
 
-# --- pass 2: one bucket ------------------------------------------------------------------
+# Pass 2: one bucket.
 
 def load_bucket(stage: Path, bucket: int) -> Measurements:
     """A bucket's measurements from its spill files (in any order: plan_contexts sorts)."""
@@ -520,28 +335,6 @@ def _die_with_parent(parent: int | None) -> None:
         threading.Thread(target=watch, daemon=True).start()
 
 
-def config_to_json(cfg: ShardsConfig) -> str:
-    """The config as JSON: the start-up echo, pool tasks, the Beam pipeline."""
-    return json.dumps(asdict(cfg))
-
-
-def config_from_dict(d: dict) -> ShardsConfig:
-    """ShardsConfig from its JSON form (the manifest's ``config``, a pool task)."""
-    d = dict(d)
-    d["mode_weights"] = tuple(d["mode_weights"])
-    return ShardsConfig(**d)
-
-
-# --- files ---------------------------------------------------------------------------
-
-def file_info(p: Path, stop: threading.Event | None = None) -> dict:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        while chunk := f.read(1 << 22):
-            if stop is not None and stop.is_set():
-                break  # the run failed: the caller no longer waits for this
-            h.update(chunk)
-    return {"name": str(p), "size": p.stat().st_size, "sha256": h.hexdigest()}
 
 
 def _own_rss_mb() -> float:

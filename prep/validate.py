@@ -1,6 +1,6 @@
 """Validation: the one gate every entry point (parquet, RIPE Atlas import, synth) passes.
 
-Columns (DESIGN section 1): ``event_time`` (timestamp in any unit, tz-aware or naive UTC,
+Columns (the input schema): ``event_time`` (timestamp in any unit, tz-aware or naive UTC,
 or integer Unix seconds), ``src_addr`` and ``dst_addr`` (strings), ``ip_version`` (integer),
 ``rtt`` (float or integer ms; ``rtt_avg`` is accepted when ``rtt`` is absent), optional
 ``prb_id`` (integer). A missing required column, a column that appears twice, or a wrong
@@ -73,7 +73,7 @@ class Batch:
     rejected: dict[str, int]
 
     def counts(self) -> dict:
-        """rows_in, accepted and rejected: what the runners add up (prep.shards.add_read_counts)."""
+        """rows_in, accepted and rejected: what the runners add up (prep.dataset.add_read_counts)."""
         return {"rows_in": self.rows_in, "accepted": len(self.measurements),
                 "rejected": self.rejected}
 

@@ -1,4 +1,4 @@
-"""The token vocabulary, as data (DESIGN section 2; compatible with ping-llm's schema).
+"""The token vocabulary, as data (compatible with ping-llm's schema).
 
 267 symbols: 11 control tokens followed by the 256 byte values. Everything that
 emits or reads tokens takes its ids from here; the fingerprint of this table goes

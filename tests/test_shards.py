@@ -1,6 +1,6 @@
 """prep shards end to end: exact rows on a tiny input, nothing lost or duplicated, no
 probe in both splits, byte-identical output across workers and file order, kill-safety,
-bad input (DESIGN sections 5, 7, 8)."""
+bad input."""
 
 import collections
 import json

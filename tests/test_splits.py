@@ -124,11 +124,11 @@ def cutoff_recs() -> list[dict]:
 
 
 def test_default_cutoff_is_exact_and_recorded(tmp_path, monkeypatch):
-    import prep.shards
+    import prep.dataset
 
     recs = cutoff_recs()
     files = [write_parquet(tmp_path / "in" / f"{i}.parquet", recs[i::4]) for i in range(4)]
-    monkeypatch.setattr(prep.shards, "UNIT_ROWS", 10)  # one read task per file
+    monkeypatch.setattr(prep.dataset, "UNIT_ROWS", 10)  # one read task per file
     cfg = ShardsConfig(n_buckets=3, mode_weights=FULL, split="time", test_fraction=0.25)
     s = run_shards([str(f) for f in files], str(tmp_path / "w1"), cfg, workers=1, progress=False)
     run_shards([str(f) for f in files[::-1]], str(tmp_path / "w2"), cfg, workers=2, progress=False)

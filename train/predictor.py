@@ -6,7 +6,7 @@
     {'rtt_ms': …, 'p10_ms': …, 'p90_ms': …, 'p_failed': …, 'history_used': 0, …}
 
 A query is one measurement whose result is unknown, written as the model saw measurements
-in training (DESIGN section 2) in ``full`` timestamp mode with the result block last:
+in training in ``full`` timestamp mode with the result block last:
 ``MEASUREMENT_START, source, destination, timestamp, RTT_START``, after the source probe's
 earlier measurements (its history, same block order, oldest first) in the same context.
 From the model's next-token distributions:
