@@ -13,6 +13,8 @@
     import.bz2_decompress_results_per_s     the ceiling for .bz2: indexed_bzip2 decompressing the
                                             same files to nothing, on as many processes (no parsing)
     import.bz2_of_ceiling                   import.results_per_s_bz2 / that ceiling
+    import.sample_padding_fraction          the real sample imported (defaults) and packed by
+    import.sample_rows_over_lower_bound     `prep shards` with its defaults (buckets from the input)
 
 The .jsonl.bz2 files are the 3.8 MB unit compressed once and written 10 times (one bzip2
 stream per copy, as pbzip2 writes them): the same blocks to decompress as one stream of
@@ -30,6 +32,8 @@ from pathlib import Path
 
 from prep import atlas
 from prep.atlas import AtlasConfig, import_atlas
+from prep.bucket import ShardsConfig
+from prep.shards import run_shards
 
 SAMPLE = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "ripe-atlas"
 FILES, COPIES = 4, 10  # 4 files x 10 copies x 7,725 results = 309,000
@@ -89,6 +93,10 @@ def run() -> dict[str, float]:
         d = Path(d)
         rate, _ = _import_rate(SAMPLE, d / "sample", 3)
         metrics["import.results_per_s"] = rate
+        s = run_shards([str(d / "sample")], str(d / "sample-shards"), ShardsConfig(n_buckets=0),
+                       workers=min(2, atlas._cores()), progress=False)
+        metrics["import.sample_padding_fraction"] = s["padding_fraction"]
+        metrics["import.sample_rows_over_lower_bound"] = s["rows_over_lower_bound"]
 
         unit = _unit()
         packed = bz2.compress(unit)
