@@ -153,7 +153,9 @@ def summary(manifest: dict) -> dict:
             "rows_over_lower_bound": manifest["rows_over_lower_bound"],
             "elapsed_s": manifest.get("elapsed_s"),
             "measurements_per_s": t.get("measurements_per_s"), "workers": t.get("workers"),
-            "peak_rss_mb": t.get("peak_rss_mb"), "buckets": cfg["n_buckets"]}
+            "peak_rss_mb": t.get("peak_rss_mb"), "buckets": cfg["n_buckets"],
+            # each bucket's last row of each split and epoch may be part-filled
+            "bucket_tail_rows": cfg["n_buckets"] * len(SPLITS) * cfg["epochs"]}
 
 
 def format_summary(s: dict) -> str:
@@ -176,9 +178,10 @@ def format_summary(s: dict) -> str:
         f"  rows          {rows:,} (train {s['rows']['train']:,}, test {s['rows']['test']:,}); "
         f"lower bound {s['lower_bound_rows']:,} (x{s['rows_over_lower_bound']:.4f})",
         f"  buckets       {s['buckets']}" + (
-            f"; each ends in part-filled rows: {rows - s['lower_bound_rows']:,} rows over the "
-            "lower bound (fewer --buckets pack tighter, with more memory per worker)"
-            if s["buckets"] > 1 and rows - s["lower_bound_rows"] >= s["buckets"] else ""),
+            f"; up to {min(s['bucket_tail_rows'], rows - s['lower_bound_rows']):,} of the "
+            f"{rows - s['lower_bound_rows']:,} rows over the lower bound are the buckets' "
+            "part-filled last rows (fewer --buckets pack tighter, with more memory per worker)"
+            if s["buckets"] > 1 and rows > s["lower_bound_rows"] else ""),
         f"  tokens        {s['tokens']:,}, padding {100 * s['padding_fraction']:.3f} %",
     ])
 

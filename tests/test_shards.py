@@ -330,3 +330,20 @@ def test_max_segments_caps_every_row(tmp_path):
     hist = mf.load_manifest(tmp_path / "out")["segments_per_row"]
     assert max(map(int, hist)) == 2 and s["measurements_tokenized"] == 300
     assert all(int(seg.max()) <= 2 for _, _, seg in read_split(tmp_path / "out", "train"))
+
+
+def test_summary_says_what_the_buckets_cost():
+    from prep.dataset import format_summary
+
+    s = {"elapsed_s": 1.0, "measurements_per_s": 10, "workers": 2, "measurements_in": 100,
+         "measurements_rejected": 0, "rejected_by_reason": {}, "contexts": 9, "segments": 9,
+         "split": {"rule": "probe", "test_fraction": 0.1, "test_from": None},
+         "rows": {"train": 90, "test": 21}, "lower_bound_rows": 100,
+         "rows_over_lower_bound": 1.11, "tokens": 100_000, "padding_fraction": 0.12,
+         "buckets": 4, "bucket_tail_rows": 8}
+    lines = format_summary(s).splitlines()
+    assert lines[5] == ("  buckets       4; up to 8 of the 11 rows over the lower bound are the "
+                        "buckets' part-filled last rows (fewer --buckets pack tighter, with more "
+                        "memory per worker)")
+    s |= {"buckets": 1, "bucket_tail_rows": 2}
+    assert format_summary(s).splitlines()[5] == "  buckets       1"
