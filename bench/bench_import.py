@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from prep import atlas
+from prep import atlas, atlas_read
 from prep.atlas import AtlasConfig, import_atlas
 from prep.bucket import ShardsConfig
 from prep.shards import run_shards
@@ -60,8 +60,8 @@ def _stdlib_rate(folder: Path) -> float:
 
 def _decompress(path: Path) -> int:
     n = 0
-    with atlas._open_binary(path) as f:
-        while b := f.read(atlas.CHUNK):
+    with atlas_read._open_binary(path) as f:
+        while b := f.read(atlas_read.CHUNK):
             n += b.count(b"\n")
     return n
 

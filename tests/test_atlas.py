@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from prep import atlas
+from prep import atlas_read
 from prep.cli import main
 
 
@@ -115,7 +115,7 @@ def test_firmware_variants_and_malformed_lines(tmp_path):
 
 
 def test_json_array_streams_across_reads_and_bz2(tmp_path, monkeypatch):
-    monkeypatch.setattr(atlas, "CHUNK", 7)  # every object spans several reads
+    monkeypatch.setattr(atlas_read, "CHUNK", 7)  # every object spans several reads
     items = [VARIANTS[0], VARIANTS[4], VARIANTS[5]]
     (tmp_path / "a.json").write_text(" \n[" + ",\n ".join(json.dumps(x) for x in items) + "]\n")
     (tmp_path / "b.jsonl.bz2").write_bytes(bz2.compress(

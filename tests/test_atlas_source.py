@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from prep import atlas
+from prep import atlas, atlas_read
 from prep.cli import main
 
 PREP = [sys.executable, "-c", "from prep.cli import main; main()"]
@@ -307,7 +307,7 @@ def odd_arrays(rng, base):
 
 
 def test_streamed_arrays_fast_and_stdlib_agree(atlas_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(atlas, "CHUNK", 256)  # arrays over 8 KiB on a line stream
+    monkeypatch.setattr(atlas_read, "CHUNK", 256)  # arrays over 8 KiB on a line stream
     rng = random.Random(11)
     files = odd_arrays(rng, raw_results(atlas_dir)[::5])
     for name, data in files.items():

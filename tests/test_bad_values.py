@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from prep import atlas, validate
+from prep import atlas_read, validate
 from prep.cli import main
 from prep.errors import InputError
 from prep.reference import rtt_code
@@ -76,7 +76,7 @@ CONCATENATED = {
 @pytest.mark.parametrize("chunk", [1 << 20, 7])  # 7: every value spans several reads
 @pytest.mark.parametrize("name", sorted(CONCATENATED))
 def test_concatenated_arrays_and_array_then_lines_read_in_full(tmp_path, monkeypatch, chunk, name):
-    monkeypatch.setattr(atlas, "CHUNK", chunk)
+    monkeypatch.setattr(atlas_read, "CHUNK", chunk)
     (tmp_path / name).write_text(CONCATENATED[name])
     res, s = atlas_run(tmp_path / name, "--out", tmp_path / "o")
     assert res.exit_code == 0, res.output
@@ -86,7 +86,7 @@ def test_concatenated_arrays_and_array_then_lines_read_in_full(tmp_path, monkeyp
 
 @pytest.mark.parametrize("chunk", [1 << 20, 5])
 def test_byte_order_mark_is_accepted(tmp_path, monkeypatch, chunk):
-    monkeypatch.setattr(atlas, "CHUNK", chunk)
+    monkeypatch.setattr(atlas_read, "CHUNK", chunk)
     bom = b"\xef\xbb\xbf"
     (tmp_path / "a.json").write_bytes(bom + f"[{j(result(1), result(2))}]".encode())
     (tmp_path / "b.json").write_bytes(bom + b"[\n" + j(result(3)).encode() + b"\n]\n")
@@ -116,7 +116,7 @@ def test_a_non_utf8_line_is_one_rejected_row(tmp_path):
 
 @pytest.mark.parametrize("chunk", [1 << 20, 6])
 def test_a_non_utf8_array_element_is_one_rejected_row(tmp_path, monkeypatch, chunk):
-    monkeypatch.setattr(atlas, "CHUNK", chunk)
+    monkeypatch.setattr(atlas_read, "CHUNK", chunk)
     src = tmp_path / "a.json"
     src.write_bytes(b"[" + j(result(1)).encode() + b',\n{"prb_id": 9, "note": "\xfe\xff"},'
                     + j(result(2)).encode() + b"]")

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from prep.atlas import SCHEMA
+from prep.atlas_rows import SCHEMA
 from prep.cli import main as prep
 from train import synthetic
 from train.cli import main as train
