@@ -29,7 +29,20 @@ class Decoded(NamedTuple):
 
 
 class DecodeError(ValueError):
-    """Tokens that the tokenizer could not have written."""
+    """Tokens that the tokenizer could not have written: ``kind`` names the rule broken
+    (one of KINDS; prep.grammar maps it to its code), ``pos`` the token where it broke."""
+
+    def __init__(self, kind: str, pos: int, message: str):
+        if kind not in KINDS:
+            raise ValueError(f"unknown DecodeError kind {kind!r}")
+        super().__init__(f"token {pos}: {message}")
+        self.kind, self.pos, self.message = kind, pos, message
+
+    def __reduce__(self):  # picklable, so it can cross a process pool
+        return DecodeError, (self.kind, self.pos, self.message)
+
+
+KINDS = ("bad_bytes", "no_start", "delta_first", "unexpected", "incomplete", "families_differ")
 
 
 def rtt_ms(exponent: int, mantissa: int) -> float:
@@ -38,12 +51,12 @@ def rtt_ms(exponent: int, mantissa: int) -> float:
 
 def _bytes(tokens, pos: int, n: int) -> int:
     if pos + n > len(tokens):
-        raise DecodeError(f"token {pos}: expected {n} bytes, the context ends")
+        raise DecodeError("bad_bytes", pos, f"expected {n} bytes, the context ends")
     value = 0
     for t in tokens[pos:pos + n]:
         b = int(t) - V.BYTE_OFFSET
         if not 0 <= b < 256:
-            raise DecodeError(f"token {pos}: expected a byte, got {V.token_name(int(t))}")
+            raise DecodeError("bad_bytes", pos, f"expected a byte, got {V.token_name(int(t))}")
         value = (value << 8) | b
     return value
 
@@ -56,7 +69,8 @@ def decode_context(tokens) -> list[Decoded]:
     n = len(tokens)
     while pos < n:
         if int(tokens[pos]) != V.MEASUREMENT_START:
-            raise DecodeError(f"token {pos}: expected MEASUREMENT_START, got {V.token_name(int(tokens[pos]))}")
+            raise DecodeError("no_start", pos,
+                              f"expected MEASUREMENT_START, got {V.token_name(int(tokens[pos]))}")
         pos += 1
         fields: dict = {}
         while pos < n and int(tokens[pos]) != V.MEASUREMENT_START:
@@ -80,17 +94,18 @@ def decode_context(tokens) -> list[Decoded]:
                 fields["time"] = u - (1 << 64) if u >= 1 << 63 else u
             elif tok in (V.TIMESTAMP_DELTA1, V.TIMESTAMP_DELTA4):
                 if prev is None:
-                    raise DecodeError(f"token {pos - 1}: a delta timestamp with no absolute one before it")
+                    raise DecodeError("delta_first", pos - 1,
+                                      "a delta timestamp with no absolute one before it")
                 width = 1 if tok == V.TIMESTAMP_DELTA1 else 4
                 fields["time"] = prev + _bytes(tokens, pos, width)
                 pos += width
             else:
-                raise DecodeError(f"token {pos - 1}: unexpected {V.token_name(tok)}")
+                raise DecodeError("unexpected", pos - 1, f"unexpected {V.token_name(tok)}")
         missing = {"src", "dst", "result"} - fields.keys()
         if missing:
-            raise DecodeError(f"token {pos}: measurement without {', '.join(sorted(missing))}")
+            raise DecodeError("incomplete", pos, f"measurement without {', '.join(sorted(missing))}")
         if fields["src"][0] != fields["dst"][0]:
-            raise DecodeError(f"token {pos}: source and destination families differ")
+            raise DecodeError("families_differ", pos, "source and destination families differ")
         t = fields.get("time")
         if t is not None:
             prev = t

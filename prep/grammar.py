@@ -218,12 +218,10 @@ def check_rows(tokens, segment_ids):
 
 # --- the plain-Python twin -------------------------------------------------------------
 
-_DECODE_CODES = (  # decode_context's message → code (its messages are the contract here)
-    ("bytes, the context ends", BAD_BYTES), ("expected a byte", BAD_BYTES),
-    ("delta timestamp", DELTA_FIRST), ("unexpected", UNEXPECTED),
-    ("measurement without", INCOMPLETE), ("families differ", FAMILIES_DIFFER),
-    ("expected MEASUREMENT_START", NO_START),
-)
+_DECODE_CODES = {  # decode_context's DecodeError.kind → code
+    "bad_bytes": BAD_BYTES, "no_start": NO_START, "delta_first": DELTA_FIRST,
+    "unexpected": UNEXPECTED, "incomplete": INCOMPLETE, "families_differ": FAMILIES_DIFFER,
+}
 
 
 def check_row_reference(tok: np.ndarray, seg: np.ndarray) -> tuple[int, int, int, int, int]:
@@ -253,8 +251,7 @@ def check_row_reference(tok: np.ndarray, seg: np.ndarray) -> tuple[int, int, int
         try:
             n_meas += len(decode_context(tok[a:b].tolist()))
         except DecodeError as e:
-            code = next(c for text, c in _DECODE_CODES if text in str(e))
-            return 0, 0, 0, code, a + int(str(e).split(":")[0].removeprefix("token "))
+            return 0, 0, 0, _DECODE_CODES[e.kind], a + e.pos
     return n_meas, n, len(starts), OK, -1
 
 

@@ -126,3 +126,19 @@ def test_decode_rejects_malformed_tokens():
 def test_render():
     toks = [V.MEASUREMENT_START, V.FAILED, V.BYTE_OFFSET + 7, V.MEASUREMENT_START, V.RTT_START]
     assert render(toks) == "MEASUREMENT_START FAILED 7\nMEASUREMENT_START RTT_START"
+
+
+def test_decode_errors_carry_their_rule_and_position():
+    import pickle
+
+    cases = [([V.FAILED], "no_start", 0),
+             ([V.MEASUREMENT_START, V.SRC_IPV4, 11, 11, 11, 11], "incomplete", 6),
+             ([V.MEASUREMENT_START, V.SRC_IPV4, 11], "bad_bytes", 2),
+             ([V.MEASUREMENT_START, V.TIMESTAMP_DELTA1, 11], "delta_first", 1)]
+    for tokens, kind, pos in cases:
+        with pytest.raises(DecodeError) as e:
+            decode_context(tokens)
+        assert (e.value.kind, e.value.pos) == (kind, pos)
+        assert str(e.value).startswith(f"token {pos}: ")
+        again = pickle.loads(pickle.dumps(e.value))
+        assert (again.kind, again.pos, str(again)) == (kind, pos, str(e.value))
