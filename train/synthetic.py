@@ -43,8 +43,9 @@ def counting_rows(n_rows: int, row_len: int, *, seed: int = 0, max_segments: int
 
 def write_shard(path: Path, tokens: np.ndarray, segment_ids: np.ndarray, *,
                 compression: str = "zstd:1") -> dict:
-    """One ArrayRecord shard: group_size:1 (what Grain needs for random access) and, like
-    `prep shards` by default, zstd level 1."""
+    """One ArrayRecord shard: group_size:1 (what Grain needs for random access) and zstd
+    level 1 (harder on the reader than the snappy `prep shards` writes by default, so the
+    reader benchmark errs on the slow side)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = ArrayRecordWriter(str(path), f"group_size:1,{compression}")
     for record in rows_lib.encode_rows(tokens, segment_ids):
