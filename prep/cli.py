@@ -175,18 +175,18 @@ def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row
     """
     import signal
 
-    from prep import outdir
+    from prep.signals import Interrupted, stop_on_signals
 
     # SIGINT/SIGTERM: one line and exit 128 + the signal, never a traceback; the run
     # itself (prep.outdir.claim) stops its workers and removes its staging folder first.
     try:
-        with outdir.stop_on_signals():
+        with stop_on_signals():
             _shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row_len,
                     max_segments, max_measurements, max_gap, epochs, buckets, compression,
                     runner, beam_options, overwrite, as_json, quiet)
     except KeyboardInterrupt as e:
-        if not isinstance(e, outdir.Interrupted):
-            e = outdir.Interrupted(signal.SIGINT)  # before or after the handlers
+        if not isinstance(e, Interrupted):
+            e = Interrupted(signal.SIGINT)  # before or after the handlers
         click.echo(f"error: {e}", err=True)
         sys.exit(128 + e.signum)
 

@@ -51,7 +51,7 @@ A run, step by step:
    d: the new dataset; the next run removes the leftovers.
 8. Release: on any failure the staging folder is removed; ``.lock`` is removed and
    unlocked. A failure of the disk anywhere in steps 1-7 (full, read-only, not
-   writable) is one line naming the folder and the fix, exit 2 (``fs_failure``).
+   writable) is one line naming the folder and the fix, exit 2 (prep.errors.fs_failure).
 
 So at every instant the folder is the old finished dataset, the new finished dataset,
 or no dataset, never a mix, and no shard of an unfinished run is ever in train/ or
@@ -71,14 +71,13 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
-from prep.errors import InputError
+from prep.errors import InputError, fs_failure
 from prep.manifest import SPLITS
+from prep.signals import Guard, stop_on_signals
 
 LOCK_NAME = ".lock"
 MARKER = ".ping-pack-owner"
@@ -86,124 +85,13 @@ MANIFEST = "manifest.json"  # == prep.manifest.MANIFEST_NAME (not imported: it p
 SHARD_FILE = re.compile(r"shard-b\d+-e\d+\.array_record(\.tmp)?")
 _STAGE = re.compile(r"\.tmp-(shards|beam)-(\d+)-([0-9a-f]{12})")
 _OLD = re.compile(r"\.old-(\d+)-([0-9a-f]{12})")
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _LOCK_WAIT_S = 5.0  # a dead run's workers may hold its lock that long while they die
 
-
-# --- signals ----------------------------------------------------------------------------
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM reached the run; ``str(e)`` is the one line the CLI prints."""
-
-    def __init__(self, signum: int, out: Path | None = None, published: bool = False):
-        super().__init__(signum)
-        self.signum, self.out, self.published = signum, out, published
-
-    def __str__(self) -> str:
-        name = signal.Signals(self.signum).name
-        if self.out is None:
-            return f"prep shards: stopped by {name}"
-        if self.published:
-            return f"prep shards: stopped by {name} just after publishing {self.out}"
-        return (f"prep shards: stopped by {name}; the unfinished output was removed and "
-                f"{self.out} holds what it held before")
-
-
-class _Guard:
-    """SIGINT/SIGTERM → Interrupted, once; later ones, and those while ``defer`` is set
-    (the swap, the clean-up), wait in ``pending`` for the end of the guarded block."""
-
-    def __init__(self, out: Path | None):
-        self.out, self.defer, self.pending, self.published = out, False, 0, False
-
-    def handler(self, signum, frame):
-        if self.defer:
-            self.pending = self.pending or signum
-            return
-        self.defer = True  # the clean-up that follows runs undisturbed
-        raise Interrupted(signum, self.out)
-
-
-@contextlib.contextmanager
-def stop_on_signals(out: Path | None = None):
-    """Within the block SIGINT and SIGTERM raise Interrupted (in the main thread only:
-    elsewhere Python cannot set handlers, and the block runs as it is)."""
-    guard = _Guard(out)
-    if threading.current_thread() is not threading.main_thread():
-        yield guard
-        return
-    old = {s: signal.signal(s, guard.handler) for s in _STOP_SIGNALS}
-    try:
-        yield guard
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    if guard.pending:  # held during the swap or the clean-up: honoured now
-        raise Interrupted(guard.pending, out, guard.published)
-
-
-@contextlib.contextmanager
-def signals_blocked():
-    """SIGINT and SIGTERM blocked in this thread: processes forked and threads started
-    meanwhile inherit the mask (workers unblock them once their own handlers are set; a
-    helper thread keeps it, so these signals wake the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-# --- errors of the file system -----------------------------------------------------------
-
-_FS_ERRORS = {  # errno: (the words some libraries print instead of an errno, what it means, fix)
-    errno.ENOSPC: ("No space left on device", "no space left on the device",
-                   "free some space or use --out on another disk"),
-    errno.EDQUOT: ("Disk quota exceeded", "disk quota exceeded",
-                   "free some space or use --out on another disk"),
-    errno.EROFS: ("Read-only file system", "read-only file system",
-                  "use --out on a writable disk"),
-    errno.EACCES: ("Permission denied", "permission denied",
-                   "use a folder you can write, or fix its permissions"),
-    errno.EPERM: ("Operation not permitted", "operation not permitted",
-                  "use a folder you can write, or fix its permissions"),
-}
-
-
-def fs_failure(e: BaseException, out: Path) -> InputError | None:
-    """A one-line InputError for a disk full, read-only or not writable ``out``, or None.
-    ArrayRecord and Arrow report these as RuntimeError/OSError text without an errno."""
-    code = getattr(e, "errno", None) if isinstance(e, OSError) else None
-    text = str(e)
-    for n, (words, what, fix) in _FS_ERRORS.items():
-        if code == n or (code is None and words in text):
-            where = getattr(e, "filename", None) if isinstance(e, OSError) else None
-            if where is None and (m := re.search(r"writing (\S+?);", text)):
-                where = m.group(1)  # ArrayRecord: "…; writing /path; at byte 0; …"
-            if where is not None and not _is_under(Path(where), out):
-                return InputError(f"{where}: {what}")  # e.g. an input file we may not read
-            at = f" (writing {where})" if where else ""
-            return InputError(f"{out}: {what}{at}; {fix}; nothing of this run was published")
-    return None
-
-
-def _is_under(p: Path, folder: Path) -> bool:
-    a, b = os.path.abspath(p), os.path.abspath(folder)
-    try:
-        return os.path.commonpath([a, b]) == b
-    except ValueError:
-        return False
-
-
-# --- the folder -------------------------------------------------------------------------
 
 class OutDir:
     """``--out`` held by this run (see the module docstring); made by ``claim``."""
 
-    def __init__(self, path: Path, *, overwrite: bool, runner: str, guard: _Guard):
+    def __init__(self, path: Path, *, overwrite: bool, runner: str, guard: Guard):
         self.path, self.overwrite, self.runner, self._guard = path, overwrite, runner, guard
         self.stage: Path | None = None
         self.published = False

@@ -56,6 +56,7 @@ from prep.dataset import (add_read_counts, config_from_dict, config_to_json, fil
                           needs_cutoff, new_read_counts, read_units)
 from prep.errors import InputError
 from prep.measurements import ARROW_SCHEMA, FIELDS, Measurements, from_arrow
+from prep.signals import signals_blocked
 from prep.splits import MinuteHistogram, default_cutoff, format_time, minute_histogram
 from prep.validate import list_inputs, validated_batches
 
@@ -78,7 +79,7 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
         try:
             # Workers and the hashing thread start before Arrow starts threads of its own,
             # with SIGINT/SIGTERM blocked: they reach the driver, which stops the workers.
-            with outdir.signals_blocked():
+            with signals_blocked():
                 pool = _Workers(workers) if workers > 1 else None
                 hasher = concurrent.futures.ThreadPoolExecutor(1)
                 inputs_info = hasher.submit(lambda: [file_info(p, stop_hashing) for p in paths])

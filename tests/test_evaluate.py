@@ -17,7 +17,8 @@ from train import predictor as P
 from train import reader
 from train.cli import main
 from train.config import TrainConfig
-from train.evaluate import EvalConfig, evaluate, format_report
+from train.eval_report import format_report
+from train.evaluate import EvalConfig, evaluate
 from train.loop import train
 from tests.test_predictor import brute_force
 

@@ -109,8 +109,7 @@ class Baseline:
 class GlobalMedian(Baseline):
     def predict(self, src, dst) -> Prediction:
         q = len(np.asarray(src))
-        return Prediction(np.full(q, self.median_ms), np.full(q, self.fail_rate),
-                          np.ones(q, bool))
+        return Prediction(np.full(q, self.median_ms), np.full(q, self.fail_rate), np.ones(q, bool))
 
 
 @dataclass(frozen=True, eq=False)

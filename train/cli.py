@@ -187,7 +187,8 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     """
     import json
 
-    from train.evaluate import EvalConfig, evaluate, format_report, plot as plot_fn
+    from train.eval_report import format_report, plot as plot_fn
+    from train.evaluate import EvalConfig, evaluate
 
     report, detail = evaluate(EvalConfig(run_dir=run_dir, data=data, step=step,
                                       max_queries=max_queries, seed=seed, batch_size=batch_size))

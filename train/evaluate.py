@@ -25,17 +25,15 @@ Steps (all on the test split's first epoch, so each measurement counts once):
 ``--max-queries N`` takes test rows (step 1) and full-mode contexts (step 2) in a seeded
 random order until each holds N measurements. The result is a table (``format_report``),
 a JSON document (also written to ``RUN_DIR/eval/step-<N>.json``) and optionally a PNG
-(``plot``).
+(``plot``), all three in train/eval_report.py.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +44,7 @@ from prep import manifest as manifest_lib
 from prep import rowdecode
 from prep.errors import InputError
 from train import baselines, model
+from train.eval_report import write_report
 from train.reader import dataset_fingerprint, read_split
 from train import predictor as P
 
@@ -80,18 +79,7 @@ class Detail:
 def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
     """(report, per-query detail); writes the report as RUN_DIR/eval/step-<N>.json."""
     t0 = time.perf_counter()
-    pred = P.load(cfg.run_dir, step=cfg.step, batch_size=cfg.batch_size)
-    record = P.run_record(cfg.run_dir)
-    data = cfg.data or record.get("train", {}).get("data", "shards")
-    manifest = manifest_lib.load_manifest(data)
-    if manifest["row_len"] != pred.row_len:
-        raise InputError(f"{data}: rows of {manifest['row_len']} tokens, the model reads "
-                         f"{pred.row_len}; evaluate on the dataset the run trained on")
-    fingerprint = dataset_fingerprint(manifest)
-    trained_on = record.get("data_fingerprint")
-    if trained_on is not None and trained_on != fingerprint:
-        print(f"warning: {data} is not the dataset this run trained on (its shards differ); "
-              "its test split may hold what the model saw", file=sys.stderr)
+    pred, data, manifest, fingerprint, trained_on = _load(cfg)
     rng = np.random.default_rng(cfg.seed)
     log = lambda msg: print(msg, file=sys.stderr, flush=True) if progress else None
 
@@ -110,30 +98,11 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
 
     # 2. RTT queries: full-mode contexts, re-encoded with the result last
     q = full_mode_queries(meas, cfg.max_queries, rng)
-    contexts, qctx, q_choice, q_rtt = _encode_queries(meas, q)
-    qtok, qseg, where = P.pack_contexts(contexts, pred.row_len)
-    t_q = time.perf_counter()
-    with tqdm(total=len(qtok), unit="row", desc="rtt queries", disable=not progress,
-              file=sys.stderr) as bar:
-        ans = pred.answer(qtok, qseg, where[qctx, 0], where[qctx, 1] + q_choice,
-                          np.where(q_rtt >= 0, where[qctx, 1] + q_rtt, -1),
-                          progress=lambda rows, _: bar.update(rows))
-    query_s = time.perf_counter() - t_q
+    ans, query_rows, query_s = _answer_queries(pred, meas, q, progress)
 
     # 3. baselines fit on the train split
     t_b = time.perf_counter()
-    train_tok, train_seg = read_split(data, manifest, "train")
-    train = rowdecode.decode_rows(train_tok, train_seg, where=f"{data}/train")
-    del train_tok, train_seg
-    qm = meas.take(q)
-    ids, n_nodes = _node_ids([train, qm])
-    (tr_src, tr_dst), (q_src, q_dst) = ids
-    fitted = baselines.fit_all(tr_src, tr_dst, train.rtt_ms(), train.time, train.has_time,
-                               n_nodes=n_nodes, seed=cfg.seed)
-    preds = {"model": (ans.rtt_ms, ans.p_failed, np.ones(len(q), bool))}
-    for name, b in fitted.items():
-        p = b.predict(q_src, q_dst)
-        preds[name] = (p.rtt_ms, p.p_fail, p.covered)
+    train, qm, preds = _fit_baselines(data, manifest, meas, q, ans, cfg.seed)
     baseline_s = time.perf_counter() - t_b
 
     # 4. metrics
@@ -147,7 +116,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
         "train_measurements": int(len(train)),
         "loss": loss,
         "queries": int(len(q)), "queries_with_rtt": int((~failed).sum()),
-        "query_rows": int(len(qtok)),
+        "query_rows": query_rows,
         "non_canonical_mass_mean": float(np.nanmean(ans.non_canonical_mass))
         if (~failed).any() else None,
         "rtt": {name: metrics(pr, pf, cov, truth_ms, failed, history)
@@ -157,12 +126,57 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
                    "elapsed_s": round(time.perf_counter() - t0, 3),
                    "device": jax.devices()[0].device_kind},
     }
-    out = Path(cfg.run_dir) / "eval" / f"step-{pred.step}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    result["written_to"] = str(out)
+    result["written_to"] = str(write_report(result, cfg.run_dir, pred.step))
     return result, Detail(qm, {k: v[0] for k, v in preds.items()},
                           {k: v[1] for k, v in preds.items()}, ans)
+
+
+def _load(cfg: EvalConfig):
+    """The predictor, the data folder and its manifest, its fingerprint and the run's."""
+    pred = P.load(cfg.run_dir, step=cfg.step, batch_size=cfg.batch_size)
+    record = P.run_record(cfg.run_dir)
+    data = cfg.data or record.get("train", {}).get("data", "shards")
+    manifest = manifest_lib.load_manifest(data)
+    if manifest["row_len"] != pred.row_len:
+        raise InputError(f"{data}: rows of {manifest['row_len']} tokens, the model reads "
+                         f"{pred.row_len}; evaluate on the dataset the run trained on")
+    fingerprint = dataset_fingerprint(manifest)
+    trained_on = record.get("data_fingerprint")
+    if trained_on is not None and trained_on != fingerprint:
+        print(f"warning: {data} is not the dataset this run trained on (its shards differ); "
+              "its test split may hold what the model saw", file=sys.stderr)
+    return pred, data, manifest, fingerprint, trained_on
+
+
+def _answer_queries(pred: P.Predictor, meas, q, progress: bool):
+    """Step 2: the model's answers to the queries ``q``, the rows they took, the seconds."""
+    contexts, qctx, q_choice, q_rtt = _encode_queries(meas, q)
+    qtok, qseg, where = P.pack_contexts(contexts, pred.row_len)
+    t_q = time.perf_counter()
+    with tqdm(total=len(qtok), unit="row", desc="rtt queries", disable=not progress,
+              file=sys.stderr) as bar:
+        ans = pred.answer(qtok, qseg, where[qctx, 0], where[qctx, 1] + q_choice,
+                          np.where(q_rtt >= 0, where[qctx, 1] + q_rtt, -1),
+                          progress=lambda rows, _: bar.update(rows))
+    return ans, int(len(qtok)), time.perf_counter() - t_q
+
+
+def _fit_baselines(data, manifest: dict, meas, q, ans: P.Answers, seed: int):
+    """Step 3: the train split's measurements, the queries' and every predictor's
+    (point prediction, P(failed), covered) per query."""
+    train_tok, train_seg = read_split(data, manifest, "train")
+    train = rowdecode.decode_rows(train_tok, train_seg, where=f"{data}/train")
+    del train_tok, train_seg
+    qm = meas.take(q)
+    ids, n_nodes = _node_ids([train, qm])
+    (tr_src, tr_dst), (q_src, q_dst) = ids
+    fitted = baselines.fit_all(tr_src, tr_dst, train.rtt_ms(), train.time, train.has_time,
+                               n_nodes=n_nodes, seed=seed)
+    preds = {"model": (ans.rtt_ms, ans.p_failed, np.ones(len(q), bool))}
+    for name, b in fitted.items():
+        p = b.predict(q_src, q_dst)
+        preds[name] = (p.rtt_ms, p.p_fail, p.covered)
+    return train, qm, preds
 
 
 def _sample_rows(seg, meas, max_queries: int, rng) -> np.ndarray:
@@ -305,109 +319,3 @@ def _split_rule(manifest: dict) -> dict:
         rule["test_from"] = c["test_from"]
         rule["test_from_iso"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c["test_from"]))
     return rule
-
-
-# --- output ------------------------------------------------------------------------------
-
-LABELS = {"model": "model", "global_median": "global median", "pair_last": "pair last-seen",
-          "pair_ema": "pair EMA (0.3)", "pair_median": "pair median", "vivaldi": "Vivaldi",
-          "matrix_factorization": "matrix factorization"}
-
-
-def format_report(r: dict) -> str:
-    split = r["split"]
-    rule = split["split"] + (f", test from {split['test_from_iso']}" if "test_from" in split else "")
-    lines = [f"train eval {r['run_dir']} at step {r['step']} on {r['data']} (split {rule}): "
-             f"{r['queries']:,} RTT queries ({r['queries_with_rtt']:,} with a reply), "
-             f"baselines fit on {r['train_measurements']:,} train measurements", ""]
-    lo = r["loss"]
-    if lo["loss"] is not None:
-        roles = " | ".join(f"{k} {v['loss']:.3f} ({100 * v['accuracy']:.1f} %)"
-                           for k, v in lo["by_role"].items())
-        lines += [f"next-token loss {lo['loss']:.4f}, accuracy {100 * lo['accuracy']:.1f} % "
-                  f"over {lo['tokens']:,} targets in {lo['rows']:,} test rows", f"  by role: {roles}", ""]
-    head = f"{'RTT prediction':<22}{'MAE ms':>9}{'med AE ms':>11}{'med rel':>9}{'p90 rel':>9}" \
-           f"{'Brier':>8}{'covered':>9}"
-    lines += [head, "-" * len(head)]
-    fmt = lambda v, spec: "-" if v is None else format(v, spec)
-    for name, m in r["rtt"].items():
-        lines.append(f"{LABELS.get(name, name):<22}{fmt(m['mae_ms'], '9.2f')}"
-                     f"{fmt(m['median_ae_ms'], '11.2f')}{fmt(m['median_rel'], '9.3f')}"
-                     f"{fmt(m['p90_rel'], '9.3f')}{fmt(m['brier'], '8.4f')}"
-                     f"{fmt(None if m['covered'] is None else 100 * m['covered'], '8.1f')}%")
-    buckets = list(next(iter(r["rtt"].values()))["by_history"])
-    lines += ["", "median relative error by earlier measurements in the context",
-              f"{'':<22}" + "".join(f"{b:>9}" for b in buckets)]
-    first = next(iter(r["rtt"].values()))["by_history"]
-    lines.append(f"{'queries with a reply':<22}" + "".join(f"{first[b]['n_rtt']:>9,}" for b in buckets))
-    for name, m in r["rtt"].items():
-        lines.append(f"{LABELS.get(name, name):<22}" + "".join(
-            f"{fmt(m['by_history'][b]['median_rel'], '9.3f')}" for b in buckets))
-    if r.get("non_canonical_mass_mean") is not None:
-        lines += ["", f"model: {100 * r['non_canonical_mass_mean']:.1f} % of its first-RTT-byte "
-                  "mass (mean) is on codes the tokenizer never writes; quantiles are over the "
-                  "others (train/predictor.py)"]
-    t = r["timing"]
-    lines += ["", f"{t['queries_per_s']:,.0f} queries/s on {t['device']}; baselines fit and "
-              f"predicted in {t['baselines_s']:.1f} s; {t['elapsed_s']:.1f} s in all; "
-              f"JSON in {r.get('written_to', '-')}"]
-    return "\n".join(lines)
-
-
-def plot(report: dict, detail: Detail, path: str) -> None:
-    """PNG: the relative-error CDF of the model and each baseline, and the run's loss curves."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise InputError("--plot needs matplotlib: pip install 'ping-pack[plots]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.3, 1]})
-    styles = {"model": dict(color="black", lw=2.2)}
-    for name, rel in detail.relative_errors().items():
-        if not len(rel):
-            continue
-        x = np.sort(np.maximum(rel, 1e-4))
-        y = np.arange(1, len(x) + 1) / len(x)
-        med = report["rtt"][name]["median_rel"]
-        ax.plot(x, y, label=f"{LABELS.get(name, name)} (median {med:.3f})",
-                **styles.get(name, dict(lw=1.3)))
-    ax.set_xscale("log")
-    ax.set_xlim(1e-3, 10)
-    ax.set_xlabel("relative error |predicted - measured| / measured")
-    ax.set_ylabel("share of test pings with a reply")
-    ax.axhline(0.5, color="grey", lw=0.6, ls=":")
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    ax.set_title("RTT prediction error (CDF)", fontsize=10)
-
-    steps, loss, eval_steps, eval_loss = [], [], [], []
-    metrics_file = Path(report["run_dir"]) / "metrics.jsonl"
-    if metrics_file.is_file():
-        for line in metrics_file.read_text().splitlines():
-            rec = json.loads(line)
-            if "loss" in rec:
-                steps.append(rec["step"])
-                loss.append(rec["loss"])
-            if rec.get("eval_loss") is not None:
-                eval_steps.append(rec["step"])
-                eval_loss.append(rec["eval_loss"])
-    ax2.plot(steps, loss, label="train loss", color="tab:blue")
-    if eval_steps:
-        ax2.plot(eval_steps, eval_loss, "o-", label="eval loss (test sample)", color="tab:red", ms=3)
-    ax2.axvline(report["step"], color="grey", lw=0.6, ls=":")
-    ax2.set_xlabel("step")
-    ax2.set_ylabel("next-token cross-entropy (nats)")
-    ax2.grid(True, alpha=0.3)
-    ax2.legend(fontsize=8)
-    ax2.set_title("training", fontsize=10)
-
-    split = report["split"]
-    rule = split["split"] + (f", test from {split['test_from_iso']}" if "test_from" in split else "")
-    fig.suptitle(f"{Path(report['data']).resolve().name} (split {rule}): N = "
-                 f"{report['queries_with_rtt']:,} test pings with a reply, "
-                 f"{report['queries']:,} queries; model at step {report['step']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
