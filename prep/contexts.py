@@ -123,10 +123,11 @@ def plan_contexts(m: Measurements, cfg: ContextConfig, seed: int) -> Plan:
         z64, z32 = np.zeros(0, np.int64), np.zeros(0, np.int32)
         return Plan(s, z64, z64.copy(), np.zeros(0, np.uint8), z32, z32.copy(),
                     np.zeros(0, bool), z32.copy(), z64.copy())
+    limits = kernels.CutLimits(cfg.row_len, cfg.max_measurements, cfg.max_gap_s, cfg.max_span_s,
+                               np.uint64(min(t_full, (1 << 64) - 1)),
+                               np.uint64(min(t_partial, (1 << 64) - 1)))
     ctx_start, ctx_mode, ctx_len, cost, has_ts, abs_extra = kernels.cut_contexts(
-        s.probe, s.time, s.family, s.rtt, hist, np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF),
-        cfg.row_len, cfg.max_measurements, cfg.max_gap_s, cfg.max_span_s,
-        np.uint64(min(t_full, (1 << 64) - 1)), np.uint64(min(t_partial, (1 << 64) - 1)))
+        s.arrays(), hist, np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF), limits)
     ctx_end = np.empty_like(ctx_start)
     ctx_end[:-1] = ctx_start[1:]
     ctx_end[-1] = n

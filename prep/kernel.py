@@ -18,6 +18,7 @@ that plan what gets encoded (sort, contexts, piece lengths) are ``prep.planner_k
 from __future__ import annotations
 
 import sys
+from collections import namedtuple
 
 import numpy as np
 from llvmlite import ir
@@ -178,16 +179,108 @@ def _addr(out, o, scratch, tok4, f6, hi, lo):
     _put8(out, ext + 4, lo)
 
 
+# The pieces a kernel call encodes: piece j is sorted measurements [start[j], end[j]) in
+# timestamp mode mode[j], its tokens going to out[offsets[j]:offsets[j + 1]].
+Pieces = namedtuple("Pieces", "start end mode offsets")
+
+
+@njit(cache=True, inline="always")
+def _shuffle(order, timed, swap, has_ts, s, m, partial, k_shuf):
+    """Shuffle ``order[:m]`` (piece [s, s + m) in time order) by Fisher-Yates, the draws of
+    ``k_shuf``; ``partial``: then put its timestamped measurements back into time order."""
+    e = s + m
+    for x in range(m):
+        swap[x] = ((draw(k_shuf, x) >> S32) * np.uint64(x + 1)) >> S32
+    for x in range(m - 1, 0, -1):
+        q = swap[x]
+        order[x], order[q] = order[q], order[x]
+    if partial:
+        # The timestamped measurements go back into time order, in the slots the
+        # shuffle gave them, so their deltas stay non-negative.
+        c = np.uint64(0)
+        for i in range(s, e):
+            timed[c] = i
+            c += np.uint64(has_ts[i])
+        # Written as a select, that step became a branch on has_ts (mispredicted
+        # often): instead list the timestamped slots, then scatter into them.
+        c = np.uint64(0)
+        for x in range(m):
+            timed[np.uint64(m) + c] = x
+            c += np.uint64(has_ts[np.uint64(order[x])])
+        for k in range(c):
+            order[timed[np.uint64(m) + k]] = timed[k]
+
+
+@njit(cache=True, inline="always")
+def _describe(desc, rtt, family, us, m, k_field):
+    """desc[x] for measurement us + x of a piece (see ``encode_kernel``): no branches, no
+    stores to ``out``, so LLVM vectorizes it. Draw h0 + x of the FIELD stream is
+    mix64(k_field + x * GOLDEN)."""
+    for x in range(m):
+        i = us + np.uint64(x)
+        r = rtt[i]
+        ex, mant = rtt_code(r)
+        p_ = ((mix64(k_field + np.uint64(x) * GOLDEN) >> S32) * np.uint64(24)) >> S32
+        row = ((p_ << np.uint64(4)) | (np.uint64(family[i] != 4) << np.uint64(3))
+               | (np.uint64(r < 0.0) << np.uint64(2)))
+        desc[x] = np.uint64((ex << 11) | mant) | (row << np.uint64(16))
+
+
+@njit(cache=True, inline="always")
+def _write_piece(out, cols, has_ts, order, desc, us, m, pos, scratch):
+    """Write the tokens of piece [us, us + m) from ``pos`` on, its measurements in the
+    order ``order[:m]``, each from its ``desc`` and one ``LAYOUT`` look-up."""
+    time, src_hi, src_lo = cols.time, cols.src_hi, cols.src_lo
+    dst_hi, dst_lo = cols.dst_hi, cols.dst_lo
+    first = np.uint64(3)  # or'ed into tk: the first timestamp is absolute; 0 after it
+    prev = np.int64(0)
+    for x in range(m):
+        i = np.uint64(order[x])
+        # Random data (family, failed, timestamp kind, block order) only ever feeds
+        # arithmetic and table look-ups, never a branch: ~30 % of them would mispredict.
+        dsc = desc[i - us]
+        f6 = np.int64((dsc >> np.uint64(19)) & np.uint64(1))
+        failed = np.int64((dsc >> np.uint64(18)) & np.uint64(1))
+        t_i = time[i]
+        d = t_i - prev
+        ts = np.uint64(0) - np.uint64(has_ts[i])  # all ones if it has a timestamp
+        tk = ((np.uint64(1) + np.uint64(d >= 256) + np.uint64(d >= DELTA4_LIMIT)) | first) & ts
+        w = LAYOUT[(dsc >> np.uint64(16)) + tk]
+        base = pos + 1
+        o_src = base + np.int64(w & np.uint64(0xFF))
+        o_dst = base + np.int64((w >> np.uint64(8)) & np.uint64(0xFF))
+        o_res = base + np.int64((w >> np.uint64(16)) & np.uint64(0xFF))
+        o_ts = base + np.int64((w >> np.uint64(24)) & np.uint64(0xFF))
+        # 1. The timestamp, always 1 + 8 tokens: what lies past its real end is
+        #    garbage that the writes below, the next measurement or the slack cover.
+        is_abs = np.uint64(0) - (w >> np.uint64(63))
+        shift = (w >> np.uint64(48)) & np.uint64(0xFF)
+        u = (np.uint64(t_i) & is_abs) | ((np.uint64(d) << shift) & ~is_abs)
+        _put1(out, o_ts, (w >> np.uint64(40)) & np.uint64(0xFF))
+        _put8(out, o_ts + 1, u)
+        # 2. Everything else, exact: an IPv4 address's unused tail and a failed ping's
+        #    RTT bytes go to the slack.
+        _put1(out, pos, V.MEASUREMENT_START)
+        _addr(out, o_src, scratch, V.SRC_IPV4, f6, src_hi[i], src_lo[i])
+        _addr(out, o_dst, scratch, V.DST_IPV4, f6, dst_hi[i], dst_lo[i])
+        _put1(out, o_res, V.RTT_START + (V.FAILED - V.RTT_START) * failed)
+        _put2(out, o_res + 1 + (scratch - o_res - 1) * failed, dsc)  # its low 16 bits
+        first &= ~ts
+        prev = np.int64(np.uint64(prev) ^ ((np.uint64(prev) ^ np.uint64(t_i)) & ts))
+        pos += np.int64((w >> np.uint64(32)) & np.uint64(0xFF))
+
+
 @njit(cache=True, nogil=True)
-def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist, has_ts,
-                  piece_start, piece_end, piece_mode, offsets, seed, out):
+def encode_kernel(cols, hist, has_ts, pieces, seed, out):
     """Write piece j's tokens to ``out[offsets[j]:offsets[j+1]]``, for every piece.
 
-    ``out`` holds ``offsets[-1] + SLACK`` tokens: to stay free of branches on random data
-    (family, failed, the block order, timestamp kinds) the kernel writes some tokens
-    more than once, in an order where the right one lands last; a block may spill up to
-    9 garbage tokens past its end (overwritten by the blocks written after it, or in the
-    slack), and the IPv4-unused tail of an address goes to the slack.
+    ``cols``: the sorted measurements' ``prep.measurements.Columns``; ``hist``, ``has_ts``:
+    the plan's; ``pieces``: a ``Pieces``. ``out`` holds ``offsets[-1] + SLACK`` tokens: to
+    stay free of branches on random data (family, failed, the block order, timestamp kinds)
+    the kernel writes some tokens more than once, in an order where the right one lands
+    last; a block may spill up to 9 garbage tokens past its end (overwritten by the blocks
+    written after it, or in the slack), and the IPv4-unused tail of an address goes to the
+    slack.
 
     Per piece, what does not depend on the order the measurements are written in (the
     field order draw, the RTT code, family and failed flag, and the shuffle's draws) is
@@ -195,6 +288,7 @@ def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist
     vectorizes (SplitMix64 on 8 lanes); the writing loop then reads one descriptor a
     measurement.
     """
+    piece_start, piece_end, offsets = pieces.start, pieces.end, pieces.offsets
     n_p = len(piece_start)
     if n_p == 0:
         return out
@@ -217,81 +311,17 @@ def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist
             swap = np.empty(2 * m, np.uint64)
         for x in range(m):
             order[x] = s + x
-        p = probe[s]
+        p = cols.probe[s]
         h0 = hist[s]  # one probe's sorted history: measurement s + x has index h0 + x
         us = np.uint64(s)  # unsigned indices: no negative-index wraparound code
-        mode = piece_mode[j]
+        mode = pieces.mode[j]
         if mode != MODE_FULL:
             k_shuf = draw(stream_key(seed, p, STREAM_SHUFFLE), h0)
-            for x in range(m):
-                swap[x] = ((draw(k_shuf, x) >> S32) * np.uint64(x + 1)) >> S32
-            for x in range(m - 1, 0, -1):
-                q = swap[x]
-                order[x], order[q] = order[q], order[x]
-            if mode == MODE_PARTIAL:
-                # The timestamped measurements go back into time order, in the slots the
-                # shuffle gave them, so their deltas stay non-negative.
-                c = np.uint64(0)
-                for i in range(s, e):
-                    timed[c] = i
-                    c += np.uint64(has_ts[i])
-                # Written as a select, that step became a branch on has_ts (mispredicted
-                # often): instead list the timestamped slots, then scatter into them.
-                c = np.uint64(0)
-                for x in range(m):
-                    timed[np.uint64(m) + c] = x
-                    c += np.uint64(has_ts[np.uint64(order[x])])
-                for k in range(c):
-                    order[timed[np.uint64(m) + k]] = timed[k]
-        # Draw h0 + x of the FIELD stream is mix64(k_field + x * GOLDEN).
+            _shuffle(order, timed, swap, has_ts, s, m, mode == MODE_PARTIAL, k_shuf)
         k_field = stream_key(seed, p, STREAM_FIELD) + np.uint64(h0) * GOLDEN
-        for x in range(m):
-            i = us + np.uint64(x)
-            r = rtt[i]
-            ex, mant = rtt_code(r)
-            p_ = ((mix64(k_field + np.uint64(x) * GOLDEN) >> S32) * np.uint64(24)) >> S32
-            row = ((p_ << np.uint64(4)) | (np.uint64(family[i] != 4) << np.uint64(3))
-                   | (np.uint64(r < 0.0) << np.uint64(2)))
-            desc[x] = np.uint64((ex << 11) | mant) | (row << np.uint64(16))
-        pos = offsets[j]
-        first = np.uint64(3)  # or'ed into tk: the first timestamp is absolute; 0 after it
-        prev = np.int64(0)
-        for x in range(m):
-            i = np.uint64(order[x])
-            # Random data (family, failed, timestamp kind, block order) only ever feeds
-            # arithmetic and table look-ups, never a branch: ~30 % of them would mispredict.
-            dsc = desc[i - us]
-            f6 = np.int64((dsc >> np.uint64(19)) & np.uint64(1))
-            failed = np.int64((dsc >> np.uint64(18)) & np.uint64(1))
-            t_i = time[i]
-            d = t_i - prev
-            ts = np.uint64(0) - np.uint64(has_ts[i])  # all ones if it has a timestamp
-            tk = ((np.uint64(1) + np.uint64(d >= 256) + np.uint64(d >= DELTA4_LIMIT)) | first) & ts
-            w = LAYOUT[(dsc >> np.uint64(16)) + tk]
-            base = pos + 1
-            o_src = base + np.int64(w & np.uint64(0xFF))
-            o_dst = base + np.int64((w >> np.uint64(8)) & np.uint64(0xFF))
-            o_res = base + np.int64((w >> np.uint64(16)) & np.uint64(0xFF))
-            o_ts = base + np.int64((w >> np.uint64(24)) & np.uint64(0xFF))
-            # 1. The timestamp, always 1 + 8 tokens: what lies past its real end is
-            #    garbage that the writes below, the next measurement or the slack cover.
-            is_abs = np.uint64(0) - (w >> np.uint64(63))
-            shift = (w >> np.uint64(48)) & np.uint64(0xFF)
-            u = (np.uint64(t_i) & is_abs) | ((np.uint64(d) << shift) & ~is_abs)
-            _put1(out, o_ts, (w >> np.uint64(40)) & np.uint64(0xFF))
-            _put8(out, o_ts + 1, u)
-            # 2. Everything else, exact: an IPv4 address's unused tail and a failed ping's
-            #    RTT bytes go to the slack.
-            _put1(out, pos, V.MEASUREMENT_START)
-            _addr(out, o_src, scratch, V.SRC_IPV4, f6, src_hi[i], src_lo[i])
-            _addr(out, o_dst, scratch, V.DST_IPV4, f6, dst_hi[i], dst_lo[i])
-            _put1(out, o_res, V.RTT_START + (V.FAILED - V.RTT_START) * failed)
-            _put2(out, o_res + 1 + (scratch - o_res - 1) * failed, dsc)  # its low 16 bits
-            first &= ~ts
-            prev = np.int64(np.uint64(prev) ^ ((np.uint64(prev) ^ np.uint64(t_i)) & ts))
-            pos += np.int64((w >> np.uint64(32)) & np.uint64(0xFF))
+        _describe(desc, cols.rtt, cols.family, us, m, k_field)
+        _write_piece(out, cols, has_ts, order, desc, us, m, offsets[j], scratch)
     return out
-
 
 def encode_pieces(sorted_m, plan, piece_start, piece_end, seed: int):
     """(tokens uint16[total], offsets int64[k+1]) of pieces of ``plan``'s contexts.
@@ -323,8 +353,7 @@ def _encode(m, plan, ps, pe, modes, lengths, seed, out=None):
     else:
         buf = out
     if len(ps):
-        encode_kernel(m.probe, m.time, m.family, m.src_hi, m.src_lo, m.dst_hi, m.dst_lo, m.rtt,
-                      plan.hist, plan.has_ts, ps, pe, modes, offsets,
+        encode_kernel(m.arrays(), plan.hist, plan.has_ts, Pieces(ps, pe, modes, offsets),
                       np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF), buf)
     return buf[:int(offsets[-1])], offsets
 

@@ -15,6 +15,8 @@ of ``cut_contexts`` that the tests hold it to. The draws (streams MODE, FRAC, DR
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
 
@@ -28,6 +30,10 @@ from prep.draws import (MODE_FULL, MODE_NONE, MODE_PARTIAL, S32, STREAM_DROP, ST
 DROP_LO = 429_496_730  # 0.1 * 2**32
 DROP_SPAN = 3_435_973_837  # 0.8 * 2**32
 DELTA4_LIMIT = 1 << 32  # a gap this large no longer fits DELTA4: written absolute
+
+# What ends a context (``cut_contexts``): row_len, max_meas, max_gap and max_span as ints (0
+# turns a limit off), t_full and t_partial the mode thresholds as uint64 (prep.contexts).
+CutLimits = namedtuple("CutLimits", "row_len max_meas max_gap max_span t_full t_partial")
 
 
 @njit(cache=True, inline="always")
@@ -100,9 +106,10 @@ def history_index(probe):
 
 
 @njit(cache=True, nogil=True)
-def cut_contexts(probe, time, family, rtt, hist, seed, row_len, max_meas, max_gap, max_span,
-                 t_full, t_partial):
+def cut_contexts(cols, hist, seed, limits):
     """Contexts of one sorted bucket: (ctx_start, ctx_mode, ctx_len, cost, has_ts, abs_extra).
+
+    ``cols``: its ``prep.measurements.Columns``; ``limits``: a ``CutLimits``.
 
     A measurement costs START + two address blocks (5 or 17 tokens each) + its result
     (FAILED 1, RTT 3) + its timestamp block. A context ends before the measurement that would change the probe, overflow
@@ -111,6 +118,10 @@ def cut_contexts(probe, time, family, rtt, hist, seed, row_len, max_meas, max_ga
     A context ended by the row length gives back up to ``BACKOFF`` last measurements to the
     next one until its row's gap is ``fillable`` by the packer (cut points are free).
     """
+    probe, time, family, rtt = cols.probe, cols.time, cols.family, cols.rtt
+    row_len, max_meas, max_gap, max_span = (limits.row_len, limits.max_meas, limits.max_gap,
+                                            limits.max_span)
+    t_full, t_partial = limits.t_full, limits.t_partial
     n = len(probe)
     ctx_start = np.empty(n, np.int64)
     ctx_mode = np.empty(n, np.uint8)
