@@ -57,7 +57,7 @@ def _synth(n_ctx, busy, seed, row_len):
             t = 0
             if ts:
                 t = 9 if first else (2 if np.random.random() < 0.9 else 5)
-            if total + body + t > row_len:  # end it as the planner does (prep.kernel)
+            if total + body + t > row_len:  # end it as the planner does (prep.planner_kernels)
                 back = 0
                 while back < costs.BACKOFF and n - 1 > starts[c] and \
                         not costs.fillable(row_len - total):

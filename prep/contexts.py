@@ -16,7 +16,7 @@ new context before the measurement that would
 A cut never falls inside a measurement, and every context starts with an absolute
 timestamp. Each context draws its timestamp mode (full / partial / none) and, in
 partial mode, which measurements lose their timestamp, from the counter-based RNG of
-``prep.kernel``; that fixes each measurement's token ``cost`` before anything is
+``prep.draws``; that fixes each measurement's token ``cost`` before anything is
 encoded, so the packer can plan with lengths alone.
 
 Piece length rule (prep.costs): a piece [s, e) of one context, encoded as a
@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from prep import kernel
+from prep import planner_kernels as kernels
 from prep.costs import MAX_MEASUREMENT
 from prep.hashing import MASK, mix64
 from prep.measurements import FIELDS, Measurements
@@ -100,7 +100,7 @@ def sort_order(m: Measurements) -> np.ndarray:
     """Indices that sort ``m`` by (probe, time, family, src, dst, rtt)."""
     # A radix sort orders by (probe, time); only rows tied on both need the other
     # columns, so the full 8-key lexsort runs on those rows alone (usually none).
-    order = kernel.argsort_probe_time(m.probe, m.time)
+    order = kernels.argsort_probe_time(m.probe, m.time)
     p, t = m.probe[order], m.time[order]
     tie = (p[1:] == p[:-1]) & (t[1:] == t[:-1])
     if tie.any():
@@ -116,17 +116,18 @@ def sort_order(m: Measurements) -> np.ndarray:
 def plan_contexts(m: Measurements, cfg: ContextConfig, seed: int) -> Plan:
     """Sort ``m``, cut it into contexts and fix every measurement's token cost."""
     s = m.take(sort_order(m))
-    hist = kernel.history_index(s.probe)
+    hist = kernels.history_index(s.probe)
     t_full, t_partial = mode_thresholds(cfg.mode_weights)
     n = len(s)
     if n == 0:
         z64, z32 = np.zeros(0, np.int64), np.zeros(0, np.int32)
         return Plan(s, z64, z64.copy(), np.zeros(0, np.uint8), z32, z32.copy(),
                     np.zeros(0, bool), z32.copy(), z64.copy())
-    ctx_start, ctx_mode, ctx_len, cost, has_ts, abs_extra = kernel.cut_contexts(
-        s.probe, s.time, s.family, s.rtt, hist, np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF),
-        cfg.row_len, cfg.max_measurements, cfg.max_gap_s, cfg.max_span_s,
-        np.uint64(min(t_full, (1 << 64) - 1)), np.uint64(min(t_partial, (1 << 64) - 1)))
+    limits = kernels.CutLimits(cfg.row_len, cfg.max_measurements, cfg.max_gap_s, cfg.max_span_s,
+                               np.uint64(min(t_full, (1 << 64) - 1)),
+                               np.uint64(min(t_partial, (1 << 64) - 1)))
+    ctx_start, ctx_mode, ctx_len, cost, has_ts, abs_extra = kernels.cut_contexts(
+        s.arrays(), hist, np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF), limits)
     ctx_end = np.empty_like(ctx_start)
     ctx_end[:-1] = ctx_start[1:]
     ctx_end[-1] = n
@@ -135,6 +136,6 @@ def plan_contexts(m: Measurements, cfg: ContextConfig, seed: int) -> Plan:
 
 def piece_lengths(plan: Plan, piece_start, piece_end) -> np.ndarray:
     """int64 token length of each piece [s, e), by the piece length rule."""
-    return kernel.piece_lengths_kernel(plan.cost, plan.has_ts, plan.abs_extra,
-                                       np.ascontiguousarray(piece_start, dtype=np.int64),
-                                       np.ascontiguousarray(piece_end, dtype=np.int64))
+    return kernels.piece_lengths_kernel(plan.cost, plan.has_ts, plan.abs_extra,
+                                        np.ascontiguousarray(piece_start, dtype=np.int64),
+                                        np.ascontiguousarray(piece_end, dtype=np.int64))

@@ -1,7 +1,7 @@
 """SplitMix64, the one hash of the pipeline: its constants and its finalizer ``mix64``.
 
 Every seeded choice is a function of (seed, probe, counter) through it, so outputs never
-depend on workers or order: the tokenizer's draws (prep.kernel, in Numba, from these
+depend on workers or order: the tokenizer's draws (prep.draws, in Numba, from these
 constants; prep.reference, the pure-Python oracle, from ``mix64``), the epoch seeds
 (prep.contexts), and the bucket and split of a probe (prep.bucket, ``splitmix64`` over
 arrays). Arithmetic wraps at 64 bits.

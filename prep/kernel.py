@@ -1,15 +1,5 @@
-"""The tokenizer's Numba kernels: column arrays in, token arrays out.
+"""The tokenizer's encoder in Numba: a plan's measurement columns in, token arrays out.
 
-The kernels (the last three have pure-Python twins in ``prep.reference`` that the tests
-hold them to, token for token):
-
-- ``argsort_probe_time``, ``history_index``: a stable radix sort by (probe, time) that
-  only runs the 11-bit passes whose digit varies (usually 4: 3-4x faster than numpy's
-  two stable argsorts), and each measurement's index in its probe's history;
-- ``cut_contexts``: walks one sorted bucket once and decides, per context, the timestamp
-  mode and where the context ends, and per measurement whether it carries a timestamp
-  and how many tokens it costs (the numbers the packer plans with).
-- ``piece_lengths_kernel``: the piece length rule of prep.costs.
 - ``encode_kernel``: writes the tokens of every piece into one preallocated array
   (``SLACK`` tokens longer than the pieces), without a branch on the data per measurement:
   per piece, the random draws and RTT codes first, in loops LLVM vectorizes; then per
@@ -17,47 +7,31 @@ hold them to, token for token):
   ``LAYOUT`` look-up, bytes to tokens by vector stores (``_put8``/``_put4``/``_put2``,
   LLVM intrinsics), IPv4-unused address tails and a failed ping's RTT bytes sent to the
   slack.
+- ``encode_pieces`` / ``encode_plan``: the entry points (``prep.bucket``, the tests).
+- ``rtt_code``: an RTT's (exponent, mantissa), without branches.
 
-Randomness is counter-based: every draw is ``mix64(key + counter * GOLDEN)`` with
-``key = mix64(mix64(seed + stream * GOLDEN) ^ probe)`` and the counter being the
-measurement's index in its probe's sorted history (SplitMix64's finalizer). No state is
-carried from one measurement to the next, so a draw does not depend on which worker,
-bucket or piece a measurement lands in. The streams:
-
-- MODE, FRAC (counter = index of a context's first measurement): the context's timestamp
-  mode, and in ``partial`` mode the fraction of measurements that lose their timestamp;
-- DROP (counter = the measurement's index): does it lose its timestamp (``partial``);
-- FIELD (counter = the measurement's index): the order of its blocks;
-- SHUFFLE (counter = index of a piece's first measurement, then draw ``i`` of that key):
-  the Fisher-Yates shuffle of a piece in ``partial``/``none`` mode.
+``prep.reference.encode_context`` is the pure-Python twin the tests hold the encoder to,
+token for token. The draws (streams FIELD and SHUFFLE) are ``prep.draws``'; the kernels
+that plan what gets encoded (sort, contexts, piece lengths) are ``prep.planner_kernels``'.
 """
 
 from __future__ import annotations
 
 import sys
+from collections import namedtuple
 
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from prep import hashing
 from prep import vocab as V
-from prep.costs import (ADDR4, ADDR6, BACKOFF, BASE4, BASE6, RESULT_FAILED, RESULT_OK, TS_ABS,
-                        TS_DELTA1, TS_DELTA4, TS_LEN, fillable)
+from prep.costs import ADDR4, ADDR6, RESULT_FAILED, RESULT_OK, TS_LEN
+from prep.draws import (GOLDEN, MODE_FULL, MODE_PARTIAL, S32, STREAM_FIELD, STREAM_SHUFFLE, draw,
+                        mix64, stream_key)
+from prep.planner_kernels import DELTA4_LIMIT, piece_lengths_kernel
 
-GOLDEN = np.uint64(hashing.GOLDEN)
-_C1 = np.uint64(hashing.C1)
-_C2 = np.uint64(hashing.C2)
-_S30, _S27, _S31, _S32 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(32)
-_S52, _S56 = np.uint64(52), np.uint64(56)
-
-STREAM_MODE, STREAM_FRAC, STREAM_DROP, STREAM_FIELD, STREAM_SHUFFLE = 1, 2, 3, 4, 5
-MODE_FULL, MODE_PARTIAL, MODE_NONE = 0, 1, 2
-
-# A partial-mode context drops a fraction in [0.1, 0.9) of its timestamps: 32-bit fixed point.
-DROP_LO = 429_496_730  # 0.1 * 2**32
-DROP_SPAN = 3_435_973_837  # 0.8 * 2**32
+_S52 = np.uint64(52)
 
 # Blocks: 0 source, 1 destination, 2 result, 3 timestamp. All 24 orders of the four; a measurement without a timestamp skips BLOCK_TS,
 # which leaves each of the 6 orders of the other three equally likely.
@@ -69,8 +43,6 @@ PERMS = np.array([
 ], dtype=np.int64)
 RANKS = np.argsort(PERMS, axis=1)  # RANKS[p, block] = where block stands in order p
 
-_BYTE = np.uint64(V.BYTE_OFFSET)  # uint64 + int64 is float64 in Numba: keep byte math unsigned
-DELTA4_LIMIT = 1 << 32  # a gap this large no longer fits DELTA4: written absolute
 # The timestamp kind ``tk``: 0 none, 1 DELTA1, 2 DELTA4, 3 absolute. By tk: the block's
 # length, header token and where the payload's bytes start in a uint64 (DELTA1: its top byte).
 TK_LEN = TS_LEN
@@ -102,6 +74,7 @@ def _layout_table() -> np.ndarray:
 
 LAYOUT = _layout_table()
 
+
 @intrinsic
 def _f64_bits(typingctx, x):
     if x != types.float64:
@@ -115,182 +88,6 @@ def _bits_f64(typingctx, x):
         return None
     return types.float64(x), lambda context, builder, sig, args: builder.bitcast(args[0], ir.DoubleType())
 
-
-@njit(cache=True, inline="always")
-def mix64(z):
-    z = (z ^ (z >> _S30)) * _C1
-    z = (z ^ (z >> _S27)) * _C2
-    return z ^ (z >> _S31)
-
-
-@njit(cache=True, inline="always")
-def stream_key(seed, probe, stream):
-    return mix64(mix64(seed + np.uint64(stream) * GOLDEN) ^ probe)
-
-
-@njit(cache=True, inline="always")
-def draw(key, counter):
-    return mix64(key + np.uint64(counter) * GOLDEN)
-
-
-@njit(cache=True, inline="always")
-def _ts_tokens(have_prev, prev, t):
-    if not have_prev:
-        return TS_ABS
-    d = t - prev
-    if d < 256:
-        return TS_DELTA1
-    if d < DELTA4_LIMIT:
-        return TS_DELTA4
-    return TS_ABS
-
-
-@njit(cache=True, nogil=True)
-def _radix_pass_all(key, idx, tmp_key, tmp_idx):
-    """Stable LSD radix sort of (key, idx) pairs by key, 11 bits a pass, in place."""
-    n = len(key)
-    varying = np.uint64(0)
-    for i in range(n):
-        varying |= key[i] ^ key[0]
-    mask = np.uint64(0x7FF)
-    for shift in range(0, 64, 11):
-        sh = np.uint64(shift)
-        if (varying >> sh) & mask == 0:
-            continue  # every key shares this digit: the pass would not move anything
-        count = np.zeros(2049, np.int64)
-        for i in range(n):
-            count[((key[i] >> sh) & mask) + np.uint64(1)] += 1
-        for d in range(2048):
-            count[d + 1] += count[d]
-        for i in range(n):
-            d = (key[i] >> sh) & mask
-            dst = count[d]
-            count[d] = dst + 1
-            tmp_key[dst] = key[i]
-            tmp_idx[dst] = idx[i]
-        key[:] = tmp_key
-        idx[:] = tmp_idx
-
-
-@njit(cache=True, nogil=True)
-def argsort_probe_time(probe, time):
-    """Stable order by (probe, time): radix passes over the digits that vary, only."""
-    n = len(probe)
-    idx = np.arange(n)
-    tmp_idx = np.empty(n, np.int64)
-    tmp_key = np.empty(n, np.uint64)
-    if n == 0:
-        return idx
-    t0 = time.min()
-    key = np.empty(n, np.uint64)
-    for i in range(n):
-        key[i] = np.uint64(time[i] - t0)  # offset from the minimum: unsigned, same order
-    _radix_pass_all(key, idx, tmp_key, tmp_idx)
-    for i in range(n):
-        key[i] = probe[idx[i]]
-    _radix_pass_all(key, idx, tmp_key, tmp_idx)
-    return idx
-
-
-@njit(cache=True, nogil=True)
-def history_index(probe):
-    """Index of each measurement within its probe's run of a sorted probe column."""
-    n = len(probe)
-    hist = np.empty(n, np.int64)
-    for i in range(n):
-        hist[i] = 0 if i == 0 or probe[i] != probe[i - 1] else hist[i - 1] + 1
-    return hist
-
-
-@njit(cache=True, nogil=True)
-def cut_contexts(probe, time, family, rtt, hist, seed, row_len, max_meas, max_gap, max_span,
-                 t_full, t_partial):
-    """Contexts of one sorted bucket: (ctx_start, ctx_mode, ctx_len, cost, has_ts, abs_extra).
-
-    A measurement costs START + two address blocks (5 or 17 tokens each) + its result
-    (FAILED 1, RTT 3) + its timestamp block. A context ends before the measurement that would change the probe, overflow
-    ``row_len`` tokens, exceed ``max_meas`` measurements, follow a gap > ``max_gap`` s or
-    reach > ``max_span`` s past the context's first measurement (0 turns a limit off).
-    A context ended by the row length gives back up to ``BACKOFF`` last measurements to the
-    next one until its row's gap is ``fillable`` by the packer (cut points are free).
-    """
-    n = len(probe)
-    ctx_start = np.empty(n, np.int64)
-    ctx_mode = np.empty(n, np.uint8)
-    ctx_len = np.empty(n, np.int32)
-    cost = np.empty(n, np.int32)
-    has_ts = np.zeros(n, np.bool_)
-    abs_extra = np.zeros(n, np.int32)
-    k_mode = k_frac = k_drop = np.uint64(0)
-    k = 0
-    i = 0
-    while i < n:
-        p = probe[i]
-        if i == 0 or p != probe[i - 1]:
-            k_mode = stream_key(seed, p, STREAM_MODE)
-            k_frac = stream_key(seed, p, STREAM_FRAC)
-            k_drop = stream_key(seed, p, STREAM_DROP)
-        r = draw(k_mode, hist[i]) >> _S32
-        mode = MODE_FULL if r < t_full else (MODE_PARTIAL if r < t_partial else MODE_NONE)
-        thr = np.uint64(DROP_LO) + (((draw(k_frac, hist[i]) >> _S32) * np.uint64(DROP_SPAN)) >> _S32)
-        length = 0
-        have_prev = False
-        prev = np.int64(0)
-        j = i
-        full = False
-        while j < n and probe[j] == p:
-            if mode == MODE_FULL:
-                ts = True
-            elif mode == MODE_PARTIAL:
-                ts = (draw(k_drop, hist[j]) >> _S32) >= thr
-            else:
-                ts = False
-            tt = _ts_tokens(have_prev, prev, time[j]) if ts else 0
-            c = (BASE4 if family[j] == 4 else BASE6) + (RESULT_FAILED if rtt[j] < 0.0 else RESULT_OK) + tt
-            full = length + c > row_len
-            if j > i and (full
-                          or (max_meas > 0 and j - i >= max_meas)
-                          or (max_gap > 0 and time[j] - time[j - 1] > max_gap)
-                          or (max_span > 0 and time[j] - time[i] > max_span)):
-                break
-            cost[j] = c
-            has_ts[j] = ts
-            abs_extra[j] = TS_ABS - tt if ts else 0
-            length += c
-            if ts:
-                have_prev = True
-                prev = time[j]
-            j += 1
-        if full:
-            back = 0
-            while (back < BACKOFF and j - 1 > i
-                   and not fillable(row_len - length)):
-                j -= 1  # a gap nothing fits: leave the last measurement to the next context
-                length -= cost[j]
-                back += 1
-        ctx_start[k] = i
-        ctx_mode[k] = mode
-        ctx_len[k] = length
-        k += 1
-        i = j
-    return ctx_start[:k], ctx_mode[:k], ctx_len[:k], cost, has_ts, abs_extra
-
-
-@njit(cache=True, nogil=True)
-def piece_lengths_kernel(cost, has_ts, abs_extra, piece_start, piece_end):
-    """cost[s:e].sum() + abs_extra[first timestamped measurement in the piece], per piece."""
-    k = len(piece_start)
-    out = np.empty(k, np.int64)
-    for j in range(k):
-        total = 0
-        first = True
-        for i in range(piece_start[j], piece_end[j]):
-            total += cost[i]
-            if first and has_ts[i]:
-                total += abs_extra[i]
-                first = False
-        out[j] = total
-    return out
 
 
 @njit(cache=True, inline="always")
@@ -376,22 +173,114 @@ def _addr(out, o, scratch, tok4, f6, hi, lo):
     the 12 tokens only an IPv6 block has go to ``scratch`` for IPv4."""
     _put1(out, o, tok4 + f6)  # SRC_IPV6 / DST_IPV6 follow their IPv4 ids
     keep = np.uint64(0) - np.uint64(f6)  # all ones for IPv6
-    _put4(out, o + 1, ((hi >> _S32) & keep) | (lo & ~keep))
+    _put4(out, o + 1, ((hi >> S32) & keep) | (lo & ~keep))
     ext = scratch + (o + 5 - scratch) * f6
     _put4(out, ext, hi)
     _put8(out, ext + 4, lo)
 
 
+# The pieces a kernel call encodes: piece j is sorted measurements [start[j], end[j]) in
+# timestamp mode mode[j], its tokens going to out[offsets[j]:offsets[j + 1]].
+Pieces = namedtuple("Pieces", "start end mode offsets")
+
+
+@njit(cache=True, inline="always")
+def _shuffle(order, timed, swap, has_ts, s, m, partial, k_shuf):
+    """Shuffle ``order[:m]`` (piece [s, s + m) in time order) by Fisher-Yates, the draws of
+    ``k_shuf``; ``partial``: then put its timestamped measurements back into time order."""
+    e = s + m
+    for x in range(m):
+        swap[x] = ((draw(k_shuf, x) >> S32) * np.uint64(x + 1)) >> S32
+    for x in range(m - 1, 0, -1):
+        q = swap[x]
+        order[x], order[q] = order[q], order[x]
+    if partial:
+        # The timestamped measurements go back into time order, in the slots the
+        # shuffle gave them, so their deltas stay non-negative.
+        c = np.uint64(0)
+        for i in range(s, e):
+            timed[c] = i
+            c += np.uint64(has_ts[i])
+        # Written as a select, that step became a branch on has_ts (mispredicted
+        # often): instead list the timestamped slots, then scatter into them.
+        c = np.uint64(0)
+        for x in range(m):
+            timed[np.uint64(m) + c] = x
+            c += np.uint64(has_ts[np.uint64(order[x])])
+        for k in range(c):
+            order[timed[np.uint64(m) + k]] = timed[k]
+
+
+@njit(cache=True, inline="always")
+def _describe(desc, rtt, family, us, m, k_field):
+    """desc[x] for measurement us + x of a piece (see ``encode_kernel``): no branches, no
+    stores to ``out``, so LLVM vectorizes it. Draw h0 + x of the FIELD stream is
+    mix64(k_field + x * GOLDEN)."""
+    for x in range(m):
+        i = us + np.uint64(x)
+        r = rtt[i]
+        ex, mant = rtt_code(r)
+        p_ = ((mix64(k_field + np.uint64(x) * GOLDEN) >> S32) * np.uint64(24)) >> S32
+        row = ((p_ << np.uint64(4)) | (np.uint64(family[i] != 4) << np.uint64(3))
+               | (np.uint64(r < 0.0) << np.uint64(2)))
+        desc[x] = np.uint64((ex << 11) | mant) | (row << np.uint64(16))
+
+
+@njit(cache=True, inline="always")
+def _write_piece(out, cols, has_ts, order, desc, us, m, pos, scratch):
+    """Write the tokens of piece [us, us + m) from ``pos`` on, its measurements in the
+    order ``order[:m]``, each from its ``desc`` and one ``LAYOUT`` look-up."""
+    time, src_hi, src_lo = cols.time, cols.src_hi, cols.src_lo
+    dst_hi, dst_lo = cols.dst_hi, cols.dst_lo
+    first = np.uint64(3)  # or'ed into tk: the first timestamp is absolute; 0 after it
+    prev = np.int64(0)
+    for x in range(m):
+        i = np.uint64(order[x])
+        # Random data (family, failed, timestamp kind, block order) only ever feeds
+        # arithmetic and table look-ups, never a branch: ~30 % of them would mispredict.
+        dsc = desc[i - us]
+        f6 = np.int64((dsc >> np.uint64(19)) & np.uint64(1))
+        failed = np.int64((dsc >> np.uint64(18)) & np.uint64(1))
+        t_i = time[i]
+        d = t_i - prev
+        ts = np.uint64(0) - np.uint64(has_ts[i])  # all ones if it has a timestamp
+        tk = ((np.uint64(1) + np.uint64(d >= 256) + np.uint64(d >= DELTA4_LIMIT)) | first) & ts
+        w = LAYOUT[(dsc >> np.uint64(16)) + tk]
+        base = pos + 1
+        o_src = base + np.int64(w & np.uint64(0xFF))
+        o_dst = base + np.int64((w >> np.uint64(8)) & np.uint64(0xFF))
+        o_res = base + np.int64((w >> np.uint64(16)) & np.uint64(0xFF))
+        o_ts = base + np.int64((w >> np.uint64(24)) & np.uint64(0xFF))
+        # 1. The timestamp, always 1 + 8 tokens: what lies past its real end is
+        #    garbage that the writes below, the next measurement or the slack cover.
+        is_abs = np.uint64(0) - (w >> np.uint64(63))
+        shift = (w >> np.uint64(48)) & np.uint64(0xFF)
+        u = (np.uint64(t_i) & is_abs) | ((np.uint64(d) << shift) & ~is_abs)
+        _put1(out, o_ts, (w >> np.uint64(40)) & np.uint64(0xFF))
+        _put8(out, o_ts + 1, u)
+        # 2. Everything else, exact: an IPv4 address's unused tail and a failed ping's
+        #    RTT bytes go to the slack.
+        _put1(out, pos, V.MEASUREMENT_START)
+        _addr(out, o_src, scratch, V.SRC_IPV4, f6, src_hi[i], src_lo[i])
+        _addr(out, o_dst, scratch, V.DST_IPV4, f6, dst_hi[i], dst_lo[i])
+        _put1(out, o_res, V.RTT_START + (V.FAILED - V.RTT_START) * failed)
+        _put2(out, o_res + 1 + (scratch - o_res - 1) * failed, dsc)  # its low 16 bits
+        first &= ~ts
+        prev = np.int64(np.uint64(prev) ^ ((np.uint64(prev) ^ np.uint64(t_i)) & ts))
+        pos += np.int64((w >> np.uint64(32)) & np.uint64(0xFF))
+
+
 @njit(cache=True, nogil=True)
-def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist, has_ts,
-                  piece_start, piece_end, piece_mode, offsets, seed, out):
+def encode_kernel(cols, hist, has_ts, pieces, seed, out):
     """Write piece j's tokens to ``out[offsets[j]:offsets[j+1]]``, for every piece.
 
-    ``out`` holds ``offsets[-1] + SLACK`` tokens: to stay free of branches on random data
-    (family, failed, the block order, timestamp kinds) the kernel writes some tokens
-    more than once, in an order where the right one lands last; a block may spill up to
-    9 garbage tokens past its end (overwritten by the blocks written after it, or in the
-    slack), and the IPv4-unused tail of an address goes to the slack.
+    ``cols``: the sorted measurements' ``prep.measurements.Columns``; ``hist``, ``has_ts``:
+    the plan's; ``pieces``: a ``Pieces``. ``out`` holds ``offsets[-1] + SLACK`` tokens: to
+    stay free of branches on random data (family, failed, the block order, timestamp kinds)
+    the kernel writes some tokens more than once, in an order where the right one lands
+    last; a block may spill up to 9 garbage tokens past its end (overwritten by the blocks
+    written after it, or in the slack), and the IPv4-unused tail of an address goes to the
+    slack.
 
     Per piece, what does not depend on the order the measurements are written in (the
     field order draw, the RTT code, family and failed flag, and the shuffle's draws) is
@@ -399,6 +288,7 @@ def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist
     vectorizes (SplitMix64 on 8 lanes); the writing loop then reads one descriptor a
     measurement.
     """
+    piece_start, piece_end, offsets = pieces.start, pieces.end, pieces.offsets
     n_p = len(piece_start)
     if n_p == 0:
         return out
@@ -421,81 +311,17 @@ def encode_kernel(probe, time, family, src_hi, src_lo, dst_hi, dst_lo, rtt, hist
             swap = np.empty(2 * m, np.uint64)
         for x in range(m):
             order[x] = s + x
-        p = probe[s]
+        p = cols.probe[s]
         h0 = hist[s]  # one probe's sorted history: measurement s + x has index h0 + x
         us = np.uint64(s)  # unsigned indices: no negative-index wraparound code
-        mode = piece_mode[j]
+        mode = pieces.mode[j]
         if mode != MODE_FULL:
             k_shuf = draw(stream_key(seed, p, STREAM_SHUFFLE), h0)
-            for x in range(m):
-                swap[x] = ((draw(k_shuf, x) >> _S32) * np.uint64(x + 1)) >> _S32
-            for x in range(m - 1, 0, -1):
-                q = swap[x]
-                order[x], order[q] = order[q], order[x]
-            if mode == MODE_PARTIAL:
-                # The timestamped measurements go back into time order, in the slots the
-                # shuffle gave them, so their deltas stay non-negative.
-                c = np.uint64(0)
-                for i in range(s, e):
-                    timed[c] = i
-                    c += np.uint64(has_ts[i])
-                # Written as a select, that step became a branch on has_ts (mispredicted
-                # often): instead list the timestamped slots, then scatter into them.
-                c = np.uint64(0)
-                for x in range(m):
-                    timed[np.uint64(m) + c] = x
-                    c += np.uint64(has_ts[np.uint64(order[x])])
-                for k in range(c):
-                    order[timed[np.uint64(m) + k]] = timed[k]
-        # Draw h0 + x of the FIELD stream is mix64(k_field + x * GOLDEN).
+            _shuffle(order, timed, swap, has_ts, s, m, mode == MODE_PARTIAL, k_shuf)
         k_field = stream_key(seed, p, STREAM_FIELD) + np.uint64(h0) * GOLDEN
-        for x in range(m):
-            i = us + np.uint64(x)
-            r = rtt[i]
-            ex, mant = rtt_code(r)
-            p_ = ((mix64(k_field + np.uint64(x) * GOLDEN) >> _S32) * np.uint64(24)) >> _S32
-            row = ((p_ << np.uint64(4)) | (np.uint64(family[i] != 4) << np.uint64(3))
-                   | (np.uint64(r < 0.0) << np.uint64(2)))
-            desc[x] = np.uint64((ex << 11) | mant) | (row << np.uint64(16))
-        pos = offsets[j]
-        first = np.uint64(3)  # or'ed into tk: the first timestamp is absolute; 0 after it
-        prev = np.int64(0)
-        for x in range(m):
-            i = np.uint64(order[x])
-            # Random data (family, failed, timestamp kind, block order) only ever feeds
-            # arithmetic and table look-ups, never a branch: ~30 % of them would mispredict.
-            dsc = desc[i - us]
-            f6 = np.int64((dsc >> np.uint64(19)) & np.uint64(1))
-            failed = np.int64((dsc >> np.uint64(18)) & np.uint64(1))
-            t_i = time[i]
-            d = t_i - prev
-            ts = np.uint64(0) - np.uint64(has_ts[i])  # all ones if it has a timestamp
-            tk = ((np.uint64(1) + np.uint64(d >= 256) + np.uint64(d >= DELTA4_LIMIT)) | first) & ts
-            w = LAYOUT[(dsc >> np.uint64(16)) + tk]
-            base = pos + 1
-            o_src = base + np.int64(w & np.uint64(0xFF))
-            o_dst = base + np.int64((w >> np.uint64(8)) & np.uint64(0xFF))
-            o_res = base + np.int64((w >> np.uint64(16)) & np.uint64(0xFF))
-            o_ts = base + np.int64((w >> np.uint64(24)) & np.uint64(0xFF))
-            # 1. The timestamp, always 1 + 8 tokens: what lies past its real end is
-            #    garbage that the writes below, the next measurement or the slack cover.
-            is_abs = np.uint64(0) - (w >> np.uint64(63))
-            shift = (w >> np.uint64(48)) & np.uint64(0xFF)
-            u = (np.uint64(t_i) & is_abs) | ((np.uint64(d) << shift) & ~is_abs)
-            _put1(out, o_ts, (w >> np.uint64(40)) & np.uint64(0xFF))
-            _put8(out, o_ts + 1, u)
-            # 2. Everything else, exact: an IPv4 address's unused tail and a failed ping's
-            #    RTT bytes go to the slack.
-            _put1(out, pos, V.MEASUREMENT_START)
-            _addr(out, o_src, scratch, V.SRC_IPV4, f6, src_hi[i], src_lo[i])
-            _addr(out, o_dst, scratch, V.DST_IPV4, f6, dst_hi[i], dst_lo[i])
-            _put1(out, o_res, V.RTT_START + (V.FAILED - V.RTT_START) * failed)
-            _put2(out, o_res + 1 + (scratch - o_res - 1) * failed, dsc)  # its low 16 bits
-            first &= ~ts
-            prev = np.int64(np.uint64(prev) ^ ((np.uint64(prev) ^ np.uint64(t_i)) & ts))
-            pos += np.int64((w >> np.uint64(32)) & np.uint64(0xFF))
+        _describe(desc, cols.rtt, cols.family, us, m, k_field)
+        _write_piece(out, cols, has_ts, order, desc, us, m, offsets[j], scratch)
     return out
-
 
 def encode_pieces(sorted_m, plan, piece_start, piece_end, seed: int):
     """(tokens uint16[total], offsets int64[k+1]) of pieces of ``plan``'s contexts.
@@ -527,8 +353,7 @@ def _encode(m, plan, ps, pe, modes, lengths, seed, out=None):
     else:
         buf = out
     if len(ps):
-        encode_kernel(m.probe, m.time, m.family, m.src_hi, m.src_lo, m.dst_hi, m.dst_lo, m.rtt,
-                      plan.hist, plan.has_ts, ps, pe, modes, offsets,
+        encode_kernel(m.arrays(), plan.hist, plan.has_ts, Pieces(ps, pe, modes, offsets),
                       np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF), buf)
     return buf[:int(offsets[-1])], offsets
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+from collections import namedtuple
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -51,11 +52,18 @@ class Measurements:
     def columns(self) -> dict[str, np.ndarray]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def arrays(self) -> "Columns":
+        """The columns as one ``Columns`` namedtuple: how the Numba kernels take them."""
+        return Columns(*(getattr(self, k) for k in FIELDS))
+
 
 DTYPES = {f.name: f.metadata["dtype"] for f in fields(Measurements)}
 # The fields in order. Sorting by all of them, in this order, is the total order that
 # determinism rests on (prep.contexts.sort_order breaks (probe, time) ties with the rest).
 FIELDS = tuple(DTYPES)
+# The columns as one argument of a Numba kernel (prep.kernel, prep.planner_kernels): a
+# namedtuple of arrays, read by field name (``cols.rtt[i]``).
+Columns = namedtuple("Columns", FIELDS)
 ARROW_SCHEMA = pa.schema([(k, pa.from_numpy_dtype(v)) for k, v in DTYPES.items()])
 
 

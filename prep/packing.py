@@ -35,7 +35,7 @@
    first, 44 x 23 = 1012, and no 14 fills the gap of 12; exact mixes exist (36 x 23 +
    14 x 14, 22 x 23 + 37 x 14, 8 x 23 + 60 x 14 = 1024). No piece is cut, so no token added.
 
-The planner (prep.kernel.cut_contexts) does its part: a context that the row length ends
+The planner (prep.planner_kernels.cut_contexts) does its part: a context that the row length ends
 gives back up to BACKOFF last measurements until its gap is ``fillable`` (2-10 tokens fit
 no measurement; 16-24 are no sum of the common body sizes), since cut points are free.
 

@@ -1,9 +1,10 @@
 """The tokenizer in plain Python: the oracle the Numba kernels are held to.
 
 Written for reading, not speed: one measurement at a time, Python ints, the same
-counter-based RNG as ``prep.kernel`` (SplitMix64's finalizer over
+counter-based RNG as ``prep.draws`` (SplitMix64's finalizer over
 ``key + counter * GOLDEN``, see that module's docstring for the streams). The tests
-compare ``plan_reference`` with ``prep.contexts.plan_contexts`` and ``encode_context``
+compare ``plan_reference`` with ``prep.contexts.plan_contexts`` (``prep.planner_kernels``)
+and ``encode_context``
 with ``prep.kernel.encode_pieces`` token for token; ``bench/bench_tokenizer.py`` times
 ``encode_context`` as the baseline of the kernel's speedup.
 
