@@ -23,9 +23,10 @@ The planner ends a context up to BACKOFF measurements early when that leaves its
 the packer can fill (``fillable``, from the bodies above); the packer fills gaps of at
 least SMALLEST_BODY tokens.
 
-The Numba kernels (prep.kernel, prep.packing) compile these numbers in as constants and
-cache the machine code per source file: after changing one here, delete the
-``__pycache__`` folders of prep/ (or touch kernel.py and packing.py).
+The Numba kernels (prep.kernel, prep.packing_fill and through it prep.packing) compile
+these numbers in as constants and cache the machine code per source file: after changing
+one here, delete the ``__pycache__`` folders of prep/ (or touch kernel.py, packing_fill.py
+and packing.py).
 """
 
 from __future__ import annotations
