@@ -1,1 +1,38 @@
-"""ping-pack ETL: measurements -> validated columns -> contexts -> tokens -> packed rows -> shards."""
+"""ping-pack ETL: measurements -> validated columns -> contexts -> tokens -> packed rows -> shards.
+
+Numba caches each kernel's machine code but checks only the file that defines it, while
+ours inline code and constants from other modules (prep.costs, prep.draws,
+prep.packing_fill, ...): an edit there would leave stale machine code in use. So the
+cache folder is named after a hash of every module here (``prep/__pycache__/numba-<hash>``):
+any edit to prep/ compiles the kernels afresh (~20 s once). Folders of other versions are
+removed a day after they were last written. A NUMBA_CACHE_DIR set by the user wins.
+"""
+
+import hashlib as _hashlib
+import os as _os
+import shutil as _shutil
+import sys as _sys
+import time as _time
+from pathlib import Path as _Path
+
+
+def _numba_cache_dir() -> str:
+    here = _Path(__file__).resolve().parent
+    h = _hashlib.sha256()
+    for p in sorted(here.glob("*.py")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    current = here / "__pycache__" / f"numba-{h.hexdigest()[:16]}"
+    for old in (here / "__pycache__").glob("numba-*"):
+        try:
+            if old != current and _time.time() - old.stat().st_mtime > 86_400:
+                _shutil.rmtree(old, ignore_errors=True)
+        except OSError:  # gone already (another process pruned it)
+            pass
+    return str(current)
+
+
+if "NUMBA_CACHE_DIR" not in _os.environ:
+    if "numba" in _sys.modules:  # imported before us: its config is read, set it there
+        _sys.modules["numba"].config.CACHE_DIR = _numba_cache_dir()
+    else:
+        _os.environ["NUMBA_CACHE_DIR"] = _numba_cache_dir()

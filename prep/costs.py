@@ -23,10 +23,10 @@ The planner ends a context up to BACKOFF measurements early when that leaves its
 the packer can fill (``fillable``, from the bodies above); the packer fills gaps of at
 least SMALLEST_BODY tokens.
 
-The Numba kernels (prep.kernel, prep.planner_kernels, prep.packing) compile these numbers
-in as constants and cache the machine code per source file: after changing one here,
-delete the ``__pycache__`` folders of prep/ (or touch kernel.py, planner_kernels.py and
-packing.py).
+The Numba kernels (prep.kernel, prep.planner_kernels, prep.packing_fill and through it
+prep.packing) compile these numbers in as constants. Numba's cache only notices edits to
+the file that holds a function, so prep/__init__.py keys the cache folder on a hash of
+every module of prep/: after an edit anywhere in prep/ the kernels compile afresh.
 """
 
 from __future__ import annotations

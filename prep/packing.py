@@ -35,6 +35,10 @@
    first, 44 x 23 = 1012, and no 14 fills the gap of 12; exact mixes exist (36 x 23 +
    14 x 14, 22 x 23 + 37 x 14, 8 x 23 + 60 x 14 = 1024). No piece is cut, so no token added.
 
+Modules: this one has the API and steps 1-3 and 5 (``_pack`` runs them all), step 4 is
+prep.packing_fill (with ``Pieces`` and ``Rows``, the working arrays that steps 3-5 share,
+namedtuples of arrays), step 6 prep.packing_repack.
+
 The planner (prep.planner_kernels.cut_contexts) does its part: a context that the row length ends
 gives back up to BACKOFF last measurements until its gap is ``fillable`` (2-10 tokens fit
 no measurement; 16-24 are no sum of the common body sizes), since cut points are free.
@@ -60,12 +64,14 @@ measurements/s), ~4M/s sparse.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
-from prep.costs import SMALLEST_BODY, fillable
+from prep.packing_fill import Pieces, Rows, fill_gaps
+from prep.packing_repack import repack  # (see the docstring)
 
 
 @dataclass(frozen=True)
@@ -75,11 +81,6 @@ class Packing:
     piece_len: np.ndarray  # int32[k]: tokens, by the piece length rule
     piece_row: np.ndarray  # int64[k]: row of piece j; pieces ordered by (row, slot)
     n_rows: int
-
-
-WINDOW_MAX = 64  # step 4 lists donor windows up to this many tokens
-DONORS_PER_ROW = 2  # step 4 opens at most this many donors for one row's gap
-SMALL = 64  # step 6 dissolves rows whose pieces are all at most this many tokens
 
 
 @njit(cache=True)
@@ -119,8 +120,11 @@ def context_lengths(ctx_start, ctx_end, cost, has_ts, abs_extra) -> np.ndarray:
     return _lengths(s, e, _cumulative(cost), has_ts, abs_extra)
 
 
-# Open rows, bucketed by gap: per-gap doubly linked FIFO lists plus a segment tree whose
-# leaves count the rows in each bucket. st = [head, tail, nxt, prv, tree] travel together.
+# Step 3's open rows, bucketed by gap: per-gap doubly linked FIFO lists (head[g], tail[g];
+# nxt[r], prv[r]) plus a segment tree whose leaves count the rows in each bucket.
+OpenRows = namedtuple("OpenRows", "head tail nxt prv tree")  # inlined: see packing_fill
+
+
 @njit(cache=True)
 def _tree_add(tree, leaf, d):
     i = leaf + tree.shape[0] // 2
@@ -148,366 +152,36 @@ def _tree_ge(tree, x):
     return -1
 
 
-@njit(cache=True)
-def _push(head, tail, nxt, prv, tree, r, g):
-    nxt[r] = -1
-    prv[r] = tail[g]
-    if tail[g] >= 0:
-        nxt[tail[g]] = r
+@njit(cache=True, inline="always")
+def _push(op, r, g):
+    op.nxt[r] = -1
+    op.prv[r] = op.tail[g]
+    if op.tail[g] >= 0:
+        op.nxt[op.tail[g]] = r
     else:
-        head[g] = r
-    tail[g] = r
-    _tree_add(tree, g, 1)
+        op.head[g] = r
+    op.tail[g] = r
+    _tree_add(op.tree, g, 1)
 
 
-@njit(cache=True)
-def _remove(head, tail, nxt, prv, tree, r, g):
-    if prv[r] >= 0:
-        nxt[prv[r]] = nxt[r]
+@njit(cache=True, inline="always")
+def _remove(op, r, g):
+    if op.prv[r] >= 0:
+        op.nxt[op.prv[r]] = op.nxt[r]
     else:
-        head[g] = nxt[r]
-    if nxt[r] >= 0:
-        prv[nxt[r]] = prv[r]
+        op.head[g] = op.nxt[r]
+    if op.nxt[r] >= 0:
+        op.prv[op.nxt[r]] = op.prv[r]
     else:
-        tail[g] = prv[r]
-    _tree_add(tree, g, -1)
+        op.tail[g] = op.prv[r]
+    _tree_add(op.tree, g, -1)
 
 
 @njit(cache=True)
-def _grow(a, n):
-    b = np.empty(max(n, 2 * a.shape[0]), a.dtype)
-    b[: a.shape[0]] = a
-    return b
-
-
-@njit(cache=True)
-def _room(ps, pe, pr, pnext, alive, n):
-    """The piece arrays, grown to hold at least ``n`` pieces."""
-    return _grow(ps, n), _grow(pe, n), _grow(pr, n), _grow(pnext, n), _grow(alive, n)
-
-
-@njit(cache=True)
-def _place(ps, pe, pr, pnext, alive, k, rfirst, rlast, r, a, b, cum, used, gap, nseg):
-    """Step 4: free measurements [a, b) become piece k, the last of row r (a cut costs
-    nothing); returns k + 1. The arrays have room (``_fill_exact`` makes it up front)."""
-    for i in range(a, b):  # not used[a:b] = True: a slice is a view, refcounted
-        used[i] = True
-    gap[r] -= cum[b] - cum[a]
-    nseg[r] += 1
-    ps[k], pe[k], pr[k], pnext[k], alive[k] = a, b, r, -1, True
-    if rlast[r] >= 0:
-        pnext[rlast[r]] = k
-    else:
-        rfirst[r] = k
-    rlast[r] = k
-    return k + 1
-
-
-@njit(cache=True)
-def _find_window(head, wx, wy, wn, used, g, exact, last):
-    """(x, y, length) of a listed window with no used measurement for a gap of ``g``: exactly
-    g tokens, else g - 1, else (``exact``) the longest whose rest is ``fillable`` (not on a
-    row's ``last`` slot), else (not ``exact``) the longest that fits; (-1, -1, 0) if none."""
-    for want in range(min(g, WINDOW_MAX), 0, -1):
-        if exact and want < g - 1 and (last or g - want < SMALLEST_BODY or not fillable(g - want)):
-            continue
-        while head[want] >= 0:  # drop windows that lost a measurement
-            w = head[want]
-            ok = True
-            for i in range(wx[w], wy[w]):
-                if used[i]:
-                    ok = False
-                    break
-            if ok:
-                return wx[w], wy[w], want
-            head[want] = wn[w]
-    return -1, -1, 0
-
-
-@njit(cache=True)
-def _fill_exact(cum, has_ts, abs_extra, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, pe,
-                pr, pnext, alive, k):
-    """Step 4: fill the other rows' gaps exactly with windows of rows that cost nothing to cut.
-
-    A row is free when no piece of it has a timestamp that a cut would make absolute
-    (none-mode contexts). Free rows, least full first, become donors one at a time as the
-    rows to fill (all others, in row order) need them; each window [x, y) of a donor's pieces
-    of up to WINDOW_MAX tokens is listed by length. What donors keep is laid into new rows,
-    each closed the same way before the next one opens.
-    """
-    n0 = n_rows
-    fill = row_len - gap[:n0]
-    free = np.zeros(n0, np.bool_)
-    m_free = 0  # measurements in free rows, and the cheapest of them (for the room below)
-    cheapest = WINDOW_MAX
-    for r in range(n0):
-        free[r] = True
-        m, c = 0, WINDOW_MAX
-        q = rfirst[r]
-        while q >= 0 and free[r]:
-            m += pe[q] - ps[q]
-            for i in range(ps[q], pe[q]):
-                if has_ts[i] and abs_extra[i] != 0:  # a cut before it would make it absolute
-                    free[r] = False
-                    break
-                c = min(c, cum[i + 1] - cum[i])
-            q = pnext[q]
-        if free[r]:
-            m_free += m
-            cheapest = min(cheapest, c)
-    fr = np.nonzero(free)[0]
-    fr = fr[np.argsort(-fill[fr], kind="mergesort")]
-    order = np.concatenate((np.nonzero(~free)[0], fr))  # fill from the front, donors from the end
-    # Room for all that can come, allocated once: an array reassigned inside the loops below
-    # would cost Numba an atomic incref/decref pair per pass (once 2/3 of this step's time),
-    # and np.empty's pages are only mapped where written. Every piece and every new row
-    # holds at least one measurement of a free row; a window starting at a measurement
-    # spans at most WINDOW_MAX // (its cheapest measurement) of them.
-    ps, pe, pr, pnext, alive = _room(ps, pe, pr, pnext, alive, k + m_free + 1)
-    gap, nseg = _grow(gap, n_rows + m_free + 1), _grow(nseg, n_rows + m_free + 1)
-    rfirst, rlast = _grow(rfirst, n_rows + m_free + 1), _grow(rlast, n_rows + m_free + 1)
-    n_win = m_free * (WINDOW_MAX // max(cheapest, 1)) + 1
-    wx, wy, wn = np.empty(n_win, np.int64), np.empty(n_win, np.int64), np.empty(n_win, np.int64)
-    used = np.zeros(cum.shape[0], np.bool_)
-    head = np.full(WINDOW_MAX + 1, -1, np.int64)  # windows by length: stacks in flat arrays
-    nw = 0
-    donors = np.empty(fr.shape[0], np.int64)
-    nd = 0
-    ti, dj = 0, n0 - 1
-    cur, cq, ca = 0, -1, 0  # long gaps: donor, piece and measurement to take runs from
-    while ti <= dj:
-        t = order[ti]
-        ti += 1
-        opened = 0
-        while gap[t] >= SMALLEST_BODY and (cap == 0 or nseg[t] < cap):
-            g = gap[t]
-            wa, wb, ln = -1, -1, 0
-            if g > WINDOW_MAX + SMALLEST_BODY and (cap == 0 or nseg[t] < cap - 1):
-                # a long gap takes a long run: the next unused run of the opened donors
-                while cur < nd and wa < 0:
-                    q = cq if cq >= 0 else rfirst[donors[cur]]
-                    a = max(ca, ps[q])
-                    while a < pe[q] and used[a]:
-                        a += 1
-                    m = a
-                    while m < pe[q] and not used[m] and cum[m + 1] - cum[a] <= g:
-                        m += 1
-                    while m > a and cum[m] - cum[a] != g and not (
-                            g - (cum[m] - cum[a]) >= SMALLEST_BODY and fillable(g - (cum[m] - cum[a]))):
-                        m -= 1
-                    if m > a:
-                        wa, wb, ln = a, m, cum[m] - cum[a]
-                        cq, ca = q, m
-                    elif a < pe[q] and not used[a] and cum[a + 1] - cum[a] <= g:
-                        break  # this run cannot leave a fillable rest here: use windows
-                    else:  # the piece is spent: next piece, next donor
-                        cq, ca = pnext[q], 0
-                        if cq < 0:
-                            cur += 1
-            if wa < 0:
-                wa, wb, ln = _find_window(head, wx, wy, wn, used, g, True,
-                                          cap > 0 and nseg[t] == cap - 1)
-            if wa < 0 and fillable(g) and opened < DONORS_PER_ROW and ti <= dj and \
-                    free[order[dj]]:
-                opened += 1  # open the next donor and look again
-                d = order[dj]
-                dj -= 1
-                donors[nd] = d
-                nd += 1
-                q = rfirst[d]
-                while q >= 0:
-                    alive[q] = False  # its pieces leave the row: windows or new rows take them
-                    for x in range(ps[q], pe[q]):
-                        for y in range(x + 1, pe[q] + 1):
-                            wl = cum[y] - cum[x]
-                            if wl > WINDOW_MAX:
-                                break
-                            wx[nw], wy[nw], wn[nw] = x, y, head[wl]
-                            head[wl] = nw
-                            nw += 1
-                    q = pnext[q]
-                continue
-            if wa < 0:  # nothing fills it: the longest window that fits
-                wa, wb, ln = _find_window(head, wx, wy, wn, used, g, False, False)
-            if wa < 0:
-                break
-            k = _place(ps, pe, pr, pnext, alive, k, rfirst, rlast, t, wa, wb, cum, used, gap,
-                       nseg)
-    # what the donors kept, in order, into new rows; a row that cannot take the next
-    # measurement is first closed with windows from what is still to come
-    r = -1
-    for j in range(nd):
-        q = rfirst[donors[j]]
-        while q >= 0:
-            a = ps[q]
-            while a < pe[q]:
-                if used[a]:
-                    a += 1
-                    continue
-                c = cum[a + 1] - cum[a]
-                if r >= 0 and (gap[r] < c or (cap > 0 and nseg[r] >= cap)):
-                    while gap[r] >= SMALLEST_BODY and (cap == 0 or nseg[r] < cap):
-                        wa, wb, ln = _find_window(head, wx, wy, wn, used, gap[r], True,
-                                                  cap > 0 and nseg[r] == cap - 1)
-                        if wa < 0:
-                            break
-                        k = _place(ps, pe, pr, pnext, alive, k, rfirst, rlast, r, wa, wb, cum,
-                                   used, gap, nseg)
-                    r = -1
-                    continue  # the windows may have taken measurement a
-                if r < 0:
-                    r = n_rows
-                    n_rows += 1
-                    gap[r], nseg[r], rfirst[r], rlast[r] = row_len, 0, -1, -1
-                m = a
-                while m < pe[q] and not used[m] and cum[m + 1] - cum[a] <= gap[r]:
-                    m += 1
-                k = _place(ps, pe, pr, pnext, alive, k, rfirst, rlast, r, a, m, cum, used, gap,
-                           nseg)
-                a = m
-            q = pnext[q]
-    return ps, pe, pr, pnext, alive, k, n_rows, gap, nseg, rfirst, rlast
-
-
-# Step 6: rows of small pieces, pooled by length and laid again by exact subset sums.
-@njit(cache=True)
-def _subset(cnt, cap, via, used, take):
-    """The largest total <= ``cap`` of the pooled pieces (cnt[v] of v tokens), long pieces
-    preferred; take[v] = the pieces of v tokens it uses. Bounded subset sum, one pass a
-    length, longest first: via[s] = the length that first reached s (-1: not reached),
-    used[s] = the pieces of that length on the chain ending at s."""
-    via[: cap + 1] = -1
-    via[0] = 0
-    for v in range(min(cnt.shape[0] - 1, cap), 0, -1):
-        if cnt[v] == 0:
-            continue
-        for s in range(v, cap + 1):
-            if via[s] < 0 and via[s - v] >= 0:
-                u = used[s - v] + 1 if via[s - v] == v else 1
-                if u <= cnt[v]:
-                    via[s], used[s] = v, u
-    best = cap
-    while via[best] < 0:
-        best -= 1
-    take[:] = 0
-    s = best
-    while s > 0:
-        take[via[s]] += 1
-        s -= via[s]
-    return best
-
-
-@njit(cache=True)
-def _pool(o_l, o_r, kid, top):
-    """The pieces of the rows that step 6 dissolves (kid < 0), by length: cnt[v] of v
-    tokens, stack[ptr[v]:ptr[v + 1]] their indices in order. row[j] = the new row of piece j
-    (-1 while pooled); seq[:nseq] = the kept pieces in order, the others to come."""
-    k = o_l.shape[0]
-    cnt = np.zeros(top + 1, np.int64)
-    row, seq = np.full(k, -1, np.int64), np.empty(k, np.int64)
-    nseq = 0
-    for j in range(k):
-        if kid[o_r[j]] >= 0:
-            row[j] = kid[o_r[j]]
-            seq[nseq] = j
-            nseq += 1
-        else:
-            cnt[o_l[j]] += 1
-    ptr = np.zeros(top + 2, np.int64)
-    for v in range(top + 1):
-        ptr[v + 1] = ptr[v] + cnt[v]
-    stack = np.empty(k - nseq, np.int64)
-    for j in range(k):
-        if row[j] < 0:
-            stack[ptr[o_l[j]]] = j
-            ptr[o_l[j]] += 1
-    for v in range(top, 0, -1):  # back to the starts
-        ptr[v] = ptr[v - 1]
-    ptr[0] = 0
-    return cnt, stack, ptr, row, seq, nseq
-
-
-@njit(cache=True)
-def _take(take, cnt, stack, ptr, row, seq, nseq, r):
-    """Moves take[v] pooled pieces of v tokens (longest first, lowest index first) to row r,
-    in order of arrival (seq); returns the new length of seq."""
-    for v in range(take.shape[0] - 1, 0, -1):
-        for _ in range(take[v]):
-            j = stack[ptr[v]]
-            ptr[v] += 1
-            row[j] = r
-            seq[nseq] = j
-            nseq += 1
-        cnt[v] -= take[v]
-    return nseq
-
-
-@njit(cache=True)
-def _by_row(seq, row, n_rows):
-    """The pieces of seq ordered by (row, place in seq): a stable counting sort."""
-    pos = np.zeros(n_rows + 1, np.int64)
-    for j in seq:
-        pos[row[j] + 1] += 1
-    for r in range(n_rows):
-        pos[r + 1] += pos[r]
-    out = np.empty(seq.shape[0], np.int64)
-    for j in seq:
-        out[pos[row[j]]] = j
-        pos[row[j]] += 1
-    return out
-
-
-@njit(cache=True)
-def _repack(o_l, o_r, n_rows, row_len):
-    """Step 6 on the pieces listed by row: (order of the pieces, their new rows, rows), or an
-    empty order when it would save no row. Rows whose pieces are all at most SMALL tokens
-    are dissolved; their pieces first fill the other rows' gaps, in row order, then make new
-    rows, each the largest subset sum <= row_len of what is left (an exact one is repeated
-    while the pool holds it)."""
-    top = min(SMALL, row_len)
-    fill, big = np.zeros(n_rows, np.int64), np.zeros(n_rows, np.int64)
-    for j in range(o_l.shape[0]):
-        fill[o_r[j]] += o_l[j]
-        big[o_r[j]] = max(big[o_r[j]], o_l[j])
-    kid = np.full(n_rows, -1, np.int64)  # kept rows, renumbered in order
-    n_new = 0
-    for r in range(n_rows):
-        if big[r] > top:
-            kid[r] = n_new
-            n_new += 1
-    none = np.empty(0, np.int64)
-    if n_rows <= (fill.sum() + row_len - 1) // row_len or n_new == n_rows:
-        return none, none, n_rows  # at the lower bound already, or nothing to pool
-    cnt, stack, ptr, row, seq, nseq = _pool(o_l, o_r, kid, top)
-    via, used = np.empty(row_len + 1, np.int64), np.zeros(row_len + 1, np.int64)
-    take = np.zeros(top + 1, np.int64)
-    low = 1  # the shortest pooled piece
-    while cnt[low] == 0:
-        low += 1
-    for r in range(n_rows):
-        if kid[r] >= 0 and row_len - fill[r] >= low and nseq < seq.shape[0]:
-            _subset(cnt, row_len - fill[r], via, used, take)
-            nseq = _take(take, cnt, stack, ptr, row, seq, nseq, kid[r])
-    while nseq < seq.shape[0]:
-        reps = 1
-        if _subset(cnt, row_len, via, used, take) == row_len:
-            reps = seq.shape[0]
-            for v in range(1, top + 1):
-                if take[v] > 0:
-                    reps = min(reps, cnt[v] // take[v])
-        for _ in range(reps):
-            if n_new >= n_rows - 1:
-                return none, none, n_rows  # no row saved
-            nseq = _take(take, cnt, stack, ptr, row, seq, nseq, n_new)
-            n_new += 1
-    order = _by_row(seq, row, n_new)
-    return order, row[order], n_new
-
-
-@njit(cache=True)
-def _pack(ctx_start, ctx_end, cum, has_ts, abs_extra, clen, row_len, cap, split):
-    n_ctx = ctx_start.shape[0]
-    # 2. longest first, by counting sort (stable: equal lengths keep index order)
+def _longest_first(clen, row_len):
+    """Step 2: the contexts longest first, by counting sort (stable: equal lengths keep
+    index order)."""
+    n_ctx = clen.shape[0]
     pos = np.zeros(row_len + 2, np.int64)
     for c in range(n_ctx):
         pos[clen[c]] += 1
@@ -518,31 +192,31 @@ def _pack(ctx_start, ctx_end, cum, has_ts, abs_extra, clen, row_len, cap, split)
     for c in range(n_ctx):
         order[pos[clen[c]]] = c
         pos[clen[c]] += 1
+    return order
 
+
+@njit(cache=True)
+def _best_fit(ctx_start, ctx_end, clen, order, row_len, cap):
+    """Step 3: best fit of whole contexts, in ``order``: (pieces, rows, k pieces, n_rows).
+    The piece arrays have room for step 4 to start; a row holds at most ``cap`` pieces
+    (0: no cap)."""
+    n_ctx = ctx_start.shape[0]
     size = 1
     while size < row_len + 1:
         size *= 2
-    tree = np.zeros(2 * size, np.int64)
-    head = np.full(row_len + 1, -1, np.int64)
-    tail = np.full(row_len + 1, -1, np.int64)
-    nxt = np.full(n_ctx, -1, np.int64)
-    prv = np.full(n_ctx, -1, np.int64)
-    gap = np.zeros(n_ctx, np.int64)
-    nseg = np.zeros(n_ctx, np.int64)
-    is_open = np.zeros(n_ctx, np.bool_)
+    op = OpenRows(np.full(row_len + 1, -1, np.int64), np.full(row_len + 1, -1, np.int64),
+                  np.full(n_ctx, -1, np.int64), np.full(n_ctx, -1, np.int64),
+                  np.zeros(2 * size, np.int64))
+    head, tree = op.head, op.tree
+    gap, nseg = np.zeros(n_ctx, np.int64), np.zeros(n_ctx, np.int64)
+    rfirst, rlast = np.full(n_ctx, -1, np.int64), np.full(n_ctx, -1, np.int64)
     # pieces, in creation order; pnext chains the pieces of one row in slot order
     kcap = n_ctx + n_ctx // 8 + 16
-    ps = np.empty(kcap, np.int64)
-    pe = np.empty(kcap, np.int64)
-    pr = np.empty(kcap, np.int64)
-    pnext = np.empty(kcap, np.int64)
+    ps, pe = np.empty(kcap, np.int64), np.empty(kcap, np.int64)
+    pr, pnext = np.empty(kcap, np.int64), np.empty(kcap, np.int64)
     alive = np.ones(kcap, np.bool_)
-    rfirst = np.full(n_ctx, -1, np.int64)
-    rlast = np.full(n_ctx, -1, np.int64)
     k = 0
     n_rows = 0
-
-    # 3. best-fit decreasing on whole contexts
     for j in range(n_ctx):
         c = order[j]
         ln = clen[c]
@@ -553,7 +227,7 @@ def _pack(ctx_start, ctx_end, cum, has_ts, abs_extra, clen, row_len, cap, split)
             gap[r] = row_len
         else:
             r = head[g]
-            _remove(head, tail, nxt, prv, tree, r, g)
+            _remove(op, r, g)
         ps[k], pe[k], pr[k], pnext[k] = ctx_start[c], ctx_end[c], r, -1
         if rlast[r] >= 0:
             pnext[rlast[r]] = k
@@ -563,16 +237,17 @@ def _pack(ctx_start, ctx_end, cum, has_ts, abs_extra, clen, row_len, cap, split)
         k += 1
         gap[r] -= ln
         nseg[r] += 1
-        is_open[r] = gap[r] > 0 and (cap == 0 or nseg[r] < cap)
-        if is_open[r]:
-            _push(head, tail, nxt, prv, tree, r, gap[r])
+        if gap[r] > 0 and (cap == 0 or nseg[r] < cap):  # still open
+            _push(op, r, gap[r])
+    return Pieces(ps, pe, pr, pnext, alive), Rows(gap, nseg, rfirst, rlast), k, n_rows
 
-    if split and n_rows > 1:
-        ps, pe, pr, pnext, alive, k, n_rows, gap, nseg, rfirst, rlast = _fill_exact(
-            cum, has_ts, abs_extra, row_len, cap, n_rows, gap, nseg, rfirst, rlast, ps, pe, pr,
-            pnext, alive, k)
 
-    # 5. renumber the rows that still hold pieces; list pieces by (row, slot)
+@njit(cache=True)
+def _renumber(cum, has_ts, abs_extra, p, rows, k, n_rows):
+    """Step 5: the rows that still hold pieces, renumbered in order, and their pieces by
+    (row, slot): (start, end, tokens, row of each, rows)."""
+    ps, pe, pr, pnext, alive = p
+    rfirst = rows.rfirst
     new_id = np.full(n_rows, -1, np.int64)
     for q in range(k):
         if alive[q]:
@@ -601,8 +276,18 @@ def _pack(ctx_start, ctx_end, cum, has_ts, abs_extra, clen, row_len, cap, split)
                 o_l[j] = _plen(cum, has_ts, abs_extra, ps[q], pe[q])
                 j += 1
             q = pnext[q]
+    return o_s, o_e, o_l, o_r, n_out
+
+
+@njit(cache=True)
+def _pack(ctx_start, ctx_end, cum, has_ts, abs_extra, clen, row_len, cap, split):
+    order = _longest_first(clen, row_len)  # 2.
+    p, rows, k, n_rows = _best_fit(ctx_start, ctx_end, clen, order, row_len, cap)  # 3.
+    if split and n_rows > 1:  # 4.
+        p, rows, k, n_rows = fill_gaps(cum, has_ts, abs_extra, row_len, cap, p, rows, k, n_rows)
+    o_s, o_e, o_l, o_r, n_out = _renumber(cum, has_ts, abs_extra, p, rows, k, n_rows)  # 5.
     if split and cap == 0 and n_out > 1:  # 6. repack the rows of small pieces
-        order, o_r2, n2 = _repack(o_l, o_r, n_out, row_len)
+        order, o_r2, n2 = repack(o_l, o_r, n_out, row_len)
         if order.shape[0] > 0:
             return o_s[order], o_e[order], o_l[order], o_r2, n2
     return o_s, o_e, o_l, o_r, n_out
