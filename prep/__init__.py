@@ -16,8 +16,8 @@ import time as _time
 from pathlib import Path as _Path
 
 
-def _numba_cache_dir() -> str:
-    here = _Path(__file__).resolve().parent
+def _numba_cache_dir(here: _Path | None = None) -> str:
+    here = here or _Path(__file__).resolve().parent
     h = _hashlib.sha256()
     for p in sorted(here.glob("*.py")):
         h.update(p.name.encode() + b"\0" + p.read_bytes())
