@@ -88,6 +88,31 @@ def _v6_global(rng, n):
             for p, m, h in zip(prefix, mid, host)]
 
 
+def _row_rtts(rng, t, lon, base, diurnal, jitter, fail_p) -> np.ndarray:
+    """Each row's RTT (ms, 3 decimals; -1 failed) from its stream's: an evening peak by the
+    probe's local hour, jitter, rare spikes and rarer outliers."""
+    n = len(t)
+    local_hour = (t / 3600.0 + np.degrees(lon) / 15.0) % 24
+    evening = np.maximum(0.0, np.sin((local_hour - 12.0) / 12.0 * np.pi)) ** 2
+    rtt = base * (1 + diurnal * evening) + jitter * rng.exponential(1.0, n)
+    spike = rng.random(n)
+    rtt = np.where(spike < 0.003, rtt * (2 + np.minimum(rng.pareto(1.5, n), 30)), rtt)
+    rtt = np.where(spike < 2e-6, rng.uniform(1_000, 300_000, n), rtt)
+    rtt = np.round(np.maximum(rtt, 0.1), 3)
+    rtt[rng.random(n) < fail_p] = -1.0
+    return rtt
+
+
+def _malformed(rng, src, dst, ipv, empty: int):
+    """~0.1 % malformed rows, as in real dumps: an empty source (pool index ``empty``), an
+    empty destination, or the other family in ip_version."""
+    bad = rng.random(len(src))
+    src = np.where(bad < 0.0003, empty, src)
+    dst = np.where((bad >= 0.0003) & (bad < 0.0006), empty, dst)
+    ipv = np.where((bad >= 0.0006) & (bad < 0.001), 10 - ipv, ipv).astype(np.int8)
+    return src, dst, ipv
+
+
 def generate(cfg: SynthConfig) -> dict[str, np.ndarray | list]:
     """All rows as columns (sorted by time), plus the address pool they index into."""
     rng = np.random.default_rng(cfg.seed)
@@ -156,21 +181,9 @@ def generate(cfg: SynthConfig) -> dict[str, np.ndarray | list]:
     t = begin[sid] + k * step[sid] + (rng.random(N) * np.minimum(step[sid], 20)).astype(np.int64)
     t = np.minimum(t, span - 1)
 
-    local_hour = (t / 3600.0 + np.degrees(p_lon[s_probe[sid]]) / 15.0) % 24
-    evening = np.maximum(0.0, np.sin((local_hour - 12.0) / 12.0 * np.pi)) ** 2
-    rtt = base[sid] * (1 + diurnal[sid] * evening) + jitter[sid] * rng.exponential(1.0, N)
-    spike = rng.random(N)
-    rtt = np.where(spike < 0.003, rtt * (2 + np.minimum(rng.pareto(1.5, N), 30)), rtt)
-    rtt = np.where(spike < 2e-6, rng.uniform(1_000, 300_000, N), rtt)
-    rtt = np.round(np.maximum(rtt, 0.1), 3)
-    rtt[rng.random(N) < fail_p[sid]] = -1.0
-
-    src, dst = s_src[sid], s_dst[sid]
-    ipv = np.where(s_six[sid], 6, 4).astype(np.int8)
-    bad = rng.random(N)  # ~0.1 % malformed, as in real dumps
-    src = np.where(bad < 0.0003, len(pool) - 1, src)
-    dst = np.where((bad >= 0.0003) & (bad < 0.0006), len(pool) - 1, dst)
-    ipv = np.where((bad >= 0.0006) & (bad < 0.001), 10 - ipv, ipv).astype(np.int8)
+    rtt = _row_rtts(rng, t, p_lon[s_probe[sid]], base[sid], diurnal[sid], jitter[sid], fail_p[sid])
+    src, dst, ipv = _malformed(rng, s_src[sid], s_dst[sid],
+                               np.where(s_six[sid], 6, 4).astype(np.int8), len(pool) - 1)
 
     order = np.argsort(t * S + sid, kind="stable")  # by time; ties by stream, so deterministic
     return {"time": t[order] + START, "prb_id": prb_id[s_probe[sid]][order], "src": src[order],
