@@ -46,10 +46,8 @@ RTT_FLOOR_MS = 1e-3  # 0 ms RTTs exist (loopback-like paths); logs and relative 
 
 # Vivaldi: c_c and c_e are the paper's constants (section 3); local errors start at 1.0
 # ("know nothing") and, as in Serf's implementation, never exceed that start.
-VIVALDI_DIMS = 2
-VIVALDI_ROUNDS = 20
-VIVALDI_CC = 0.25
-VIVALDI_CE = 0.25
+VIVALDI_DIMS, VIVALDI_ROUNDS = 2, 20
+VIVALDI_CC = VIVALDI_CE = 0.25
 VIVALDI_ERROR0 = 1.0
 # Heights start at and are clamped to this (ms; Serf's HeightMin is the same 10 us): the
 # height step is proportional to h_i + h_j, so a height of 0 could never grow again.
@@ -257,12 +255,13 @@ def _shuffle(src, dst, y, s_src, s_dst, s_y):
 
 
 @njit(cache=True)
-def _vivaldi(src, dst, rtt, n_nodes, dims, rounds, cc, ce, error0, h_min, floor, seed):
+def _vivaldi(src, dst, rtt, n_nodes, spring, seed):
     """Vivaldi (Dabek et al. 2004, Figure 3) on height vectors (section 5.4), replaying the
     samples in a fresh random order each round. A sample is one spring between i and j: it
     moves both, each by its share of the blame, w = e_i / (e_i + e_j), from the same
     pre-sample state (destinations are mostly ping targets, which never measure, so
     updating only the source would leave them at the origin)."""
+    dims, rounds, cc, ce, error0, h_min, floor = spring  # the settings, as one tuple
     np.random.seed(seed)
     x = np.zeros((n_nodes, dims))
     h = np.full(n_nodes, h_min)
@@ -314,8 +313,8 @@ def _fit_vivaldi(t: _Train, *, seed: int, rounds: int = VIVALDI_ROUNDS,
                  dims: int = VIVALDI_DIMS) -> Vivaldi:
     use = t.ok & (t.src != t.dst)  # a node's distance to itself teaches nothing
     src, dst = t.src[use], t.dst[use]
-    x, h = _vivaldi(src, dst, t.rtt[use], t.n_nodes, dims, rounds, VIVALDI_CC, VIVALDI_CE,
-                    VIVALDI_ERROR0, VIVALDI_HEIGHT_MIN, RTT_FLOOR_MS, seed)
+    x, h = _vivaldi(src, dst, t.rtt[use], t.n_nodes, (dims, rounds, VIVALDI_CC, VIVALDI_CE,
+                    VIVALDI_ERROR0, VIVALDI_HEIGHT_MIN, RTT_FLOOR_MS), seed)
     _check_finite("vivaldi", x, h)
     trained = np.zeros(t.n_nodes, bool)
     trained[src] = trained[dst] = True
@@ -323,10 +322,11 @@ def _fit_vivaldi(t: _Train, *, seed: int, rounds: int = VIVALDI_ROUNDS,
 
 
 @njit(cache=True)
-def _sgd_factorize(src, dst, y, n_nodes, rank, epochs, lr, decay, reg, huber, init, seed):
+def _sgd_factorize(src, dst, y, n_nodes, sgd, seed):
     """Biased matrix factorization by SGD on squared error plus L2 (DMFSGD's update, with
     Koren et al.'s biases and a Huber clip on the residual), samples in a fresh random
     order each epoch. mu stays the mean of y; the rest starts near 0."""
+    rank, epochs, lr, decay, reg, huber, init = sgd  # the settings, as one tuple
     np.random.seed(seed)
     mu = y.mean()
     b, c = np.zeros(n_nodes), np.zeros(n_nodes)
@@ -360,8 +360,8 @@ def _fit_factorization(t: _Train, *, seed: int, rank: int = MF_RANK, epochs: int
                        huber: float = MF_HUBER) -> Factorization:
     src, dst = t.src[t.ok], t.dst[t.ok]
     y = np.log(np.maximum(t.rtt[t.ok], RTT_FLOOR_MS))
-    mu, b, c, u, v = _sgd_factorize(src, dst, y, t.n_nodes, rank, epochs, lr, decay, reg, huber,
-                                    MF_INIT, seed)
+    mu, b, c, u, v = _sgd_factorize(src, dst, y, t.n_nodes,
+                                    (rank, epochs, lr, decay, reg, huber, MF_INIT), seed)
     _check_finite("matrix_factorization", b, c, u, v)
     seen_src, seen_dst = np.zeros(t.n_nodes, bool), np.zeros(t.n_nodes, bool)
     seen_src[src] = seen_dst[dst] = True
