@@ -72,6 +72,14 @@ def test_eval_counts_every_query_and_target(run):
     assert written["rtt"] == report["rtt"]
     text = format_report(report)
     assert "matrix factorization" in text and "Vivaldi" in text and f"{n_q:,} RTT queries" in text
+    # a history bucket without replies prints "-", aligned in its column
+    r2 = json.loads(json.dumps(report))
+    for m in r2["rtt"].values():
+        m["by_history"][next(iter(m["by_history"]))]["median_rel"] = None
+    lines = format_report(r2).splitlines()
+    i = lines.index("median relative error by earlier measurements in the context")
+    table = lines[i + 1:i + 3 + len(r2["rtt"])]
+    assert len({len(line) for line in table}) == 1 and table[-1][22:31] == "        -"
 
 
 def test_eval_answers_equal_brute_force(run):

@@ -34,7 +34,8 @@ def format_report(r: dict) -> str:
     head = f"{'RTT prediction':<22}{'MAE ms':>9}{'med AE ms':>11}{'med rel':>9}{'p90 rel':>9}" \
            f"{'Brier':>8}{'covered':>9}"
     lines += [head, "-" * len(head)]
-    fmt = lambda v, spec: "-" if v is None else format(v, spec)
+    def fmt(v, spec):  # a missing value is "-", right-aligned in the column's width
+        return format(v, spec) if v is not None else format("-", ">" + spec.split(".")[0])
     for name, m in r["rtt"].items():
         lines.append(f"{LABELS.get(name, name):<22}{fmt(m['mae_ms'], '9.2f')}"
                      f"{fmt(m['median_ae_ms'], '11.2f')}{fmt(m['median_rel'], '9.3f')}"
