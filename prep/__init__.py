@@ -8,6 +8,7 @@ any edit to prep/ compiles the kernels afresh (~20 s once). Folders of other ver
 removed a day after they were last written. A NUMBA_CACHE_DIR set by the user wins.
 """
 
+import contextlib as _contextlib
 import hashlib as _hashlib
 import os as _os
 import shutil as _shutil
@@ -23,11 +24,9 @@ def _numba_cache_dir(here: _Path | None = None) -> str:
         h.update(p.name.encode() + b"\0" + p.read_bytes())
     current = here / "__pycache__" / f"numba-{h.hexdigest()[:16]}"
     for old in (here / "__pycache__").glob("numba-*"):
-        try:
+        with _contextlib.suppress(OSError):  # gone already: another process pruned it
             if old != current and _time.time() - old.stat().st_mtime > 86_400:
                 _shutil.rmtree(old, ignore_errors=True)
-        except OSError:  # gone already (another process pruned it)
-            pass
     return str(current)
 
 

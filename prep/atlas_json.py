@@ -58,6 +58,15 @@ _decode_raw_list = msgspec.json.Decoder(list[msgspec.Raw]).decode
 _FAST_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
+def _typed(decode, data):
+    """``decode(data)`` on the typed path, or None where that path does not take ``data``
+    (the caller then goes the stdlib way)."""
+    try:
+        return decode(data)
+    except _FAST_ERRORS:
+        return None
+
+
 class _Fast(list):
     """_Result structs of consecutive values of a file."""
 
@@ -110,21 +119,18 @@ def _line(line: bytes, path: Path, strict: bool, log: list, lineno: int, fast: b
 def _array_line(line: bytes) -> list | None:
     """The elements of a line that is one JSON array (UTF-8), the struct's as runs of
     structs and the others as the stdlib decodes them; None when the line is anything else."""
-    try:  # the common case: every element a result the struct takes as is
-        return [_Fast(_decode_result_list(line))]
-    except _FAST_ERRORS:
-        pass
-    try:
-        raws = _decode_raw_list(line)
-    except _FAST_ERRORS:
+    results = _typed(_decode_result_list, line)  # the common case: all results the struct takes
+    if results is not None:
+        return [_Fast(results)]
+    raws = _typed(_decode_raw_list, line)
+    if raws is None:
         return None
     items, run = [], _Fast()
     for raw in raws:
-        try:
-            run.append(_decode_result(raw))
+        r = _typed(_decode_result, raw)
+        if r is not None:
+            run.append(r)
             continue
-        except _FAST_ERRORS:
-            pass
         try:
             v = json.loads(bytes(raw).decode())
         except (ValueError, RecursionError):

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
-from prep.atlas_json import (MALFORMED, _DECODER, _FAST_ERRORS, _SKIP, _WS, _decode_lines,
+from prep.atlas_json import (MALFORMED, _DECODER, _SKIP, _WS, _decode_lines, _typed,
                              _decode_result, _decode_result_list, _Fast, _is_utf8, _line,
                              _opens_array)
 from prep.errors import InputError
@@ -112,28 +112,23 @@ def _results(path: Path, strict: bool, log: list, *, chunk: int = CHUNK, fast: b
                 done += (yield from _array(src, path, strict, log, done + 1, fast))
                 continue
             ascii_block = block.isascii()
-            if fast and ascii_block:
-                try:  # the common case: every line a result the struct takes as is
-                    run = _Fast(_decode_lines(block))
-                    if len(run) == block.count(b"\n") + (block[-1:] != b"\n"):  # no blank line
-                        yield run
-                        done += len(run)
-                        continue
-                except _FAST_ERRORS:
-                    pass
+            if fast and ascii_block:  # the common case: every line a result the struct takes
+                run = _typed(_decode_lines, block)
+                if run is not None and len(run) == block.count(b"\n") + (block[-1:] != b"\n"):
+                    yield _Fast(run)  # (and no blank line)
+                    done += len(run)
+                    continue
             lines = block.split(b"\n")
             if not lines[-1]:  # the block ends with a newline
                 lines.pop()
             run, pos = _Fast(), 0
             for i, line in enumerate(lines):
                 utf8 = ascii_block or line.isascii() or _is_utf8(line)
-                if fast and utf8:
-                    try:
-                        run.append(_decode_result(line))
-                        pos += len(line) + 1
-                        continue
-                    except _FAST_ERRORS:
-                        pass
+                r = _typed(_decode_result, line) if fast and utf8 else None
+                if r is not None:
+                    run.append(r)
+                    pos += len(line) + 1
+                    continue
                 if run:
                     yield run
                     run = _Fast()
@@ -246,15 +241,12 @@ def _window(part: bytes, stop: int, starts: list, stops: list):
     ``part[starts[i]:stops[i]]``. Returns (the values read, the offset in ``part`` of the
     first value to leave to _json_array (not UTF-8, not JSON), or -1)."""
     ascii_part = part.isascii()
-    if ascii_part:
-        try:  # the common case: every value a result the struct takes as is
-            values = _Fast(_decode_result_list(b"[" + part[:stop] + b"]"))
-        except _FAST_ERRORS:
-            pass
-        else:
-            if values:
-                yield values
-            return len(values), -1
+    # the common case: every value a result the struct takes as is
+    values = _typed(_decode_result_list, b"[" + part[:stop] + b"]") if ascii_part else None
+    if values is not None:
+        if values:
+            yield _Fast(values)
+        return len(values), -1
     run, n, bad = _Fast(), 0, -1
     for i, j in zip(starts, stops):
         v = part[i:j]
@@ -263,12 +255,11 @@ def _window(part: bytes, stop: int, starts: list, stops: list):
         if not (ascii_part or v.isascii() or _is_utf8(v)):
             bad = i  # _json_array tells a value that is not UTF-8
             break
-        try:
-            run.append(_decode_result(v))
+        r = _typed(_decode_result, v)
+        if r is not None:
+            run.append(r)
             n += 1
             continue
-        except _FAST_ERRORS:
-            pass
         try:
             v = json.loads(v.decode())
         except (ValueError, RecursionError):  # not one JSON value

@@ -97,15 +97,21 @@ def test_byte_order_mark_is_accepted(tmp_path, monkeypatch, chunk):
     assert sorted(prb_ids(tmp_path / "o")) == [1, 2, 3, 4, 5]
 
 
-def test_a_non_utf8_line_is_one_rejected_row(tmp_path):
-    src = tmp_path / "d.jsonl.bz2"
-    bad = b'{"prb_id": 9, "note": "\xff"}'
-    src.write_bytes(bz2.compress(b"\n".join([j(result(1)).encode(), bad, j(result(2)).encode(), b""])))
+def only_the_bad_value_rejected(src, tmp_path) -> str:
+    """Import ``src``, results 1 and 2 around one bad value: that value is the one rejected
+    row. Returns the first line on stderr."""
     res, s = atlas_run(src, "--out", tmp_path / "o")
     assert res.exit_code == 0, res.output
     assert counts(s) == (3, 3, 2, {"malformed_json": 1})
     assert prb_ids(tmp_path / "o") == [1, 2]
-    assert res.stderr.splitlines()[0] == \
+    return res.stderr.splitlines()[0]
+
+
+def test_a_non_utf8_line_is_one_rejected_row(tmp_path):
+    src = tmp_path / "d.jsonl.bz2"
+    bad = b'{"prb_id": 9, "note": "\xff"}'
+    src.write_bytes(bz2.compress(b"\n".join([j(result(1)).encode(), bad, j(result(2)).encode(), b""])))
+    assert only_the_bad_value_rejected(src, tmp_path) == \
         f"{src}:2: malformed JSON (not UTF-8: invalid start byte 0xff at column 24), rejected"
 
     res = CliRunner().invoke(main, ["import-atlas", str(src), "--out", str(tmp_path / "s"), "--strict"])
@@ -120,11 +126,7 @@ def test_a_non_utf8_array_element_is_one_rejected_row(tmp_path, monkeypatch, chu
     src = tmp_path / "a.json"
     src.write_bytes(b"[" + j(result(1)).encode() + b',\n{"prb_id": 9, "note": "\xfe\xff"},'
                     + j(result(2)).encode() + b"]")
-    res, s = atlas_run(src, "--out", tmp_path / "o")
-    assert res.exit_code == 0, res.output
-    assert counts(s) == (3, 3, 2, {"malformed_json": 1})
-    assert prb_ids(tmp_path / "o") == [1, 2]
-    assert res.stderr.splitlines()[0] == \
+    assert only_the_bad_value_rejected(src, tmp_path) == \
         f"{src}:2: malformed JSON (result 2 of an array is not UTF-8 text), rejected"
 
 
