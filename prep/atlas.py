@@ -94,7 +94,7 @@ from prep.atlas_json import MALFORMED, _Fast
 from prep.atlas_read import _results
 from prep.atlas_rows import SCHEMA, _convert, _convert_fast, _Mode, _Rows
 from prep.errors import InputError
-from prep.validate import find_files, validate_rows
+from prep.validate import find_files, format_rejected, validate_rows
 
 BATCH = 65_536  # rows per parquet write (a row group: rows BATCH*i .. BATCH*(i+1)-1 before validation)
 SUFFIXES = (".json", ".jsonl", ".ndjson", ".bz2", ".gz")
@@ -288,7 +288,7 @@ def _nothing_written(files: list[Path], results: int, rejected: dict, out: Path)
     if not results:
         why = f"{where} hold{'s' if len(files) == 1 else ''} no JSON values"
     else:
-        top = ", ".join(f"{k} {v:,}" for k, v in sorted(rejected.items(), key=lambda kv: -kv[1])[:3])
+        top = format_rejected(rejected, top=3)
         why = (f"all {results:,} values" if results > 1 else "the one value") + f" read from {where} were rejected ({top})"
         if rejected.get("malformed_json", 0) + rejected.get("not_a_result", 0) >= sum(rejected.values()) / 2:
             why += "; are these RIPE Atlas ping results (JSON from the results API or a daily dump)?"
@@ -350,7 +350,7 @@ def import_atlas(cfg: AtlasConfig) -> dict:
                "per_packet": cfg.per_packet, "source": cfg.source, "errors": cfg.errors,
                "elapsed_s": round(elapsed, 3),
                "results_per_s": round(results_read / max(elapsed, 1e-9), 1)}
-    why = ", ".join(f"{k} {v:,}" for k, v in summary["rejected"].items()) or "none"
+    why = format_rejected(summary["rejected"])
     print(f"import-atlas: {results_read:,} results from {len(files)} files -> "
           f"{rows_written:,} rows in {cfg.out} | rejected {sum(rejected.values()):,} ({why}) | "
           f"{elapsed:.1f}s, {summary['results_per_s']:,.0f} results/s on {procs} "

@@ -25,7 +25,7 @@ from prep.bucket import ShardsConfig
 from prep.errors import InputError
 from prep.manifest import SPLITS
 from prep.splits import TIME_RULES, format_time
-from prep.validate import open_parquet
+from prep.validate import format_rejected, open_parquet
 
 UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
 
@@ -64,8 +64,7 @@ def check_not_empty(out: Path, manifest: dict) -> None:
     if not c["rows_in"]:
         why = "the inputs hold no rows"
     elif not c["measurements_accepted"]:
-        top = ", ".join(f"{k} {v:,}" for k, v in sorted(
-            c["rows_rejected"].items(), key=lambda kv: -kv[1])[:3])
+        top = format_rejected(c["rows_rejected"], top=3)
         why = (f"all {c['rows_in']:,} measurements were rejected ({top}); `prep import-atlas` "
                "writes only rows that pass these checks")
     elif n:
@@ -159,7 +158,7 @@ def summary(manifest: dict) -> dict:
 
 
 def format_summary(s: dict) -> str:
-    rej = ", ".join(f"{k} {v:,}" for k, v in s["rejected_by_reason"].items()) or "none"
+    rej = format_rejected(s["rejected_by_reason"])
     rows = s["rows"]["train"] + s["rows"]["test"]
     sp = s["split"]
     if sp["test_from"] is None:

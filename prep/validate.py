@@ -298,6 +298,13 @@ BATCH_ROWS = 1 << 18  # rows validated at once: with a row group, bounds pass 1'
 _ADDR_CACHE: dict = {}  # per process: each distinct address text parsed once, across files
 
 
+def format_rejected(rejected: dict[str, int], top: int | None = None) -> str:
+    """Rejection counts for people: "reason n, ..." in the order given, or the ``top``
+    largest first; "none" when there are none."""
+    items = sorted(rejected.items(), key=lambda kv: -kv[1])[:top] if top else rejected.items()
+    return ", ".join(f"{k} {v:,}" for k, v in items) or "none"
+
+
 def validated_batches(path: str | Path, row_groups: list[int] | None = None, *,
                       batch_rows: int = BATCH_ROWS) -> Iterator[Batch]:
     """Validated batches of at most ``batch_rows`` rows of one parquet file (of its
