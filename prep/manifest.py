@@ -91,7 +91,11 @@ def load_manifest(shards_dir: str | os.PathLike) -> dict:
     if not d.is_dir():
         raise InputError(f"{d}: no such folder; {fix}")
     if not path.is_file():
-        raise InputError(f"{d}: no {MANIFEST_NAME}, so not a finished dataset; {fix}")
+        from prep import sniff  # a folder of something else: name the command that takes it
+
+        kind = sniff.kind(d)
+        hint = sniff.advice(d, kind, "train") if kind.startswith("folder:") or kind == "run" else None
+        raise InputError(hint or f"{d}: no {MANIFEST_NAME}, so not a finished dataset; {fix}")
     try:
         m = json.loads(path.read_text())
     except (OSError, ValueError) as e:

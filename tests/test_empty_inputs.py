@@ -126,3 +126,15 @@ def test_train_on_a_split_without_rows_is_one_line(tmp_path):
     assert fails(train, "--data", d, "--run-dir", tmp_path / "r", "--steps", "1") == (
         f"error: {d}: no train rows (its manifest.json lists none); rebuild the dataset with "
         "`prep shards` from more measurements")
+
+
+def test_train_on_a_folder_of_parquet_names_prep_shards(tmp_path):
+    (tmp_path / "pq").mkdir()
+    pq.write_table(SCHEMA.empty_table(), tmp_path / "pq" / "m.parquet")
+    assert fails(train, "--data", tmp_path / "pq", "--run-dir", tmp_path / "r", "--steps", "1") == (
+        f"error: {tmp_path}/pq holds parquet measurements; `prep shards {tmp_path}/pq --out "
+        "shards` makes training shards of it")
+    (tmp_path / "new").mkdir()
+    assert fails(train, "--data", tmp_path / "new", "--run-dir", tmp_path / "r", "--steps", "1") == (
+        f"error: {tmp_path}/new: no manifest.json, so not a finished dataset; run `prep shards "
+        f"INPUT --out {tmp_path}/new` to build it")
