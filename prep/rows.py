@@ -133,9 +133,14 @@ class Block:
     fits: np.ndarray  # bool[n_records]: the record has record_size(row_len) bytes
     index: np.ndarray  # int64[n_rows]: the record each row came from
     header_ok: np.ndarray  # bool[n_rows]: magic, format version and row_len as expected
-    n_segments: np.ndarray  # int64[n_rows]: the header's segment count
     tokens: np.ndarray  # uint16[n_rows, row_len] (a view of the joined records)
     segment_ids: np.ndarray  # uint8[n_rows, row_len]
+    headers: np.ndarray  # uint8[n_rows, HEADER_SIZE] (a view)
+
+    @property
+    def n_segments(self) -> np.ndarray:
+        """int64[n_rows]: the header's segment count (verify's; the reader needs none)."""
+        return self.headers[:, 8:10].view("<u2")[:, 0].astype(np.int64)
 
     @property
     def sound(self) -> bool:
@@ -159,9 +164,8 @@ def decode_block(records: list[bytes], row_len: int) -> Block:
     block = np.frombuffer(joined, np.uint8).reshape(len(index), size)
     prefix = np.frombuffer(_HEADER.pack(MAGIC, ROW_FORMAT_VERSION, row_len, 0)[:8], np.uint8)
     return Block(fits, index, header_ok=(block[:, :8] == prefix).all(axis=1),
-                 n_segments=block[:, 8:10].view("<u2")[:, 0].astype(np.int64),
                  tokens=block[:, HEADER_SIZE:HEADER_SIZE + 2 * row_len].view("<u2"),
-                 segment_ids=block[:, HEADER_SIZE + 2 * row_len:])
+                 segment_ids=block[:, HEADER_SIZE + 2 * row_len:], headers=block[:, :HEADER_SIZE])
 
 
 def positions(segment_ids: np.ndarray) -> np.ndarray:

@@ -156,7 +156,8 @@ class RowReader:
         bounds = np.cumsum([0] + [len(ArrayRecordDataSource([p])) for p in self.paths])
         for rec, key in zip(records, keys):
             shard = int(np.searchsorted(bounds, key, side="right")) - 1
-            rows_lib.check_record(rec, self.row_len, where=f"{self.paths[shard]}#{int(key) - bounds[shard]}")
+            where = f"{self.paths[shard]}#{int(key) - bounds[shard]}"
+            rows_lib.check_record(rec, self.row_len, where=where)
         raise AssertionError("unreachable: a bad record was detected but not found")
 
 
