@@ -1,13 +1,14 @@
 """Token costs: what a measurement costs in tokens, which the tokenizer writes and the
 planner and the packer count on. The one place these sizes live.
 
-A measurement is MEASUREMENT_START, then four blocks in a seeded order:
+A measurement is MEASUREMENT_START, then its blocks in a seeded order (prep.vocab):
 
     block          tokens
     source         ADDR[4] = 5 (family token + 4 bytes) or ADDR[6] = 17 (+ 16 bytes)
     destination    the same, of the same family
     result         RESULT_OK = 3 (header + 2 RTT tokens) or RESULT_FAILED = 1
     timestamp      TS_LEN[kind]: none 0, DELTA1 2, DELTA4 5, absolute 9 (``TS_ABS``)
+    value field k  1 + its width (``VALUE_TOKENS`` in all; none in this vocabulary)
 
 so its body (no timestamp) is 14 (IPv4 reply), 12 (IPv4 failed), 38 and 36 (IPv6).
 
@@ -31,14 +32,19 @@ every module of prep/: after an edit anywhere in prep/ the kernels compile afres
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
+
+from prep.vocab import VALUE_FIELDS
 
 START = 1  # MEASUREMENT_START
 ADDR4, ADDR6 = 5, 17  # an address block of each family
 RESULT_OK, RESULT_FAILED = 3, 1
 TS_NONE, TS_DELTA1, TS_DELTA4, TS_ABS = 0, 2, 5, 9
 TS_LEN = (TS_NONE, TS_DELTA1, TS_DELTA4, TS_ABS)  # by timestamp kind: 0 none .. 3 absolute
-BASE4, BASE6 = START + 2 * ADDR4, START + 2 * ADDR6  # a measurement without its result
+VALUE_TOKENS = sum(1 + f.width for f in VALUE_FIELDS)  # the value fields' blocks, together
+# a measurement without its result and timestamp
+BASE4, BASE6 = START + 2 * ADDR4 + VALUE_TOKENS, START + 2 * ADDR6 + VALUE_TOKENS
 
 
 def body(family: int, failed: bool) -> int:
@@ -52,29 +58,32 @@ SMALLEST_BODY = min(FAILED_BODIES)  # the smallest piece there is: a gap below i
 MAX_MEASUREMENT = BASE6 + RESULT_OK + TS_ABS  # 47: IPv6, a reply, an absolute timestamp
 
 BACKOFF = 3  # the planner may end a context up to this many measurements early (fillable)
-FILLABLE_FROM = 102  # every even gap from here on is a sum of the bodies
+GAP_TABLE = 4096  # gaps from here on count as fillable (rows are 1024 tokens by default)
 
 
-def _unfillable() -> int:
-    """Bit h set: the even gap 2h (< FILLABLE_FROM) is no sum of successful bodies plus at
-    most one failed body. Checked at import: from FILLABLE_FROM on, every even gap is."""
-    a, b = OK_BODIES
+def _fillable_table() -> np.ndarray:
+    """FILLABLE[g]: the gap g, or g - 1, is a sum of successful bodies plus at most one
+    failed body (a gap may end at 1: with even bodies, an odd gap always does)."""
+    made = np.zeros(GAP_TABLE + 1, bool)
+    made[0] = True
+    for a in OK_BODIES:  # unbounded knapsack over the successful bodies
+        for t in range(a, GAP_TABLE + 1):
+            made[t] |= made[t - a]
+    one_failed = made.copy()
+    for e in FAILED_BODIES:
+        one_failed[e:] |= made[:-e]
+    fill = one_failed.copy()
+    fill[1:] |= one_failed[:-1]
+    return fill[:GAP_TABLE]
 
-    def makeable(t: int) -> bool:
-        return any((t - e - a * i) % b == 0 for e in (0, *FAILED_BODIES)
-                   for i in range(t // a + 1) if t - e - a * i >= 0)
 
-    if not all(makeable(t) for t in range(FILLABLE_FROM, FILLABLE_FROM + 2 * a * b, 2)):
-        raise AssertionError("FILLABLE_FROM is too small for these body sizes")
-    return sum(1 << (t // 2) for t in range(0, FILLABLE_FROM, 2) if not makeable(t))
-
-
-UNFILLABLE = _unfillable()  # 0x40810e1c39f3e for bodies 14, 38, 12, 36
+FILLABLE = _fillable_table()
+# The last gap that is not fillable, plus one (0x40810e1c39f3e was its bit table, for 14, 38,
+# 12 and 36: every gap from 102 on is fillable).
+FILLABLE_FROM = int(np.flatnonzero(~FILLABLE)[-1]) + 1 if not FILLABLE.all() else 0
 
 
 @njit(cache=True, inline="always")
 def fillable(gap):
-    """Whether untimestamped pieces of the common sizes can fill ``gap`` tokens to at most 1
-    (an odd gap ends at 1: bodies are even)."""
-    h = (gap & ~1) >> 1
-    return h >= FILLABLE_FROM // 2 or ((UNFILLABLE >> h) & 1) == 0
+    """Whether untimestamped pieces of the common sizes can fill ``gap`` tokens to at most 1."""
+    return gap >= GAP_TABLE or FILLABLE[max(gap, 0)]

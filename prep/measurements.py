@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import pyarrow as pa
 
+from prep.vocab import VALUE_FIELDS
+
 HASHED_KEY_BIT = np.uint64(1 << 63)  # probe keys derived from src_addr have the top bit set
 
 
@@ -56,6 +58,13 @@ class Measurements:
         """The columns as one ``Columns`` namedtuple: how the Numba kernels take them."""
         return Columns(*(getattr(self, k) for k in FIELDS))
 
+    def values(self) -> np.ndarray:
+        """uint64[K, n]: the value fields' columns (prep.vocab.VALUE_FIELDS), in that order."""
+        out = np.empty((len(VALUE_FIELDS), len(self)), np.uint64)
+        for k, f in enumerate(VALUE_FIELDS):
+            out[k] = getattr(self, f.name)
+        return out
+
 
 DTYPES = {f.name: f.metadata["dtype"] for f in fields(Measurements)}
 # The fields in order. Sorting by all of them, in this order, is the total order that
@@ -64,6 +73,9 @@ FIELDS = tuple(DTYPES)
 # The columns as one argument of a Numba kernel (prep.kernel, prep.planner_kernels): a
 # namedtuple of arrays, read by field name (``cols.rtt[i]``).
 Columns = namedtuple("Columns", FIELDS)
+for _f in VALUE_FIELDS:
+    if DTYPES.get(_f.name, np.dtype(np.float64)).kind != "u":
+        raise TypeError(f"value field {_f.name!r} needs a Measurements column of an unsigned dtype")
 ARROW_SCHEMA = pa.schema([(k, pa.from_numpy_dtype(v)) for k, v in DTYPES.items()])
 
 

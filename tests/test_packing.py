@@ -44,7 +44,9 @@ def test_free_rows_fill_the_others_exactly():
 def test_costs_are_derived_from_the_block_sizes():
     assert (costs.OK_BODIES, costs.FAILED_BODIES) == ((14, 38), (12, 36))
     assert (costs.SMALLEST_BODY, costs.MAX_MEASUREMENT) == (12, 47)
-    assert costs.UNFILLABLE == 0x40810e1c39f3e  # the table written out by hand before
+    # the bit table written out by hand before: bit h set = the even gap 2h is not fillable
+    assert sum(1 << (t // 2) for t in range(0, 102, 2) if not costs.FILLABLE[t]) == 0x40810e1c39f3e
+    assert costs.FILLABLE_FROM == 102 and costs.FILLABLE[102:].all()
 
 
 def test_fillable_gaps():
