@@ -73,9 +73,11 @@ FIELDS = tuple(DTYPES)
 # The columns as one argument of a Numba kernel (prep.kernel, prep.planner_kernels): a
 # namedtuple of arrays, read by field name (``cols.rtt[i]``).
 Columns = namedtuple("Columns", FIELDS)
-for _f in VALUE_FIELDS:
-    if DTYPES.get(_f.name, np.dtype(np.float64)).kind != "u":
-        raise TypeError(f"value field {_f.name!r} needs a Measurements column of an unsigned dtype")
+for _f in VALUE_FIELDS:  # its column holds every value of its width
+    _dt = DTYPES.get(_f.name, np.dtype(np.float64))
+    if _dt.kind != "u" or _dt.itemsize < _f.width:
+        raise TypeError(f"value field {_f.name!r} needs a Measurements column of an unsigned "
+                        f"dtype of at least {_f.width} bytes")
 ARROW_SCHEMA = pa.schema([(k, pa.from_numpy_dtype(v)) for k, v in DTYPES.items()])
 
 

@@ -21,6 +21,10 @@ Rejection reasons, checked in this order (a row is counted under the first that 
     rtt_out_of_range    rtt above RTT_MAX_MS, the largest RTT the token encoding holds (~50.9 days)
     bad_prb_id          prb_id is negative, or an unsigned value of 2**63 or more (null is fine:
                         the key falls back to src_addr)
+    bad_<field>         a value field's column (prep.vocab.VALUE_FIELDS; none in this vocabulary)
+                        is null, negative, or too big for its ``width`` bytes
+
+A value field's column is required, under its own name, of an integer type.
 
 Invariant, for every call: rows in == accepted rows + sum(rejected.values()).
 
@@ -44,11 +48,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prep.errors import InputError, first_line
-from prep.measurements import Measurements, addr_words, empty, stable_key
+from prep.measurements import DTYPES, Measurements, addr_words, empty, stable_key
+from prep.vocab import VALUE_FIELDS
 
 REASONS = ("missing_timestamp", "time_out_of_range", "empty_src_addr", "invalid_src_addr",
            "empty_dst_addr", "invalid_dst_addr", "bad_ip_version", "family_mismatch", "bad_rtt",
-           "rtt_out_of_range", "bad_prb_id")
+           "rtt_out_of_range", "bad_prb_id") + tuple(f"bad_{f.name}" for f in VALUE_FIELDS)
 # Accepted event_time, Unix seconds: 1970-01-01 <= t < 2100-01-01 UTC. No ping predates Unix
 # time, and a value outside is a unit mistake (milliseconds read as seconds land near the
 # year 55,000) or a sentinel, not a measurement. Inside, a time is a non-negative number
@@ -60,7 +65,8 @@ TIME_MIN, TIME_MAX = 0, 4_102_444_800
 # finite RTT near the float maximum becomes inf in µs, which the kernel cannot encode at all.
 RTT_MAX_MS = 2047 * 2**31 / 1000
 _I64_MAX = 2**63 - 1
-REQUIRED = ("event_time", "src_addr", "dst_addr", "ip_version", "rtt")
+REQUIRED = ("event_time", "src_addr", "dst_addr", "ip_version", "rtt") + tuple(
+    f.name for f in VALUE_FIELDS)
 _CACHE_LIMIT = 2_000_000  # distinct addresses kept between batches; bounds memory
 _UNIT_DIV = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 
@@ -160,6 +166,7 @@ def _resolve_columns(schema: pa.Schema, source: str) -> dict[str, str]:
         "ip_version": (pa.types.is_integer, "an integer (4 or 6)"),
         "rtt": (lambda t: pa.types.is_floating(t) or pa.types.is_integer(t), "a float in ms"),
         "prb_id": (pa.types.is_integer, "an integer"),
+        **{f.name: (pa.types.is_integer, "an integer") for f in VALUE_FIELDS},
     }
     for ours, theirs in cols.items():
         t = schema.field(theirs).type
@@ -259,6 +266,9 @@ def validate_rows(table: pa.Table, *, source: str, _cache: dict | None = None
         rtt > RTT_MAX_MS,
         ~prb_null & (prb < 0),
     ]
+    values = [_ints(table.column(cols[f.name]), np.int64, over=-1) for f in VALUE_FIELDS]
+    checks += [null | (v < 0) | (v >= 1 << min(8 * f.width, 63))
+               for f, (v, null) in zip(VALUE_FIELDS, values)]
     code = np.zeros(n, np.uint8)
     for i in range(len(checks) - 1, -1, -1):  # reverse, so the first reason that applies wins
         code[checks[i]] = i + 1
@@ -273,7 +283,8 @@ def validate_rows(table: pa.Table, *, source: str, _cache: dict | None = None
         probe = np.where(prb_null, keys[s_idx], probe)
     m = Measurements(probe=probe[keep], time=time[keep], family=s_fam[keep].astype(np.uint8),
                      src_hi=s_hi[keep], src_lo=s_lo[keep], dst_hi=d_hi[keep], dst_lo=d_lo[keep],
-                     rtt=rtt[keep])
+                     rtt=rtt[keep], **{f.name: v[keep].astype(DTYPES[f.name])
+                                       for f, (v, _) in zip(VALUE_FIELDS, values)})
     return keep, m, rejected
 
 
