@@ -1,7 +1,7 @@
 """Packing: our offline packer beside pad-to-crop and Grain's online packers, same contexts.
 
 Metrics (``packing.*``): ``padding_fraction``, ``rows_over_lower_bound``, ``contexts_per_s``
-on the built-in data through the real pipeline (``prep synth`` of ``SYNTH_ROWS`` measurements
+on the built-in data through the real pipeline (``prep synth`` of ``bench.workloads.SYNTH_ROWS`` measurements
 with the Makefile's probes/days/seed into a temp dir -> prep.validate.read_validated ->
 prep.contexts.plan_contexts with the default ContextConfig, seed 0), so
 ``data_is_plan_contexts`` is 1; ``busy_*`` on ``synthetic_contexts(busy=True)`` (every context
@@ -13,72 +13,13 @@ sample of the same lengths) and ``no_split_padding_fraction`` (whole-context bes
 from __future__ import annotations
 
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
-from numba import njit
+from bench.workloads import ROW_LEN, builtin_contexts, synthetic_contexts
+from prep import packing
 
-from prep import costs, packing
-
-ROW_LEN = 1024
 GRAIN_SAMPLE = 5_000  # Grain packs in Python at ~3k sequences/s here: a sample is enough
-SYNTH_ROWS = 3_000_000  # the Makefile's `prep synth` settings: 3M rows, 3000 probes, 2 days
-
-
-@njit(cache=True)
-def _synth(n_ctx, busy, seed, row_len):
-    """Contexts shaped like the tokenizer's output (body 12-38 tokens + 0/2/5/9 timestamp)."""
-    np.random.seed(seed)
-    cap = n_ctx * (70 if busy else 14) + 100
-    cost = np.empty(cap, np.int32)
-    has_ts = np.zeros(cap, np.bool_)
-    abs_extra = np.zeros(cap, np.int32)
-    starts = np.empty(n_ctx, np.int64)
-    ends = np.empty(n_ctx, np.int64)
-    n = 0
-    for c in range(n_ctx):
-        p6 = (0.0, 0.42, 1.0)[np.random.randint(3)]  # v4-only, dual-stack, v6-only probes
-        u = np.random.random()
-        mode = 0 if u < 0.4 else (1 if u < 0.7 else 2)  # full / partial / none
-        keep = 1.0 if mode == 0 else (0.1 + 0.8 * np.random.random() if mode == 1 else 0.0)
-        # sparse: 1-80 measurements, most contexts short (time-window cuts)
-        want = 1 << 30 if busy else min(80, 1 + int(np.random.exponential(10.0)))
-        if n + 200 > cost.shape[0]:
-            break
-        starts[c] = n
-        total = 0
-        first = True
-        for _ in range(want):
-            body = 38 if np.random.random() < p6 else 14
-            body -= 2 if np.random.random() < 0.17 else 0  # failed: FAILED instead of RTT
-            ts = np.random.random() < keep
-            t = 0
-            if ts:
-                t = 9 if first else (2 if np.random.random() < 0.9 else 5)
-            if total + body + t > row_len:  # end it as the planner does (prep.planner_kernels)
-                back = 0
-                while back < costs.BACKOFF and n - 1 > starts[c] and \
-                        not costs.fillable(row_len - total):
-                    n -= 1
-                    total -= cost[n]
-                    back += 1
-                break
-            cost[n] = body + t
-            has_ts[n] = ts
-            abs_extra[n] = 9 - t if ts else 0
-            if ts:
-                first = False
-            total += body + t
-            n += 1
-        ends[c] = n
-    return starts, ends, cost[:n], has_ts[:n], abs_extra[:n]
-
-
-def synthetic_contexts(n_ctx: int, *, busy: bool, seed: int = 0):
-    """(ctx_start, ctx_end, cost, has_ts, abs_extra) for ``n_ctx`` synthetic contexts."""
-    return _synth(n_ctx, busy, seed, ROW_LEN)
 
 
 def grain_padding(lengths: np.ndarray, *, best_fit: bool, num_bins: int,
@@ -97,21 +38,6 @@ def grain_padding(lengths: np.ndarray, *, best_fit: bool, num_bins: int,
         rows += 1
         real += int((ex["t_segment_ids"] > 0).sum())
     return (1 - real / (rows * row_len) if rows else 0.0), rows
-
-
-def builtin_contexts(rows: int = SYNTH_ROWS, *, probes: int = 3_000, days: int = 2,
-                     seed: int = 0):
-    """(ctx_start, ctx_end, cost, has_ts, abs_extra) of `prep synth` data, planned as
-    `prep shards` plans it (synth -> read_validated -> plan_contexts)."""
-    from prep.contexts import ContextConfig, plan_contexts
-    from prep.synth import SynthConfig, synth
-    from prep.validate import list_inputs, read_validated
-
-    with tempfile.TemporaryDirectory(prefix="bench_packing_") as tmp:
-        synth(SynthConfig(out=Path(tmp), rows=rows, probes=probes, days=days, seed=seed))
-        m, _, _ = read_validated(list_inputs([tmp]))
-    plan = plan_contexts(m, ContextConfig(), seed=0)
-    return plan.ctx_start, plan.ctx_end, plan.cost, plan.has_ts, plan.abs_extra
 
 
 def run() -> dict[str, float]:

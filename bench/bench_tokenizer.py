@@ -25,29 +25,11 @@ import numpy as np
 
 from prep import kernel, reference
 from prep.contexts import ContextConfig, plan_contexts
-from prep.measurements import Measurements
+from bench.workloads import atlas_like
 
 N = 1 << 20
 SEED = 0
 REFERENCE_MIN_MEASUREMENTS = 20_000
-
-
-def atlas_like(n: int, probes: int = 3000, seed: int = 0) -> Measurements:
-    rng = np.random.default_rng(seed)
-    probe = np.sort(rng.integers(1, 1_000_000, probes).astype(np.uint64))[rng.integers(0, probes, n)]
-    fam = np.where(rng.random(n) < 0.58, 4, 6).astype(np.uint8)
-    v6 = fam == 6
-
-    def words():
-        hi = np.where(v6, rng.integers(0, 2 ** 63, n, dtype=np.uint64) | np.uint64(0x2000 << 48), 0)
-        lo = np.where(v6, rng.integers(0, 2 ** 63, n, dtype=np.uint64), rng.integers(0, 2 ** 32, n))
-        return hi.astype(np.uint64), lo.astype(np.uint64)
-
-    (src_hi, src_lo), (dst_hi, dst_lo) = words(), words()
-    time_ = 1_700_000_000 + 240 * rng.integers(0, 20_000, n) + rng.integers(0, 5, n)
-    rtt = np.where(rng.random(n) < 0.17, -1.0, rng.lognormal(np.log(50), 0.9, n))
-    return Measurements(probe=probe, time=time_.astype(np.int64), family=fam, src_hi=src_hi,
-                        src_lo=src_lo, dst_hi=dst_hi, dst_lo=dst_lo, rtt=rtt)
 
 
 def best_of(k: int, fn) -> float:

@@ -224,7 +224,7 @@ def test_encode_pieces_rejects_a_piece_across_contexts():
 
 
 def test_encode_plan_into_a_given_buffer_writes_the_same_tokens():
-    from bench.bench_tokenizer import atlas_like
+    from bench.workloads import atlas_like
     from prep.contexts import ContextConfig, plan_contexts
 
     plan = plan_contexts(atlas_like(3000, probes=20, seed=3), ContextConfig(), 11)

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.bench_packing import synthetic_contexts
+from bench.workloads import synthetic_contexts
 from prep import costs, packing
 
 
@@ -145,7 +145,7 @@ def test_padding_targets(busy, n, max_padding):
 def builtin_small():
     # `prep synth` data at the Makefile's density (1000 measurements per probe over 2 days),
     # through the real pipeline: synth -> read_validated -> plan_contexts (~1 s)
-    from bench.bench_packing import builtin_contexts
+    from bench.workloads import builtin_contexts
 
     arrs = builtin_contexts(200_000, probes=200)
     total = int(packing.context_lengths(*arrs).sum())
