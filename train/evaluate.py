@@ -280,9 +280,7 @@ def _loss_fn(pred: P.Predictor):
 @functools.lru_cache(maxsize=4)
 def _compiled_loss(mcfg, att):
     def f(params, tokens, seg):
-        logits = model.forward(params, tokens, seg, mcfg, att)
-        targets, mask = model.targets_and_mask(tokens, seg)
-        ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
+        ce, logits, targets, mask = model.token_losses(params, tokens, seg, mcfg, att)
         return ce, (jnp.argmax(logits, axis=-1) == targets), mask
     return jax.jit(f)
 

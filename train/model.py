@@ -146,12 +146,18 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
 def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
              attention: attn.AttentionConfig = attn.AttentionConfig()) -> tuple[jax.Array, jax.Array]:
     """(sum of next-token cross-entropy over counted targets, number of counted targets)."""
-    tokens = batch["tokens"].astype(jnp.int32)
-    seg = batch["segment_ids"].astype(jnp.int32)
+    ce, _, _, mask = token_losses(params, batch["tokens"], batch["segment_ids"], cfg, attention)
+    return jnp.where(mask, ce, 0.0).sum(), mask.sum()
+
+
+def token_losses(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
+                 attention: attn.AttentionConfig = attn.AttentionConfig()):
+    """(next-token cross-entropy, logits, targets, mask) at every position of a batch: the
+    loss of training, of the eval during training and of `train eval`; count it where mask."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     logits = forward(params, tokens, seg, cfg, attention)
     targets, mask = targets_and_mask(tokens, seg)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    return jnp.where(mask, ce, 0.0).sum(), mask.sum()
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets), logits, targets, mask
 
 
 # --- FLOPs, for MFU ----------------------------------------------------------------------

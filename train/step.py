@@ -81,11 +81,8 @@ N_ROLES = 8  # prep.rowdecode.ROLES (7) and one spare
 def eval_step(params: dict, batch: dict, *, mcfg: ModelConfig, attention: AttentionConfig):
     """(loss sum, target count), each float32[N_ROLES] by ``batch["target_roles"]`` (the role
     of the token each position predicts; 0 where the rows are not measurement rows)."""
-    tokens = batch["tokens"].astype(jnp.int32)
-    seg = batch["segment_ids"].astype(jnp.int32)
-    logits = model.forward(params, tokens, seg, mcfg, attention)
-    targets, mask = model.targets_and_mask(tokens, seg)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    ce, _, _, mask = model.token_losses(params, batch["tokens"], batch["segment_ids"], mcfg,
+                                        attention)
     roles = batch["target_roles"].astype(jnp.int32).ravel()
     total = jax.ops.segment_sum(jnp.where(mask, ce, 0.0).ravel(), roles, N_ROLES)
     count = jax.ops.segment_sum(mask.ravel().astype(jnp.float32), roles, N_ROLES)
