@@ -4,8 +4,14 @@
 order. What comes back exactly: family, both addresses, failure; the timestamp of every
 measurement that carried one (the first is absolute, each later one adds its delta to
 the previous timestamped measurement). What comes back approximately: the RTT, as the
-centre of its 11-bit-mantissa bin (``rtt_ms``), and never below 1 µs. In ``partial`` and
-``none`` contexts the token order is shuffled, so measurements come back in that order.
+centre of its 11-bit-mantissa bin (``rtt_ms``), and never below 1 µs; the value fields
+(prep.vocab.VALUE_FIELDS) exactly, as ``values``. In ``partial`` and ``none`` contexts the
+token order is shuffled, so measurements come back in that order.
+
+The grammar comes from prep.vocab (``BLOCK_OF``, ``WIDTH_OF``, ``REQUIRED_BLOCKS``): a
+header token opens its block and announces its bytes, so a new value field is read here
+with no edit. ``push_byte`` (a block's bytes into two 64-bit words) is plain Python that
+prep.rowdecode compiles as it stands: one copy of the byte order for both readers.
 
 ``render`` prints tokens by name, one measurement a line, for eyeballing a row.
 """
@@ -26,6 +32,7 @@ class Decoded(NamedTuple):
     failed: bool
     rtt: float  # milliseconds; -1.0 when failed
     time: int | None  # Unix seconds, None where the measurement carried no timestamp
+    values: tuple = ()  # the value fields' integers, in prep.vocab.VALUE_FIELDS order
 
 
 class DecodeError(ValueError):
@@ -49,16 +56,44 @@ def rtt_ms(exponent: int, mantissa: int) -> float:
     return mantissa * 2.0 ** exponent / 1000.0
 
 
-def _bytes(tokens, pos: int, n: int) -> int:
+def push_byte(hi, lo, b):
+    """(hi, lo), the high and low 64-bit words of a big-endian number of up to 16 bytes,
+    with the byte ``b`` appended. Plain Python, also compiled by prep.rowdecode, where the
+    words are int64 holding their bits: one copy of the byte order for both readers."""
+    return (hi << 8) | ((lo >> 56) & 0xFF), ((lo & 0xFF_FFFF_FFFF_FFFF) << 8) | b
+
+
+def _block_words(tokens, pos: int, n: int) -> tuple[int, int]:
+    """(hi, lo) of the ``n`` byte tokens at ``pos`` (see push_byte)."""
     if pos + n > len(tokens):
         raise DecodeError("bad_bytes", pos, f"expected {n} bytes, the context ends")
-    value = 0
+    hi = lo = 0
     for t in tokens[pos:pos + n]:
         b = int(t) - V.BYTE_OFFSET
         if not 0 <= b < 256:
             raise DecodeError("bad_bytes", pos, f"expected a byte, got {V.token_name(int(t))}")
-        value = (value << 8) | b
-    return value
+        hi, lo = push_byte(hi, lo, b)
+    return hi, lo
+
+
+_BLOCK_OF, _WIDTH_OF = V.BLOCK_OF.tolist(), V.WIDTH_OF.tolist()
+_VALUE0 = V.N_BLOCKS - len(V.VALUE_FIELDS)  # the block of value field 0
+_BLOCK_NAMES = ("src", "dst", "result", "time") + tuple(f.name for f in V.VALUE_FIELDS)
+_REQUIRED = tuple(b for b in range(V.N_BLOCKS) if V.REQUIRED_BLOCKS >> b & 1)
+
+
+def _value(tok: int, block: int, width: int, hi: int, lo: int, prev: int | None):
+    """What the block that header ``tok`` opens says (its bytes read as ``hi``, ``lo``):
+    (family, hi, lo) of an address, (failed, rtt ms) of a result, the time, or the value."""
+    if block == V.BLOCK_SRC or block == V.BLOCK_DST:
+        return (4 if width == 4 else 6), hi, lo
+    if block == V.BLOCK_RESULT:
+        return (True, -1.0) if tok == V.FAILED else (False, rtt_ms(lo >> 11, lo & 0x7FF))
+    if tok == V.TIMESTAMP_ABS:
+        return lo - (1 << 64) if lo >= 1 << 63 else lo
+    if block == V.BLOCK_TIME:  # a delta: decode_context has checked there is a previous time
+        return prev + lo
+    return lo
 
 
 def decode_context(tokens) -> list[Decoded]:
@@ -72,45 +107,32 @@ def decode_context(tokens) -> list[Decoded]:
             raise DecodeError("no_start", pos,
                               f"expected MEASUREMENT_START, got {V.token_name(int(tokens[pos]))}")
         pos += 1
-        fields: dict = {}
+        blocks: dict = {}  # block → _value
         while pos < n and int(tokens[pos]) != V.MEASUREMENT_START:
             tok = int(tokens[pos])
             pos += 1
-            if tok in (V.SRC_IPV4, V.SRC_IPV6, V.DST_IPV4, V.DST_IPV6):
-                family = 4 if tok in (V.SRC_IPV4, V.DST_IPV4) else 6
-                value = _bytes(tokens, pos, 4 if family == 4 else 16)
-                pos += 4 if family == 4 else 16
-                name = "src" if tok in (V.SRC_IPV4, V.SRC_IPV6) else "dst"
-                fields[name] = (family, value >> 64, value & 0xFFFF_FFFF_FFFF_FFFF)
-            elif tok == V.RTT_START:
-                code = _bytes(tokens, pos, 2)
-                pos += 2
-                fields["result"] = (False, rtt_ms(code >> 11, code & 0x7FF))
-            elif tok == V.FAILED:
-                fields["result"] = (True, -1.0)
-            elif tok == V.TIMESTAMP_ABS:
-                u = _bytes(tokens, pos, 8)
-                pos += 8
-                fields["time"] = u - (1 << 64) if u >= 1 << 63 else u
-            elif tok in (V.TIMESTAMP_DELTA1, V.TIMESTAMP_DELTA4):
-                if prev is None:
-                    raise DecodeError("delta_first", pos - 1,
-                                      "a delta timestamp with no absolute one before it")
-                width = 1 if tok == V.TIMESTAMP_DELTA1 else 4
-                fields["time"] = prev + _bytes(tokens, pos, width)
-                pos += width
-            else:
+            block = _BLOCK_OF[tok] if 0 <= tok < V.VOCAB_SIZE else -1
+            if block < 0:
                 raise DecodeError("unexpected", pos - 1, f"unexpected {V.token_name(tok)}")
-        missing = {"src", "dst", "result"} - fields.keys()
+            if block == V.BLOCK_TIME and tok != V.TIMESTAMP_ABS and prev is None:
+                raise DecodeError("delta_first", pos - 1,
+                                  "a delta timestamp with no absolute one before it")
+            width = _WIDTH_OF[tok]
+            blocks[block] = _value(tok, block, width, *_block_words(tokens, pos, width), prev)
+            pos += width
+        missing = [_BLOCK_NAMES[b] for b in _REQUIRED if b not in blocks]
         if missing:
             raise DecodeError("incomplete", pos, f"measurement without {', '.join(sorted(missing))}")
-        if fields["src"][0] != fields["dst"][0]:
+        family, src_hi, src_lo = blocks[V.BLOCK_SRC]
+        dst_family, dst_hi, dst_lo = blocks[V.BLOCK_DST]
+        if family != dst_family:
             raise DecodeError("families_differ", pos, "source and destination families differ")
-        t = fields.get("time")
+        t = blocks.get(V.BLOCK_TIME)
         if t is not None:
             prev = t
-        (family, src_hi, src_lo), (_, dst_hi, dst_lo) = fields["src"], fields["dst"]
-        out.append(Decoded(family, src_hi, src_lo, dst_hi, dst_lo, *fields["result"], t))
+        values = tuple(blocks[b] for b in range(_VALUE0, V.N_BLOCKS))
+        out.append(Decoded(family, src_hi, src_lo, dst_hi, dst_lo, *blocks[V.BLOCK_RESULT], t,
+                           values))
     return out
 
 

@@ -11,7 +11,9 @@ the position in the row it refers to. The checks, in the order they are made:
 2. grammar (what prep.kernel writes), segment by segment, measurement by measurement: each
    block header is followed by its bytes inside the segment; a delta timestamp has an
    earlier timestamped measurement in its segment; no other token stands between blocks;
-   each measurement has a source, a destination and a result, of one family.
+   each measurement has a source, a destination and a result, of one family, and a block
+   of every value field. Which block a header opens and how many bytes follow it come
+   from prep.vocab (``BLOCK_OF``, ``WIDTH_OF``, ``REQUIRED_BLOCKS``), frozen into the kernel.
 
 Its plain-Python twin is ``check_rows_reference``: the layout checks above in numpy, then
 ``prep.decode.decode_context`` on every segment. The kernel is stricter than the twin in
@@ -46,6 +48,7 @@ INCOMPLETE = 10
 FAMILIES_DIFFER = 11
 DUPLICATE_BLOCK = 12
 
+_NEEDED = ("source", "destination", "result") + tuple(f.name for f in V.VALUE_FIELDS)
 LAYOUT_CODES = (EMPTY_ROW, PADDING_GAP, SEGMENT_ORDER, PADDING_TOKEN, PAST_VOCAB, NO_START)
 MESSAGES = {
     OK: "ok",
@@ -58,7 +61,7 @@ MESSAGES = {
     BAD_BYTES: "a block's bytes are missing or not bytes",
     DELTA_FIRST: "a delta timestamp with no absolute one before it",
     UNEXPECTED: "an unexpected token between blocks",
-    INCOMPLETE: "a measurement without source, destination or result",
+    INCOMPLETE: f"a measurement without {', '.join(_NEEDED[:-1])} or {_NEEDED[-1]}",
     FAMILIES_DIFFER: "source and destination families differ",
     DUPLICATE_BLOCK: "a measurement holds the same block twice",
 }
@@ -66,7 +69,9 @@ MESSAGES = {
 _MS = V.MEASUREMENT_START
 _B = V.BYTE_OFFSET
 _VOCAB = V.VOCAB_SIZE
-_SRC, _DST, _RESULT, _TIME = 1, 2, 4, 8  # bits of the blocks a measurement has seen
+_BLOCK_OF, _WIDTH_OF = V.BLOCK_OF, V.WIDTH_OF  # by token id; frozen into the kernel
+_REQUIRED = V.REQUIRED_BLOCKS
+_TIME_BIT = 1 << V.BLOCK_TIME
 
 
 @njit(cache=True, nogil=True)
@@ -140,45 +145,36 @@ def _segment(tok, a, b):
     pos = a
     while pos < b:
         pos += 1  # tok[pos] is MEASUREMENT_START: the inner loop stops only there or at b
-        seen = 0
+        seen = 0  # bits of the blocks this measurement has
         v6_src = v6_dst = False
         while pos < b and tok[pos] != _MS:
-            t = np.int64(tok[pos])
+            t = np.int64(tok[pos])  # below VOCAB_SIZE: the layout is sound
             pos += 1
-            if t == V.SRC_IPV4 or t == V.SRC_IPV6 or t == V.DST_IPV4 or t == V.DST_IPV6:
-                v6 = t == V.SRC_IPV6 or t == V.DST_IPV6
-                bit = _SRC if t == V.SRC_IPV4 or t == V.SRC_IPV6 else _DST
-                width = 16 if v6 else 4
-                if bit == _SRC:
-                    v6_src = v6
-                else:
-                    v6_dst = v6
-            elif t == V.RTT_START:
-                bit, width = _RESULT, 2
-            elif t == V.FAILED:
-                bit, width = _RESULT, 0
-            elif t == V.TIMESTAMP_ABS:
-                bit, width = _TIME, 8
-            elif t == V.TIMESTAMP_DELTA1 or t == V.TIMESTAMP_DELTA4:
-                if not have_ts:
-                    return DELTA_FIRST, pos - 1, 0
-                bit, width = _TIME, 1 if t == V.TIMESTAMP_DELTA1 else 4
-            else:
+            block = np.int64(_BLOCK_OF[t])
+            if block < 0:
                 return UNEXPECTED, pos - 1, 0
+            if block == V.BLOCK_TIME and t != V.TIMESTAMP_ABS and not have_ts:
+                return DELTA_FIRST, pos - 1, 0
+            bit = np.int64(1) << block
             if seen & bit:
                 return DUPLICATE_BLOCK, pos - 1, 0
             seen |= bit
+            width = np.int64(_WIDTH_OF[t])
+            if block == V.BLOCK_SRC:
+                v6_src = width == 16
+            elif block == V.BLOCK_DST:
+                v6_dst = width == 16
             if pos + width > b:
                 return BAD_BYTES, pos, 0
             for k in range(pos, pos + width):
-                if tok[k] < _B:
+                if np.uint64(np.int64(tok[k]) - _B) >= 256:  # not a byte
                     return BAD_BYTES, pos, 0
             pos += width
-        if (seen & 7) != 7:
+        if (seen & _REQUIRED) != _REQUIRED:
             return INCOMPLETE, pos, 0
         if v6_src != v6_dst:
             return FAMILIES_DIFFER, pos, 0
-        if seen & _TIME:
+        if seen & _TIME_BIT:
             have_ts = True
         n_meas += 1
     return OK, -1, n_meas

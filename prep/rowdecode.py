@@ -4,16 +4,19 @@
 one entry per measurement of every row, in (row, segment, token) order, with the row, the
 segment id, the measurement's index in its segment, where its tokens start and where its
 result block's header stands, and the measurement itself (family, addresses as two uint64
-words, failure, RTT code, time). It reads what the tokenizer writes and
+words, failure, RTT code, time, the value fields). It reads what the tokenizer writes and
 is held to ``prep.decode.decode_context`` segment by segment in tests/test_rowdecode.py.
 Rows are checked first with ``prep.grammar.check_rows``; a row that is not whole
-measurements is a ``RowFormatError`` naming it.
+measurements is a ``RowFormatError`` naming it. The grammar comes from prep.vocab
+(``BLOCK_OF``, ``WIDTH_OF``), and a block's bytes are read by ``prep.decode.push_byte``
+compiled here, so a new value field is read with no edit.
 
-``token_roles`` labels every token of a row with what it encodes (``ROLES``): the block
-markers (MEASUREMENT_START and the source, destination and timestamp headers), the
-source and destination address bytes, the timestamp bytes, the result choice (RTT_START
-or FAILED) and the two RTT bytes; 0 is padding. Evaluation reports the loss of the token
-at t + 1 by its role, so roles come from the grammar, not from guesses.
+``token_roles`` labels every token of a row with what it encodes (``ROLES``, from
+prep.vocab): the block markers (MEASUREMENT_START and the source, destination, timestamp
+and value field headers), the source and destination address bytes, the timestamp bytes,
+the result choice (RTT_START or FAILED), the two RTT bytes, then one role per value field
+for its bytes (``VALUE + k``, named by the field); 0 is padding. Evaluation reports the
+loss of the token at t + 1 by its role, so roles come from the grammar, not from guesses.
 
 Time: a measurement that carried no timestamp (``partial`` and ``none`` contexts) has
 ``has_time`` False and ``time`` 0. A measurement's RTT comes back as its code
@@ -29,11 +32,18 @@ from numba import njit
 
 from prep import grammar
 from prep import vocab as V
+from prep.decode import push_byte
 from prep.rows import RowFormatError
 
+ROLES = V.ROLES
 PAD, MARKER, SRC, DST, TIME, RESULT, RTT = range(7)
-ROLES = ("padding", "marker", "src", "dst", "timestamp", "result", "rtt")
+VALUE = 7  # the role of value field k's bytes is VALUE + k
+_K = len(V.VALUE_FIELDS)
+_VALUE0 = V.N_BLOCKS - _K  # the block of value field 0
 _B = V.BYTE_OFFSET
+_BLOCK_OF, _WIDTH_OF = V.BLOCK_OF, V.WIDTH_OF  # by token id; frozen into the kernel
+_BYTE_ROLE = np.array([SRC, DST, RTT, TIME] + [VALUE + k for k in range(_K)], np.uint8)  # by block
+assert len(ROLES) == VALUE + _K and len(_BYTE_ROLE) == V.N_BLOCKS
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,7 @@ class RowMeasurements:
     rtt_code: np.ndarray  # int32: EEEEEMMM MMMMMMMM, -1 = failed
     time: np.ndarray  # int64 Unix seconds, 0 where has_time is False
     has_time: np.ndarray  # bool
+    values: np.ndarray  # uint64[n, K]: the value fields, in prep.vocab.VALUE_FIELDS order
 
     def __len__(self) -> int:
         return len(self.row)
@@ -69,12 +80,7 @@ class RowMeasurements:
         return np.where(code < 0, -1.0, ms)
 
 
-@njit(cache=True, nogil=True)
-def _bytes_value(tok, pos, n):
-    v = np.uint64(0)
-    for k in range(pos, pos + n):
-        v = (v << np.uint64(8)) | np.uint64(tok[k] - _B)
-    return v
+_push_byte = njit(cache=True, nogil=True)(push_byte)
 
 
 @njit(cache=True, nogil=True)
@@ -96,6 +102,7 @@ def _decode(tokens, segment_ids, n_meas_per_row):
     rtt_code = np.zeros(n, np.int32)
     time = np.zeros(n, np.int64)
     has_time = np.zeros(n, np.bool_)
+    values = np.zeros((n, _K), np.uint64)
     roles = np.zeros((R, L), np.uint8)
     i = -1
     for r in range(R):
@@ -106,50 +113,38 @@ def _decode(tokens, segment_ids, n_meas_per_row):
         pos = 0
         while pos < L and seg[pos] != 0:
             t = np.int64(tok[pos])
-            role = MARKER
-            width = 0
-            if t == V.MEASUREMENT_START:
+            block = np.int64(_BLOCK_OF[t])  # check_rows vouched for the grammar
+            width = np.int64(_WIDTH_OF[t])
+            # the header is a marker, except the result choice; its bytes carry its block's role
+            roles[r, pos] = RESULT if block == V.BLOCK_RESULT else MARKER
+            role = _BYTE_ROLE[block] if block >= 0 else PAD
+            hi = lo = np.int64(0)  # the bytes as two words (int64 holding their bits)
+            for q in range(pos + 1, pos + 1 + width):
+                hi, lo = _push_byte(hi, lo, np.int64(tok[q]) - _B)
+                roles[r, q] = role
+            if block < 0:  # MEASUREMENT_START
                 i += 1
                 if seg[pos] != prev_seg:
                     prev_seg = seg[pos]
                     k = 0
                 row[i], segment[i], index[i], start[i] = r, seg[pos], k, pos
                 k += 1
-            elif t == V.SRC_IPV4 or t == V.SRC_IPV6:
-                width = 4 if t == V.SRC_IPV4 else 16
-                family[i] = 4 if t == V.SRC_IPV4 else 6
-                role = SRC
-                src_hi[i] = _bytes_value(tok, pos + 1, width - 8) if width == 16 else np.uint64(0)
-                src_lo[i] = _bytes_value(tok, pos + 1 + width - min(width, 8), min(width, 8))
-            elif t == V.DST_IPV4 or t == V.DST_IPV6:
-                width = 4 if t == V.DST_IPV4 else 16
-                role = DST
-                dst_hi[i] = _bytes_value(tok, pos + 1, width - 8) if width == 16 else np.uint64(0)
-                dst_lo[i] = _bytes_value(tok, pos + 1 + width - min(width, 8), min(width, 8))
-            elif t == V.RTT_START:
-                width, role = 2, RTT
+            elif block == V.BLOCK_SRC:
+                family[i] = 4 if width == 4 else 6
+                src_hi[i], src_lo[i] = np.uint64(hi), np.uint64(lo)
+            elif block == V.BLOCK_DST:
+                dst_hi[i], dst_lo[i] = np.uint64(hi), np.uint64(lo)
+            elif block == V.BLOCK_RESULT:
                 result_pos[i] = pos
-                rtt_code[i] = np.int32(_bytes_value(tok, pos + 1, 2))
-            elif t == V.FAILED:
-                role = RESULT
-                result_pos[i] = pos
-                rtt_code[i] = -1
-            else:  # a timestamp header (check_rows vouched for the grammar)
-                role = TIME
-                if t == V.TIMESTAMP_ABS:
-                    width = 8
-                    prev_t = np.int64(_bytes_value(tok, pos + 1, 8))
-                else:
-                    width = 1 if t == V.TIMESTAMP_DELTA1 else 4
-                    prev_t += np.int64(_bytes_value(tok, pos + 1, width))
+                rtt_code[i] = np.int32(lo) if width else -1  # FAILED has no bytes
+            elif block == V.BLOCK_TIME:
+                prev_t = lo if t == V.TIMESTAMP_ABS else prev_t + lo
                 time[i], has_time[i] = prev_t, True
-            # the header is a marker, except the result choice; its bytes carry the role
-            roles[r, pos] = RESULT if (t == V.RTT_START or t == V.FAILED) else MARKER
-            for q in range(pos + 1, pos + 1 + width):
-                roles[r, q] = role
+            else:
+                values[i, block - _VALUE0] = np.uint64(lo)
             pos += 1 + width
     return (row, segment, index, start, result_pos, family, src_hi, src_lo, dst_hi, dst_lo,
-            rtt_code, time, has_time, roles)
+            rtt_code, time, has_time, values, roles)
 
 
 def _checked(tokens, segment_ids, where: str):

@@ -93,6 +93,14 @@ def _grammar() -> tuple[np.ndarray, np.ndarray]:
 
 BLOCK_OF, WIDTH_OF = _grammar()  # by token id: the block a header opens (-1: none), its bytes
 
+# What a token encodes (prep.rowdecode.token_roles; evaluation reports loss by role): 0
+# padding, the block markers, the address bytes, the timestamp bytes, the result choice
+# (RTT_START or FAILED), the RTT bytes, then the bytes of each value field, by its name.
+ROLES = (("padding", "marker", "src", "dst", "timestamp", "result", "rtt")
+         + tuple(f.name for f in VALUE_FIELDS))
+if len(set(ROLES)) != len(ROLES):
+    raise ValueError(f"a value field is named like another role: {ROLES}")
+
 
 def token_name(token: int) -> str:
     return NAMES[token]

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from prep import kernel
 from prep import vocab as V
 from prep.contexts import ContextConfig, plan_contexts
-from prep.decode import DecodeError, decode_context, render
+from prep.decode import DecodeError, Decoded, decode_context, render
 from prep.measurements import Measurements, addr_words
 
 
@@ -121,6 +121,16 @@ def test_decode_rejects_malformed_tokens():
         decode_context([V.MEASUREMENT_START, V.SRC_IPV4, 11])
     with pytest.raises(DecodeError, match="no absolute"):
         decode_context([V.MEASUREMENT_START, V.TIMESTAMP_DELTA1, 11])
+
+
+def test_value_fields_come_back_as_values():
+    # none in this vocabulary: every measurement's values are empty, and a Decoded built
+    # without them (as before value fields) equals one decoded
+    m = [V.MEASUREMENT_START, V.SRC_IPV4, 11, 11, 11, 11, V.DST_IPV4, 12, 12, 12, 12, V.FAILED]
+    (d,) = decode_context(m)
+    assert V.VALUE_FIELDS == () and d.values == ()
+    assert d == Decoded(4, 0, 0, 0, 0x01010101, True, -1.0, None)
+    assert Decoded._fields[-1] == "values"
 
 
 def test_render():

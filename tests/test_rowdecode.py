@@ -31,10 +31,22 @@ def test_decode_rows_equals_decode_context(seed):
             d.family, d.src_hi, d.src_lo, d.dst_hi, d.dst_lo)
         assert rtt[i] == d.rtt and bool(got.failed[i]) == d.failed
         assert (bool(got.has_time[i]), int(got.time[i])) == (d.time is not None, d.time or 0)
+        assert tuple(got.values[i].tolist()) == d.values
         assert tok[r, got.start[i]] == V.MEASUREMENT_START
         assert tok[r, got.result_pos[i]] == (V.FAILED if d.failed else V.RTT_START)
     assert got.has_time.any() and (~got.has_time).any() and got.failed.any()
     assert (got.family == 6).any() and (got.family == 4).any()
+    assert got.values.shape == (len(got), len(V.VALUE_FIELDS)) and got.values.dtype == np.uint64
+    some = got.take(np.array([2, 0]))
+    assert len(some) == 2 and some.values.shape == (2, len(V.VALUE_FIELDS))
+
+
+def test_roles_follow_the_vocabulary():
+    # the seven roles of the fixed blocks, then one per value field, named by it
+    assert RD.ROLES is V.ROLES
+    assert RD.ROLES[:RD.VALUE] == ("padding", "marker", "src", "dst", "timestamp", "result", "rtt")
+    assert RD.ROLES[RD.VALUE:] == tuple(f.name for f in V.VALUE_FIELDS)
+    assert (RD.PAD, RD.MARKER, RD.SRC, RD.DST, RD.TIME, RD.RESULT, RD.RTT) == tuple(range(7))
 
 
 def test_roles_of_a_hand_made_row():

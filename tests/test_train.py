@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from prep import vocab
 from prep.errors import InputError
 
 from train import model
@@ -197,6 +198,12 @@ def test_flops_per_step_counts_real_tokens_and_their_context():
     assert model.train_flops(cfg, 5, 9) == 6 * n * 5 + 12 * 20 * 640 * 9
     assert step_lib.peak_flops(type("D", (), {"device_kind": "NVIDIA H100 80GB HBM3"})) == 989e12
     assert step_lib.peak_flops(type("D", (), {"device_kind": "cpu"})) is None
+
+
+def test_eval_step_sums_by_every_token_role():
+    # prep.vocab.ROLES (seven, then one per value field) and one spare; 8 with no value field
+    assert step_lib.N_ROLES == len(vocab.ROLES) + 1
+    assert vocab.VALUE_FIELDS or step_lib.N_ROLES == 8
 
 
 def test_cli_model_choices_are_the_registry():

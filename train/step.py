@@ -25,6 +25,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from prep.vocab import ROLES
 from train import arch, model
 from train.arch import ModelConfig
 from train.attention import AttentionConfig
@@ -75,7 +76,7 @@ def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, schedule,
     return {"params": params, "opt": opt_state, "step": state["step"] + 1}, metrics
 
 
-N_ROLES = 8  # prep.rowdecode.ROLES (7) and one spare
+N_ROLES = len(ROLES) + 1  # prep.vocab.ROLES (7, then one per value field) and one spare
 
 
 def eval_step(params: dict, batch: dict, *, mcfg: ModelConfig, attention: AttentionConfig):
