@@ -31,6 +31,7 @@ from prep import rows
 from prep.decode import DecodeError, decode_context
 from prep.errors import InputError
 from prep.measurements import addr_text
+from prep.vocab import VALUE_FIELDS
 
 
 
@@ -101,7 +102,13 @@ def segments(row: dict) -> list[tuple[list[int], list | str]]:
 
 def _measurement_dict(x) -> dict:
     return {"time": x.time, "family": x.family, "src": addr_text(x.family, x.src_hi, x.src_lo),
-            "dst": addr_text(x.family, x.dst_hi, x.dst_lo), "rtt_ms": x.rtt, "failed": x.failed}
+            "dst": addr_text(x.family, x.dst_hi, x.dst_lo), "rtt_ms": x.rtt, "failed": x.failed,
+            **_values(x)}
+
+
+def _values(x) -> dict:
+    """The value fields (prep.vocab.VALUE_FIELDS) of a decoded measurement, by name."""
+    return {f.name: v for f, v in zip(VALUE_FIELDS, x.values)}
 
 
 def row_json(row: dict) -> str:
@@ -132,6 +139,7 @@ def format_row(row: dict) -> str:
                 when = f"{x.time - prev:+d} s"
             prev = x.time if x.time is not None else prev
             result = "FAILED" if x.failed else f"{x.rtt:.3f} ms"
+            values = "".join(f"  {k} {v}" for k, v in _values(x).items())
             lines.append(f"    {when:<20} {addr_text(x.family, x.src_hi, x.src_lo)} -> "
-                         f"{addr_text(x.family, x.dst_hi, x.dst_lo)}  {result}")
+                         f"{addr_text(x.family, x.dst_hi, x.dst_lo)}  {result}{values}")
     return "\n".join(lines)

@@ -5,7 +5,8 @@ Steps (all on the test split's first epoch, so each measurement counts once):
 1. **Next-token loss and accuracy by token role.** The test rows exactly as stored (every
    timestamp mode, random block orders), teacher-forced; each counted target (prep.rows:
    the next token in the same segment) is put under the role of the token it predicts
-   (prep.rowdecode.ROLES: block markers, source bytes, destination bytes, timestamp bytes, result choice, RTT bytes).
+   (prep.vocab.ROLES: block markers, source bytes, destination bytes, timestamp bytes,
+   result choice, RTT bytes, and the bytes of each value field).
 2. **RTT queries.** Every measurement of every test context in ``full`` timestamp mode
    (all of its measurements timestamped; 40 % of contexts under the default weights, drawn
    by a hash, so an unbiased sample of contexts) is a query given the measurements before
