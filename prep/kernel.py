@@ -246,15 +246,16 @@ def _put_value(out, pos, x, n):
 
 
 @njit(cache=True, inline="always")
-def _write_piece(out, cols, values, has_ts, order, desc, us, pos, scratch):
-    """Write the tokens of piece [us, us + len(order)) from ``pos`` on, its measurements
-    in the order ``order``, each from its ``desc`` and one ``LAYOUT`` look-up (and its
+def _write_piece(out, cols, values, has_ts, order, desc, piece, pos, scratch):
+    """Write the tokens of piece ``(us, m)``, measurements [us, us + m), from ``pos`` on,
+    in the order ``order[:m]``, each from its ``desc`` and one ``LAYOUT`` look-up (and its
     ``VALUE_OFFSET`` row, where there are value fields)."""
+    us, m = piece
     time, src_hi, src_lo = cols.time, cols.src_hi, cols.src_lo
     dst_hi, dst_lo = cols.dst_hi, cols.dst_lo
     first = np.uint64(3)  # or'ed into tk: the first timestamp is absolute; 0 after it
     prev = np.int64(0)
-    for x in range(len(order)):
+    for x in range(m):
         i = np.uint64(order[x])
         # Random data (family, failed, timestamp kind, block order) only ever feeds
         # arithmetic and table look-ups, never a branch: ~30 % of them would mispredict.
@@ -346,7 +347,8 @@ def encode_kernel(cols, values, hist, has_ts, pieces, seed, out):
             _shuffle(order, timed, swap, has_ts, s, m, mode == MODE_PARTIAL, k_shuf)
         k_field = stream_key(seed, p, STREAM_FIELD) + np.uint64(h0) * GOLDEN
         _describe(desc, cols.rtt, cols.family, us, m, k_field)
-        _write_piece(out, cols, values, has_ts, order[:m], desc, us, offsets[j], scratch)
+        # (us, m) as one argument keeps it at 9; order[:m] would cost reference counting
+        _write_piece(out, cols, values, has_ts, order, desc, (us, m), offsets[j], scratch)
     return out
 
 def encode_pieces(sorted_m, plan, piece_start, piece_end, seed: int):
