@@ -15,15 +15,15 @@ from prep.measurements import DTYPES, FIELDS, Measurements, addr_words
 B = V.BYTE_OFFSET
 
 
-def value_columns(n: int) -> dict[str, np.ndarray]:
+def value_columns(probe: np.ndarray, time: np.ndarray) -> dict[str, np.ndarray]:
     """Columns for the value fields (prep.vocab.VALUE_FIELDS; none in this vocabulary):
-    random over each field's width, 0 and the widest value among them."""
-    rng = np.random.default_rng(n)
+    a hash of each measurement's probe and time (so they travel with it when rows are
+    split or shuffled) over the field's width, with 0 and the widest value among them."""
     out = {}
-    for f in V.VALUE_FIELDS:
-        top = min((1 << (8 * f.width)) - 1, int(np.iinfo(DTYPES[f.name]).max))
-        v = rng.integers(0, top, n, dtype=np.uint64, endpoint=True)
-        v[::5], v[1::7] = 0, top
+    for k, f in enumerate(V.VALUE_FIELDS):
+        top = np.uint64(min((1 << (8 * f.width)) - 1, int(np.iinfo(DTYPES[f.name]).max)))  # all ones
+        h = (time.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + probe * np.uint64(k + 3)) >> np.uint64(17)
+        v = np.where(h % np.uint64(5) == 0, 0, np.where(h % np.uint64(7) == 0, top, h & top))
         out[f.name] = v.astype(DTYPES[f.name])
     return out
 
@@ -34,12 +34,13 @@ def make(rows) -> Measurements:
     cols = list(zip(*rows)) if rows else [()] * 6
     src, dst = (np.array([int(a) for a in c], dtype=object) for c in cols[3:5])
     mask = (1 << 64) - 1
+    probe, time = np.array(cols[0], np.uint64), np.array(cols[1], np.int64)
     return Measurements(
-        probe=np.array(cols[0], np.uint64), time=np.array(cols[1], np.int64),
+        probe=probe, time=time,
         family=np.array(cols[2], np.uint8),
         src_hi=np.array([a >> 64 for a in src], np.uint64), src_lo=np.array([a & mask for a in src], np.uint64),
         dst_hi=np.array([a >> 64 for a in dst], np.uint64), dst_lo=np.array([a & mask for a in dst], np.uint64),
-        rtt=np.array(cols[5], np.float64), **value_columns(len(rows)))
+        rtt=np.array(cols[5], np.float64), **value_columns(probe, time))
 
 
 def rows_of(m: Measurements) -> list[tuple]:
