@@ -62,25 +62,22 @@ def _layout_tables() -> tuple[np.ndarray, np.ndarray]:
     shift; bit 63: the timestamp is absolute. VALUE_OFFSET[row, k]: the offset of value
     field k's block (no columns without value fields, and LAYOUT the same as without them).
     """
-    table = np.zeros(N_ORDERS * 16, dtype=np.uint64)
-    value_offset = np.zeros((N_ORDERS * 16, N_VALUES), np.uint8)
-    values = tuple(1 + f.width for f in V.VALUE_FIELDS)
-    for p in range(N_ORDERS):
-        for f6 in range(2):
-            for failed in range(2):
-                for tk in range(4):
-                    addr = ADDR6 if f6 else ADDR4
-                    lens = (addr, addr, RESULT_FAILED if failed else RESULT_OK, TK_LEN[tk]) + values
-                    at = [sum(lens[o] for o in range(V.N_BLOCKS) if RANKS[p, o] < RANKS[p, b])
-                          for b in range(V.N_BLOCKS)]
-                    if 1 + sum(lens) > 0xFF:  # the length and offsets are bytes
-                        raise ValueError("a measurement of over 255 tokens does not fit LAYOUT")
-                    w = sum(at[b] << (8 * b) for b in range(4))
-                    w |= (1 + sum(lens)) << 32 | TK_TOKEN[tk] << 40 | TK_SHIFT[tk] << 48
-                    row = 16 * p + 8 * f6 + 4 * failed + tk
-                    table[row] = w | (tk == 3) << 63
-                    value_offset[row] = at[4:]
-    return table, value_offset
+    table = np.zeros((N_ORDERS, 2, 2, 4), np.uint64)
+    value_offset = np.zeros((N_ORDERS, 2, 2, 4, N_VALUES), np.uint8)
+    values = [1 + f.width for f in V.VALUE_FIELDS]
+    for f6, failed, tk in itertools.product(range(2), range(2), range(4)):
+        addr = ADDR6 if f6 else ADDR4
+        lens = np.array([addr, addr, RESULT_FAILED if failed else RESULT_OK, TK_LEN[tk]] + values)
+        n = 1 + int(lens.sum())
+        if n > 0xFF:  # the length and offsets are bytes
+            raise ValueError("a measurement of over 255 tokens does not fit LAYOUT")
+        placed = lens[PERMS]  # [order, place]: the length of the block in that place
+        at = np.take_along_axis(np.cumsum(placed, axis=1) - placed, RANKS, axis=1)  # [order, block]
+        w = sum(at[:, b].astype(np.uint64) << np.uint64(8 * b) for b in range(4))
+        table[:, f6, failed, tk] = w | np.uint64(n << 32 | TK_TOKEN[tk] << 40 | TK_SHIFT[tk] << 48
+                                                 | (tk == 3) << 63)
+        value_offset[:, f6, failed, tk] = at[:, 4:]
+    return table.reshape(-1), value_offset.reshape(16 * N_ORDERS, N_VALUES)
 
 
 LAYOUT, VALUE_OFFSET = _layout_tables()
