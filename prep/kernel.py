@@ -6,7 +6,9 @@
   measurement its whole layout (block offsets, length, timestamp header) from one
   ``LAYOUT`` look-up, bytes to tokens by vector stores (``_put8``/``_put4``/``_put2``,
   LLVM intrinsics), IPv4-unused address tails and a failed ping's RTT bytes sent to the
-  slack.
+  slack. The blocks and their orders come from ``prep.vocab``: with value fields
+  (``VALUE_FIELDS``) there are ``N_BLOCKS!`` orders, and each value block's offset comes
+  from ``VALUE_OFFSET`` beside ``LAYOUT``; without them those loops compile away.
 - ``encode_pieces`` / ``encode_plan``: the entry points (``prep.bucket``, the tests).
 - ``rtt_code``: an RTT's (exponent, mantissa), without branches.
 
@@ -17,6 +19,7 @@ that plan what gets encoded (sort, contexts, piece lengths) are ``prep.planner_k
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections import namedtuple
 
@@ -33,15 +36,15 @@ from prep.planner_kernels import DELTA4_LIMIT, piece_lengths_kernel
 
 _S52 = np.uint64(52)
 
-# Blocks: 0 source, 1 destination, 2 result, 3 timestamp. All 24 orders of the four; a measurement without a timestamp skips BLOCK_TS,
-# which leaves each of the 6 orders of the other three equally likely.
-PERMS = np.array([
-    [0, 1, 2, 3], [0, 1, 3, 2], [0, 2, 1, 3], [0, 2, 3, 1], [0, 3, 1, 2], [0, 3, 2, 1],
-    [1, 0, 2, 3], [1, 0, 3, 2], [1, 2, 0, 3], [1, 2, 3, 0], [1, 3, 0, 2], [1, 3, 2, 0],
-    [2, 0, 1, 3], [2, 0, 3, 1], [2, 1, 0, 3], [2, 1, 3, 0], [2, 3, 0, 1], [2, 3, 1, 0],
-    [3, 0, 1, 2], [3, 0, 2, 1], [3, 1, 0, 2], [3, 1, 2, 0], [3, 2, 0, 1], [3, 2, 1, 0],
-], dtype=np.int64)
+# Blocks (prep.vocab): 0 source, 1 destination, 2 result, 3 timestamp, 4 + k value field k.
+# All N_BLOCKS! orders, lexicographic (24 without value fields); a measurement without a
+# timestamp skips BLOCK_TIME, which leaves each order of the other blocks equally likely.
+PERMS = np.array(list(itertools.permutations(range(V.N_BLOCKS))), np.int64)
+N_ORDERS = len(PERMS)  # the order of a measurement: PERMS[draw * N_ORDERS >> 32]
 RANKS = np.argsort(PERMS, axis=1)  # RANKS[p, block] = where block stands in order p
+N_VALUES = len(V.VALUE_FIELDS)  # 0 here: every loop over the value fields compiles away
+VALUE_HEADER = np.array(V.VALUE_HEADERS, np.int64)
+VALUE_WIDTH = np.array([f.width for f in V.VALUE_FIELDS], np.int64)
 
 # The timestamp kind ``tk``: 0 none, 1 DELTA1, 2 DELTA4, 3 absolute. By tk: the block's
 # length, header token and where the payload's bytes start in a uint64 (DELTA1: its top byte).
@@ -50,29 +53,34 @@ TK_TOKEN = (V.TIMESTAMP_DELTA1, V.TIMESTAMP_DELTA1, V.TIMESTAMP_DELTA4, V.TIMEST
 TK_SHIFT = (0, 56, 32, 0)
 
 
-def _layout_table() -> np.ndarray:
-    """LAYOUT[16 * order + 8 * ipv6 + 4 * failed + tk]: a measurement's layout, one uint64.
+def _layout_tables() -> tuple[np.ndarray, np.ndarray]:
+    """(LAYOUT, VALUE_OFFSET), by row ``16 * order + 8 * ipv6 + 4 * failed + tk``.
 
-    Bytes 0-3: the offsets of its source, destination, result and timestamp blocks from
-    just after MEASUREMENT_START; byte 4: its length in tokens; byte 5: the timestamp's
-    header token; byte 6: the timestamp payload's shift; bit 63: the timestamp is absolute.
+    LAYOUT[row], a measurement's layout in one uint64: bytes 0-3 the offsets of its source,
+    destination, result and timestamp blocks from just after MEASUREMENT_START; byte 4 its
+    length in tokens; byte 5 the timestamp's header token; byte 6 the timestamp payload's
+    shift; bit 63: the timestamp is absolute. VALUE_OFFSET[row, k]: the offset of value
+    field k's block (no columns without value fields, and LAYOUT the same as without them).
     """
-    table = np.zeros(24 * 16, dtype=np.uint64)
-    for p in range(24):
-        for f6 in range(2):
-            for failed in range(2):
-                for tk in range(4):
-                    addr = ADDR6 if f6 else ADDR4
-                    lens = (addr, addr, RESULT_FAILED if failed else RESULT_OK, TK_LEN[tk])
-                    w = 0
-                    for b in range(4):
-                        w |= sum(lens[o] for o in range(4) if RANKS[p, o] < RANKS[p, b]) << (8 * b)
-                    w |= (1 + sum(lens)) << 32 | TK_TOKEN[tk] << 40 | TK_SHIFT[tk] << 48
-                    table[16 * p + 8 * f6 + 4 * failed + tk] = w | (tk == 3) << 63
-    return table
+    table = np.zeros((N_ORDERS, 2, 2, 4), np.uint64)
+    value_offset = np.zeros((N_ORDERS, 2, 2, 4, N_VALUES), np.uint8)
+    values = [1 + f.width for f in V.VALUE_FIELDS]
+    for f6, failed, tk in itertools.product(range(2), range(2), range(4)):
+        addr = ADDR6 if f6 else ADDR4
+        lens = np.array([addr, addr, RESULT_FAILED if failed else RESULT_OK, TK_LEN[tk]] + values)
+        n = 1 + int(lens.sum())
+        if n > 0xFF:  # the length and offsets are bytes
+            raise ValueError("a measurement of over 255 tokens does not fit LAYOUT")
+        placed = lens[PERMS]  # [order, place]: the length of the block in that place
+        at = np.take_along_axis(np.cumsum(placed, axis=1) - placed, RANKS, axis=1)  # [order, block]
+        w = sum(at[:, b].astype(np.uint64) << np.uint64(8 * b) for b in range(4))
+        table[:, f6, failed, tk] = w | np.uint64(n << 32 | TK_TOKEN[tk] << 40 | TK_SHIFT[tk] << 48
+                                                 | (tk == 3) << 63)
+        value_offset[:, f6, failed, tk] = at[:, 4:]
+    return table.reshape(-1), value_offset.reshape(16 * N_ORDERS, N_VALUES)
 
 
-LAYOUT = _layout_table()
+LAYOUT, VALUE_OFFSET = _layout_tables()
 
 
 @intrinsic
@@ -220,16 +228,26 @@ def _describe(desc, rtt, family, us, m, k_field):
         i = us + np.uint64(x)
         r = rtt[i]
         ex, mant = rtt_code(r)
-        p_ = ((mix64(k_field + np.uint64(x) * GOLDEN) >> S32) * np.uint64(24)) >> S32
+        p_ = ((mix64(k_field + np.uint64(x) * GOLDEN) >> S32) * np.uint64(N_ORDERS)) >> S32
         row = ((p_ << np.uint64(4)) | (np.uint64(family[i] != 4) << np.uint64(3))
                | (np.uint64(r < 0.0) << np.uint64(2)))
         desc[x] = np.uint64((ex << 11) | mant) | (row << np.uint64(16))
 
 
 @njit(cache=True, inline="always")
-def _write_piece(out, cols, has_ts, order, desc, us, m, pos, scratch):
-    """Write the tokens of piece [us, us + m) from ``pos`` on, its measurements in the
-    order ``order[:m]``, each from its ``desc`` and one ``LAYOUT`` look-up."""
+def _put_value(out, pos, x, n):
+    """``out[pos:pos+n] = BYTE_0 + (the low n bytes of x, most significant first)``, one
+    token at a time: n, a value field's width, is no data, so neither is the loop's branch."""
+    for b in range(n):
+        _put1(out, pos + b, V.BYTE_OFFSET + ((x >> np.uint64(8 * (n - 1 - b))) & np.uint64(0xFF)))
+
+
+@njit(cache=True, inline="always")
+def _write_piece(out, cols, values, has_ts, order, desc, piece, pos, scratch):
+    """Write the tokens of piece ``(us, m)``, measurements [us, us + m), from ``pos`` on,
+    in the order ``order[:m]``, each from its ``desc`` and one ``LAYOUT`` look-up (and its
+    ``VALUE_OFFSET`` row, where there are value fields)."""
+    us, m = piece
     time, src_hi, src_lo = cols.time, cols.src_hi, cols.src_lo
     dst_hi, dst_lo = cols.dst_hi, cols.dst_lo
     first = np.uint64(3)  # or'ed into tk: the first timestamp is absolute; 0 after it
@@ -245,7 +263,8 @@ def _write_piece(out, cols, has_ts, order, desc, us, m, pos, scratch):
         d = t_i - prev
         ts = np.uint64(0) - np.uint64(has_ts[i])  # all ones if it has a timestamp
         tk = ((np.uint64(1) + np.uint64(d >= 256) + np.uint64(d >= DELTA4_LIMIT)) | first) & ts
-        w = LAYOUT[(dsc >> np.uint64(16)) + tk]
+        row = (dsc >> np.uint64(16)) + tk
+        w = LAYOUT[row]
         base = pos + 1
         o_src = base + np.int64(w & np.uint64(0xFF))
         o_dst = base + np.int64((w >> np.uint64(8)) & np.uint64(0xFF))
@@ -259,22 +278,27 @@ def _write_piece(out, cols, has_ts, order, desc, us, m, pos, scratch):
         _put1(out, o_ts, (w >> np.uint64(40)) & np.uint64(0xFF))
         _put8(out, o_ts + 1, u)
         # 2. Everything else, exact: an IPv4 address's unused tail and a failed ping's
-        #    RTT bytes go to the slack.
+        #    RTT bytes go to the slack; value blocks are their header and width bytes.
         _put1(out, pos, V.MEASUREMENT_START)
         _addr(out, o_src, scratch, V.SRC_IPV4, f6, src_hi[i], src_lo[i])
         _addr(out, o_dst, scratch, V.DST_IPV4, f6, dst_hi[i], dst_lo[i])
         _put1(out, o_res, V.RTT_START + (V.FAILED - V.RTT_START) * failed)
         _put2(out, o_res + 1 + (scratch - o_res - 1) * failed, dsc)  # its low 16 bits
+        for k in range(N_VALUES):
+            o_val = base + np.int64(VALUE_OFFSET[row, k])
+            _put1(out, o_val, VALUE_HEADER[k])
+            _put_value(out, o_val + 1, values[k, i], VALUE_WIDTH[k])
         first &= ~ts
         prev = np.int64(np.uint64(prev) ^ ((np.uint64(prev) ^ np.uint64(t_i)) & ts))
         pos += np.int64((w >> np.uint64(32)) & np.uint64(0xFF))
 
 
 @njit(cache=True, nogil=True)
-def encode_kernel(cols, hist, has_ts, pieces, seed, out):
+def encode_kernel(cols, values, hist, has_ts, pieces, seed, out):
     """Write piece j's tokens to ``out[offsets[j]:offsets[j+1]]``, for every piece.
 
-    ``cols``: the sorted measurements' ``prep.measurements.Columns``; ``hist``, ``has_ts``:
+    ``cols``: the sorted measurements' ``prep.measurements.Columns``; ``values``: their
+    value fields' columns (``Measurements.values()``, uint64[K, n]); ``hist``, ``has_ts``:
     the plan's; ``pieces``: a ``Pieces``. ``out`` holds ``offsets[-1] + SLACK`` tokens: to
     stay free of branches on random data (family, failed, the block order, timestamp kinds)
     the kernel writes some tokens more than once, in an order where the right one lands
@@ -297,8 +321,8 @@ def encode_kernel(cols, hist, has_ts, pieces, seed, out):
         raise ValueError("out must hold offsets[-1] + SLACK tokens")
     order = np.empty(64, np.int64)
     timed = np.empty(128, np.int64)  # timed[:m]: the timestamped measurements, timed[m:]: their slots
-    # desc[x], measurement s + x: bits 0-15 its RTT payload (exponent << 11 | mantissa),
-    # bits 16-24 its row of LAYOUT without the timestamp kind (16 * order + 8 * ipv6 + 4 * failed).
+    # desc[x], measurement s + x: bits 0-15 its RTT payload (exponent << 11 | mantissa), bits
+    # 16 on its row of LAYOUT without the timestamp kind (16 * order + 8 * ipv6 + 4 * failed).
     desc = np.empty(64, np.uint64)
     swap = np.empty(64, np.uint64)  # the Fisher-Yates shuffle's draws
     for j in range(n_p):
@@ -320,7 +344,8 @@ def encode_kernel(cols, hist, has_ts, pieces, seed, out):
             _shuffle(order, timed, swap, has_ts, s, m, mode == MODE_PARTIAL, k_shuf)
         k_field = stream_key(seed, p, STREAM_FIELD) + np.uint64(h0) * GOLDEN
         _describe(desc, cols.rtt, cols.family, us, m, k_field)
-        _write_piece(out, cols, has_ts, order, desc, us, m, offsets[j], scratch)
+        # (us, m) as one argument keeps it at 9; order[:m] would cost reference counting
+        _write_piece(out, cols, values, has_ts, order, desc, (us, m), offsets[j], scratch)
     return out
 
 def encode_pieces(sorted_m, plan, piece_start, piece_end, seed: int):
@@ -353,7 +378,7 @@ def _encode(m, plan, ps, pe, modes, lengths, seed, out=None):
     else:
         buf = out
     if len(ps):
-        encode_kernel(m.arrays(), plan.hist, plan.has_ts, Pieces(ps, pe, modes, offsets),
+        encode_kernel(m.arrays(), m.values(), plan.hist, plan.has_ts, Pieces(ps, pe, modes, offsets),
                       np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF), buf)
     return buf[:int(offsets[-1])], offsets
 

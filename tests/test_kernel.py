@@ -1,6 +1,7 @@
 """The Numba tokenizer against its pure-Python reference, and against hand-written tokens."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -9,28 +10,42 @@ from hypothesis import given, settings, strategies as st
 from prep import kernel, reference
 from prep import vocab as V
 from prep.contexts import ContextConfig, mode_thresholds, plan_contexts
-from prep.measurements import Measurements, addr_words
+from prep.measurements import DTYPES, FIELDS, Measurements, addr_words
 
 B = V.BYTE_OFFSET
-COLS = ("probe", "time", "family", "src_hi", "src_lo", "dst_hi", "dst_lo", "rtt")
+
+
+def value_columns(probe: np.ndarray, time: np.ndarray) -> dict[str, np.ndarray]:
+    """Columns for the value fields (prep.vocab.VALUE_FIELDS; none in this vocabulary):
+    a hash of each measurement's probe and time (so they travel with it when rows are
+    split or shuffled) over the field's width, with 0 and the widest value among them."""
+    out = {}
+    for k, f in enumerate(V.VALUE_FIELDS):
+        top = np.uint64(min((1 << (8 * f.width)) - 1, int(np.iinfo(DTYPES[f.name]).max)))  # all ones
+        h = (time.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + probe * np.uint64(k + 3)) >> np.uint64(17)
+        v = np.where(h % np.uint64(5) == 0, 0, np.where(h % np.uint64(7) == 0, top, h & top))
+        out[f.name] = v.astype(DTYPES[f.name])
+    return out
 
 
 def make(rows) -> Measurements:
-    """Measurements from (probe, time, family, src int, dst int, rtt) tuples."""
+    """Measurements from (probe, time, family, src int, dst int, rtt) tuples (and random
+    value fields, where there are any)."""
     cols = list(zip(*rows)) if rows else [()] * 6
     src, dst = (np.array([int(a) for a in c], dtype=object) for c in cols[3:5])
     mask = (1 << 64) - 1
+    probe, time = np.array(cols[0], np.uint64), np.array(cols[1], np.int64)
     return Measurements(
-        probe=np.array(cols[0], np.uint64), time=np.array(cols[1], np.int64),
+        probe=probe, time=time,
         family=np.array(cols[2], np.uint8),
         src_hi=np.array([a >> 64 for a in src], np.uint64), src_lo=np.array([a & mask for a in src], np.uint64),
         dst_hi=np.array([a >> 64 for a in dst], np.uint64), dst_lo=np.array([a & mask for a in dst], np.uint64),
-        rtt=np.array(cols[5], np.float64))
+        rtt=np.array(cols[5], np.float64), **value_columns(probe, time))
 
 
 def rows_of(m: Measurements) -> list[tuple]:
     cols = m.columns()
-    return list(zip(*(cols[k].tolist() for k in COLS)))
+    return list(zip(*(cols[k].tolist() for k in FIELDS)))
 
 
 def kernel_pieces(plan, starts, ends, seed):
@@ -259,3 +274,10 @@ def test_layout_table():
     # No timestamp (tk 0): the four blocks of order 9 (destination, result, timestamp, source).
     w = int(kernel.LAYOUT[16 * 9 + 8 * 0 + 4 * 0 + 0])
     assert [(w >> (8 * b)) & 0xFF for b in range(5)] == [8, 0, 5, 8, 14]
+
+
+def test_block_orders_are_every_permutation_in_order():
+    assert kernel.N_ORDERS == len(reference.BLOCK_ORDERS) == math.factorial(V.N_BLOCKS)
+    assert kernel.PERMS.tolist() == [list(p) for p in reference.BLOCK_ORDERS]
+    assert sorted(map(tuple, kernel.PERMS.tolist())) == reference.BLOCK_ORDERS
+    assert kernel.VALUE_OFFSET.shape == (16 * kernel.N_ORDERS, len(V.VALUE_FIELDS))

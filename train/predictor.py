@@ -46,6 +46,7 @@ import numpy as np
 from prep import vocab as V
 from prep.errors import InputError
 from prep.measurements import addr_words
+from prep.reference import addr_block, result_block, timestamp_block
 from train import attention, model
 from train.arch import ModelConfig
 
@@ -86,43 +87,30 @@ class Measurement:
     rtt_code: int
 
 
-def _addr(header4: int, family: int, hi: int, lo: int) -> list[int]:
-    if family == 4:
-        return [header4] + [B + b for b in int(lo).to_bytes(4, "big")]
-    return [header4 + 1] + [B + b for b in ((int(hi) << 64) | int(lo)).to_bytes(16, "big")]
-
-
 def encode_context(ms: list[Measurement]) -> tuple[list[int], list[int], list[int]]:
     """(tokens, choice_pos, rtt_pos): a context in full mode, blocks source, destination,
-    timestamp, result. choice_pos[i]: the position whose next token is measurement i's
-    result header; rtt_pos[i]: its RTT_START (-1 if it failed)."""
+    timestamp, result, each as the tokenizer writes it (prep.reference's block helpers).
+    choice_pos[i]: the position whose next token is measurement i's result header;
+    rtt_pos[i]: its RTT_START (-1 if it failed).
+
+    No value blocks (prep.vocab.VALUE_FIELDS): a query's values are as unknown as its result.
+    """
     tokens, choice, rtt = [], [], []
     prev = None
     for m in ms:
         tokens.append(V.MEASUREMENT_START)
-        tokens += _addr(V.SRC_IPV4, m.family, m.src_hi, m.src_lo)
-        tokens += _addr(V.DST_IPV4, m.family, m.dst_hi, m.dst_lo)
+        tokens += addr_block(V.SRC_IPV4, m.family, int(m.src_hi), int(m.src_lo))
+        tokens += addr_block(V.DST_IPV4, m.family, int(m.dst_hi), int(m.dst_lo))
         if m.time is not None:
-            gap = None if prev is None else m.time - prev
-            if gap is not None and gap < 0:
+            if prev is not None and m.time < prev:
                 raise InputError(f"time {m.time} is before the previous measurement's {prev}; "
                                  "a context runs oldest first")
-            if gap is None or gap >= 1 << 32:
-                tokens += [V.TIMESTAMP_ABS] + [B + b for b in (m.time & (2**64 - 1)).to_bytes(8, "big")]
-            elif gap < 256:
-                tokens += [V.TIMESTAMP_DELTA1, B + gap]
-            else:
-                tokens += [V.TIMESTAMP_DELTA4] + [B + b for b in gap.to_bytes(4, "big")]
+            tokens += timestamp_block(prev, m.time)
             prev = m.time
         choice.append(len(tokens) - 1)
-        if m.rtt_code == -1:
-            rtt.append(-1)
-            tokens.append(V.FAILED)
-        else:
-            rtt.append(len(tokens))
-            tokens.append(V.RTT_START)
-            if m.rtt_code != UNKNOWN:
-                tokens += [B + (m.rtt_code >> 8), B + (m.rtt_code & 0xFF)]
+        rtt.append(-1 if m.rtt_code == -1 else len(tokens))
+        # the query's result is what the model is asked for: its header alone
+        tokens += [V.RTT_START] if m.rtt_code == UNKNOWN else result_block(m.rtt_code)
     return tokens, choice, rtt
 
 
