@@ -213,13 +213,14 @@ def _encode_queries(meas, q):
     qm = meas.take(q)
     cols = [x.tolist() for x in (qm.family, qm.src_hi, qm.src_lo, qm.dst_hi, qm.dst_lo,
                                  qm.time, qm.rtt_code)]
+    values = [tuple(v) for v in qm.values.tolist()]  # value fields, if the vocabulary has any
     ctx_id = (qm.row * 256 + qm.segment)
     contexts, q_ctx, q_choice, q_rtt = [], [], [], []
     start = 0
     for i in range(1, len(q) + 1):
         if i < len(q) and ctx_id[i] == ctx_id[start]:
             continue
-        ms = [P.Measurement(*(c[j] for c in cols)) for j in range(start, i)]
+        ms = [P.Measurement(*(c[j] for c in cols), values[j]) for j in range(start, i)]
         tokens, choice, rtt = P.encode_context(ms)
         q_ctx += [len(contexts)] * (i - start)
         contexts.append(tokens)

@@ -9,6 +9,9 @@ A query is one measurement whose result is unknown, written as the model saw mea
 in training in ``full`` timestamp mode with the result block last:
 ``MEASUREMENT_START, source, destination, timestamp, RTT_START``, after the source probe's
 earlier measurements (its history, same block order, oldest first) in the same context.
+Where the vocabulary has value fields (prep.vocab.VALUE_FIELDS), history measurements
+carry theirs before the result, and so do `train eval`'s queries; a query of `train
+predict` has none (its values are not known).
 From the model's next-token distributions:
 
 - ``p_failed`` = P(FAILED) / (P(FAILED) + P(RTT_START)) at the result position;
@@ -46,7 +49,7 @@ import numpy as np
 from prep import vocab as V
 from prep.errors import InputError
 from prep.measurements import addr_words
-from prep.reference import addr_block, result_block, timestamp_block
+from prep.reference import addr_block, result_block, timestamp_block, value_block
 from train import attention, model
 from train.arch import ModelConfig
 
@@ -85,15 +88,17 @@ class Measurement:
     dst_lo: int
     time: int | None
     rtt_code: int
+    values: tuple = ()  # its value fields (prep.vocab.VALUE_FIELDS), where known
 
 
 def encode_context(ms: list[Measurement]) -> tuple[list[int], list[int], list[int]]:
     """(tokens, choice_pos, rtt_pos): a context in full mode, blocks source, destination,
-    timestamp, result, each as the tokenizer writes it (prep.reference's block helpers).
-    choice_pos[i]: the position whose next token is measurement i's result header;
-    rtt_pos[i]: its RTT_START (-1 if it failed).
+    timestamp, value fields, result, each as the tokenizer writes it (prep.reference's
+    block helpers). choice_pos[i]: the position whose next token is measurement i's result
+    header; rtt_pos[i]: its RTT_START (-1 if it failed).
 
-    No value blocks (prep.vocab.VALUE_FIELDS): a query's values are as unknown as its result.
+    Value blocks (prep.vocab.VALUE_FIELDS) are written where a measurement has ``values``:
+    history and `train eval`'s queries have them, a query of `train predict` does not.
     """
     tokens, choice, rtt = [], [], []
     prev = None
@@ -107,6 +112,8 @@ def encode_context(ms: list[Measurement]) -> tuple[list[int], list[int], list[in
                                  "a context runs oldest first")
             tokens += timestamp_block(prev, m.time)
             prev = m.time
+        for k, v in enumerate(m.values):
+            tokens += value_block(k, int(v))
         choice.append(len(tokens) - 1)
         rtt.append(-1 if m.rtt_code == -1 else len(tokens))
         # the query's result is what the model is asked for: its header alone

@@ -42,12 +42,14 @@ def history_of(path: str | None) -> Measurements | None:
 
 def as_context(m: Measurements, idx) -> list[P.Measurement]:
     out = []
+    values = m.values()  # value fields, if the vocabulary has any
     for i in np.asarray(idx, np.int64).tolist():
         ms = float(m.rtt[i])
         exponent, mantissa = rtt_code(max(ms, 0.0))
         code = -1 if ms < 0 else (exponent << 11) | mantissa
         out.append(P.Measurement(int(m.family[i]), int(m.src_hi[i]), int(m.src_lo[i]),
-                                 int(m.dst_hi[i]), int(m.dst_lo[i]), int(m.time[i]), code))
+                                 int(m.dst_hi[i]), int(m.dst_lo[i]), int(m.time[i]), code,
+                                 tuple(values[:, i].tolist())))
     return sorted(out, key=lambda x: x.time)
 
 
