@@ -23,7 +23,8 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from prep import vocab
-from train import reader, synthetic
+from bench import synthetic_shards as synthetic
+from train import reader
 
 ROWS, ROW_LEN, SHARDS, BATCH, EPOCHS = 16_384, 1024, 4, 64, 2
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from bench.run import RESULTS, machine
 from prep import vocab
-from train import synthetic
+from bench import synthetic_shards as synthetic
 from train.config import TrainConfig
 from train.loop import train
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from prep.atlas_rows import SCHEMA
 from prep.cli import main as prep
-from train import synthetic
+from bench import synthetic_shards as synthetic
 from train.cli import main as train
 
 

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from prep import manifest as manifest_lib
 from prep.errors import InputError
 from prep.rows import RowFormatError
-from train import reader, synthetic
+from bench import synthetic_shards as synthetic
+from train import reader
 from train.cli import main
 
 N_ROWS, ROW_LEN, BATCH = 40, 32, 4

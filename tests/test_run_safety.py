@@ -22,7 +22,8 @@ from click.testing import CliRunner
 from prep import manifest as mf
 from prep.cli import main as prep_main
 from prep.errors import InputError
-from train import reader, synthetic
+from bench import synthetic_shards as synthetic
+from train import reader
 from train.checkpoint import Checkpointer
 from train.cli import main as train_main
 from train.config import TrainConfig

@@ -18,7 +18,7 @@ from prep.errors import InputError
 
 from train import model
 from train import step as step_lib
-from train import synthetic
+from bench import synthetic_shards as synthetic
 from train.checkpoint import Checkpointer
 from train.cli import main
 from train.arch import MODELS
