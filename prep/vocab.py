@@ -50,6 +50,8 @@ class ValueField(NamedTuple):
     width: int  # bytes, 1-8
 
 
+# Each one multiplies the block orders (prep.kernel's tables, compiled in as constants):
+# 120 orders with one, 5,040 with three; a fourth would make 40,320 and tables of megabytes.
 VALUE_FIELDS: tuple[ValueField, ...] = ()
 # The value fields' header tokens come after the bytes, so adding one moves no other id.
 VALUE_HEADERS = tuple(BYTE_OFFSET + 256 + k for k in range(len(VALUE_FIELDS)))
