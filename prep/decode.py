@@ -77,7 +77,6 @@ def _block_words(tokens, pos: int, n: int) -> tuple[int, int]:
 
 
 _BLOCK_OF, _WIDTH_OF = V.BLOCK_OF.tolist(), V.WIDTH_OF.tolist()
-_VALUE0 = V.N_BLOCKS - len(V.VALUE_FIELDS)  # the block of value field 0
 _BLOCK_NAMES = ("src", "dst", "result", "time") + tuple(f.name for f in V.VALUE_FIELDS)
 _REQUIRED = tuple(b for b in range(V.N_BLOCKS) if V.REQUIRED_BLOCKS >> b & 1)
 
@@ -130,7 +129,7 @@ def decode_context(tokens) -> list[Decoded]:
         t = blocks.get(V.BLOCK_TIME)
         if t is not None:
             prev = t
-        values = tuple(blocks[b] for b in range(_VALUE0, V.N_BLOCKS))
+        values = tuple(blocks[b] for b in range(V.BLOCK_VALUE, V.N_BLOCKS))
         out.append(Decoded(family, src_hi, src_lo, dst_hi, dst_lo, *blocks[V.BLOCK_RESULT], t,
                            values))
     return out

@@ -73,10 +73,10 @@ def _layout_tables() -> tuple[np.ndarray, np.ndarray]:
             raise ValueError("a measurement of over 255 tokens does not fit LAYOUT")
         placed = lens[PERMS]  # [order, place]: the length of the block in that place
         at = np.take_along_axis(np.cumsum(placed, axis=1) - placed, RANKS, axis=1)  # [order, block]
-        w = sum(at[:, b].astype(np.uint64) << np.uint64(8 * b) for b in range(4))
+        w = sum(at[:, b].astype(np.uint64) << np.uint64(8 * b) for b in range(V.BLOCK_VALUE))
         table[:, f6, failed, tk] = w | np.uint64(n << 32 | TK_TOKEN[tk] << 40 | TK_SHIFT[tk] << 48
                                                  | (tk == 3) << 63)
-        value_offset[:, f6, failed, tk] = at[:, 4:]
+        value_offset[:, f6, failed, tk] = at[:, V.BLOCK_VALUE:]
     return table.reshape(-1), value_offset.reshape(16 * N_ORDERS, N_VALUES)
 
 

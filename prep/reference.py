@@ -210,8 +210,9 @@ def encode_context(rows: list[tuple], has_ts: list[bool], hist0: int, mode: int,
                 if has_ts[i]:  # a measurement without a timestamp skips its block
                     out += timestamp_block(prev, row[TIME])
                     prev = row[TIME]
-            else:  # block 4 + k: value field k
-                out += value_block(block - 4, row[VALUE_COLUMNS[block - 4]])
+            else:  # block BLOCK_VALUE + k: value field k
+                k = block - V.BLOCK_VALUE
+                out += value_block(k, row[VALUE_COLUMNS[k]])
     return out
 
 

@@ -39,7 +39,6 @@ ROLES = V.ROLES
 PAD, MARKER, SRC, DST, TIME, RESULT, RTT = range(7)
 VALUE = 7  # the role of value field k's bytes is VALUE + k
 _K = len(V.VALUE_FIELDS)
-_VALUE0 = V.N_BLOCKS - _K  # the block of value field 0
 _B = V.BYTE_OFFSET
 _BLOCK_OF, _WIDTH_OF = V.BLOCK_OF, V.WIDTH_OF  # by token id; frozen into the kernel
 _BYTE_ROLE = np.array([SRC, DST, RTT, TIME] + [VALUE + k for k in range(_K)], np.uint8)  # by block
@@ -141,7 +140,7 @@ def _decode(tokens, segment_ids, n_meas_per_row):
                 prev_t = lo if t == V.TIMESTAMP_ABS else prev_t + lo
                 time[i], has_time[i] = prev_t, True
             else:
-                values[i, block - _VALUE0] = np.uint64(lo)
+                values[i, block - V.BLOCK_VALUE] = np.uint64(lo)
             pos += 1 + width
     return (row, segment, index, start, result_pos, family, src_hi, src_lo, dst_hi, dst_lo,
             rtt_code, time, has_time, values, roles)

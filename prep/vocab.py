@@ -76,7 +76,8 @@ assert len(NAMES) == VOCAB_SIZE
 
 # The grammar. Blocks: 0 source, 1 destination, 2 result, 3 timestamp, 4 + k value field k.
 BLOCK_SRC, BLOCK_DST, BLOCK_RESULT, BLOCK_TIME = 0, 1, 2, 3
-N_BLOCKS = 4 + len(VALUE_FIELDS)
+BLOCK_VALUE = 4  # value field k is block BLOCK_VALUE + k
+N_BLOCKS = BLOCK_VALUE + len(VALUE_FIELDS)
 REQUIRED_BLOCKS = ((1 << N_BLOCKS) - 1) & ~(1 << BLOCK_TIME)  # bits of the blocks every measurement has
 
 
@@ -87,7 +88,7 @@ def _grammar() -> tuple[np.ndarray, np.ndarray]:
                DST_IPV6: (BLOCK_DST, 16), RTT_START: (BLOCK_RESULT, 2), FAILED: (BLOCK_RESULT, 0),
                TIMESTAMP_ABS: (BLOCK_TIME, 8), TIMESTAMP_DELTA1: (BLOCK_TIME, 1),
                TIMESTAMP_DELTA4: (BLOCK_TIME, 4)}
-    headers.update({h: (4 + k, f.width) for k, (h, f) in enumerate(zip(VALUE_HEADERS, VALUE_FIELDS))})
+    headers.update({h: (BLOCK_VALUE + k, f.width) for k, (h, f) in enumerate(zip(VALUE_HEADERS, VALUE_FIELDS))})
     for token, (b, w) in headers.items():
         block[token], width[token] = b, w
     return block, width
