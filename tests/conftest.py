@@ -12,3 +12,17 @@ def atlas_dir() -> Path:
     if not ATLAS.is_dir():
         pytest.skip(f"{ATLAS} is missing (the RIPE Atlas sample lives in ../shared)")
     return ATLAS
+
+
+@pytest.fixture(scope="session")
+def builtin_shards(tmp_path_factory):
+    """The real pipeline (prep synth -> prep shards) on a small built-in-style dataset."""
+    from prep.bucket import ShardsConfig
+    from prep.shards import run_shards
+    from prep.synth import SynthConfig, synth
+
+    d = tmp_path_factory.mktemp("builtin")
+    synth(SynthConfig(out=d / "raw", rows=12_000, probes=100, days=1, seed=0))
+    run_shards([str(d / "raw")], str(d / "shards"), ShardsConfig(seed=0, row_len=128),
+               workers=1, progress=False)
+    return d / "shards"

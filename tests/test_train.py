@@ -123,20 +123,6 @@ def test_data_parallel_on_4_cpu_devices_matches_1(shards, tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
 
 
-@pytest.fixture(scope="module")
-def builtin_shards(tmp_path_factory):
-    """The real pipeline (prep synth -> prep shards) on a small built-in-style dataset."""
-    from prep.bucket import ShardsConfig
-    from prep.shards import run_shards
-    from prep.synth import SynthConfig, synth
-
-    d = tmp_path_factory.mktemp("builtin")
-    synth(SynthConfig(out=d / "raw", rows=12_000, probes=100, days=1, seed=0))
-    run_shards([str(d / "raw")], str(d / "shards"), ShardsConfig(seed=0, row_len=128),
-               workers=1, progress=False)
-    return d / "shards"
-
-
 def test_loss_falls_on_builtin_data(builtin_shards, tmp_path):
     cfg = TrainConfig(data=str(builtin_shards), run_dir=str(tmp_path / "run"), steps=50,
                       batch_size=8, lr=3e-3, warmup=10, log_every=10, eval_every=50,

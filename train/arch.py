@@ -33,6 +33,10 @@ class ModelConfig:
     rope_base: float = 10_000.0
     norm_eps: float = 1e-6
     remat: bool = False  # recompute each layer in the backward pass (less memory, ~30% more FLOPs)
+    # add an embedding of each token's role (prep.vocab.ROLES) and byte index in its block,
+    # computed from the tokens before it (train.model.grammar): the parse a layer would
+    # otherwise have to learn before any field can be matched or copied
+    grammar_embed: bool = False
 
 
 MODELS = {
@@ -47,6 +51,10 @@ def model_config(name: str, *, seq_len: int) -> ModelConfig:
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; one of {sorted(MODELS)}")
     return dataclasses.replace(MODELS[name], seq_len=seq_len)
+
+
+# grammar embedding: one row per byte index a block can hold, and one for headers/markers
+N_INDEX = int(vocab.WIDTH_OF.max()) + 1
 
 
 class Param(NamedTuple):
@@ -68,7 +76,10 @@ def param_specs(cfg: ModelConfig) -> dict:
     L, D, N, H, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_mlp,
                         cfg.vocab_size)
     out_std = 0.02 / (2 * L) ** 0.5  # GPT-2: residual projections scaled by depth
+    grammar = ({"role_embed": Param((len(vocab.ROLES), D), 0.02),
+                "index_embed": Param((N_INDEX, D), 0.02)} if cfg.grammar_embed else {})
     return {
+        **grammar,
         "embed": Param((V, D), 0.02),
         "layers": {
             "attn_norm": _gain(L, D),

@@ -90,6 +90,13 @@ def main():
               help=f"Rows per step, all devices. {_default('batch_size', ' per GPU')}")
 @click.option("--lr", type=float, default=None, help=f"Peak learning rate. {_default('lr')}")
 @click.option("--warmup", type=int, default=None, help=f"Linear warmup steps. {_default('warmup')}")
+@click.option("--schedule-steps", type=click.IntRange(0), default=None,
+              help="Steps the warmup + cosine LR schedule spans [default: --steps of the run's "
+                   "start; a resume with more --steps keeps it and runs on at the final rate].")
+@click.option("--loss-weights", default=None, metavar="ROLE=W,...",
+              help="Weight of each target role in the training objective, e.g. "
+                   "'rtt=10,result=10' (roles: marker, src, dst, timestamp, result, rtt) "
+                   f"{_default('loss_weights')}; the logged loss stays the plain mean.")
 @click.option("--log-every", type=int, default=None,
               help=f"Steps between log lines. {_default('log_every')}")
 @click.option("--eval-every", type=int, default=None,

@@ -14,6 +14,13 @@ class TrainConfig:
     batch_size: int = 16  # rows per step, all processes and devices together
     lr: float = 1e-3  # peak learning rate after warmup
     min_lr_ratio: float = 0.1  # cosine decay ends at lr * this
+    # steps the warmup + cosine schedule spans (0: --steps); fixed when a run starts, so a
+    # resumed run with more --steps goes on at the schedule's final rate instead of
+    # raising the rate again (pass it on resume to re-span on purpose)
+    schedule_steps: int = 0
+    # the training objective's weight per target role (prep.vocab.ROLES), "rtt=10,src=0.5";
+    # "" = every target alike. The logged loss stays the plain mean.
+    loss_weights: str = ""
     warmup: int = 50  # linear warmup steps
     weight_decay: float = 0.1  # AdamW, matrices and embeddings only (train.arch.param_specs)
     b1: float = 0.9
@@ -38,13 +45,14 @@ class TrainConfig:
 # data_fingerprint). The rest (steps, log/eval/checkpoint intervals, eval rows, workers,
 # attention kernel, data check) may change on resume.
 RUN_BINDING = ("model", "batch_size", "lr", "min_lr_ratio", "warmup", "weight_decay", "b1",
-               "b2", "grad_clip", "seed", "compute_dtype")
+               "b2", "grad_clip", "seed", "compute_dtype", "loss_weights")
 # the `train` flag of each setting, for messages
 FLAGS = {"data": "--data", "model": "--model", "steps": "--steps", "batch_size": "--batch-size",
          "lr": "--lr", "warmup": "--warmup", "seed": "--seed", "compute_dtype": "--dtype",
          "log_every": "--log-every", "eval_every": "--eval-every", "eval_rows": "--eval-rows",
          "ckpt_every": "--ckpt-every", "attention": "--attention", "num_workers": "--workers",
-         "data_check": "--check-data"}
+         "data_check": "--check-data", "loss_weights": "--loss-weights",
+         "schedule_steps": "--schedule-steps"}
 
 
 def flag(field: str) -> str:

@@ -205,9 +205,15 @@ def check_resume(saved: dict, cfg: TrainConfig, fingerprint: str) -> list[str]:
                          f"({old.get('data')}: fingerprint {had}, this one {fingerprint}); "
                          "drop --data to resume on the run's own, or start a new --run-dir")
     notes = []
-    if old.get("steps") not in (None, cfg.steps):
-        notes.append(f"{flag('steps')} {cfg.steps} (the run had {old['steps']}): the learning-"
-                     f"rate schedule now spans {cfg.steps} steps")
+    span, had_span = cfg.schedule_steps, old.get("schedule_steps") or old.get("steps")
+    if had_span is not None and span != had_span:
+        notes.append(f"{flag('schedule_steps')} {span} (the run's schedule spanned {had_span}): "
+                     f"the learning-rate schedule is re-spanned to {span} steps, so the rate "
+                     "rises again from where the old schedule had brought it")
+    elif old.get("steps") not in (None, cfg.steps) and cfg.steps > span:
+        notes.append(f"{flag('steps')} {cfg.steps} (the run had {old['steps']}): steps after "
+                     f"{span} run at the schedule's final rate {cfg.lr * cfg.min_lr_ratio:.2g} "
+                     f"(pass {flag('schedule_steps')} {cfg.steps} to re-span it instead)")
     return notes
 
 
@@ -241,10 +247,18 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
     """
     run_dir = Path(cfg.run_dir)
     saved = load_run(run_dir) if cfg.resume else None
+    if not cfg.schedule_steps:  # fixed for the run's life: its own, or this start's --steps
+        old = saved["train"] if saved is not None else {}
+        cfg = dataclasses.replace(cfg, schedule_steps=int(
+            old.get("schedule_steps") or old.get("steps") or cfg.steps))
     if not cfg.resume and step_dirs(run_dir / "checkpoints"):
         raise InputError(f"{run_dir} already holds a run at step "
                          f"{max(step_dirs(run_dir / 'checkpoints'))}; pass --resume to "
                          "continue it, or choose another --run-dir")
+    try:
+        step_lib.role_weights(cfg.loss_weights)
+    except ValueError as e:
+        raise InputError(str(e)) from None
     manifest = reader.open_shards(cfg.data)
     fingerprint = reader.dataset_fingerprint(manifest)
     notes = check_resume(saved, cfg, fingerprint) if saved is not None else []

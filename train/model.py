@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from prep import vocab
 from train import arch
 from train import attention as attn
 from train.arch import ModelConfig
@@ -96,6 +97,9 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     seg = segment_ids.astype(jnp.int32)
     pos = positions(seg)
     x = params["embed"].astype(dtype)[tokens]
+    if cfg.grammar_embed:  # what the grammar says of each token, given, not learned by layers
+        role, index, last = grammar(tokens, seg)
+        x = x + (params["role_embed"][role] + params["index_embed"][index]).astype(dtype)
     if probes is not None:
         p_tok, p_prev = probes
         p_prev = p_prev.astype(jnp.int32)
@@ -106,6 +110,9 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         p_mask = ((seg[:, None, :] == p_seg[:, :, None])
                   & (jnp.arange(T)[None, None, :] <= p_prev[:, :, None]))[:, None]  # [B,1,M,T]
         xp = params["embed"].astype(dtype)[p_tok]
+        if cfg.grammar_embed:
+            p_role, p_index = _probe_grammar(tokens, seg, last, p_tok, p_prev)
+            xp = xp + (params["role_embed"][p_role] + params["index_embed"][p_index]).astype(dtype)
     else:
         xp = jnp.zeros((tokens.shape[0], 0, cfg.d_model), dtype)
 
@@ -143,11 +150,88 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     return head(x) if probes is None else (head(x), head(xp))
 
 
+def _role_tables() -> tuple[np.ndarray, np.ndarray]:
+    """By token id: the role (prep.vocab.ROLES) of the token itself where it is a header or
+    marker, and of a byte that follows it as its block's header; as prep.rowdecode assigns them."""
+    roles = {name: k for k, name in enumerate(vocab.ROLES)}
+    own = np.zeros(vocab.VOCAB_SIZE, np.int32)
+    byte_of = np.zeros(vocab.VOCAB_SIZE, np.int32)
+    by_block = {vocab.BLOCK_SRC: "src", vocab.BLOCK_DST: "dst", vocab.BLOCK_TIME: "timestamp",
+                vocab.BLOCK_RESULT: "rtt"}
+    by_block.update({vocab.BLOCK_VALUE + k: f.name for k, f in enumerate(vocab.VALUE_FIELDS)})
+    for t in range(vocab.VOCAB_SIZE):
+        if vocab.BYTE_OFFSET <= t < vocab.BYTE_OFFSET + 256:
+            continue
+        own[t] = roles["result"] if t in (vocab.RTT_START, vocab.FAILED) else roles["marker"]
+        if vocab.BLOCK_OF[t] >= 0:
+            byte_of[t] = roles[by_block[int(vocab.BLOCK_OF[t])]]
+    return own, byte_of
+
+
+ROLE_OWN, ROLE_BYTE_OF = _role_tables()
+
+
+def _is_byte(tokens):
+    return (tokens >= vocab.BYTE_OFFSET) & (tokens < vocab.BYTE_OFFSET + 256)
+
+
+def grammar(tokens: jax.Array, segment_ids: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(role int32[B, T], byte index int32[B, T], last header int32[B, T]) of every token,
+    read from the tokens before it on the device (no grammar check): a byte takes the role
+    of the last header before it (prep.rowdecode.token_roles gives the same roles) and its
+    index in that header's block; a header or marker has its own role and index
+    ``arch.N_INDEX - 1``. Padding, and a byte with no header before it, have role 0."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    T = tokens.shape[-1]
+    idx = jnp.arange(T, dtype=jnp.int32)
+    is_byte = _is_byte(tokens)
+    last = jax.lax.cummax(jnp.where(is_byte, -1, idx), axis=1)
+    header = jnp.take_along_axis(tokens, jnp.maximum(last, 0), axis=1)
+    role = jnp.where(is_byte, jnp.asarray(ROLE_BYTE_OF)[header], jnp.asarray(ROLE_OWN)[tokens])
+    role = jnp.where((seg > 0) & (~is_byte | (last >= 0)), role, 0)
+    index = jnp.where(is_byte, jnp.clip(idx - last - 1, 0, arch.N_INDEX - 2), arch.N_INDEX - 1)
+    return role, index, last
+
+
+def token_roles(tokens: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """int32[B, T]: the role (index into prep.vocab.ROLES) of every token, 0 on padding."""
+    return grammar(tokens, segment_ids)[0]
+
+
+def target_roles(tokens: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """int32[B, T]: the role of the token each position predicts (t + 1), 0 at the last."""
+    r = token_roles(tokens, segment_ids)
+    return jnp.concatenate([r[:, 1:], jnp.zeros_like(r[:, :1])], axis=1)
+
+
+def _probe_grammar(tokens, seg, last, p_tok, p_prev):
+    """(role, index) of probe tokens standing right after row position p_prev."""
+    p_tok = p_tok.astype(jnp.int32)
+    prev_tok = jnp.take_along_axis(tokens.astype(jnp.int32), p_prev, axis=1)
+    prev_last = jnp.take_along_axis(last, p_prev, axis=1)
+    hdr_pos = jnp.where(_is_byte(prev_tok), prev_last, p_prev)
+    header = jnp.take_along_axis(tokens.astype(jnp.int32), jnp.maximum(hdr_pos, 0), axis=1)
+    byte = _is_byte(p_tok)
+    role = jnp.where(byte, jnp.where(hdr_pos >= 0, jnp.asarray(ROLE_BYTE_OF)[header], 0),
+                     jnp.asarray(ROLE_OWN)[p_tok])
+    index = jnp.where(byte, jnp.clip(p_prev - hdr_pos, 0, arch.N_INDEX - 2), arch.N_INDEX - 1)
+    return role, index
+
+
 def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
-             attention: attn.AttentionConfig = attn.AttentionConfig()) -> tuple[jax.Array, jax.Array]:
-    """(sum of next-token cross-entropy over counted targets, number of counted targets)."""
-    ce, _, _, mask = token_losses(params, batch["tokens"], batch["segment_ids"], cfg, attention)
-    return jnp.where(mask, ce, 0.0).sum(), mask.sum()
+             attention: attn.AttentionConfig = attn.AttentionConfig(),
+             role_weights: tuple[float, ...] | None = None):
+    """(sum of next-token cross-entropy over counted targets, number of counted targets,
+    the training objective). The objective is the mean cross-entropy, or, with
+    ``role_weights`` (one weight per prep.vocab.ROLES entry), the mean weighted by the role
+    of each target: sum(w * ce) / sum(w)."""
+    tokens, seg = batch["tokens"], batch["segment_ids"]
+    ce, _, _, mask = token_losses(params, tokens, seg, cfg, attention)
+    total, count = jnp.where(mask, ce, 0.0).sum(), mask.sum()
+    if role_weights is None:
+        return total, count, total / jnp.maximum(count, 1)
+    w = jnp.where(mask, jnp.asarray(role_weights, jnp.float32)[target_roles(tokens, seg)], 0.0)
+    return total, count, (w * ce).sum() / jnp.maximum(w.sum(), 1e-9)
 
 
 def token_losses(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
@@ -173,7 +257,9 @@ def flop_counts(segment_ids: jax.Array) -> dict:
 
 def matmul_params(cfg: ModelConfig) -> int:
     """N in 6N: every parameter but the embedding table, whose use is a lookup, not a matmul."""
-    return arch.n_params(cfg) - math.prod(arch.param_specs(cfg)["embed"].shape)
+    specs = arch.param_specs(cfg)
+    return arch.n_params(cfg) - sum(math.prod(p.shape) for k, p in specs.items()
+                                    if k.endswith("embed"))
 
 
 def train_flops(cfg: ModelConfig, tokens: float, attn_ctx: float) -> float:

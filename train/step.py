@@ -42,9 +42,11 @@ def shardings(mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
 
 
 def lr_schedule(cfg: TrainConfig) -> optax.Schedule:
-    """Linear warmup to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio at cfg.steps."""
+    """Linear warmup to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio at
+    cfg.schedule_steps (or cfg.steps where that is 0), and that final rate after it."""
+    span = cfg.schedule_steps or cfg.steps
     return optax.warmup_cosine_decay_schedule(
-        0.0, cfg.lr, warmup_steps=cfg.warmup, decay_steps=max(cfg.steps, cfg.warmup + 1),
+        0.0, cfg.lr, warmup_steps=cfg.warmup, decay_steps=max(span, cfg.warmup + 1),
         end_value=cfg.lr * cfg.min_lr_ratio)
 
 
@@ -62,13 +64,39 @@ def init_state(mcfg: ModelConfig, opt: optax.GradientTransformation, seed: int,
             "step": jax.device_put(np.int32(0), sharding)}
 
 
-def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, schedule,
-               attention: AttentionConfig):
-    def loss_fn(params):
-        total, count = model.loss_sum(params, batch, mcfg, attention)
-        return total / jnp.maximum(count, 1), count
+def role_weights(spec: str) -> tuple[float, ...] | None:
+    """``--loss-weights`` "rtt=10,result=10,src=0.5" -> one weight per prep.vocab.ROLES entry
+    (unnamed roles 1.0; padding never counts), or None for "" (every target alike)."""
+    if not spec.strip():
+        return None
+    w = dict.fromkeys(ROLES, 1.0)
+    for part in spec.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in ROLES or name == "padding":
+            raise ValueError(f"--loss-weights: {part.strip()!r} is not ROLE=WEIGHT with ROLE one "
+                             f"of {', '.join(r for r in ROLES if r != 'padding')}")
+        try:
+            w[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--loss-weights: {value.strip()!r} in {part.strip()!r} is not a "
+                             "number") from None
+        if not (w[name] >= 0 and np.isfinite(w[name])):
+            raise ValueError(f"--loss-weights: the weight of {name} must be finite and >= 0")
+    if not any(w[r] > 0 for r in ROLES if r != "padding"):
+        raise ValueError("--loss-weights: every weight is 0; nothing would be learned")
+    return tuple(w[r] for r in ROLES)
 
-    (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+
+def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, schedule,
+               attention: AttentionConfig, weights: tuple[float, ...] | None = None):
+    """One optimizer step on the objective (the mean next-token loss, weighted by role where
+    ``weights``); the metrics' ``loss`` is the plain mean either way, comparable across runs."""
+    def loss_fn(params):
+        total, count, objective = model.loss_sum(params, batch, mcfg, attention, weights)
+        return objective, total / jnp.maximum(count, 1)
+
+    (_, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
     updates, opt_state = opt.update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state["step"]),
@@ -92,7 +120,8 @@ def eval_step(params: dict, batch: dict, *, mcfg: ModelConfig, attention: Attent
 
 # what make_optimizer reads: runs that agree on these (and the mesh, model and attention)
 # share one compiled step within a process
-OPT_FIELDS = ("steps", "lr", "min_lr_ratio", "warmup", "weight_decay", "b1", "b2", "grad_clip")
+OPT_FIELDS = ("steps", "lr", "min_lr_ratio", "warmup", "weight_decay", "b1", "b2", "grad_clip",
+              "loss_weights", "schedule_steps")
 
 
 def compile_steps(mesh: Mesh, mcfg: ModelConfig, cfg: TrainConfig, attention: AttentionConfig):
@@ -105,7 +134,8 @@ def compile_steps(mesh: Mesh, mcfg: ModelConfig, cfg: TrainConfig, attention: At
 def _compile_steps(mesh: Mesh, mcfg: ModelConfig, cfg: TrainConfig, attention: AttentionConfig):
     rep, rows = shardings(mesh)
     step_fn = functools.partial(train_step, mcfg=mcfg, opt=make_optimizer(cfg, mcfg),
-                                schedule=lr_schedule(cfg), attention=attention)
+                                schedule=lr_schedule(cfg), attention=attention,
+                                weights=role_weights(cfg.loss_weights))
     train = jax.jit(step_fn, in_shardings=(rep, rows), out_shardings=(rep, rep),
                     donate_argnums=0)
     return train, _compile_eval(mesh, mcfg, attention)

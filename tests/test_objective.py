@@ -1,0 +1,121 @@
+"""The training objective: target roles on the device, role weights, the grammar embedding,
+and the LR schedule of a resumed run."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from prep import rowdecode
+from prep import vocab as V
+from prep.manifest import load_manifest
+from train import arch, model
+from train import step as step_lib
+from train.cli import main
+from train.config import TrainConfig
+from train.loop import train
+from train.reader import read_split
+
+B = V.BYTE_OFFSET
+# one IPv4 measurement, blocks in the order src, dst, result, timestamp (delta 1 byte)
+ROW = [V.MEASUREMENT_START, V.SRC_IPV4, B + 10, B + 0, B + 0, B + 1, V.DST_IPV4, B + 193,
+       B + 0, B + 14, B + 129, V.RTT_START, B + 0x68, B + 0x20, V.TIMESTAMP_DELTA1, B + 240]
+# marker 1, src 2, dst 3, timestamp 4, result 5, rtt 6
+ROLES = [1, 1, 2, 2, 2, 2, 1, 3, 3, 3, 3, 5, 6, 6, 1, 4]
+INDEX = [16, 16, 0, 1, 2, 3, 16, 0, 1, 2, 3, 16, 0, 1, 16, 0]
+
+
+def test_grammar_of_a_written_measurement():
+    tok = jnp.asarray([ROW + [0, 0]])
+    seg = jnp.asarray([[1] * len(ROW) + [0, 0]])
+    role, index, _ = model.grammar(tok, seg)
+    assert np.asarray(role)[0].tolist() == ROLES + [0, 0]
+    assert np.asarray(index)[0, :len(ROW)].tolist() == INDEX
+    assert np.asarray(model.target_roles(tok, seg))[0].tolist() == ROLES[1:] + [0, 0, 0]
+    assert arch.N_INDEX == 17
+
+
+def test_device_roles_equal_rowdecode_on_real_rows(builtin_shards):
+    tok, seg = read_split(builtin_shards, load_manifest(builtin_shards), "test")
+    assert len(tok) >= 5
+    host = rowdecode.token_roles(tok, seg)
+    dev = np.asarray(model.token_roles(jnp.asarray(tok), jnp.asarray(seg)))
+    np.testing.assert_array_equal(dev, host)
+
+
+def test_role_weights_parse():
+    assert step_lib.role_weights("") is None
+    assert V.ROLES[:7] == ("padding", "marker", "src", "dst", "timestamp", "result", "rtt")
+    w = step_lib.role_weights("rtt=10, result=4,src=0")
+    assert w[:7] == (1.0, 1.0, 0.0, 1.0, 1.0, 4.0, 10.0)
+    for bad, msg in [("rtt", "not ROLE=WEIGHT"), ("latency=2", "not ROLE=WEIGHT"),
+                     ("rtt=x", "'x' .* is not a number"), ("rtt=-1", "finite and >= 0"),
+                     ("marker=0,src=0,dst=0,timestamp=0,result=0,rtt=0", "every weight is 0")]:
+        with pytest.raises(ValueError, match=msg):
+            step_lib.role_weights(bad)
+
+
+def test_weighted_objective_is_the_weighted_mean():
+    cfg = dataclasses.replace(arch.MODELS["tiny"], seq_len=len(ROW))
+    params = model.init_params(cfg, 0)
+    batch = {"tokens": jnp.asarray([ROW]), "segment_ids": jnp.ones((1, len(ROW)), jnp.int32)}
+    ce, _, _, mask = model.token_losses(params, batch["tokens"], batch["segment_ids"], cfg)
+    ce = np.asarray(ce)[0, :-1]  # 15 counted targets: ROW[1:]
+    total, count, plain = model.loss_sum(params, batch, cfg)
+    assert int(count) == 15 and np.isclose(float(plain), ce.mean(), rtol=1e-6)
+    w = step_lib.role_weights("rtt=10,src=0")
+    total_w, count_w, obj = model.loss_sum(params, batch, cfg, role_weights=w)
+    tw = np.array([w[r] for r in ROLES[1:]])
+    assert float(total_w) == float(total) and int(count_w) == 15
+    assert np.isclose(float(obj), (tw * ce).sum() / tw.sum(), rtol=1e-6)
+    assert tw.sum() == 4 * 0 + 2 * 10 + 9  # src bytes off, two RTT bytes x10, nine others
+
+
+def test_grammar_embedding_probes_equal_writing_the_token():
+    """A probe (train.predictor's second RTT byte) gets the role and index the token would
+    get written into the row: the same logits."""
+    cfg = dataclasses.replace(arch.MODELS["tiny"], seq_len=len(ROW), grammar_embed=True)
+    params = jax.tree.map(lambda x: 20 * x, model.init_params(cfg, 1))  # far from uniform
+    assert {"role_embed", "index_embed"} <= set(params)
+    tok = jnp.asarray([ROW])
+    seg = jnp.ones_like(tok)
+    for prev, probe in [(12, B + 0x33), (11, B + 0x70), (5, V.DST_IPV4), (9, B + 7)]:
+        _, lp = model.forward(params, tok, seg, cfg,
+                              probes=(jnp.asarray([[probe]]), jnp.asarray([[prev]])))
+        written = np.array(ROW)
+        written[prev + 1] = probe
+        full = model.forward(params, jnp.asarray([written]), seg, cfg)
+        np.testing.assert_allclose(np.asarray(lp)[0, 0], np.asarray(full)[0, prev + 1],
+                                   atol=2e-5)
+
+
+def _lr_at(run, step):
+    return next(r["lr"] for r in map(json.loads, (Path(run) / "metrics.jsonl").open())
+                if r.get("step") == step and "lr" in r)
+
+
+def test_resume_with_more_steps_keeps_the_schedule(builtin_shards, tmp_path):
+    base = dict(data=str(builtin_shards), steps=10, batch_size=2, lr=1e-3, warmup=2,
+                log_every=1, eval_every=0, ckpt_every=0)
+    run = tmp_path / "run"
+    train(TrainConfig(run_dir=str(run), **base))
+    cfg = json.loads((run / "config.json").read_text())["train"]
+    assert cfg["schedule_steps"] == 10
+    args = ["--data", str(builtin_shards), "--run-dir", str(run), "--resume", "--steps", "14",
+            "--log-every", "1", "--eval-every", "0"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert "steps after 10 run at the schedule's final rate 0.0001" in r.stderr
+    # the metric is the rate of the step's update: step s logs schedule(s - 1)
+    assert _lr_at(run, 10) > 1e-4 and all(
+        np.isclose(_lr_at(run, s), 1e-4, rtol=1e-5) for s in (12, 13, 14))
+    # re-spanning on purpose raises the rate again, and says so
+    r = CliRunner().invoke(main, args[:6] + ["20", "--schedule-steps", "20", *args[7:]])
+    assert r.exit_code == 0, r.output
+    assert "re-spanned to 20 steps" in r.stderr
+    assert _lr_at(run, 16) > 2e-4
