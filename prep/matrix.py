@@ -44,9 +44,10 @@ leaves nothing a reader would take as finished. A non-empty DIR is refused witho
 ``--overwrite``, which replaces the parquet files there (and nothing else may be there); a
 shards or run folder is refused always.
 
-Speed: files are parsed by Arrow (split on whitespace, cast to float64), ~1.5 s for the
-688 99×99 frames of the Seattle set on one core; a file that fails the fast path is
-re-read line by line to say where.
+Speed: files are parsed by Arrow (split on whitespace, cast to float64); a file that fails
+that fast path is re-read token by token to say where. The Seattle set (688 frames of
+99×99, 6.6M measurements) imports in ~5 s on one core of the 2-core machine: a third
+parsing, a third writing parquet.
 """
 
 from __future__ import annotations
@@ -378,9 +379,10 @@ def import_matrix(cfg: MatrixConfig) -> dict:
 
 def format_summary(s: dict) -> str:
     rej = sum(s["rejected"].values())
+    files = s["first_file"] if s["frames"] == 1 else f"{s['first_file']} .. {s['last_file']}"
     lines = [
-        f"import-matrix: {s['frames']:,} frames of {s['nodes']:,} nodes ({s['first_file']} .. "
-        f"{s['last_file']}) in {s['elapsed_s']:.1f} s",
+        f"import-matrix: {s['frames']:,} frame{'s' if s['frames'] > 1 else ''} of "
+        f"{s['nodes']:,} nodes ({files}) in {s['elapsed_s']:.1f} s",
         f"  measurements  {s['measurements']:,} of {s['entries']:,} entries; rejected {rej:,} "
         f"({format_rejected(s['rejected'])})",
         f"  time          {s['start_iso']} .. {s['end_iso']}, {s['interval_s']:,} s a frame",
