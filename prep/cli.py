@@ -3,6 +3,7 @@
 Usage:
     prep synth --out data/raw --rows 3000000 --probes 2000 --days 2 --seed 0
     prep import-atlas ../shared/data/ripe-atlas/api ../shared/data/ripe-atlas/dump --out data/atlas
+    prep import-matrix ../shared/data/latency-matrices/seattle --out data/seattle --interval 300 --unit s
     prep shards data/raw --out shards --workers 2 --seed 0
     prep verify shards
     prep inspect shards --split test --rows 0:2
@@ -118,6 +119,52 @@ class _Time(click.ParamType):
             return parse_time(value)
         except ValueError as e:
             self.fail(str(e), param, ctx)
+
+
+@main.command("import-matrix")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Folder for the parquet output (DIR/matrix.parquet).")
+@click.option("--interval", required=True, type=click.IntRange(min=1), metavar="SECONDS",
+              help="Seconds each frame covers: frame f is [start + f*interval, "
+                   "start + (f+1)*interval).")
+@click.option("--unit", required=True, type=click.Choice(["s", "ms", "us"]),
+              help="The matrices' RTT unit (Seattle's is s); converted to ms.")
+@click.option("--start", type=_Time(), default="2026-01-01T00:00:00Z", show_default=True,
+              metavar="TIME", help="Frame 0's start: ISO-8601 (UTC unless an offset is "
+                                   "given) or Unix seconds.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace the parquet files already in --out (nothing else may be there); "
+                   "they stay until the new output is complete.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on stdout.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def import_matrix(inputs, out, interval, unit, start, overwrite, as_json, quiet):
+    """Convert latency matrices (one N×N RTT matrix per time frame) to parquet.
+
+    INPUTS are files, one time frame each, or folders standing for the files directly
+    in them: N lines of N whitespace-separated RTTs, entry (i, j) measured from node i to
+    node j, the format of the network-coordinate data sets (King, Meridian, PlanetLab,
+    Seattle). Frames are taken in natural order of their paths (SeattleData_2 before
+    SeattleData_10), whatever order they are given in. Node i gets one stable public-looking
+    IPv4 address and prb_id i + 1; frame f's measurements are spread over its interval.
+    The diagonal and entries <= 0 are rejected (counted by reason); a token that is not a
+    number, ragged rows, a non-square matrix or frames of different N are an error.
+
+    \b
+    Example (the Seattle set, 688 frames of 99 nodes, in seconds):
+      prep import-matrix ../shared/data/latency-matrices/seattle --out data/seattle --interval 300 --unit s
+      prep shards data/seattle --out shards-seattle --split time+probe --row-len 256
+    """
+    import json
+    from pathlib import Path
+
+    from prep.matrix import MatrixConfig, import_matrix as run
+
+    summary = run(MatrixConfig(inputs=tuple(Path(p) for p in inputs), out=Path(out),
+                               interval_s=interval, unit=unit, start=start,
+                               overwrite=overwrite, progress=not quiet))
+    if as_json:
+        click.echo(json.dumps(summary, sort_keys=True))
 
 
 @main.command()

@@ -5,6 +5,7 @@
     parquet      a file starting with PAR1              -> prep shards
     atlas        JSON (array or lines), .bz2 or .gz     -> prep import-atlas
     csv          text whose first line has commas       -> convert to parquet (polars)
+    matrix       text whose first line is 2+ numbers    -> prep import-matrix (a latency matrix)
     shards       a folder with manifest.json / train/   -> train --data, prep inspect/verify
     run          a folder with config.json and checkpoints/  -> train eval / train predict
     folder:K     a folder whose files are mostly of kind K
@@ -12,9 +13,10 @@
     unknown      anything else
 
 ``advice(path, kind, command)`` is the one-line fix for giving ``path`` to ``command``
-(``"prep shards"``, ``"prep import-atlas"``, ``"train"``), or None when that is the right
-command for it. Commands call it where they would otherwise fail with a message about
-their own format ("not a readable parquet file") and leave the user guessing.
+(``"prep shards"``, ``"prep import-atlas"``, ``"prep import-matrix"``, ``"train"``), or
+None when that is the right command for it. Commands call it where they would otherwise
+fail with a message about their own format ("not a readable parquet file") and leave the
+user guessing.
 """
 
 from __future__ import annotations
@@ -58,22 +60,38 @@ def kind(path: str | Path) -> str:
     first = text.split(b"\n", 1)[0]
     if b"," in first and all(32 <= c < 127 or c == 9 for c in first.rstrip(b"\r")):
         return "csv"
+    words = first.split()[:-1] if b"\n" not in text else first.split()  # the last may be cut
+    if len(words) >= 2 and all(_number(w) for w in words):
+        return "matrix"
     return "unknown"
+
+
+def _number(word: bytes) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def advice(path: str | Path, k: str, command: str) -> str | None:
     """The one-line fix for giving ``path`` (of kind ``k``) to ``command``; None if right."""
     base = k.removeprefix("folder:")
     what = {"parquet": "parquet measurements", "atlas": "RIPE Atlas JSON results",
-            "csv": "CSV", "shards": "a shards folder (the output of `prep shards`)",
+            "csv": "CSV", "matrix": "latency matrices (one N×N RTT matrix per file)",
+            "shards": "a shards folder (the output of `prep shards`)",
             "run": "a training run folder", "empty": "empty", "unknown": "of an unknown format"}
     holds = f"{path} holds {what.get(base, base)}" if k.startswith("folder:") or base in (
-        "parquet", "atlas") else f"{path} is {what.get(base, base)}"
+        "parquet", "atlas", "matrix") else f"{path} is {what.get(base, base)}"
     if base == "parquet" and command != "prep shards":
         return f"{holds}; `prep shards {path} --out shards` makes training shards of it"
     if base == "atlas" and command != "prep import-atlas":
         return (f"{holds}; convert them first: `prep import-atlas {path} --out data/atlas`, "
                 "then `prep shards data/atlas --out shards`")
+    if base == "matrix" and command != "prep import-matrix":
+        return (f"{holds}; convert them first: `prep import-matrix {path} --out data/matrix "
+                "--interval 300 --unit ms` (--interval: seconds a frame covers; --unit: the "
+                "matrices' s, ms or us), then `prep shards data/matrix --out shards`")
     if base == "csv":
         stem = Path(path).with_suffix(".parquet") if not k.startswith("folder:") else "out.parquet"
         return (f"{holds}; convert it to parquet with the input columns first, e.g. `python -c "
