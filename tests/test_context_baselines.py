@@ -116,4 +116,4 @@ def test_cost_of_a_few_hundred_thousand_queries():
     got = C.predict(ctx, q_src, q_dst, rtt, fallback=np.zeros(n), fail_rate=0.1, vivaldi=viv)
     seconds = time.perf_counter() - t0
     assert set(got) == set(C.CONTEXT_BASELINES)
-    assert seconds < 5.0, seconds  # about 0.3 s on the 2-core machine
+    assert seconds < 5.0, seconds  # about 0.8 s on the 2-core machine

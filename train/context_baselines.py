@@ -26,8 +26,9 @@ P(failed), the same for all four: the context's earlier failure rate to that des
 else the context's earlier failure rate (any destination), else the train split's.
 
 Cost: one Numba pass over the contexts, O(k²) in a context's length k (k <= row length /
-12), and the placement's few spring rounds per reply; a few hundred thousand queries take
-a fraction of a second, less than the model's own pass over them.
+12), and the placement's few spring rounds per reply: 300,000 queries in contexts of 40
+take about 0.8 s on one core (0.1 s without the placement), where the model answers a few
+hundred to a few thousand queries a second.
 """
 
 from __future__ import annotations
