@@ -6,9 +6,12 @@ split with `--split time+probe`.
   P(failed) pass, then the second-byte probes for p10 / median / p90) over whole test
   contexts, after one warm-up batch (compilation). The model is the tiny config with
   untrained parameters: the cost does not depend on what the weights are.
-- ``eval.baselines_fit_s``: fitting all six baselines (train.baselines.fit_all) on the
-  train split, decoded from its shards; ``eval.baseline_fit_s.<name>`` each alone;
-  ``eval.baselines_queries_per_s``: all six predicting the same queries.
+- ``eval.baselines_fit_s``: fitting all the train-fit baselines (train.baselines.fit_all)
+  on the train split, decoded from its shards; ``eval.baseline_fit_s.<name>`` each alone;
+  ``eval.baselines_queries_per_s``: all of them predicting the same queries.
+- ``eval.context_baselines_queries_per_s``: the four context baselines
+  (train.context_baselines, after a compiling call) on the same queries, beside the model's
+  ``eval.queries_per_s``: they must cost no more than the model's own pass.
 - ``eval.decode_measurements_per_s``: prep.rowdecode over the train split's rows.
 """
 
@@ -25,7 +28,7 @@ from prep import rowdecode
 from prep.bucket import ShardsConfig
 from prep.shards import run_shards
 from prep.synth import SynthConfig, synth
-from train import baselines, model, reader
+from train import baselines, context_baselines, model, reader
 from train import evaluate as E
 from train import predictor as P
 from train.arch import model_config
@@ -48,7 +51,8 @@ def run() -> dict[str, float]:
         del tok, seg
 
     q = E.full_mode_queries(test, QUERIES, np.random.default_rng(0))
-    contexts, qctx, q_choice, q_rtt = E._encode_queries(test, q)
+    qm = test.take(q)
+    contexts, qctx, q_choice, q_rtt = E._encode_queries(qm)
     mcfg = model_config("tiny", seq_len=manifest["row_len"])
     pred = P.Predictor(jax.device_put(model.init_params(mcfg, 0)), mcfg, batch_size=BATCH)
     qtok, qseg, where = P.pack_contexts(contexts, pred.row_len)
@@ -60,7 +64,6 @@ def run() -> dict[str, float]:
     pred.answer(qtok, qseg, *args)
     query_s = time.perf_counter() - t0
 
-    qm = test.take(q)
     (tr, qids), n_nodes = E._node_ids([train, qm])
     cols = (tr[0], tr[1], train.rtt_ms(), train.time, train.has_time)
     baselines.fit_all(*cols, n_nodes=n_nodes, seed=0)  # compile the Numba kernels
@@ -76,11 +79,24 @@ def run() -> dict[str, float]:
     for b in fitted.values():
         b.predict(*qids)
     predict_s = time.perf_counter() - t0
+    ctx_id, q_rtt_ms = qm.row * 256 + qm.segment, qm.rtt_ms()
+    fallback = context_baselines.fallback_chain(fitted, *qids)
+
+    def context_answers(k):  # the first k queries
+        return context_baselines.predict(
+            ctx_id[:k], qids[0][:k], qids[1][:k], q_rtt_ms[:k], fallback=fallback[:k],
+            fail_rate=fitted["global_median"].fail_rate, vivaldi=fitted["vivaldi"])
+
+    context_answers(50)  # compile
+    t0 = time.perf_counter()
+    context_answers(len(q))
+    context_s = time.perf_counter() - t0
     return out | {
         "eval.queries": float(len(q)),
         "eval.queries_per_s": len(q) / query_s,
         "eval.train_measurements": float(len(train)),
         "eval.baselines_fit_s": fit_s,
         "eval.baselines_queries_per_s": len(q) / predict_s,
+        "eval.context_baselines_queries_per_s": len(q) / context_s,
         "eval.decode_measurements_per_s": len(train) / decode_s,
     }

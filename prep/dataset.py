@@ -154,7 +154,28 @@ def summary(manifest: dict) -> dict:
             "measurements_per_s": t.get("measurements_per_s"), "workers": t.get("workers"),
             "peak_rss_mb": t.get("peak_rss_mb"), "buckets": cfg["n_buckets"],
             # each bucket's last row of each split and epoch may be part-filled
-            "bucket_tail_rows": cfg["n_buckets"] * len(SPLITS) * cfg["epochs"]}
+            "bucket_tail_rows": cfg["n_buckets"] * len(SPLITS) * cfg["epochs"],
+            "warnings": split_warnings(manifest)}
+
+
+# Below these a split still builds, but what is measured on it (or learned from it) is noise.
+MIN_SPLIT_SHARE, MIN_SPLIT_MEASUREMENTS = 0.01, 100
+
+
+def split_warnings(manifest: dict) -> list[str]:
+    """A line per split holding under 1 % of the rows or under 100 measurements."""
+    rows = manifest["counts"]["rows"]
+    total = sum(rows.values())
+    out = []
+    for s in SPLITS:
+        n, meas = rows[s], manifest.get("splits", {}).get(s, {}).get("measurements", 0)
+        if total and (n < MIN_SPLIT_SHARE * total or meas < MIN_SPLIT_MEASUREMENTS):
+            fix = ("a `train eval` on it means little; give more probes, a larger "
+                   "--test-fraction or an earlier --test-from" if s == "test" else
+                   "too little to train on; lower --test-fraction or give more data")
+            out.append(f"the {s} split holds {n:,} of {total:,} rows "
+                       f"({100 * n / total:.3g} %) and {meas:,} measurements: {fix}")
+    return out
 
 
 def format_summary(s: dict) -> str:
@@ -182,7 +203,7 @@ def format_summary(s: dict) -> str:
             "part-filled last rows (fewer --buckets pack tighter, with more memory per worker)"
             if s["buckets"] > 1 and rows > s["lower_bound_rows"] else ""),
         f"  tokens        {s['tokens']:,}, padding {100 * s['padding_fraction']:.3f} %",
-    ])
+    ] + [f"warning: {w}" for w in s.get("warnings", [])])
 
 
 def read_units(paths: list[Path]) -> tuple[list[list[tuple[str, list[int]]]], int]:

@@ -56,6 +56,16 @@ def test_global_median(tiny):
     assert covered == [True] * 8
 
 
+def test_dst_median(tiny):
+    rtt, p_fail, covered = _predict(tiny, "dst_median")
+    # dst 1: 10 20 14 5 7 and a failure; dst 0: 30 40 and a failure; dst 2: 50 4 9 100 and
+    # three failures; dst 3 was never a destination
+    #               (0,1) (1,0) (0,2) (1,2) (4,2) (3,1) (3,0) (2,3)
+    assert rtt == [10.0, 35.0, 29.5, 29.5, 29.5, 10.0, 35.0, 14.0]
+    assert p_fail == pytest.approx([1 / 6, 1 / 3, 3 / 7, 3 / 7, 3 / 7, 1 / 6, 1 / 3, 0.3125])
+    assert covered == [True] * 7 + [False]
+
+
 def test_pair_last(tiny):
     rtt, p_fail, covered = _predict(tiny, "pair_last")
     #               (0,1)  (1,0) (0,2)  (1,2) (4,2)  (3,1) (3,0)  (2,3)
@@ -84,8 +94,9 @@ def test_pair_median(tiny):
 @pytest.mark.parametrize("name, covered", [
     # Vivaldi: both nodes in a successful ping (node 4 never was)
     ("vivaldi", [True, True, True, True, False, True, True, True]),
-    # factorization: source seen as a source and destination as a destination
-    ("matrix_factorization", [True, True, True, True, False, True, True, False]),
+    # factorization: source seen as a source and destination as a destination, or the
+    # reverse: (2, 3), node 2 only ever a destination, is answered as (3, 2)
+    ("matrix_factorization", [True, True, True, True, False, True, True, True]),
 ])
 def test_coordinate_models_fall_back(tiny, name, covered):
     pred = tiny[name].predict(Q_SRC, Q_DST)
@@ -139,6 +150,23 @@ def test_vivaldi_recovers_a_plane():
     assert pred.covered.all()
     assert _median_rel_err(pred.rtt_ms, dist[held_out]) < 0.005
     assert _median_rel_err(np.full(held_out.sum(), model.median_ms), dist[held_out]) > 0.2
+
+
+def test_a_node_seen_only_as_a_destination_is_placed():
+    """A held-out probe that others pinged: Vivaldi places it (springs move both ends); the
+    factorization answers its pings as the reverse pings (a symmetric RTT matrix here)."""
+    rng = np.random.default_rng(5)
+    n = 30
+    points = rng.uniform(0, 100, (n, 2))
+    src, dst = np.array([(i, j) for i in range(1, n) for j in range(n) if i != j]).T
+    dist = np.linalg.norm(points[src] - points[dst], axis=1)  # node 0: destination only
+    q_src, q_dst = np.zeros(n - 1, np.int64), np.arange(1, n)
+    truth = np.linalg.norm(points[0] - points[q_dst], axis=1)
+    for name, tol in (("vivaldi", 0.02), ("matrix_factorization", 0.1)):
+        model = baselines.fit(name, src, dst, dist, *_no_time(len(src)), n_nodes=n, seed=0)
+        pred = model.predict(q_src, q_dst)
+        assert pred.covered.all(), name
+        assert _median_rel_err(pred.rtt_ms, truth) < tol, name
 
 
 def test_factorization_recovers_a_rank_3_matrix():

@@ -1,5 +1,6 @@
 """`train eval` and `train predict` end to end on a small real-pipeline dataset (time split):
-exact query and target counts, the model's answers held to a brute force, the CLIs."""
+exact query and target counts, strata held to a brute force, the model's answers (with and
+without context) held to a brute force, --max-queries, the figure, the CLIs."""
 
 import json
 
@@ -17,8 +18,9 @@ from train import predictor as P
 from train import reader
 from train.cli import main
 from train.config import TrainConfig
-from train.eval_report import format_report
-from train.evaluate import EvalConfig, evaluate
+from train.eval_metrics import STRATA
+from train.eval_report import format_report, label
+from train.evaluate import PREDICTORS, EvalConfig, evaluate
 from train.loop import train
 from tests.test_predictor import brute_force
 
@@ -42,8 +44,13 @@ def run(tmp_path_factory):
     return d
 
 
-def test_eval_counts_every_query_and_target(run):
-    report, detail = evaluate(EvalConfig(run_dir=str(run / "run")), progress=False)
+@pytest.fixture(scope="module")
+def full(run):
+    return evaluate(EvalConfig(run_dir=str(run / "run")), progress=False)
+
+
+def test_eval_counts_every_query_and_target(run, full):
+    report, detail = full
     manifest = reader.open_shards(run / "shards")
     tok, seg = reader.read_split(run / "shards", manifest, "test")
     # queries: every measurement of every test segment whose measurements all carry a time
@@ -60,33 +67,82 @@ def test_eval_counts_every_query_and_target(run):
     assert report["loss"]["tokens"] == targets
     assert sum(v["tokens"] for v in report["loss"]["by_role"].values()) == targets
     assert sorted(report["loss"]["by_role"]) == ["dst", "marker", "result", "rtt", "src", "timestamp"]
-    # the model and six baselines, each scored on the same queries
-    assert list(report["rtt"]) == ["model", "global_median", "pair_last", "pair_ema",
-                                   "pair_median", "vivaldi", "matrix_factorization"]
+    # the model with and without its context, four context and seven train-fit baselines,
+    # each scored on the same queries, by stratum and by context length
+    assert list(report["rtt"]) == list(PREDICTORS) == [
+        "model", "model_no_context", "context_last", "context_ema", "context_median",
+        "context_vivaldi", "global_median", "dst_median", "pair_last", "pair_ema",
+        "pair_median", "vivaldi", "matrix_factorization"]
     for m in report["rtt"].values():
         assert m["n"] == n_q and m["n_rtt"] == n_rtt
         assert sum(b["n"] for b in m["by_history"].values()) == n_q
+        assert sum(b["n"] for b in m["by_stratum"].values()) == n_q
+        assert m["median_rel_ci"][0] <= m["median_rel"] <= m["median_rel_ci"][1]
+    assert 0 <= report["rtt"]["model"]["interval_coverage"] <= 1
+    assert "interval_coverage" in report["rtt"]["model"]["by_stratum"]["cold"]
     assert report["data_matches_run"] is True
     assert report["split"]["split"] == "time"
     written = json.loads((run / "run" / "eval" / "step-6.json").read_text())
     assert written["rtt"] == report["rtt"]
     text = format_report(report)
     assert "matrix factorization" in text and "Vivaldi" in text and f"{n_q:,} RTT queries" in text
+    assert "context last-seen" in text and "inside its [p10, p90]" in text
+    # fewer than 1,000 replies: a warning, in the report and its table
+    assert n_rtt < 1000 and any("fewer than 1,000" in w for w in report["warnings"])
+    assert text.splitlines()[1].startswith("warning: only ")
     # a history bucket without replies prints "-", aligned in its column
     r2 = json.loads(json.dumps(report))
     for m in r2["rtt"].values():
         m["by_history"][next(iter(m["by_history"]))]["median_rel"] = None
     lines = format_report(r2).splitlines()
     i = lines.index("median relative error by earlier measurements in the context")
-    table = lines[i + 1:i + 3 + len(r2["rtt"])]
+    scored = [k for k, m in r2["rtt"].items() if m["covered"] > 0]
+    table = lines[i + 1:i + 3 + len(scored)]
     assert len({len(line) for line in table}) == 1 and table[-1][22:31] == "        -"
+    # a baseline that fell back for every query names its fallback instead of its numbers
+    r2["rtt"]["pair_last"]["covered"] = 0.0
+    lines = format_report(r2).splitlines()
+    assert f"{label('pair_last'):<22}(fell back for all: = global median)" in lines
+    assert sum(line.startswith("pair last-seen") for line in lines) == 1
 
 
-def test_eval_answers_equal_brute_force(run):
+def _address(m, j, side):
+    return (int(m.family[j]), int(getattr(m, side + "_hi")[j]), int(getattr(m, side + "_lo")[j]))
+
+
+def test_strata_and_context_last_equal_brute_force(run, full):
+    report, detail = full
+    q = detail.queries
+    manifest = reader.open_shards(run / "shards")
+    train = rowdecode.decode_rows(*reader.read_split(run / "shards", manifest, "train"))
+    known = {_address(train, j, side) for j in range(len(train)) for side in ("src", "dst")}
+    counts = dict.fromkeys(STRATA, 0)
+    ms = q.rtt_ms()
+    for i in range(len(q)):
+        before = [j for j in range(len(q)) if (q.row[j], q.segment[j]) == (q.row[i], q.segment[i])
+                  and q.index[j] < q.index[i] and _address(q, j, "dst") == _address(q, i, "dst")
+                  and not q.failed[j]]
+        stratum = ("pair_in_context" if before else "node_known"
+                   if _address(q, i, "src") in known else "cold")
+        counts[stratum] += 1
+        if before:  # the last earlier reply to the same destination, exactly
+            assert detail.rtt_ms["context_last"][i] == ms[max(before, key=lambda j: q.index[j])]
+    assert {s: v["n"] for s, v in report["rtt"]["model"]["by_stratum"].items()} == counts
+    assert counts["pair_in_context"] > 0 and counts["node_known"] + counts["cold"] > 0
+
+
+def test_eval_answers_equal_brute_force(run, full):  # full: the full report is written
+    full_json = (run / "run" / "eval" / "step-6.json").read_text()
     report, detail = evaluate(EvalConfig(run_dir=str(run / "run"), max_queries=40, seed=1),
                               progress=False)
     q = detail.queries
-    assert 40 <= len(q) < 40 + 30 and report["queries"] == len(q)  # whole contexts to 40
+    assert len(q) == report["queries"] == 40  # whole contexts, the last one cut
+    # each context is whole or a prefix (indices 0, 1, ..., k - 1)
+    ctx = q.row.astype(np.int64) * 256 + q.segment
+    first = np.r_[True, ctx[1:] != ctx[:-1]]
+    assert (q.index[first] == 0).all() and (np.diff(q.index)[~first[1:]] == 1).all()
+    assert report["written_to"] == str(run / "run" / "eval" / "step-6-q40.json")
+    assert (run / "run" / "eval" / "step-6.json").read_text() == full_json  # not overwritten
     pred = P.load(run / "run")
     checked = 0
     for i in np.flatnonzero(~q.failed)[:5]:
@@ -98,14 +154,23 @@ def test_eval_answers_equal_brute_force(run):
         assert detail.model.quantile_code[i].tolist() == codes
         assert detail.p_failed["model"][i] == pytest.approx(p_fail, rel=1e-4)
         assert detail.rtt_ms["model"][i] == P.code_ms(codes[1])
+        # without context: the query alone, a one-measurement context
+        tokens, choice, rtt = P.encode_context(ms[-1:])
+        p_fail, codes = brute_force(pred, tokens, choice[-1], rtt[-1])
+        assert detail.rtt_ms["model_no_context"][i] == P.code_ms(codes[1])
+        assert detail.p_failed["model_no_context"][i] == pytest.approx(p_fail, rel=1e-4)
         checked += 1
     assert checked == 5
 
 
 def test_eval_and_predict_cli(run, tmp_path):
-    r = CliRunner().invoke(main, ["eval", str(run / "run"), "--max-queries", "30", "--json"])
+    pdf = tmp_path / "eval.pdf"
+    r = CliRunner().invoke(main, ["eval", str(run / "run"), "--max-queries", "30", "--json",
+                                  "--plot", str(pdf)])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["queries"] >= 30
+    assert json.loads(r.stdout)["queries"] == 30
+    assert "warning: only " in r.stderr  # 30 queries: fewer than 1,000 with a reply
+    assert pdf.read_bytes()[:5] == b"%PDF-"
 
     r = CliRunner().invoke(main, ["predict", str(run / "run"), "--src", "192.0.2.7", "--dst",
                                   "193.0.14.129", "--time", "2026-01-01T12:00:00Z", "--json"])
@@ -139,8 +204,32 @@ def test_eval_and_predict_cli(run, tmp_path):
 P_KEYS = ("rtt_ms", "p10_ms", "p90_ms", "p_failed", "history_used")
 
 
+def test_plot_png(run, full, tmp_path):
+    from train.eval_plot import plot
+
+    report, detail = full
+    r2 = json.loads(json.dumps(report))
+    r2["rtt"]["pair_last"]["covered"] = 0.0  # drawn as one legend line with the others like it
+    plot(r2, detail, str(tmp_path / "eval.png"))
+    assert (tmp_path / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def no_test_split(run):
+    """The run's data rebuilt with every probe in train: same rows length, empty test split."""
+    from prep.bucket import ShardsConfig
+    from prep.shards import run_shards
+
+    out = run / "shards-no-test"
+    run_shards([str(run / "raw")], str(out), ShardsConfig(seed=0, row_len=L, test_fraction=0.0),
+               workers=1, progress=False)
+    return out
+
+
 @pytest.mark.parametrize("args, message", [
     (["eval", "no/such/run"], "no such run folder"),
+    (["eval", "NOTRUN"], "not a run folder"),
+    (["eval", "RUN", "--data", "NOTEST"], "the test split is empty"),
     (["predict", "no/such/run", "--src", "1.2.3.4", "--dst", "5.6.7.8"], "no such run folder"),
     (["predict", "RUN", "--src", "1.2.3.999", "--dst", "5.6.7.8"], "give IPv4 or IPv6 addresses"),
     (["predict", "RUN", "--src", "1.2.3.4"], "give --src and --dst"),
@@ -149,11 +238,15 @@ P_KEYS = ("rtt_ms", "p10_ms", "p90_ms", "p_failed", "history_used")
     (["predict", "RUN", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--time", "yesterday"],
      "not an ISO-8601 time"),
 ])
-def test_bad_input_is_one_line_and_exit_2(run, tmp_path, args, message):
+def test_bad_input_is_one_line_and_exit_2(run, no_test_split, tmp_path, args, message):
     bad = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"event_time": [1], "src_addr": ["1.2.3.4"], "dst_addr": ["5.6.7.8"],
                              "ip_version": [4]}), bad)  # no rtt column
-    args = [str(run / "run") if a == "RUN" else str(bad) if a == "BADHIST" else a for a in args]
+    (tmp_path / "notrun").mkdir()
+    (tmp_path / "notrun" / "notes.txt").write_text("a folder, not a run")
+    paths = {"RUN": run / "run", "BADHIST": bad, "NOTRUN": tmp_path / "notrun",
+             "NOTEST": no_test_split}
+    args = [str(paths[a]) if a in paths else a for a in args]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 2, r.output
     lines = r.stderr.strip().splitlines()

@@ -270,6 +270,14 @@ def test_cli_json_summary(tmp_path):
     s = json.loads(r.stdout.strip().splitlines()[-1])
     assert (s["measurements_in"], s["measurements_rejected"], s["rows"]) == (9, 3, {"train": 2, "test": 0})
     assert "padding" in r.stderr and "9 in, 3 rejected" in r.stderr
+    # under 100 measurements, and --test-fraction 0's empty test split: warnings, on stderr
+    # and in the summary
+    want = ["the train split holds 2 of 2 rows (100 %) and 6 measurements: too little to "
+            "train on; lower --test-fraction or give more data",
+            "the test split holds 0 of 2 rows (0 %) and 0 measurements: a `train eval` on it "
+            "means little; give more probes, a larger --test-fraction or an earlier --test-from"]
+    assert s["warnings"] == want
+    assert r.stderr.strip().splitlines()[-2:] == [f"warning: {w}" for w in want]
 
 
 def test_atlas_sample_round_trips(atlas_dir, tmp_path):

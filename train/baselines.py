@@ -7,6 +7,8 @@ ping, the probability that the ping fails, and whether the RTT is the baseline's
 global median it fell back to. RTTs are fit on successful pings only; failures feed p_fail.
 
 - ``global_median``: the median RTT of all successful pings; p_fail is the failure rate.
+- ``dst_median``: per destination, the median of its successful RTTs and its failure rate:
+  where the target is says most of a ping's RTT when the source is new.
 - ``pair_last``: per ordered (src, dst) pair, its latest successful RTT; p_fail is 1 if its
   latest measurement failed, else 0. What a monitoring dashboard shows.
 - ``pair_ema``: per pair, an exponential moving average (alpha 0.3, first value as is) of
@@ -24,7 +26,12 @@ global median it fell back to. RTTs are fit on successful pings only; failures f
   with the biases of Koren, Bell, Volinsky ("Matrix Factorization Techniques for
   Recommender Systems", IEEE Computer 2009), L2 regularization, a decaying step and a
   Huber clip on the residual. Log space because RTT errors are relative: 5 ms off matters
-  at 10 ms, not at 300 ms.
+  at 10 ms, not at 300 ms. A node seen only as a destination (a held-out probe that others
+  pinged) has no source factors; as RTT is a round trip over the same links, its ping to
+  j is answered as j's ping to it when j was a source.
+
+Vivaldi springs move both ends, so a node seen only as a destination has coordinates too.
+The Numba kernels are in train/coord_kernels.py.
 
 Measurements without a timestamp cannot be ordered, so ``pair_last`` and ``pair_ema`` use
 only timestamped ones; the others use all. Neither coordinate model has a failure model:
@@ -39,7 +46,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-BASELINES = ("global_median", "pair_last", "pair_ema", "pair_median", "vivaldi",
+from train import coord_kernels as K
+
+BASELINES = ("global_median", "dst_median", "pair_last", "pair_ema", "pair_median", "vivaldi",
              "matrix_factorization")
 EMA_ALPHA = 0.3
 RTT_FLOOR_MS = 1e-3  # 0 ms RTTs exist (loopback-like paths); logs and relative errors need > 0
@@ -127,6 +136,14 @@ class PairTable(Baseline):
 
 
 @dataclass(frozen=True, eq=False)
+class DstTable(PairTable):
+    """PairTable keyed by the destination alone (keys: dst ids)."""
+
+    def _own(self, src, dst):
+        return super()._own(np.zeros_like(dst), dst)
+
+
+@dataclass(frozen=True, eq=False)
 class Vivaldi(Baseline):
     coords: np.ndarray  # float64[n_nodes, dims]
     heights: np.ndarray  # float64[n_nodes]
@@ -150,10 +167,13 @@ class Factorization(Baseline):
     seen_dst: np.ndarray  # bool[n_nodes]
 
     def _own(self, src, dst):
-        log_rtt = (self.mu + self.b[src] + self.c[dst]
-                   + np.einsum("qr,qr->q", self.u[src], self.v[dst]))
-        own = self.seen_src[src] & self.seen_dst[dst]
-        return np.where(own, np.exp(log_rtt), np.nan), np.full(len(src), np.nan)
+        forward = self.seen_src[src] & self.seen_dst[dst]
+        # a source never seen as one: the reverse ping, where its destination was a source
+        reverse = ~forward & self.seen_dst[src] & self.seen_src[dst]
+        i, j = np.where(reverse, dst, src), np.where(reverse, src, dst)
+        log_rtt = self.mu + self.b[i] + self.c[j] + np.einsum("qr,qr->q", self.u[i], self.v[j])
+        return (np.where(forward | reverse, np.exp(log_rtt), np.nan),
+                np.full(len(src), np.nan))
 
 
 @dataclass(frozen=True)
@@ -228,8 +248,10 @@ def _fit_pair_ema(t: _Train, name: str, alpha: float) -> PairTable:
     return PairTable(**t.common(name), keys=pair_keys, rtt_ms=rtt, p_fail=p_fail)
 
 
-def _fit_pair_median(t: _Train) -> PairTable:
-    keys = t.src * t.n_nodes + t.dst
+def _fit_median(t: _Train, name: str) -> PairTable:
+    """pair_median (keys: ordered pairs) or dst_median (keys: destinations)."""
+    by_dst = name == "dst_median"
+    keys = t.dst if by_dst else t.src * t.n_nodes + t.dst
     pair_keys, inv, counts = np.unique(keys, return_inverse=True, return_counts=True)
     p_fail = np.bincount(inv, weights=~t.ok, minlength=len(pair_keys)) / counts
     ok_keys, ok_rtt = keys[t.ok], t.rtt[t.ok]
@@ -241,79 +263,15 @@ def _fit_pair_median(t: _Train) -> PairTable:
     median = (ok_rtt[starts + (n - 1) // 2] + ok_rtt[starts + n // 2]) / 2
     rtt = np.full(len(pair_keys), np.nan)
     rtt[np.searchsorted(pair_keys, ok_keys[starts])] = median
-    return PairTable(**t.common("pair_median"), keys=pair_keys, rtt_ms=rtt, p_fail=p_fail)
-
-
-@njit(cache=True)
-def _shuffle(src, dst, y, s_src, s_dst, s_y):
-    """Copy the samples into s_* in a fresh random order. The pass then reads them
-    sequentially: three scattered reads per sample would cost more than the update."""
-    order = np.random.permutation(len(src))
-    for m in range(len(order)):
-        k = order[m]
-        s_src[m], s_dst[m], s_y[m] = src[k], dst[k], y[k]
-
-
-@njit(cache=True)
-def _vivaldi(src, dst, rtt, n_nodes, spring, seed):
-    """Vivaldi (Dabek et al. 2004, Figure 3) on height vectors (section 5.4), replaying the
-    samples in a fresh random order each round. A sample is one spring between i and j: it
-    moves both, each by its share of the blame, w = e_i / (e_i + e_j), from the same
-    pre-sample state (destinations are mostly ping targets, which never measure, so
-    updating only the source would leave them at the origin)."""
-    dims, rounds, cc, ce, error0, h_min, floor = spring  # the settings, as one tuple
-    np.random.seed(seed)
-    x = np.zeros((n_nodes, dims))
-    h = np.full(n_nodes, h_min)
-    err = np.full(n_nodes, error0)
-    s_src, s_dst, s_rtt = np.empty_like(src), np.empty_like(dst), np.empty_like(rtt)
-    unit = np.empty(dims)
-    for _ in range(rounds):
-        _shuffle(src, dst, rtt, s_src, s_dst, s_rtt)
-        for k in range(len(s_src)):
-            i, j, rtt_k = s_src[k], s_dst[k], s_rtt[k]
-            planar = 0.0
-            for d in range(dims):
-                unit[d] = x[i, d] - x[j, d]
-                planar += unit[d] * unit[d]
-            planar = np.sqrt(planar)
-            dist = planar + h[i] + h[j]
-            # In the height-vector norm, [x_i - x_j, h_i + h_j] / dist is the unit vector:
-            # a spring moves the planes apart and the heights up alike. On top of each
-            # other (as all nodes start) the paper's rule picks a random direction; we pick
-            # it in the plane, as a pure height direction would never separate the nodes.
-            if planar > 1e-9:
-                for d in range(dims):
-                    unit[d] /= dist
-                up = (h[i] + h[j]) / dist
-            else:
-                norm = 0.0
-                for d in range(dims):
-                    unit[d] = np.random.normal()
-                    norm += unit[d] * unit[d]
-                for d in range(dims):
-                    unit[d] /= np.sqrt(norm)
-                up = 0.0
-            e_i, e_j = err[i], err[j]
-            w_i = e_i / (e_i + e_j) if e_i + e_j > 0 else 0.5
-            w_j = 1.0 - w_i
-            sample_err = abs(dist - rtt_k) / max(rtt_k, floor)
-            err[i] = min(sample_err * ce * w_i + e_i * (1.0 - ce * w_i), error0)
-            err[j] = min(sample_err * ce * w_j + e_j * (1.0 - ce * w_j), error0)
-            f_i = cc * w_i * (rtt_k - dist)  # adaptive timestep delta = c_c * w
-            f_j = cc * w_j * (rtt_k - dist)
-            for d in range(dims):
-                x[i, d] += f_i * unit[d]
-                x[j, d] -= f_j * unit[d]
-            h[i], h[j] = max(h[i] + f_i * up, h_min), max(h[j] + f_j * up, h_min)
-    return x, h
+    return (DstTable if by_dst else PairTable)(**t.common(name), keys=pair_keys, rtt_ms=rtt,
+                                               p_fail=p_fail)
 
 
 def _fit_vivaldi(t: _Train, *, seed: int, rounds: int = VIVALDI_ROUNDS,
                  dims: int = VIVALDI_DIMS) -> Vivaldi:
     use = t.ok & (t.src != t.dst)  # a node's distance to itself teaches nothing
     src, dst = t.src[use], t.dst[use]
-    x, h = _vivaldi(src, dst, t.rtt[use], t.n_nodes, (dims, rounds, VIVALDI_CC, VIVALDI_CE,
+    x, h = K.vivaldi(src, dst, t.rtt[use], t.n_nodes, (dims, rounds, VIVALDI_CC, VIVALDI_CE,
                     VIVALDI_ERROR0, VIVALDI_HEIGHT_MIN, RTT_FLOOR_MS), seed)
     _check_finite("vivaldi", x, h)
     trained = np.zeros(t.n_nodes, bool)
@@ -321,46 +279,12 @@ def _fit_vivaldi(t: _Train, *, seed: int, rounds: int = VIVALDI_ROUNDS,
     return Vivaldi(**t.common("vivaldi"), coords=x, heights=h, trained=trained)
 
 
-@njit(cache=True)
-def _sgd_factorize(src, dst, y, n_nodes, sgd, seed):
-    """Biased matrix factorization by SGD on squared error plus L2 (DMFSGD's update, with
-    Koren et al.'s biases and a Huber clip on the residual), samples in a fresh random
-    order each epoch. mu stays the mean of y; the rest starts near 0."""
-    rank, epochs, lr, decay, reg, huber, init = sgd  # the settings, as one tuple
-    np.random.seed(seed)
-    mu = y.mean()
-    b, c = np.zeros(n_nodes), np.zeros(n_nodes)
-    u, v = np.empty((n_nodes, rank)), np.empty((n_nodes, rank))
-    for i in range(n_nodes):
-        for r in range(rank):
-            u[i, r] = init * np.random.normal()
-            v[i, r] = init * np.random.normal()
-    s_src, s_dst, s_y = np.empty_like(src), np.empty_like(dst), np.empty_like(y)
-    for epoch in range(epochs):
-        if epoch:
-            lr *= decay
-        _shuffle(src, dst, y, s_src, s_dst, s_y)
-        for k in range(len(s_src)):
-            i, j = s_src[k], s_dst[k]
-            pred = mu + b[i] + c[j]
-            for r in range(rank):
-                pred += u[i, r] * v[j, r]
-            e = min(max(s_y[k] - pred, -huber), huber)
-            b[i] += lr * (e - reg * b[i])
-            c[j] += lr * (e - reg * c[j])
-            for r in range(rank):
-                ui, vj = u[i, r], v[j, r]
-                u[i, r] += lr * (e * vj - reg * ui)
-                v[j, r] += lr * (e * ui - reg * vj)
-    return mu, b, c, u, v
-
-
 def _fit_factorization(t: _Train, *, seed: int, rank: int = MF_RANK, epochs: int = MF_EPOCHS,
                        lr: float = MF_LR, decay: float = MF_DECAY, reg: float = MF_REG,
                        huber: float = MF_HUBER) -> Factorization:
     src, dst = t.src[t.ok], t.dst[t.ok]
     y = np.log(np.maximum(t.rtt[t.ok], RTT_FLOOR_MS))
-    mu, b, c, u, v = _sgd_factorize(src, dst, y, t.n_nodes,
+    mu, b, c, u, v = K.sgd_factorize(src, dst, y, t.n_nodes,
                                     (rank, epochs, lr, decay, reg, huber, MF_INIT), seed)
     _check_finite("matrix_factorization", b, c, u, v)
     seen_src, seen_dst = np.zeros(t.n_nodes, bool), np.zeros(t.n_nodes, bool)
@@ -382,8 +306,8 @@ def _fit(name: str, t: _Train, seed: int, options: dict) -> Baseline:
         return _fit_pair_ema(t, name, 1.0)  # an EMA with alpha 1 is the last value
     if name == "pair_ema":
         return _fit_pair_ema(t, name, EMA_ALPHA)
-    if name == "pair_median":
-        return _fit_pair_median(t)
+    if name in ("pair_median", "dst_median"):
+        return _fit_median(t, name)
     return GlobalMedian(**t.common(name))
 
 

@@ -7,6 +7,7 @@ Usage:
     train --resume                                # continue the newest run under runs/
     train --data shards/ --run-dir runs/exp1 --resume
     train eval runs/exp1 --plot eval.png          # the model vs RTT baselines on the test split
+    train eval runs/exp1 --max-queries 5000       # exactly 5,000 queries: eval/step-<S>-q5000.json
     train predict runs/exp1 --src 192.0.2.7 --dst 193.0.14.129 --time 2026-01-02T12:00:00Z
     train predict runs/exp1 --queries q.parquet --out answers.parquet
 
@@ -173,20 +174,27 @@ def fit(data, run_dir, resume, distributed, device, **flags):
 @click.option("--data", default=None, help="Shards folder [default: the one the run trained on].")
 @click.option("--step", type=int, default=None, help="Checkpoint step [default: the latest].")
 @click.option("--max-queries", type=click.IntRange(0), default=0, show_default=True,
-              help="Measurements to score, sampled by --seed (0: the whole test split).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of that sample.")
+              help="Exactly this many RTT queries, whole contexts sampled by --seed, the last "
+                   "one cut (0: the whole test split). Written to eval/step-<S>-q<N>.json.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of that sample and of the bootstrap intervals.")
 @click.option("--batch-size", type=click.IntRange(1), default=None,
               help="Rows per forward pass [default: the run's batch size, at most 64].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
-              help="Write a PNG: relative-error CDFs and the loss curves.")
+              help="Write a figure (.png, .pdf, .svg): relative-error CDFs, overall and by "
+                   "stratum, and the loss curves.")
 def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     """The model of RUN_DIR against RTT baselines on the test split.
 
     Loss and accuracy by token role; RTT median / p10 / p90 and P(failed) for every test
-    measurement of a full-timestamp context given the ones before it; the same from the
-    baselines (global median; per-pair last-seen, EMA, median; Vivaldi; matrix
-    factorization) fit on the train split. Writes RUN_DIR/eval/step-<N>.json.
+    measurement of a full-timestamp context given the ones before it, and given nothing
+    (the model without context); the same from the context baselines (last reply to the
+    destination, its EMA, the context's median, the source placed in the train Vivaldi
+    space) and the train-fit ones (global median; destination median; per-pair last-seen,
+    EMA, median; Vivaldi; matrix factorization). Overall, by stratum (pair_in_context,
+    node_known, cold) and by context length, with 95 % bootstrap intervals; the model's
+    [p10, p90] coverage. Writes RUN_DIR/eval/step-<S>.json.
 
     \b
     Example:
@@ -194,7 +202,8 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     """
     import json
 
-    from train.eval_report import format_report, plot as plot_fn
+    from train.eval_plot import plot as plot_fn
+    from train.eval_report import format_report
     from train.evaluate import EvalConfig, evaluate
 
     report, detail = evaluate(EvalConfig(run_dir=run_dir, data=data, step=step,

@@ -1,4 +1,5 @@
-"""`train eval RUN_DIR`: the model against classic RTT predictors, on the test split.
+"""`train eval RUN_DIR`: the model against every predictor that had the same information,
+on the test split.
 
 Steps (all on the test split's first epoch, so each measurement counts once):
 
@@ -14,19 +15,26 @@ Steps (all on the test split's first epoch, so each measurement counts once):
    (train.predictor.encode_context) and read in one teacher-forced pass, plus one probe
    pass for the second RTT byte: P(failed) and the exact RTT median, p10 and p90
    (train.predictor). Contexts in ``partial``/``none`` mode lack timestamps, so they are
-   not queries; they are in step 1.
-3. **Baselines** (train.baselines), fit on the train split's first epoch only, predict
-   the same queries from (source, destination).
-4. **Metrics** for the model and each baseline over the queries with a reply: MAE,
-   median absolute error, median and p90 relative error; over all queries the Brier score
-   of P(failed); and the same by how many earlier measurements the context held
-   (HISTORY_BUCKETS). The truth is each measurement as the shards hold it (RTT at its
-   code's bin value, within 1/4096 of the input).
+   not queries; they are in step 1. ``model_no_context``: the same, each query encoded
+   alone (a one-measurement context): how much the model reads its context.
+3. **Baselines.** Train-fit (train.baselines: fit on the train split's first epoch only,
+   answering from (source, destination)) and context baselines (train.context_baselines:
+   each query's earlier measurements in its own context, as the model reads them).
+4. **Metrics** (train.eval_metrics) for the model and each baseline over the queries with a
+   reply: MAE, median absolute error, median relative error with a 95 % bootstrap interval,
+   p90 relative error; over all queries the Brier score and precision / recall of
+   P(failed) > 0.5; the model's [p10, p90] coverage; the same by stratum
+   (``pair_in_context``, ``node_known``, ``cold``) and by how many earlier measurements
+   the context held. The truth is each measurement as the shards hold it (RTT at its
+   code's bin value, within 1/4096 of the input). Fewer than 1,000 queries with a reply
+   is a warning (stderr and the report).
 
-``--max-queries N`` takes test rows (step 1) and full-mode contexts (step 2) in a seeded
-random order until each holds N measurements. The result is a table (``format_report``),
-a JSON document (also written to ``RUN_DIR/eval/step-<N>.json``) and optionally a PNG
-(``plot``), all three in train/eval_report.py.
+``--max-queries N`` takes test rows (step 1) in a seeded random order until they hold N
+measurements, and exactly N RTT queries (step 2): full-mode contexts in a seeded order,
+the last one cut to its first measurements. The result is a table
+(train.eval_report.format_report), a JSON document (also written to
+``RUN_DIR/eval/step-<S>.json``, or ``step-<S>-q<N>.json`` for a sample) and optionally a
+figure (train.eval_plot.plot).
 """
 
 from __future__ import annotations
@@ -44,13 +52,14 @@ from tqdm import tqdm
 from prep import manifest as manifest_lib
 from prep import rowdecode
 from prep.errors import InputError
-from train import baselines, model
+from train import baselines, context_baselines, model
+from train import eval_metrics as EM
 from train.eval_report import write_report
 from train.reader import dataset_fingerprint, read_split
 from train import predictor as P
 
-HISTORY_BUCKETS = ((0, 0), (1, 1), (2, 4), (5, 16), (17, None))  # earlier measurements, inclusive
-PREDICTORS = ("model",) + baselines.BASELINES
+PREDICTORS = (("model", "model_no_context") + context_baselines.CONTEXT_BASELINES
+              + baselines.BASELINES)
 
 
 @dataclass(frozen=True)
@@ -59,35 +68,37 @@ class EvalConfig:
     data: str | None = None  # shards folder; default: the one the run trained on
     step: int | None = None  # checkpoint; default: the latest
     max_queries: int = 0  # 0 = the whole test split
-    seed: int = 0  # the sample drawn under max_queries
+    seed: int = 0  # the sample drawn under max_queries, and the bootstrap's resamples
     batch_size: int | None = None  # rows per forward pass; default: the run's, at most 64
 
 
 @dataclass(frozen=True)
 class Detail:
-    """Per query: the measurement (prep.rowdecode), and every predictor's answers."""
+    """Per query: the measurement (prep.rowdecode), every predictor's answers, the stratum."""
     queries: rowdecode.RowMeasurements
     rtt_ms: dict  # predictor -> float64[n] point prediction
     p_failed: dict  # predictor -> float64[n]
     model: P.Answers  # the model's quantiles too
+    stratum: np.ndarray  # int8[n]: index into eval_metrics.STRATA
 
-    def relative_errors(self) -> dict:
+    def relative_errors(self, stratum: int | None = None) -> dict:
         ok = ~self.queries.failed
+        if stratum is not None:
+            ok &= self.stratum == stratum
         truth = self.queries.rtt_ms()[ok]
         return {k: np.abs(v[ok] - truth) / np.maximum(truth, 1e-3) for k, v in self.rtt_ms.items()}
 
 
 def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
-    """(report, per-query detail); writes the report as RUN_DIR/eval/step-<N>.json."""
+    """(report, per-query detail); writes the report under RUN_DIR/eval/."""
     t0 = time.perf_counter()
-    pred, data, manifest, fingerprint, trained_on = _load(cfg)
+    pred, data, manifest, fingerprint, trained_on, warnings = _load(cfg)
     rng = np.random.default_rng(cfg.seed)
     log = lambda msg: print(msg, file=sys.stderr, flush=True) if progress else None
 
     tok, seg = read_split(data, manifest, "test")
     if len(tok) == 0:
-        raise InputError(f"{data}: the test split is empty; rebuild with `prep shards ... "
-                         "--test-fraction 0.1` (or another --split) to evaluate")
+        raise InputError(_EMPTY_TEST.format(data=data))
     meas, roles = rowdecode.decode_rows_and_roles(tok, seg, where=f"{data}/test")
     log(f"train eval: {cfg.run_dir} at step {pred.step} on {data}: {len(tok):,} test rows, "
         f"{len(meas):,} measurements")
@@ -97,17 +108,33 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
     loss = token_loss_by_role(pred, tok[loss_rows], seg[loss_rows], roles[loss_rows],
                               progress=progress)
 
-    # 2. RTT queries: full-mode contexts, re-encoded with the result last
+    # 2. RTT queries: full-mode contexts, re-encoded with the result last; then each alone
     q = full_mode_queries(meas, cfg.max_queries, rng)
-    ans, query_rows, query_s = _answer_queries(pred, meas, q, progress)
+    qm = meas.take(q)
+    ans, query_rows, query_s = _answer_queries(pred, qm, progress)
+    alone, _, alone_s = _answer_queries(pred, qm, progress, alone=True)
 
-    # 3. baselines fit on the train split
-    t_b = time.perf_counter()
-    train, qm, preds = _fit_baselines(data, manifest, meas, q, ans, cfg.seed)
-    baseline_s = time.perf_counter() - t_b
+    # 3. baselines: fit on the train split, and read from the queries' contexts
+    train, preds, node_known, timing = _baselines(data, manifest, qm, cfg.seed)
+    preds = {"model": (ans.rtt_ms, ans.p_failed, np.ones(len(q), bool)),
+             "model_no_context": (alone.rtt_ms, alone.p_failed, np.ones(len(q), bool))} | preds
+    stratum = EM.strata(preds["context_last"][2], node_known)
 
     # 4. metrics
     truth_ms, failed, history = qm.rtt_ms(), qm.failed, qm.index.astype(np.int64)
+    n_rtt = int((~failed).sum())
+    if n_rtt < EM.MIN_REPLIES:
+        warnings.append(f"only {n_rtt:,} queries have a reply (fewer than "
+                        f"{EM.MIN_REPLIES:,}): the medians and their intervals are rough; "
+                        "evaluate on a larger test split")
+        print(f"warning: {warnings[-1]}", file=sys.stderr, flush=True)
+    intervals = {"model": ans, "model_no_context": alone}
+    rtt = {}
+    for name, (pr, pf, cov) in preds.items():
+        a = intervals.get(name)
+        rtt[name] = EM.metrics(pr, pf, cov, truth_ms, failed, history, stratum, seed=cfg.seed,
+                               interval=None if a is None else (a.quantile_ms[:, 0],
+                                                                a.quantile_ms[:, 2]))
     result = {
         "run_dir": str(cfg.run_dir), "step": pred.step, "data": str(data),
         "data_fingerprint": fingerprint,
@@ -116,24 +143,29 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
         "test_rows": int(len(tok)), "test_measurements": int(len(meas)),
         "train_measurements": int(len(train)),
         "loss": loss,
-        "queries": int(len(q)), "queries_with_rtt": int((~failed).sum()),
+        "queries": int(len(q)), "queries_with_rtt": n_rtt,
         "query_rows": query_rows,
         "non_canonical_mass_mean": float(np.nanmean(ans.non_canonical_mass))
         if (~failed).any() else None,
-        "rtt": {name: metrics(pr, pf, cov, truth_ms, failed, history)
-                for name, (pr, pf, cov) in preds.items()},
+        "warnings": warnings,
+        "rtt": rtt,
         "timing": {"queries_per_s": round(len(q) / max(query_s, 1e-9), 1),
-                   "query_s": round(query_s, 3), "baselines_s": round(baseline_s, 3),
-                   "elapsed_s": round(time.perf_counter() - t0, 3),
+                   "query_s": round(query_s, 3), "no_context_query_s": round(alone_s, 3),
+                   **timing, "elapsed_s": round(time.perf_counter() - t0, 3),
                    "device": jax.devices()[0].device_kind},
     }
-    result["written_to"] = str(write_report(result, cfg.run_dir, pred.step))
+    result["written_to"] = str(write_report(result, cfg.run_dir, pred.step, cfg.max_queries))
     return result, Detail(qm, {k: v[0] for k, v in preds.items()},
-                          {k: v[1] for k, v in preds.items()}, ans)
+                          {k: v[1] for k, v in preds.items()}, ans, stratum)
+
+
+_EMPTY_TEST = ("{data}: the test split is empty; rebuild with `prep shards ... "
+               "--test-fraction 0.1` (or another --split) to evaluate")
 
 
 def _load(cfg: EvalConfig):
-    """The predictor, the data folder and its manifest, its fingerprint and the run's."""
+    """The predictor, the data folder and its manifest, its fingerprint, the run's, and
+    the warnings so far."""
     pred = P.load(cfg.run_dir, step=cfg.step, batch_size=cfg.batch_size)
     record = P.run_record(cfg.run_dir)
     data = cfg.data or record.get("train", {}).get("data", "shards")
@@ -141,43 +173,57 @@ def _load(cfg: EvalConfig):
     if manifest["row_len"] != pred.row_len:
         raise InputError(f"{data}: rows of {manifest['row_len']} tokens, the model reads "
                          f"{pred.row_len}; evaluate on the dataset the run trained on")
+    if not manifest.get("counts", {}).get("rows", {}).get("test", 1):
+        raise InputError(_EMPTY_TEST.format(data=data))  # before any warning: one line
     fingerprint = dataset_fingerprint(manifest)
     trained_on = record.get("data_fingerprint")
+    warnings = []
     if trained_on is not None and trained_on != fingerprint:
-        print(f"warning: {data} is not the dataset this run trained on (its shards differ); "
-              "its test split may hold what the model saw", file=sys.stderr)
-    return pred, data, manifest, fingerprint, trained_on
+        warnings.append(f"{data} is not the dataset this run trained on (its shards differ); "
+                        "its test split may hold what the model saw")
+        print(f"warning: {warnings[-1]}", file=sys.stderr)
+    return pred, data, manifest, fingerprint, trained_on, warnings
 
 
-def _answer_queries(pred: P.Predictor, meas, q, progress: bool):
-    """Step 2: the model's answers to the queries ``q``, the rows they took, the seconds."""
-    contexts, qctx, q_choice, q_rtt = _encode_queries(meas, q)
+def _answer_queries(pred: P.Predictor, qm, progress: bool, *, alone: bool = False):
+    """Step 2: the model's answers to the queries ``qm`` (each alone: as one-measurement
+    contexts), the rows they took, the seconds."""
+    contexts, qctx, q_choice, q_rtt = _encode_queries(qm, alone=alone)
     qtok, qseg, where = P.pack_contexts(contexts, pred.row_len)
     t_q = time.perf_counter()
-    with tqdm(total=len(qtok), unit="row", desc="rtt queries", disable=not progress,
-              file=sys.stderr) as bar:
+    with tqdm(total=len(qtok), unit="row", desc="rtt queries" + (" alone" if alone else ""),
+              disable=not progress, file=sys.stderr) as bar:
         ans = pred.answer(qtok, qseg, where[qctx, 0], where[qctx, 1] + q_choice,
                           np.where(q_rtt >= 0, where[qctx, 1] + q_rtt, -1),
                           progress=lambda rows, _: bar.update(rows))
     return ans, int(len(qtok)), time.perf_counter() - t_q
 
 
-def _fit_baselines(data, manifest: dict, meas, q, ans: P.Answers, seed: int):
-    """Step 3: the train split's measurements, the queries' and every predictor's
-    (point prediction, P(failed), covered) per query."""
+def _baselines(data, manifest: dict, qm, seed: int):
+    """Step 3: the train split's measurements; every baseline's (point prediction,
+    P(failed), covered) per query; whether each query's source is in the train split;
+    the seconds taken."""
     train_tok, train_seg = read_split(data, manifest, "train")
     train = rowdecode.decode_rows(train_tok, train_seg, where=f"{data}/train")
     del train_tok, train_seg
-    qm = meas.take(q)
     ids, n_nodes = _node_ids([train, qm])
     (tr_src, tr_dst), (q_src, q_dst) = ids
+    t_b = time.perf_counter()
     fitted = baselines.fit_all(tr_src, tr_dst, train.rtt_ms(), train.time, train.has_time,
                                n_nodes=n_nodes, seed=seed)
-    preds = {"model": (ans.rtt_ms, ans.p_failed, np.ones(len(q), bool))}
-    for name, b in fitted.items():
-        p = b.predict(q_src, q_dst)
-        preds[name] = (p.rtt_ms, p.p_fail, p.covered)
-    return train, qm, preds
+    base = {name: b.predict(q_src, q_dst) for name, b in fitted.items()}
+    fit_s = time.perf_counter() - t_b
+    t_c = time.perf_counter()
+    ctx = context_baselines.predict(
+        qm.row * 256 + qm.segment, q_src, q_dst, qm.rtt_ms(),
+        fallback=context_baselines.fallback_chain(fitted, q_src, q_dst),
+        fail_rate=fitted["global_median"].fail_rate, vivaldi=fitted["vivaldi"])
+    context_s = time.perf_counter() - t_c
+    in_train = np.zeros(n_nodes, bool)
+    in_train[tr_src] = in_train[tr_dst] = True
+    preds = {name: (p.rtt_ms, p.p_fail, p.covered) for name, p in (ctx | base).items()}
+    return train, preds, in_train[q_src], {"baselines_s": round(fit_s, 3),
+                                           "context_baselines_s": round(context_s, 3)}
 
 
 def _sample_rows(seg, meas, max_queries: int, rng) -> np.ndarray:
@@ -192,8 +238,9 @@ def _sample_rows(seg, meas, max_queries: int, rng) -> np.ndarray:
 
 
 def full_mode_queries(meas: rowdecode.RowMeasurements, max_queries: int, rng) -> np.ndarray:
-    """Indices (into ``meas``) of every measurement of the full-mode contexts, whole contexts
-    in a seeded order until max_queries (0: all, in row order)."""
+    """Indices (into ``meas``) of every measurement of the full-mode contexts, in row order;
+    with max_queries, exactly that many (or all there are): whole contexts in a seeded order,
+    the last one cut to its first measurements (a query reads only the ones before it)."""
     ctx = meas.row * 256 + meas.segment  # one id per (row, segment)
     starts = np.flatnonzero(np.concatenate([[True], ctx[1:] != ctx[:-1]]))
     ends = np.append(starts[1:], len(ctx))
@@ -201,24 +248,29 @@ def full_mode_queries(meas: rowdecode.RowMeasurements, max_queries: int, rng) ->
     keep = np.flatnonzero(all_timed)
     if max_queries:
         keep = rng.permutation(keep)
-        k = int(np.searchsorted(np.cumsum(ends[keep] - starts[keep]), max_queries)) + 1
+        total = np.cumsum(ends[keep] - starts[keep])
+        k = int(np.searchsorted(total, max_queries)) + 1
+        if k <= len(keep):  # the k-th context ends at or past max_queries: cut it there
+            ends = ends.copy()
+            ends[keep[k - 1]] -= int(total[k - 1]) - max_queries
         keep = np.sort(keep[:k])
     if not len(keep):
         return np.zeros(0, np.int64)
     return np.concatenate([np.arange(starts[c], ends[c]) for c in keep])
 
 
-def _encode_queries(meas, q):
-    """Contexts of the query measurements (result last) and each query's context and places."""
-    qm = meas.take(q)
+def _encode_queries(qm, *, alone: bool = False):
+    """Contexts of the query measurements (result last; ``alone``: each its own context)
+    and each query's context and places."""
     cols = [x.tolist() for x in (qm.family, qm.src_hi, qm.src_lo, qm.dst_hi, qm.dst_lo,
                                  qm.time, qm.rtt_code)]
     values = [tuple(v) for v in qm.values.tolist()]  # value fields, if the vocabulary has any
-    ctx_id = (qm.row * 256 + qm.segment)
+    n = len(qm)
+    ctx_id = np.arange(n) if alone else qm.row * 256 + qm.segment
     contexts, q_ctx, q_choice, q_rtt = [], [], [], []
     start = 0
-    for i in range(1, len(q) + 1):
-        if i < len(q) and ctx_id[i] == ctx_id[start]:
+    for i in range(1, n + 1):
+        if i < n and ctx_id[i] == ctx_id[start]:
             continue
         ms = [P.Measurement(*(c[j] for c in cols), values[j]) for j in range(start, i)]
         tokens, choice, rtt = P.encode_context(ms)
@@ -285,31 +337,6 @@ def _compiled_loss(mcfg, att):
         ce, logits, targets, mask = model.token_losses(params, tokens, seg, mcfg, att)
         return ce, (jnp.argmax(logits, axis=-1) == targets), mask
     return jax.jit(f)
-
-
-def metrics(pred_ms, p_fail, covered, truth_ms, failed, history) -> dict:
-    """MAE, median absolute error, median / p90 relative error (queries with a reply),
-    Brier score (all), coverage; the same by HISTORY_BUCKETS."""
-    def one(sel):
-        ok = sel & ~failed
-        err = np.abs(pred_ms[ok] - truth_ms[ok])
-        rel = err / np.maximum(truth_ms[ok], 1e-3)
-        return {"n": int(sel.sum()), "n_rtt": int(ok.sum()),
-                "mae_ms": float(err.mean()) if ok.any() else None,
-                "median_ae_ms": float(np.median(err)) if ok.any() else None,
-                "median_rel": float(np.median(rel)) if ok.any() else None,
-                "p90_rel": float(np.quantile(rel, 0.9)) if ok.any() else None,
-                "brier": float(np.mean((p_fail[sel] - failed[sel]) ** 2)) if sel.any() else None,
-                "covered": float(covered[sel].mean()) if sel.any() else None}
-    out = one(np.ones(len(truth_ms), bool))
-    out["by_history"] = {_bucket_name(lo, hi): one((history >= lo) & (
-        history <= (hi if hi is not None else np.iinfo(np.int64).max)))
-        for lo, hi in HISTORY_BUCKETS}
-    return out
-
-
-def _bucket_name(lo, hi) -> str:
-    return f"{lo}+" if hi is None else str(lo) if lo == hi else f"{lo}-{hi}"
 
 
 def _split_rule(manifest: dict) -> dict:

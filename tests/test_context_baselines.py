@@ -1,0 +1,119 @@
+"""Context baselines: exact answers on hand-built contexts, the fallback chain and
+``covered``, new-node placement in a planted plane, their cost."""
+
+import time
+
+import numpy as np
+import pytest
+
+from train import baselines
+from train import context_baselines as C
+
+F = -1.0  # a failed ping
+# Two contexts (ids 7 and 9) of one source (node 0); node 1 and 2 are destinations.
+CTX = [7, 7, 7, 7, 7, 7, 9, 9, 9, 9]
+DST = [1, 2, 1, 1, 2, 1, 1, 1, 1, 2]
+RTT = [10.0, 50.0, F, 20.0, 60.0, 30.0, 25.0, 25.0, 25.0, 5.0]
+FALLBACK = 1000.0 + np.arange(len(CTX))  # one value per query: which ones fell back is visible
+RATE = 0.25  # the train split's failure rate
+
+
+@pytest.fixture(scope="module")
+def answers():
+    return C.predict(CTX, np.zeros(len(CTX), np.int64), DST, RTT, fallback=FALLBACK,
+                     fail_rate=RATE)
+
+
+def test_context_last_ema_median_exact(answers):
+    last, ema, med = (answers[k] for k in ("context_last", "context_ema", "context_median"))
+    # context 7: dst 1 replies 10, (failed), 20 before q5; dst 2 replied 50 before q4.
+    # context 9: dst 1 repeats at 25 ms: last, EMA and median are exactly 25; nothing of
+    # context 7 leaks into it (its q6 falls back, though node 0 pinged node 1 before).
+    assert last.rtt_ms.tolist() == [1000, 1001, 10, 10, 50, 20, 1006, 25, 25, 1009]
+    assert ema.rtt_ms.tolist() == [1000, 1001, 10, 10, 50, pytest.approx(0.3 * 20 + 0.7 * 10),
+                                   1006, 25, 25, 1009]
+    # every earlier reply of the context, any destination: {10}, {10, 50}, {10, 50},
+    # {10, 50, 20}, {10, 50, 20, 60}; context 9: {25}, {25, 25}, {25, 25, 25}
+    assert med.rtt_ms.tolist() == [1000, 10, 30, 30, 20, 35, 1006, 25, 25, 25]
+    assert last.covered.tolist() == [False, False, True, True, True, True,
+                                     False, True, True, False]
+    assert ema.covered.tolist() == last.covered.tolist()
+    assert med.covered.tolist() == [False] + [True] * 5 + [False] + [True] * 3
+
+
+def test_p_failed_by_destination_then_context_then_train(answers):
+    # q3: dst 1 had 10 and a failure: 1/2; q5: 1 of 3; q1: no dst-2 history, the
+    # context's 0 of 1; q0 and q6: nothing earlier in their context: the train rate
+    want = [RATE, 0.0, 0.0, 0.5, 0.0, 1 / 3, RATE, 0.0, 0.0, 0.0]
+    for name in ("context_last", "context_ema", "context_median"):
+        assert answers[name].p_fail.tolist() == pytest.approx(want)
+
+
+def test_fallback_chain_pair_then_dst_then_global():
+    # train: (0, 1) 10 and 30 ms; (2, 1) 100 ms; (0, 3) 7 ms; node 4 never a destination
+    src, dst = np.array([0, 0, 2, 0]), np.array([1, 1, 1, 3])
+    rtt = np.array([10.0, 30.0, 100.0, 7.0])
+    fitted = baselines.fit_all(src, dst, rtt, np.zeros(4, np.int64), np.zeros(4, bool), n_nodes=5)
+    got = C.fallback_chain(fitted, np.array([0, 3, 3]), np.array([1, 1, 4]))
+    # (0, 1): the pair's median 20; (3, 1): unseen pair, dst 1's median of 10, 30, 100 = 30;
+    # (3, 4): nothing of dst 4: the global median of 7, 10, 30, 100 = 20
+    assert got.tolist() == [20.0, 30.0, 20.0]
+
+
+def _plane(seed=4, n=40, held=5):
+    """Nodes in a 100 x 100 ms plane; a Vivaldi space fit on every pair of the first n - held."""
+    rng = np.random.default_rng(seed)
+    points = rng.uniform(0, 100, (n, 2))
+    k = n - held
+    src, dst = np.array([(i, j) for i in range(k) for j in range(k) if i != j]).T
+    dist = np.linalg.norm(points[src] - points[dst], axis=1)
+    model = baselines.fit("vivaldi", src, dst, dist, np.zeros(len(src), np.int64),
+                          np.zeros(len(src), bool), n_nodes=n, seed=0)
+    return rng, points, k, model
+
+
+def test_new_node_placement_recovers_a_held_out_node():
+    rng, points, k, viv = _plane()
+    ctx, q_src, q_dst = [], [], []
+    for node in range(k, len(points)):  # each held-out node: one context of 25 pings
+        ctx += [node] * 25
+        q_src += [node] * 25
+        q_dst += rng.choice(k, 25, replace=False).tolist()
+    ctx, q_src, q_dst = map(np.array, (ctx, q_src, q_dst))
+    truth = np.linalg.norm(points[q_src] - points[q_dst], axis=1)
+    got = C.predict(ctx, q_src, q_dst, truth, fallback=np.full(len(ctx), -5.0), fail_rate=0.0,
+                    vivaldi=viv)["context_vivaldi"]
+    first = np.r_[True, ctx[1:] != ctx[:-1]]
+    assert got.covered.tolist() == (~first).tolist()  # all but each context's first query
+    assert (got.rtt_ms[first] == -5.0).all()
+    index = np.arange(len(ctx)) % 25
+    placed = index >= 5  # after 5 replies the node is placed: its distances to the others
+    rel = np.abs(got.rtt_ms[placed] - truth[placed]) / truth[placed]
+    assert np.median(rel) < 0.05 and np.quantile(rel, 0.9) < 0.10
+    # the train-fit Vivaldi cannot answer for a node it never saw
+    assert not viv.predict(q_src, q_dst).covered.any()
+
+
+def test_placement_skips_failures_and_nodes_without_coordinates():
+    rng, points, k, viv = _plane()
+    node = k  # held out; its only replies are a failure and one to another held-out node
+    got = C.predict([0, 0, 0], [node] * 3, [1, k + 1, 2], [F, 30.0, 40.0],
+                    fallback=np.array([1.0, 2.0, 3.0]), fail_rate=0.0, vivaldi=viv)
+    assert got["context_vivaldi"].rtt_ms.tolist() == [1.0, 2.0, 3.0]
+    assert not got["context_vivaldi"].covered.any()
+
+
+def test_cost_of_a_few_hundred_thousand_queries():
+    rng, points, k, viv = _plane()
+    n, per = 300_000, 40
+    ctx = np.arange(n) // per
+    q_src = k + ctx % (len(points) - k)
+    q_dst = rng.integers(0, k, n)
+    rtt = np.where(rng.random(n) < 0.1, F, rng.uniform(1, 200, n))
+    C.predict(ctx[:100], q_src[:100], q_dst[:100], rtt[:100], fallback=np.zeros(100),
+              fail_rate=0.1, vivaldi=viv)  # compile
+    t0 = time.perf_counter()
+    got = C.predict(ctx, q_src, q_dst, rtt, fallback=np.zeros(n), fail_rate=0.1, vivaldi=viv)
+    seconds = time.perf_counter() - t0
+    assert set(got) == set(C.CONTEXT_BASELINES)
+    assert seconds < 5.0, seconds  # about 0.8 s on the 2-core machine
