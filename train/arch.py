@@ -37,6 +37,9 @@ class ModelConfig:
     # computed from the tokens before it (train.model.grammar): the parse a layer would
     # otherwise have to learn before any field can be matched or copied
     grammar_embed: bool = False
+    # std of the initial weights (GPT-2's 0.02; residual projections / sqrt(2 n_layers)).
+    # Narrow models learn to copy much sooner from a larger one (tests/test_copy.py)
+    init_std: float = 0.02
 
 
 MODELS = {
@@ -75,22 +78,23 @@ def param_specs(cfg: ModelConfig) -> dict:
     """The parameter tree (a dict of dicts of ``Param``), layers stacked on a leading axis."""
     L, D, N, H, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_mlp,
                         cfg.vocab_size)
-    out_std = 0.02 / (2 * L) ** 0.5  # GPT-2: residual projections scaled by depth
-    grammar = ({"role_embed": Param((len(vocab.ROLES), D), 0.02),
-                "index_embed": Param((N_INDEX, D), 0.02)} if cfg.grammar_embed else {})
+    std = cfg.init_std
+    out_std = std / (2 * L) ** 0.5  # GPT-2: residual projections scaled by depth
+    grammar = ({"role_embed": Param((len(vocab.ROLES), D), std),
+                "index_embed": Param((N_INDEX, D), std)} if cfg.grammar_embed else {})
     return {
         **grammar,
-        "embed": Param((V, D), 0.02),
+        "embed": Param((V, D), std),
         "layers": {
             "attn_norm": _gain(L, D),
-            "wqkv": Param((L, D, 3, N, H), 0.02),
+            "wqkv": Param((L, D, 3, N, H), std),
             "wo": Param((L, N, H, D), out_std),
             "mlp_norm": _gain(L, D),
-            "w_in": Param((L, D, F), 0.02),
+            "w_in": Param((L, D, F), std),
             "w_out": Param((L, F, D), out_std),
         },
         "final_norm": _gain(D),
-        "head": Param((D, V), 0.02),
+        "head": Param((D, V), std),
     }
 
 
