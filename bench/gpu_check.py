@@ -7,6 +7,12 @@
    gradients, bf16, on rows of 1 segment, 2 segments, the maximum, and padding only).
 4. The GPU benchmark (bench/gpu.py) of the base (~95M) config on packed shards of the
    built-in data (`prep synth` + `prep shards`), writing bench/results/gpu-<device>.json.
+5. On a GPU, the base model's learning run (bench/learning.py): LEARNING_STEPS steps of 64
+   rows of 1024 tokens (~300M tokens, about 7 minutes at the 700k tokens/s target) on the
+   built-in data split `--split time+probe`, 6 checkpoints each scored by `train eval`'s
+   machinery against every baseline, context baselines included; writes
+   bench/results/learning-<device>-base.json beside the benchmark (docs/learning.md says
+   why this is the experiment to run).
 
 Exit 0 only if every step that applies passed. Without a GPU it says what it skips: the GPU
 tests skip, and the benchmark runs the tiny config on the CPU on a small dataset (to keep
@@ -23,6 +29,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# ~300M tokens of 64 x 1024-token rows: ~7 min at the 700k tokens/s target on one H100
+LEARNING_STEPS = 4_600
 BIN = Path(sys.executable).parent
 
 
@@ -90,6 +98,19 @@ def main() -> int:
 
         if bench_gpu.main(["--data", f"{tmp}/shards"]) != 0:
             failed.append("benchmark")
+        if gpu:
+            say(f"learning run: base, {LEARNING_STEPS} steps on --split time+probe")
+            subprocess.run([str(BIN / "prep"), "shards", f"{tmp}/raw", "--out", f"{tmp}/tp",
+                            "--split", "time+probe", "--quiet"], check=True)
+            from bench import learning
+
+            if learning.main(["--data", f"{tmp}/tp", "--model", "base", "--steps",
+                              str(LEARNING_STEPS), "--points", "6", "--queries", "20000",
+                              "--run-dir", f"{tmp}/learning-run"]) != 0:
+                failed.append("learning run")
+        else:
+            say("learning run: skipped (no GPU); on a CPU it is the small recipe: "
+                "python -m bench.learning --data shards-256 --model small")
     if failed:
         say(f"FAILED: {', '.join(failed)}")
         return 1

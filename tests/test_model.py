@@ -105,7 +105,7 @@ def test_base_config_size():
     assert arch.n_params(tiny) == model.count_params(model.init_params(tiny, 0))
 
 
-@pytest.mark.parametrize("name", ["tiny", "base"])
+@pytest.mark.parametrize("name", ["tiny", "small", "base"])
 def test_decay_mask_is_the_old_rule_leaf_by_leaf(name):
     """The model's own mask (from its parameter structure) decays exactly what the old
     rule did: every parameter whose tree path does not contain "norm"."""

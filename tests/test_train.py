@@ -195,6 +195,25 @@ def test_eval_step_sums_by_every_token_role():
 def test_cli_model_choices_are_the_registry():
     fit = main.commands["fit"]
     opt = next(p for p in fit.params if p.name == "model")
-    assert list(opt.type.choices) == list(MODELS) == ["tiny", "base"]
+    assert list(opt.type.choices) == list(MODELS) == ["tiny", "small", "base"]
     bad = CliRunner().invoke(main, ["--model", "huge", "--data", "x"])
-    assert bad.exit_code == 2 and "'tiny', 'base'" in bad.stderr
+    assert bad.exit_code == 2 and "'tiny', 'small', 'base'" in bad.stderr
+
+
+def test_small_preset_and_its_cpu_recipe():
+    """The CPU recipe (docs/learning.md): tiny's shape plus the grammar embedding (7 role
+    rows and 17 byte-index rows of 64), and its own CPU defaults under --model small."""
+    from train.config import defaults_for
+
+    small, tiny = MODELS["small"], MODELS["tiny"]
+    assert small.grammar_embed and not tiny.grammar_embed
+    assert arch_n(small) == arch_n(tiny) + (7 + 17) * 64 == 134_336
+    d = defaults_for("cpu", model="small")
+    assert (d["model"], d["steps"], d["batch_size"], d["lr"], d["warmup"], d["loss_weights"]) == (
+        "small", 800, 32, 3e-3, 50, "rtt=10,result=10")
+    assert defaults_for("cpu")["model"] == "tiny" and defaults_for("gpu")["model"] == "base"
+
+
+def arch_n(cfg):
+    from train.arch import n_params
+    return n_params(cfg)

@@ -60,8 +60,19 @@ def flag(field: str) -> str:
     return FLAGS.get(field, f"{field} (config.json)")
 
 
-def defaults_for(platform: str, n_devices: int = 1) -> dict:
-    """What `train --data shards/` does with no other flags, per platform."""
+# `train --model small` on a CPU: the recipe of docs/learning.md (2 cores, rows of 256,
+# about 14 minutes): the objective weighted toward the result and its RTT bytes, the lr
+# and warmup the study ran; the model preset is train.arch.MODELS["small"]
+SMALL_CPU = dict(model="small", steps=800, batch_size=32, lr=3e-3, warmup=50,
+                 loss_weights="rtt=10,result=10", compute_dtype="float32", log_every=50,
+                 eval_every=200, eval_rows=64, ckpt_every=200)
+
+
+def defaults_for(platform: str, n_devices: int = 1, *, model: str | None = None) -> dict:
+    """What `train --data shards/` does with no other flags, per platform (and, where
+    ``model`` has a recipe of its own there, per model)."""
+    if model == "small" and platform != "gpu":
+        return dict(SMALL_CPU)
     if platform == "gpu":  # 64 rows of 1024 tokens per GPU fit an 80 GB H100 without remat
         return dict(model="base", steps=5000, batch_size=64 * n_devices, lr=6e-4, warmup=200,
                     compute_dtype="bfloat16", log_every=50, eval_every=500, eval_rows=1024, ckpt_every=1000)

@@ -1,0 +1,150 @@
+"""Learning curve: does the model read its context, and after how many tokens does it
+beat the predictors that read the same context? One command, one JSON.
+
+Trains one config with the real trainer (train.loop.train), saving K checkpoints spread
+over the run, and evaluates each with `train eval`'s machinery (train.evaluate, the same
+queries at every point: a seeded sample of --queries full-mode queries) against every
+baseline, context baselines included. Writes ``bench/results/learning-<device>-<model>.json``:
+per checkpoint the tokens trained, the loss by role, and the model's and each baseline's
+median relative error with its 95 % interval, overall and per stratum (pair_in_context,
+node_known, cold); and the throughput. ``--plot`` draws error by stratum against tokens,
+baselines as horizontal lines.
+
+    python -m bench.learning --data shards-256 --model small            # the CPU recipe
+    python -m bench.learning --data shards --model base --steps 4000    # make gpu-check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from bench.run import RESULTS, machine
+
+BASELINES = ("context_last", "context_ema", "context_median", "context_vivaldi", "dst_median",
+             "global_median")
+
+
+def curve_point(report: dict, tokens: int) -> dict:
+    """What a learning curve keeps of one `train eval` report."""
+    keep = ("model", "model_no_context") + BASELINES
+    rtt = report["rtt"]
+    point = {"step": report["step"], "tokens": tokens,
+             "loss_by_role": {k: v["loss"] for k, v in report["loss"]["by_role"].items()},
+             "loss": report["loss"]["loss"]}
+    for name in keep:
+        m = rtt[name]
+        point[name] = {"all": m["median_rel"], "ci": m["median_rel_ci"],
+                       **{s: v["median_rel"] for s, v in m["by_stratum"].items()}}
+    return point
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", required=True, help="a shards folder (prep shards)")
+    p.add_argument("--model", default="small")
+    p.add_argument("--steps", type=int, help="default: the model's CPU/GPU preset")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--loss-weights")
+    p.add_argument("--points", type=int, default=4, help="checkpoints evaluated [4]")
+    p.add_argument("--queries", type=int, default=5000, help="RTT queries per point [5000]")
+    p.add_argument("--run-dir", default=None, help="[runs/learning-<model>-<time>]")
+    p.add_argument("--plot", default=None, help="a PNG or PDF of error against tokens")
+    p.add_argument("--out", default=None, help="JSON path [bench/results/learning-<device>-<model>.json]")
+    args = p.parse_args(argv)
+
+    import jax
+
+    from train.config import TrainConfig, defaults_for
+    from train.evaluate import EvalConfig, evaluate
+    from train.loop import train
+    from train.checkpoint import step_dirs
+
+    platform = jax.devices()[0].platform
+    settings = defaults_for(platform, jax.device_count(), model=args.model)
+    for k in ("steps", "batch_size", "lr", "warmup", "loss_weights"):
+        if getattr(args, k) is not None:
+            settings[k] = getattr(args, k)
+    steps = settings["steps"]
+    every = max(1, steps // args.points)
+    run_dir = args.run_dir or f"runs/learning-{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    settings.update(model=args.model, ckpt_every=every, eval_every=0, log_every=max(1, every // 4))
+    cfg = TrainConfig(data=args.data, run_dir=run_dir, **settings)
+    print(f"[learning] {cfg.model} on {cfg.data}: {steps} steps of {cfg.batch_size} rows, "
+          f"checkpoints every {every}; run in {run_dir}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    summary = train(cfg)
+    train_s = time.perf_counter() - t0
+    record = json.loads((Path(run_dir) / "config.json").read_text())
+    row_len = record["model"]["seq_len"]
+    points = []
+    for step in sorted(step_dirs(Path(run_dir) / "checkpoints")):
+        report, _ = evaluate(EvalConfig(run_dir=run_dir, step=step, max_queries=args.queries),
+                             progress=False)
+        points.append(curve_point(report, step * cfg.batch_size * row_len))
+        m = points[-1]
+        print(f"[learning] step {step:,} ({points[-1]['tokens'] / 1e6:.1f}M row tokens): model "
+              f"{m['model']['all']:.3f} | no context {m['model_no_context']['all']:.3f} | "
+              f"context_last {m['context_last']['all']:.3f} | context_median "
+              f"{m['context_median']['all']:.3f}", file=sys.stderr, flush=True)
+    device = jax.devices()[0].device_kind
+    out = {"machine": machine(), "device": device, "config": record, "train_s": round(train_s, 1),
+           "tokens_per_s": summary["tokens_per_s"], "mfu": summary["mfu"],
+           "queries": report["queries"], "queries_with_rtt": report["queries_with_rtt"],
+           "n_by_stratum": {s: v["n_rtt"] for s, v in report["rtt"]["model"]["by_stratum"].items()},
+           "points": points}
+    path = Path(args.out or RESULTS / f"learning-{re.sub(r'[^A-Za-z0-9]+', '-', device).strip('-').lower()}-{args.model}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"[learning] wrote {path}", file=sys.stderr)
+    if args.plot:
+        plot(out, args.plot)
+        print(f"[learning] wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def plot(curve: dict, path: str) -> None:
+    """Median relative error by stratum against training tokens; baselines as lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    strata = ["all"] + list(curve["n_by_stratum"])
+    fig, axes = plt.subplots(1, len(strata), figsize=(3.3 * len(strata), 3.4), sharey=True)
+    x = [p["tokens"] / 1e6 for p in curve["points"]]
+    styles = {"context_last": ("tab:green", "--"), "context_median": ("tab:orange", ":"),
+              "context_vivaldi": ("tab:purple", "-."), "dst_median": ("tab:brown", (0, (1, 3))),
+              "global_median": ("grey", (0, (5, 5)))}
+    for ax, s in zip(axes, strata):
+        ax.plot(x, [p["model"][s] for p in curve["points"]], "o-", color="black", lw=2,
+                label="model")
+        ax.plot(x, [p["model_no_context"][s] for p in curve["points"]], "s-", color="tab:red",
+                lw=1.2, ms=3, label="model, query alone")
+        last = curve["points"][-1]
+        for name, (color, ls) in styles.items():
+            if last[name][s] is not None:
+                ax.axhline(last[name][s], color=color, ls=ls, lw=1.2, label=name.replace("_", " "))
+        n = sum(curve["n_by_stratum"].values()) if s == "all" else curve["n_by_stratum"][s]
+        ax.set_title(f"{s.replace('_', ' ')} (n = {n:,})", fontsize=9)
+        ax.set_xlabel("training tokens (M)")
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("median relative error")
+    h, lab = axes[0].get_legend_handles_labels()
+    fig.legend(h, lab, loc="lower center", ncol=len(lab), fontsize=8, frameon=False)
+    cfg = curve["config"]
+    fig.suptitle(f"{cfg['train']['model']} on {Path(cfg['train']['data']).name} "
+                 f"({curve['device']}): error by stratum against training tokens", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

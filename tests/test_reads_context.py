@@ -1,0 +1,33 @@
+"""The CPU recipe's model reads its context: trained briefly on the built-in-style data, its
+RTT error where an earlier reply to the same destination stands in the context is far below
+its error on the same queries read alone."""
+
+import json
+from pathlib import Path
+
+from train.config import SMALL_CPU, TrainConfig
+from train.evaluate import EvalConfig, evaluate
+from train.loop import train
+
+STEPS = 300
+
+
+def test_small_recipe_reads_its_context(builtin_shards, tmp_path):
+    run = tmp_path / "run"
+    cfg = TrainConfig(**dict(SMALL_CPU, data=str(builtin_shards), run_dir=str(run),
+                             steps=STEPS, batch_size=16, warmup=30, eval_every=0,
+                             ckpt_every=0, log_every=100))
+    train(cfg)
+    losses = [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").open()) if "loss" in r]
+    assert losses[-1] < LOSS_BELOW, losses
+    report, _ = evaluate(EvalConfig(run_dir=str(run)), progress=False)
+    rtt = report["rtt"]
+    pic = {k: rtt[k]["by_stratum"]["pair_in_context"] for k in ("model", "model_no_context",
+                                                                 "context_last")}
+    assert pic["model"]["n_rtt"] > 300
+    assert pic["model"]["median_rel"] < MARGIN * pic["model_no_context"]["median_rel"]
+
+
+# measured on 2026-11-25 (2 cores): loss 1.81 at step 300; pair_in_context (n = 335)
+# model 0.421, model alone 0.685, context_last 0.016
+LOSS_BELOW, MARGIN = 2.2, 0.75
