@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = settings["steps"]
     every = max(1, steps // args.points)
     run_dir = args.run_dir or f"runs/learning-{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
-    settings.update(model=args.model, ckpt_every=every, eval_every=0, log_every=max(1, every // 4))
+    settings.update(model=args.model, ckpt_every=every, eval_every=0, log_every=max(1, every // 4),
+                    keep_checkpoints=args.points + 1)
     cfg = TrainConfig(data=args.data, run_dir=run_dir, **settings)
     print(f"[learning] {cfg.model} on {cfg.data}: {steps} steps of {cfg.batch_size} rows, "
           f"checkpoints every {every}; run in {run_dir}", file=sys.stderr, flush=True)
@@ -114,6 +115,7 @@ def plot(curve: dict, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     strata = ["all"] + list(curve["n_by_stratum"])
     fig, axes = plt.subplots(1, len(strata), figsize=(3.3 * len(strata), 3.4), sharey=True)
@@ -133,7 +135,14 @@ def plot(curve: dict, path: str) -> None:
         n = sum(curve["n_by_stratum"].values()) if s == "all" else curve["n_by_stratum"][s]
         ax.set_title(f"{s.replace('_', ' ')} (n = {n:,})", fontsize=9)
         ax.set_xlabel("training tokens (M)")
+        if s == "all":
+            ax.fill_between(x, [p["model"]["ci"][0] for p in curve["points"]],
+                            [p["model"]["ci"][1] for p in curve["points"]], color="black",
+                            alpha=0.15, lw=0, label="model, 95 % interval")
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_yticks([0.02, 0.05, 0.1, 0.2, 0.5, 1.0])
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("median relative error")
     h, lab = axes[0].get_legend_handles_labels()

@@ -90,6 +90,9 @@ def test_eval_counts_every_query_and_target(run, full):
     # fewer than 1,000 replies: a warning, in the report and its table
     assert n_rtt < 1000 and any("fewer than 1,000" in w for w in report["warnings"])
     assert text.splitlines()[1].startswith("warning: only ")
+    assert report["trained"] == {"model": "tiny", "steps": 6, "batch_size": 4,
+                                 "loss_weights": "uniform"}
+    assert "model tiny, 6 steps of 4 rows, objective weights by role: uniform" in text
     # a history bucket without replies prints "-", aligned in its column
     r2 = json.loads(json.dumps(report))
     for m in r2["rtt"].values():

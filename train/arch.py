@@ -46,9 +46,10 @@ MODELS = {
     # runs the same code as `base` on a CPU in seconds
     "tiny": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256),
     # the CPU recipe (train.config.SMALL_CPU): tiny's shape, reading the grammar from
-    # embeddings, so its 2 layers go to matching fields (docs/learning.md)
+    # embeddings, so its 2 layers go to matching fields, and larger initial weights, with
+    # which copying forms sooner (docs/learning.md)
     "small": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256,
-                         grammar_embed=True),
+                         grammar_embed=True, init_std=0.08),
     # ping-llm's ~95M model (98.6M parameters here, untied output head)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560),
 }

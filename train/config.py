@@ -33,6 +33,7 @@ class TrainConfig:
     eval_every: int = 100  # steps between test-split evaluations (0 = never)
     eval_rows: int = 256  # a fixed sample of test rows (seeded by `seed`) each eval reads
     ckpt_every: int = 500  # steps between checkpoints (also saved at the end and on Ctrl-C)
+    keep_checkpoints: int = 3  # the newest checkpoints kept (a learning curve keeps them all)
     num_workers: int = 0  # Grain mp_prefetch worker processes (0 = read in this process)
     resume: bool = False
     # shards held to the manifest at start: "counts" (size if listed, record count),

@@ -56,7 +56,12 @@ def format_report(r: dict) -> str:
     lines = [f"train eval {r['run_dir']} at step {r['step']} on {r['data']} (split {rule}): "
              f"{r['queries']:,} RTT queries ({r['queries_with_rtt']:,} with a reply), "
              f"baselines fit on {r['train_measurements']:,} train measurements"]
-    lines += [f"warning: {w}" for w in r.get("warnings", [])] + [""]
+    lines += [f"warning: {w}" for w in r.get("warnings", [])]
+    tr = r.get("trained")
+    if tr:
+        lines.append(f"model {tr['model']}, {tr['steps']:,} steps of {tr['batch_size']} rows, "
+                     f"objective weights by role: {tr['loss_weights']}")
+    lines.append("")
     lo = r["loss"]
     if lo["loss"] is not None:
         roles = " | ".join(f"{k} {v['loss']:.3f} ({100 * v['accuracy']:.1f} %)"

@@ -140,6 +140,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
         "data_fingerprint": fingerprint,
         "data_matches_run": None if trained_on is None else trained_on == fingerprint,
         "split": _split_rule(manifest), "config": asdict(cfg),
+        # how the model was trained: its preset and objective (train --loss-weights)
+        "trained": _trained(cfg.run_dir),
         "test_rows": int(len(tok)), "test_measurements": int(len(meas)),
         "train_measurements": int(len(train)),
         "loss": loss,
@@ -183,6 +185,13 @@ def _load(cfg: EvalConfig):
                         "its test split may hold what the model saw")
         print(f"warning: {warnings[-1]}", file=sys.stderr)
     return pred, data, manifest, fingerprint, trained_on, warnings
+
+
+def _trained(run_dir) -> dict:
+    """The run's model, steps and training objective, from its config.json."""
+    t = P.run_record(run_dir).get("train", {})
+    return {"model": t.get("model"), "steps": t.get("steps"), "batch_size": t.get("batch_size"),
+            "loss_weights": t.get("loss_weights") or "uniform"}
 
 
 def _answer_queries(pred: P.Predictor, qm, progress: bool, *, alone: bool = False):

@@ -291,7 +291,7 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
         eval_sample = EvalSample(cfg, manifest, rows) if cfg.eval_every else None
         # the run starts here: nothing above wrote anything
         run_dir.mkdir(parents=True, exist_ok=True)
-        ckpt = Checkpointer(run_dir / "checkpoints")
+        ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.keep_checkpoints)
         if saved is not None:
             start, state, data_state = ckpt.restore_intact(state)
             if ckpt.skipped:
