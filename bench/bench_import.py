@@ -35,7 +35,7 @@ from prep.atlas import AtlasConfig, import_atlas
 from prep.bucket import ShardsConfig
 from prep.shards import run_shards
 
-SAMPLE = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "ripe-atlas"
+SAMPLE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "ripe-atlas"
 FILES, COPIES = 4, 10  # 4 files x 10 copies x 7,725 results = 309,000
 
 

@@ -122,7 +122,9 @@ def invoke(*args: str):
 
 def test_second_writer_is_refused_at_once_and_the_first_completes(raw, tmp_path):
     out = tmp_path / "out"
-    first = start_slow(raw, out, "--seed", "1", "--buckets", "8", "--workers", "2")
+    # 1.5 s a bucket, 4 buckets a worker: the first run is still staging when the second,
+    # whose start (imports, a cold Numba cache) took over 1 s in a fresh clone, is refused
+    first = start_slow(raw, out, "--seed", "1", "--buckets", "8", "--workers", "2", slow_s=1.5)
     wait_for(lambda: staged_shards(out), what="the first run's shards")
     t = time.monotonic()
     second = subprocess.run(shards_cmd(raw, out, "--seed", "2", "--workers", "2"),
