@@ -85,7 +85,7 @@ def main():
               help="Checkpoints and metrics.jsonl [default: runs/<model>-<time>].")
 @click.option("--resume", is_flag=True, help="Continue the run in --run-dir (or the newest).")
 @click.option("--model", type=click.Choice(list(MODELS)), default=None,
-              help="[default: base on a GPU, tiny elsewhere] small: the CPU recipe (about 14 "
+              help="[default: base on a GPU, tiny elsewhere] small: the CPU recipe (about 13 "
                    "min on 2 cores, rows of 256; its own steps, batch, lr and loss weights, "
                    "docs/learning.md)")
 @click.option("--steps", type=int, default=None, help=f"Total optimizer steps. {_default('steps')}")
@@ -98,8 +98,9 @@ def main():
                    "start; a resume with more --steps keeps it and runs on at the final rate].")
 @click.option("--loss-weights", default=None, metavar="ROLE=W,...",
               help="Weight of each target role in the training objective, e.g. "
-                   "'rtt=10,result=10' (roles: marker, src, dst, timestamp, result, rtt) "
-                   f"{_default('loss_weights')}; the logged loss stays the plain mean.")
+                   "'rtt=10,result=10' (roles: marker, src, dst, timestamp, result, rtt; "
+                   "unnamed roles 1) [default: every target alike; small on a CPU: "
+                   "rtt=10,result=10]; the logged loss stays the plain mean.")
 @click.option("--log-every", type=int, default=None,
               help=f"Steps between log lines. {_default('log_every')}")
 @click.option("--eval-every", type=int, default=None,
