@@ -2,8 +2,8 @@
 
 Usage:
     prep synth --out data/raw --rows 3000000 --probes 2000 --days 2 --seed 0
-    prep import-atlas ../shared/data/ripe-atlas/api ../shared/data/ripe-atlas/dump --out data/atlas
-    prep import-matrix ../shared/data/latency-matrices/seattle --out data/seattle --interval 300 --unit s
+    prep import-atlas tests/fixtures/ripe-atlas/api tests/fixtures/ripe-atlas/dump --out data/atlas
+    prep import-matrix tests/fixtures/seattle --out data/seattle --interval 300 --unit s
     prep shards data/raw --out shards --workers 2 --seed 0
     prep verify shards
     prep inspect shards --split test --rows 0:2
@@ -151,8 +151,9 @@ def import_matrix(inputs, out, interval, unit, start, overwrite, as_json, quiet)
     number, ragged rows, a non-square matrix or frames of different N are an error.
 
     \b
-    Example (the Seattle set, 688 frames of 99 nodes, in seconds):
-      prep import-matrix ../shared/data/latency-matrices/seattle --out data/seattle --interval 300 --unit s
+    Example (the first 4 frames of the Seattle set, 99 nodes, in seconds; all 688 in
+    the GitHub repository uofa-rzhu3/NetLatency-Data):
+      prep import-matrix tests/fixtures/seattle --out data/seattle --interval 300 --unit s
       prep shards data/seattle --out shards-seattle --split time+probe --row-len 256
     """
     import json

@@ -72,6 +72,7 @@ from tqdm import tqdm
 from prep import sniff
 from prep.errors import InputError, first_line, fs_failure
 from prep.hashing import GOLDEN, MASK, mix64
+from prep.outdir import pid_alive
 from prep.splits import format_time
 from prep.validate import RTT_MAX_MS, TIME_MAX, format_rejected
 
@@ -264,7 +265,7 @@ def _claim(out: Path, overwrite: bool) -> tuple[list[Path], bool]:
     old = []
     for e in sorted(out.iterdir()):
         if (m := _STAGE.fullmatch(e.name)) and e.is_dir():
-            if int(m[1]) != os.getpid() and _alive(int(m[1])):
+            if int(m[1]) != os.getpid() and pid_alive(int(m[1])):
                 raise InputError(f"{out}: another import-matrix (pid {m[1]}) is writing into "
                                  "it; wait for it or use another --out")
             shutil.rmtree(e, ignore_errors=True)
@@ -278,16 +279,6 @@ def _claim(out: Path, overwrite: bool) -> tuple[list[Path], bool]:
                              "a new folder")
         old.append(e)
     return old, False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def import_matrix(cfg: MatrixConfig) -> dict:

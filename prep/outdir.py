@@ -141,13 +141,13 @@ class OutDir:
             except BlockingIOError:
                 holder = _read_pid(fd)
                 os.close(fd)
-                if (holder is None or not _alive(holder)) and time.monotonic() < deadline:
+                if (holder is None or not pid_alive(holder)) and time.monotonic() < deadline:
                     # Dead: its workers are dying with it and drop the lock soon. None: a
                     # run that has just locked it and not yet written its pid.
                     time.sleep(0.05)
                     continue
                 who = f"pid {holder}" if holder is not None else "pid unknown"
-                if holder is not None and not _alive(holder):
+                if holder is not None and not pid_alive(holder):
                     raise InputError(f"{self.path}: the workers of an earlier `prep shards` "
                                      f"({who}, gone) still hold {LOCK_NAME}; try again in "
                                      "a few seconds") from None
@@ -358,7 +358,8 @@ def _read_pid(fd: int) -> int | None:
     return None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one we may not signal counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

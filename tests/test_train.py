@@ -203,17 +203,13 @@ def test_cli_model_choices_are_the_registry():
 def test_small_preset_and_its_cpu_recipe():
     """The CPU recipe (docs/learning.md): tiny's shape plus the grammar embedding (7 role
     rows and 17 byte-index rows of 64), and its own CPU defaults under --model small."""
+    from train.arch import n_params
     from train.config import defaults_for
 
     small, tiny = MODELS["small"], MODELS["tiny"]
     assert small.grammar_embed and not tiny.grammar_embed
-    assert arch_n(small) == arch_n(tiny) + (7 + 17) * 64 == 134_336
+    assert n_params(small) == n_params(tiny) + (7 + 17) * 64 == 134_336
     d = defaults_for("cpu", model="small")
     assert (d["model"], d["steps"], d["batch_size"], d["lr"], d["warmup"], d["loss_weights"]) == (
         "small", 800, 32, 3e-3, 50, "rtt=10,result=10")
     assert defaults_for("cpu")["model"] == "tiny" and defaults_for("gpu")["model"] == "base"
-
-
-def arch_n(cfg):
-    from train.arch import n_params
-    return n_params(cfg)

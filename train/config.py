@@ -62,7 +62,7 @@ def flag(field: str) -> str:
 
 
 # `train --model small` on a CPU: the recipe of docs/learning.md (2 cores, rows of 256,
-# about 14 minutes): the objective weighted toward the result and its RTT bytes, the lr
+# 12.5 minutes measured): the objective weighted toward the result and its RTT bytes, the lr
 # and warmup the study ran; the model preset is train.arch.MODELS["small"]
 SMALL_CPU = dict(model="small", steps=800, batch_size=32, lr=3e-3, warmup=50,
                  loss_weights="rtt=10,result=10", compute_dtype="float32", log_every=50,

@@ -92,7 +92,7 @@ class Detail:
 def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
     """(report, per-query detail); writes the report under RUN_DIR/eval/."""
     t0 = time.perf_counter()
-    pred, data, manifest, fingerprint, trained_on, warnings = _load(cfg)
+    pred, data, manifest, fingerprint, trained_on, warnings, trained = _load(cfg)
     rng = np.random.default_rng(cfg.seed)
     log = lambda msg: print(msg, file=sys.stderr, flush=True) if progress else None
 
@@ -141,7 +141,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
         "data_matches_run": None if trained_on is None else trained_on == fingerprint,
         "split": _split_rule(manifest), "config": asdict(cfg),
         # how the model was trained: its preset and objective (train --loss-weights)
-        "trained": _trained(cfg.run_dir),
+        "trained": trained,
         "test_rows": int(len(tok)), "test_measurements": int(len(meas)),
         "train_measurements": int(len(train)),
         "loss": loss,
@@ -166,8 +166,8 @@ _EMPTY_TEST = ("{data}: the test split is empty; rebuild with `prep shards ... "
 
 
 def _load(cfg: EvalConfig):
-    """The predictor, the data folder and its manifest, its fingerprint, the run's, and
-    the warnings so far."""
+    """The predictor, the data folder and its manifest, its fingerprint, the run's, the
+    warnings so far, and how the run trained."""
     pred = P.load(cfg.run_dir, step=cfg.step, batch_size=cfg.batch_size)
     record = P.run_record(cfg.run_dir)
     data = cfg.data or record.get("train", {}).get("data", "shards")
@@ -184,12 +184,12 @@ def _load(cfg: EvalConfig):
         warnings.append(f"{data} is not the dataset this run trained on (its shards differ); "
                         "its test split may hold what the model saw")
         print(f"warning: {warnings[-1]}", file=sys.stderr)
-    return pred, data, manifest, fingerprint, trained_on, warnings
+    return pred, data, manifest, fingerprint, trained_on, warnings, _trained(record)
 
 
-def _trained(run_dir) -> dict:
+def _trained(record: dict) -> dict:
     """The run's model, steps and training objective, from its config.json."""
-    t = P.run_record(run_dir).get("train", {})
+    t = record.get("train", {})
     return {"model": t.get("model"), "steps": t.get("steps"), "batch_size": t.get("batch_size"),
             "loss_weights": t.get("loss_weights") or "uniform"}
 
