@@ -34,7 +34,9 @@ data/raw/.done: | $(STAMP)
 shards: setup data/raw/.done
 	$(BIN)/prep shards data/raw --out shards --workers $(WORKERS) --seed $(SEED) --overwrite
 
+# lint-imports: the stages' one-way order (pyproject.toml, [tool.importlinter])
 test: setup
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest tests
 
 bench: setup

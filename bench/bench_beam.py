@@ -12,10 +12,10 @@ def run() -> dict[str, float]:
         import apache_beam  # noqa: F401
     except ImportError:
         return {}
-    from prep.beam_runner import run_beam
-    from prep.bucket import ShardsConfig
-    from prep.shards import run_shards
-    from prep.synth import SynthConfig, synth
+    from prep.build.beam_runner import run_beam
+    from prep.build.bucket import ShardsConfig
+    from prep.build.local_runner import run_shards
+    from prep.ingest.synth import SynthConfig, synth
 
     rows = 1_000_000
     cfg = ShardsConfig()

@@ -2,17 +2,17 @@
 the baselines on the same queries, on the built-in data (`prep synth` defaults, 3M rows)
 split with `--split time+probe`.
 
-- ``eval.queries_per_s``: train.predictor's two passes (teacher-forced first-byte and
+- ``eval.queries_per_s``: train.predict.predictor's two passes (teacher-forced first-byte and
   P(failed) pass, then the second-byte probes for p10 / median / p90) over whole test
   contexts, after one warm-up batch (compilation). The model is the tiny config with
   untrained parameters: the cost does not depend on what the weights are.
-- ``eval.baselines_fit_s``: fitting all the train-fit baselines (train.baselines.fit_all)
+- ``eval.baselines_fit_s``: fitting all the train-fit baselines (train.eval.baselines.fit_all)
   on the train split, decoded from its shards; ``eval.baseline_fit_s.<name>`` each alone;
   ``eval.baselines_queries_per_s``: all of them predicting the same queries.
 - ``eval.context_baselines_queries_per_s``: the four context baselines
-  (train.context_baselines, after a compiling call) on the same queries, beside the model's
+  (train.eval.context_baselines, after a compiling call) on the same queries, beside the model's
   ``eval.queries_per_s``: they must cost no more than the model's own pass.
-- ``eval.decode_measurements_per_s``: prep.rowdecode over the train split's rows.
+- ``eval.decode_measurements_per_s``: prep.tokens.rowdecode over the train split's rows.
 """
 
 from __future__ import annotations
@@ -24,14 +24,16 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from prep import rowdecode
-from prep.bucket import ShardsConfig
-from prep.shards import run_shards
-from prep.synth import SynthConfig, synth
-from train import baselines, context_baselines, model, reader
-from train import evaluate as E
-from train import predictor as P
-from train.arch import model_config
+from prep.build.bucket import ShardsConfig
+from prep.build.local_runner import run_shards
+from prep.ingest.synth import SynthConfig, synth
+from prep.tokens import rowdecode
+from train.eval import baselines, context_baselines
+from train.eval import evaluate as E
+from train.fit import reader
+from train.model import model
+from train.model.arch import model_config
+from train.predict import predictor as P
 
 ROWS, QUERIES, BATCH = 3_000_000, 2_000, 8
 
@@ -52,7 +54,7 @@ def run() -> dict[str, float]:
 
     q = E.full_mode_queries(test, QUERIES, np.random.default_rng(0))
     qm = test.take(q)
-    contexts, qctx, q_choice, q_rtt = E._encode_queries(qm)
+    contexts, qctx, q_choice, q_rtt = E.encode_queries(qm)
     mcfg = model_config("tiny", seq_len=manifest["row_len"])
     pred = P.Predictor(jax.device_put(model.init_params(mcfg, 0)), mcfg, batch_size=BATCH)
     qtok, qseg, where = P.pack_contexts(contexts, pred.row_len)
@@ -64,7 +66,7 @@ def run() -> dict[str, float]:
     pred.answer(qtok, qseg, *args)
     query_s = time.perf_counter() - t0
 
-    (tr, qids), n_nodes = E._node_ids([train, qm])
+    (tr, qids), n_nodes = E.node_ids([train, qm])
     cols = (tr[0], tr[1], train.rtt_ms(), train.time, train.has_time)
     baselines.fit_all(*cols, n_nodes=n_nodes, seed=0)  # compile the Numba kernels
     out = {}

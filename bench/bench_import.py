@@ -24,16 +24,16 @@ the whole, without 20 s of compressing in every run.
 from __future__ import annotations
 
 import bz2
-import concurrent.futures
 import json
 import tempfile
 import time
 from pathlib import Path
 
-from prep import atlas, atlas_read
-from prep.atlas import AtlasConfig, import_atlas
-from prep.bucket import ShardsConfig
-from prep.shards import run_shards
+from prep.build.bucket import ShardsConfig
+from prep.build.local_runner import run_shards
+from prep.ingest import atlas_read
+from prep.ingest.atlas import AtlasConfig, import_atlas
+from prep.jobs.pool import Pool, cores
 
 SAMPLE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "ripe-atlas"
 FILES, COPIES = 4, 10  # 4 files x 10 copies x 7,725 results = 309,000
@@ -60,7 +60,7 @@ def _stdlib_rate(folder: Path) -> float:
 
 def _decompress(path: Path) -> int:
     n = 0
-    with atlas_read._open_binary(path) as f:
+    with atlas_read.open_binary(path) as f:
         while b := f.read(atlas_read.CHUNK):
             n += b.count(b"\n")
     return n
@@ -69,10 +69,10 @@ def _decompress(path: Path) -> int:
 def _decompress_rate(folder: Path, procs: int) -> float:
     """Results/s of decompressing every file (as the importer opens them), ``procs`` at a time."""
     files = sorted(folder.iterdir())
-    with concurrent.futures.ProcessPoolExecutor(procs, mp_context=atlas._mp_context()) as ex:
-        list(ex.map(_decompress, files[:procs]))  # the pool started
+    with Pool(procs, preload=(__name__,)) as pool:
+        list(pool.imap(_decompress, files[:procs]))  # the pool started
         t0 = time.perf_counter()
-        n = sum(ex.map(_decompress, files))
+        n = sum(pool.imap(_decompress, files))
         return n / (time.perf_counter() - t0)
 
 
@@ -94,7 +94,7 @@ def run() -> dict[str, float]:
         rate, _ = _import_rate(SAMPLE, d / "sample", 3)
         metrics["import.results_per_s"] = rate
         s = run_shards([str(d / "sample")], str(d / "sample-shards"), ShardsConfig(n_buckets=0),
-                       workers=min(2, atlas._cores()), progress=False)
+                       workers=min(2, cores()), progress=False)
         metrics["import.sample_padding_fraction"] = s["padding_fraction"]
         metrics["import.sample_rows_over_lower_bound"] = s["rows_over_lower_bound"]
 
@@ -111,7 +111,7 @@ def run() -> dict[str, float]:
             metrics[f"import.results_per_s_{kind}"] = rate
             metrics[f"import.stdlib_results_per_s_{kind}"] = std
             metrics[f"import.speedup_{kind}"] = rate / std
-        procs = min(atlas._cores(), FILES)
+        procs = min(cores(), FILES)
         ceiling = _decompress_rate(d / "bz2", procs)
         metrics["import.bz2_decompress_results_per_s"] = ceiling
         metrics["import.bz2_of_ceiling"] = metrics["import.results_per_s_bz2"] / ceiling

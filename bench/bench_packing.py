@@ -2,8 +2,8 @@
 
 Metrics (``packing.*``): ``padding_fraction``, ``rows_over_lower_bound``, ``contexts_per_s``
 on the built-in data through the real pipeline (``prep synth`` of ``bench.workloads.SYNTH_ROWS`` measurements
-with the Makefile's probes/days/seed into a temp dir -> prep.validate.read_validated ->
-prep.contexts.plan_contexts with the default ContextConfig, seed 0), so
+with the Makefile's probes/days/seed into a temp dir -> prep.schema.validate.read_validated ->
+prep.pack.contexts.plan_contexts with the default ContextConfig, seed 0), so
 ``data_is_plan_contexts`` is 1; ``busy_*`` on ``synthetic_contexts(busy=True)`` (every context
 cut near 1024 tokens); and for reference on the same contexts ``pad_to_crop_padding_fraction``,
 ``grain_first_fit_padding_fraction``, ``grain_best_fit_padding_fraction`` (Grain's packers on a
@@ -16,8 +16,9 @@ import sys
 import time
 
 import numpy as np
+
 from bench.workloads import ROW_LEN, builtin_contexts, synthetic_contexts
-from prep import packing
+from prep.pack import packing
 
 GRAIN_SAMPLE = 5_000  # Grain packs in Python at ~3k sequences/s here: a sample is enough
 

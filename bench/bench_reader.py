@@ -1,6 +1,6 @@
 """`make bench` part "reader": the Grain reader beside plain ArrayRecord reads of the same records.
 
-- ``reader.tokens_per_s``: train.reader.batches (global shuffle, per-process slice, batch,
+- ``reader.tokens_per_s``: train.fit.reader.batches (global shuffle, per-process slice, batch,
   batched read, decode to uint16/uint8 arrays) in one process, tokens (padding included)
   per second of host time. Target: >= 20M.
 - ``reader.raw_tokens_per_s``: the same records in the same shuffled order and batches,
@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
-from prep import vocab
 from bench import synthetic_shards as synthetic
-from train import reader
+from prep.schema import vocab
+from train.fit import reader
 
 ROWS, ROW_LEN, SHARDS, BATCH, EPOCHS = 16_384, 1024, 4, 64, 2
 

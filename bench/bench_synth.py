@@ -1,6 +1,6 @@
 """`synth.rows_per_s`: `prep synth` end to end (generate + hourly parquet), the `make shards` size.
 
-Also `synth.validate_rows_per_s`: prep.validate over the same files (read + validate), the
+Also `synth.validate_rows_per_s`: prep.schema.validate over the same files (read + validate), the
 first stage of `prep shards` (target: well above the 1.5M/s end-to-end ETL rate).
 """
 
@@ -10,8 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from prep import validate
-from prep.synth import SynthConfig, synth
+from prep.ingest.synth import SynthConfig, synth
+from prep.schema import validate
 
 ROWS = 3_000_000
 

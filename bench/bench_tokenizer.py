@@ -3,9 +3,9 @@
 Data: 2**20 measurements in the shape of RIPE Atlas (3,000 probes pinging every 240 s,
 58 % IPv4, ~17 % failed, lognormal RTTs), planned into contexts once. Then:
 
-- ``kernel_measurements_per_s``: ``prep.kernel.encode_plan`` on all of them, warm (the
+- ``kernel_measurements_per_s``: ``prep.tokens.kernel.encode_plan`` on all of them, warm (the
   first call compiles or loads the cache), best of 3; Numba runs on one thread.
-- ``reference_measurements_per_s``: ``prep.reference.encode_context`` on the first
+- ``reference_measurements_per_s``: ``prep.tokens.reference.encode_context`` on the first
   contexts of the same plan until >= 20,000 measurements are covered (the reference
   takes ~0.1 s per 20k; timing all 1M would take a minute), best of 3. Converting the columns to
   Python tuples is not timed, so the reference pays for encoding only. Its tokens are
@@ -23,9 +23,9 @@ import time
 
 import numpy as np
 
-from prep import kernel, reference
-from prep.contexts import ContextConfig, plan_contexts
 from bench.workloads import atlas_like
+from prep.pack.contexts import ContextConfig, plan_contexts
+from prep.tokens import kernel, reference
 
 N = 1 << 20
 SEED = 0

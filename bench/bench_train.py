@@ -1,9 +1,9 @@
 """`make bench` part "train": training throughput of the CPU models, `tiny` beside `small`.
 
-Each trains with the real trainer (train.loop.train: Grain reader, XLA packed attention,
+Each trains with the real trainer (train.fit.loop.train: Grain reader, XLA packed attention,
 float32) on the same packed rows of 256 tokens from `prep synth` + `prep shards` (20k
 measurements), batch 32, 60 steps; real (non-padding) tokens/s over the steps after
-compilation. `small` is `tiny` plus the grammar embedding (train.arch), so the ratio is
+compilation. `small` is `tiny` plus the grammar embedding (train.model.arch), so the ratio is
 that embedding's cost; the recipe's minutes on 2 cores follow from it (docs/learning.md).
 """
 
@@ -16,11 +16,11 @@ STEPS, BATCH = 60, 32
 
 
 def run() -> dict[str, float]:
-    from prep.bucket import ShardsConfig
-    from prep.shards import run_shards
-    from prep.synth import SynthConfig, synth
-    from train.config import TrainConfig
-    from train.loop import train
+    from prep.build.bucket import ShardsConfig
+    from prep.build.local_runner import run_shards
+    from prep.ingest.synth import SynthConfig, synth
+    from train.fit.config import TrainConfig
+    from train.fit.loop import train
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,6 +1,6 @@
 """`make bench-gpu`: training throughput of the base (~95M) config on the GPU(s) here.
 
-Runs the real trainer (train.loop.train: Grain reader, packed cuDNN attention, bf16
+Runs the real trainer (train.fit.loop.train: Grain reader, packed cuDNN attention, bf16
 compute, data-parallel over all local GPUs) for a few hundred steps and reports, over
 the steps after warm-up: real (non-padding) tokens/s, MFU, the share of step time spent
 waiting for data, and step time. Writes ``bench/results/gpu-<device>.json``.
@@ -26,11 +26,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from bench.run import RESULTS, machine
-from prep import vocab
 from bench import synthetic_shards as synthetic
-from train.config import TrainConfig
-from train.loop import train
+from bench.run import RESULTS, machine
+from prep.schema import vocab
+from train.fit.config import TrainConfig
+from train.fit.loop import train
 
 
 def _synthetic_shards(d: Path, rows: int) -> Path:
@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn"])
     args = p.parse_args(argv)
 
-    from prep.errors import InputError
-    from train.device import check_backend
+    from prep.schema.errors import InputError
+    from train.fit.device import check_backend
 
     try:
         gpu = check_backend("auto") == "gpu"  # a GPU jax cannot use is an error, not the CPU

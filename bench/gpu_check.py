@@ -1,7 +1,7 @@
 """`make gpu-check`: is this GPU machine ready, and how fast does it train? One command.
 
 1. The device and the versions (GPUs from nvidia-smi, jax, jaxlib, the CUDA plugin,
-   cuDNN), and whether the cuDNN packed attention compiles here (train.attention).
+   cuDNN), and whether the cuDNN packed attention compiles here (train.model.attention).
 2. A visible NVIDIA GPU with a CPU-only jax stops here with the install command.
 3. The GPU tests (`pytest -m gpu`: cuDNN packed attention equals XLA for outputs and
    gradients, bf16, on rows of 1 segment, 2 segments, the maximum, and padding only).
@@ -56,8 +56,9 @@ def versions() -> dict:
 
 
 def main() -> int:
-    from prep.errors import InputError
-    from train import attention, device
+    from prep.schema.errors import InputError
+    from train.fit import device
+    from train.model import attention
 
     gpus = device.nvidia_gpus()
     say(f"nvidia-smi: {'; '.join(gpus) if gpus else 'no NVIDIA GPU'}")

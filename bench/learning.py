@@ -1,8 +1,8 @@
 """Learning curve: does the model read its context, and after how many tokens does it
 beat the predictors that read the same context? One command, one JSON.
 
-Trains one config with the real trainer (train.loop.train), saving K checkpoints spread
-over the run, and evaluates each with `train eval`'s machinery (train.evaluate, the same
+Trains one config with the real trainer (train.fit.loop.train), saving K checkpoints spread
+over the run, and evaluates each with `train eval`'s machinery (train.eval.evaluate, the same
 queries at every point: a seeded sample of --queries full-mode queries) against every
 baseline, context baselines included. Writes ``bench/results/learning-<device>-<model>.json``:
 per checkpoint the tokens trained, the loss by role, and the model's and each baseline's
@@ -61,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import jax
 
-    from train.config import TrainConfig, defaults_for
-    from train.evaluate import EvalConfig, evaluate
-    from train.loop import train
-    from train.checkpoint import step_dirs
+    from train.eval.evaluate import EvalConfig, evaluate
+    from train.fit.checkpoint import step_dirs
+    from train.fit.config import TrainConfig, defaults_for
+    from train.fit.loop import train
 
     platform = jax.devices()[0].platform
     settings = defaults_for(platform, jax.device_count(), model=args.model)

@@ -1,8 +1,8 @@
 """Small shards folders with predictable rows, for tests, benchmarks and CPU demos.
 
 The real writer is ``prep shards``; this one skips measurements and tokenizing and
-writes rows straight from arrays, through the same row format (prep.rows) and manifest
-(prep.manifest), so the trainer can be tested without the ETL.
+writes rows straight from arrays, through the same row format (prep.schema.rows) and manifest
+(prep.schema.manifest), so the trainer can be tested without the ETL.
 
 ``counting_rows`` makes rows whose content is easy to predict: segment k of row r holds
 ``(r * 7 + k + arange(len)) % vocab`` - a next-token rule a model learns in a few steps,
@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from prep import manifest as manifest_lib
-from prep import rows as rows_lib
-from prep import vocab
+from prep.schema import manifest as manifest_lib
+from prep.schema import rows as rows_lib
+from prep.schema import vocab
 
 
 def counting_rows(n_rows: int, row_len: int, *, seed: int = 0, max_segments: int = 4,

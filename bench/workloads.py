@@ -15,8 +15,16 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from prep.costs import BACKOFF, FAILED_BODIES, OK_BODIES, TS_ABS, TS_DELTA1, TS_DELTA4, fillable
-from prep.measurements import Measurements
+from prep.schema.measurements import Measurements
+from prep.tokens.costs import (
+    BACKOFF,
+    FAILED_BODIES,
+    OK_BODIES,
+    TS_ABS,
+    TS_DELTA1,
+    TS_DELTA4,
+    fillable,
+)
 
 ROW_LEN = 1024
 SYNTH_ROWS = 3_000_000  # the Makefile's `prep synth` settings: 3M rows, 3000 probes, 2 days
@@ -42,7 +50,7 @@ def atlas_like(n: int, probes: int = 3000, seed: int = 0) -> Measurements:
 
 @njit(cache=True)
 def _synth(n_ctx, busy, seed, row_len):
-    """Contexts shaped like the tokenizer's output (prep.costs: bodies 12-38 tokens, timestamps
+    """Contexts shaped like the tokenizer's output (prep.tokens.costs: bodies 12-38 tokens, timestamps
     0/2/5/9)."""
     np.random.seed(seed)
     cap = n_ctx * (70 if busy else 14) + 100
@@ -72,7 +80,7 @@ def _synth(n_ctx, busy, seed, row_len):
             t = 0
             if ts:
                 t = TS_ABS if first else (TS_DELTA1 if np.random.random() < 0.9 else TS_DELTA4)
-            if total + body + t > row_len:  # end it as the planner does (prep.planner_kernels)
+            if total + body + t > row_len:  # end it as the planner does (prep.pack.planner_kernels)
                 back = 0
                 while back < BACKOFF and n - 1 > starts[c] and \
                         not fillable(row_len - total):
@@ -100,9 +108,9 @@ def builtin_contexts(rows: int = SYNTH_ROWS, *, probes: int = 3_000, days: int =
                      seed: int = 0):
     """(ctx_start, ctx_end, cost, has_ts, abs_extra) of `prep synth` data, planned as
     `prep shards` plans it (synth -> read_validated -> plan_contexts)."""
-    from prep.contexts import ContextConfig, plan_contexts
-    from prep.synth import SynthConfig, synth
-    from prep.validate import list_inputs, read_validated
+    from prep.ingest.synth import SynthConfig, synth
+    from prep.pack.contexts import ContextConfig, plan_contexts
+    from prep.schema.validate import list_inputs, read_validated
 
     with tempfile.TemporaryDirectory(prefix="bench_packing_") as tmp:
         synth(SynthConfig(out=Path(tmp), rows=rows, probes=probes, days=days, seed=seed))

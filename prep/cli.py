@@ -20,7 +20,7 @@ import sys
 
 import click
 
-from prep.errors import InputError
+from prep.schema.errors import InputError
 
 
 class _Group(click.Group):
@@ -62,7 +62,8 @@ def synth(out, rows, probes, days, seed):
     """
     from pathlib import Path
 
-    from prep.synth import SynthConfig, synth as run
+    from prep.ingest.synth import SynthConfig
+    from prep.ingest.synth import synth as run
 
     run(SynthConfig(out=Path(out), rows=rows, probes=probes, days=days, seed=seed))
 
@@ -95,7 +96,8 @@ def import_atlas(inputs, out, per_packet, source, errors, workers, strict, as_js
     import json
     from pathlib import Path
 
-    from prep.atlas import AtlasConfig, import_atlas as run
+    from prep.ingest.atlas import AtlasConfig
+    from prep.ingest.atlas import import_atlas as run
 
     summary = run(AtlasConfig(inputs=tuple(Path(p) for p in inputs), out=Path(out),
                               per_packet=per_packet, strict=strict, source=source, errors=errors,
@@ -113,7 +115,7 @@ class _Time(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, int):
             return value
-        from prep.splits import parse_time
+        from prep.schema.splits import parse_time
 
         try:
             return parse_time(value)
@@ -159,7 +161,8 @@ def import_matrix(inputs, out, interval, unit, start, overwrite, as_json, quiet)
     import json
     from pathlib import Path
 
-    from prep.matrix import MatrixConfig, import_matrix as run
+    from prep.ingest.matrix import MatrixConfig
+    from prep.ingest.matrix import import_matrix as run
 
     summary = run(MatrixConfig(inputs=tuple(Path(p) for p in inputs), out=Path(out),
                                interval_s=interval, unit=unit, start=start,
@@ -223,10 +226,10 @@ def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row
     """
     import signal
 
-    from prep.signals import Interrupted, stop_on_signals
+    from prep.jobs.signals import Interrupted, stop_on_signals
 
     # SIGINT/SIGTERM: one line and exit 128 + the signal, never a traceback; the run
-    # itself (prep.outdir.claim) stops its workers and removes its staging folder first.
+    # itself (prep.jobs.outdir.claim) stops its workers and removes its staging folder first.
     try:
         with stop_on_signals():
             _shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row_len,
@@ -244,9 +247,9 @@ def _shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, ro
             beam_options, overwrite, as_json, quiet):
     import json
 
-    from prep.bucket import ShardsConfig
-    from prep.dataset import format_summary
-    from prep.shards import run_shards
+    from prep.build.bucket import ShardsConfig
+    from prep.build.dataset import format_summary
+    from prep.build.local_runner import run_shards
 
     if test_from is not None and split_rule == "probe":
         raise InputError("--test-from applies to --split time or time+probe; --split probe "
@@ -259,7 +262,7 @@ def _shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, ro
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     if runner == "beam":
-        from prep.beam_runner import run_beam
+        from prep.build.beam_runner import run_beam
 
         summary = run_beam(list(inputs), out, cfg, beam_options_kv=beam_options,
                            progress=not quiet, overwrite=overwrite)
@@ -282,7 +285,7 @@ def verify(shards_dir, workers):
     Example:
       prep verify shards
     """
-    from prep.verify import verify_dir
+    from prep.tools.verify import verify_dir
 
     problems = verify_dir(shards_dir, workers=_workers(workers))
     for p in problems:
@@ -309,7 +312,7 @@ def inspect(shards_dir, split, rows_range, as_json):
     Example:
       prep inspect shards --split test --rows 0:2
     """
-    from prep.inspect_rows import format_row, iter_rows, parse_range, row_json
+    from prep.tools.inspect_rows import format_row, iter_rows, parse_range, row_json
 
     start, stop = parse_range(rows_range)
     for row in iter_rows(shards_dir, split=split, start=start, stop=stop):
@@ -317,9 +320,10 @@ def inspect(shards_dir, split, rows_range, as_json):
 
 
 def _workers(n: int) -> int:
-    import os
+    """0: one per core this process may run on."""
+    from prep.jobs.pool import cores
 
-    return n or os.cpu_count() or 1
+    return n or cores()
 
 @main.command("analyze-padding")
 @click.argument("input_path", metavar="INPUT", type=click.Path(exists=True))
@@ -344,7 +348,7 @@ def analyze_padding(input_path, crop, batch_size, max_segments, grain_sample, se
     """
     import json
 
-    from prep import analyze
+    from prep.tools import analyze
 
     cfg = analyze.AnalyzeConfig(crop=crop, batch_size=batch_size, max_segments=max_segments,
                                 grain_sample=grain_sample, seed=seed)

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from prep import analyze, manifest
 from prep.cli import main
+from prep.schema import manifest
+from prep.tools import analyze
 
 CFG = analyze.AnalyzeConfig(crop=1024, batch_size=2, grain_bins=(2,), grain_sample=100,
                             max_segments=2)
@@ -57,9 +58,9 @@ def test_a_scaled_sample_never_beats_the_lower_bound():
 
 @pytest.fixture(scope="module")
 def shards_dir(tmp_path_factory):
-    from prep.bucket import ShardsConfig
-    from prep.shards import run_shards
-    from prep.synth import SynthConfig, synth
+    from prep.build.bucket import ShardsConfig
+    from prep.build.local_runner import run_shards
+    from prep.ingest.synth import SynthConfig, synth
 
     d = tmp_path_factory.mktemp("analyze")
     synth(SynthConfig(out=d / "raw", rows=20_000, probes=40, days=1, seed=3))

@@ -6,8 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from prep import atlas_read
 from prep.cli import main
+from prep.ingest import atlas_read
 
 
 def run(*args):

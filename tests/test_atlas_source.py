@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from prep import atlas, atlas_read
 from prep.cli import main
+from prep.ingest import atlas, atlas_read
 
 PREP = [sys.executable, "-c", "from prep.cli import main; main()"]
 COUNTS = ("files", "results_read", "rows_in", "rows_written", "rejected", "per_packet", "source",

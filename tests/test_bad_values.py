@@ -18,10 +18,11 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from prep import atlas_read, validate
 from prep.cli import main
-from prep.errors import InputError
-from prep.reference import rtt_code
+from prep.ingest import atlas_read
+from prep.schema import validate
+from prep.schema.errors import InputError
+from prep.tokens.reference import rtt_code
 
 T0 = 1_700_000_000
 PREP = [sys.executable, "-c", "from prep.cli import main; main()"]

@@ -4,7 +4,7 @@ factorization must recover, determinism."""
 import numpy as np
 import pytest
 
-from train import baselines
+from train.eval import baselines
 
 F = -1.0  # a failed ping
 # idx: (src, dst, rtt, time, has_time). Untimestamped rows carry junk times on purpose.

@@ -9,11 +9,11 @@ import pytest
 
 beam = pytest.importorskip("apache_beam")
 
-from prep import beam_runner  # noqa: E402
-from prep.bucket import ShardsConfig  # noqa: E402
-from prep.manifest import MANIFEST_NAME  # noqa: E402
-from prep.shards import run_shards  # noqa: E402
-from prep.synth import SynthConfig, synth  # noqa: E402
+from prep.build import beam_runner  # noqa: E402
+from prep.build.bucket import ShardsConfig  # noqa: E402
+from prep.build.local_runner import run_shards  # noqa: E402
+from prep.ingest.synth import SynthConfig, synth  # noqa: E402
+from prep.schema.manifest import MANIFEST_NAME  # noqa: E402
 
 CFG = ShardsConfig(seed=7, n_buckets=8, epochs=2)
 
@@ -52,7 +52,7 @@ def test_beam_equals_local(raw, tmp_path):
 
 
 def test_beam_default_cutoff_equals_local(raw, tmp_path):
-    from prep.validate import read_validated
+    from prep.schema.validate import read_validated
 
     cfg = ShardsConfig(seed=7, n_buckets=4, split="time+probe", test_fraction=0.2)
     local = run_shards([str(raw)], str(tmp_path / "local"), cfg, workers=2, progress=False)

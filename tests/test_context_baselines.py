@@ -6,8 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from train import baselines
-from train import context_baselines as C
+from train.eval import baselines
+from train.eval import context_baselines as C
 
 F = -1.0  # a failed ping
 # Two contexts (ids 7 and 9) of one source (node 0); node 1 and 2 are destinations.

@@ -2,12 +2,13 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from prep import costs, kernel
-from prep import vocab as V
-from prep.contexts import ContextConfig, epoch_seed, piece_lengths, plan_contexts, sort_order
-from prep.measurements import Measurements
+from prep.pack.contexts import ContextConfig, epoch_seed, piece_lengths, plan_contexts, sort_order
+from prep.schema import vocab as V
+from prep.schema.measurements import Measurements
+from prep.tokens import costs, kernel
 
 IP_A, IP_B = 0xC0000201, 0xC6336407  # 192.0.2.1, 198.51.100.7
 

@@ -6,11 +6,11 @@ each, a mask or position bug shows as a copy accuracy far below the bar."""
 
 import numpy as np
 
-from train import model
-from train import step as step_lib
-from train.arch import ModelConfig
-from train.attention import AttentionConfig
-from train.config import TrainConfig
+from train.fit import step as step_lib
+from train.fit.config import TrainConfig
+from train.model import model
+from train.model.arch import ModelConfig
+from train.model.attention import AttentionConfig
 
 T, MIN_LEN, MAX_LEN = 64, 4, 8  # row length; each string's length
 ALPHABET = np.arange(11, 11 + 16)  # BYTE_0..BYTE_15: each token gets many updates per step

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from jax import export
 
-from prep.errors import InputError
-from train import attention
+from prep.schema.errors import InputError
+from train.model import attention
 
 B, T, N, H, M = 2, 64, 2, 16, 4
 TARGETS = ("__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward")

@@ -4,13 +4,14 @@ import ipaddress
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from prep import kernel
-from prep import vocab as V
-from prep.contexts import ContextConfig, plan_contexts
-from prep.decode import DecodeError, Decoded, decode_context, render
-from prep.measurements import Measurements, addr_words
+from prep.pack.contexts import ContextConfig, plan_contexts
+from prep.schema import vocab as V
+from prep.schema.measurements import Measurements, addr_words
+from prep.tokens import kernel
+from prep.tokens.decode import Decoded, DecodeError, decode_context, render
 
 
 def make(rows) -> Measurements:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from prep.errors import InputError
-from train import device
+from prep.schema.errors import InputError
+from train.fit import device
 
 REPO = Path(__file__).resolve().parent.parent
 

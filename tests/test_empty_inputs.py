@@ -11,11 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from prep.atlas_rows import SCHEMA
-from prep.cli import main as prep
 from bench import synthetic_shards as synthetic
+from prep.cli import main as prep
+from prep.ingest.atlas_rows import SCHEMA
 from train.cli import main as train
-
 
 EMPTY = (np.zeros((0, 64), np.uint16), np.zeros((0, 64), np.uint8))
 
@@ -102,7 +101,7 @@ def test_prep_shards_with_every_row_rejected_fails(tmp_path):
 
 
 def test_prep_shards_with_every_row_in_test_fails(tmp_path):
-    from prep.synth import SynthConfig, synth
+    from prep.ingest.synth import SynthConfig, synth
 
     synth(SynthConfig(out=tmp_path / "raw", rows=2_000, probes=20, days=1))
     assert fails(prep, "shards", tmp_path / "raw", "--out", tmp_path / "s", "--workers", "1",

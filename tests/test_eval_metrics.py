@@ -1,10 +1,10 @@
-"""train.eval_metrics: strata on a hand-built split, the bootstrap interval (against
+"""train.eval.metrics: strata on a hand-built split, the bootstrap interval (against
 resampling the values, and covering a planted median), calibration and failure scores."""
 
 import numpy as np
 import pytest
 
-from train import eval_metrics as EM
+from train.eval import metrics as EM
 
 
 def test_strata_partition_on_a_hand_built_split():

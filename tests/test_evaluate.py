@@ -10,28 +10,27 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from prep import rows as rows_lib
-from prep import rowdecode
-from prep import vocab as V
-from prep.decode import decode_context
-from train import predictor as P
-from train import reader
-from train.cli import main
-from train.config import TrainConfig
-from train.eval_metrics import STRATA
-from train.eval_report import format_report, label
-from train.evaluate import PREDICTORS, EvalConfig, evaluate
-from train.loop import train
+from prep.schema import rows as rows_lib
+from prep.tokens import rowdecode
+from prep.tokens.decode import decode_context
 from tests.test_predictor import brute_force
+from train.cli import main
+from train.eval.evaluate import PREDICTORS, EvalConfig, evaluate
+from train.eval.metrics import STRATA
+from train.eval.report import format_report, label
+from train.fit import reader
+from train.fit.config import TrainConfig
+from train.fit.loop import train
+from train.predict import predictor as P
 
 L = 128
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from prep.bucket import ShardsConfig
-    from prep.shards import run_shards
-    from prep.synth import SynthConfig, synth
+    from prep.build.bucket import ShardsConfig
+    from prep.build.local_runner import run_shards
+    from prep.ingest.synth import SynthConfig, synth
 
     d = tmp_path_factory.mktemp("eval")
     synth(SynthConfig(out=d / "raw", rows=6_000, probes=60, days=1, seed=0))
@@ -208,7 +207,7 @@ P_KEYS = ("rtt_ms", "p10_ms", "p90_ms", "p_failed", "history_used")
 
 
 def test_plot_png(run, full, tmp_path):
-    from train.eval_plot import plot
+    from train.eval.plot import plot
 
     report, detail = full
     r2 = json.loads(json.dumps(report))
@@ -220,8 +219,8 @@ def test_plot_png(run, full, tmp_path):
 @pytest.fixture(scope="module")
 def no_test_split(run):
     """The run's data rebuilt with every probe in train: same rows length, empty test split."""
-    from prep.bucket import ShardsConfig
-    from prep.shards import run_shards
+    from prep.build.bucket import ShardsConfig
+    from prep.build.local_runner import run_shards
 
     out = run / "shards-no-test"
     run_shards([str(run / "raw")], str(out), ShardsConfig(seed=0, row_len=L, test_fraction=0.0),

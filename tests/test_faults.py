@@ -1,4 +1,4 @@
-"""Fault injection on `prep shards` (prep/outdir.py's guarantees), seeded rounds of:
+"""Fault injection on `prep shards` (prep/jobs/outdir.py's guarantees), seeded rounds of:
 
 (a) a run, into a folder that sometimes holds a finished dataset (``--overwrite``), killed
     with SIGKILL or SIGTERM at a random moment;
@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from prep import manifest as mf
-from prep.verify import verify_dir
 from test_outdir import PREP, children, dataset_bytes, error_lines, running
+
+from prep.schema import manifest as mf
+from prep.tools.verify import verify_dir
 
 ROUNDS = 20
 TIMEOUT_S = 60  # any one command

@@ -1,16 +1,16 @@
-"""prep.grammar.check_rows against its plain-Python twin (layout checks + decode_context),
+"""prep.tokens.grammar.check_rows against its plain-Python twin (layout checks + decode_context),
 on rows the real pipeline writes and on damaged copies of them; exact codes on hand-made rows."""
 
 import numpy as np
 import pytest
 
-from prep import grammar as G
-from prep import vocab as V
-from prep.bucket import assemble_rows
-from prep.contexts import ContextConfig, plan_contexts
-from prep.kernel import encode_pieces
-from prep.measurements import Measurements
-from prep.packing import pack
+from prep.build.bucket import assemble_rows
+from prep.pack.contexts import ContextConfig, plan_contexts
+from prep.pack.packing import pack
+from prep.schema import vocab as V
+from prep.schema.measurements import Measurements
+from prep.tokens import grammar as G
+from prep.tokens.kernel import encode_pieces
 
 B = V.BYTE_OFFSET
 L = 256  # a short row keeps the twin fast and still packs several contexts a row

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from prep.cli import main
-from prep.matrix import node_addresses
+from prep.ingest.matrix import node_addresses
 
 SEATTLE = Path(__file__).parent / "fixtures" / "seattle"
 T0 = 1_000_000_000  # --start of the planted tests

@@ -4,14 +4,14 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
-from prep import manifest as mf
-from prep.cli import main
-from prep.errors import InputError
-from prep.inspect_rows import parse_range
-from prep.shards import run_shards
-from prep.bucket import ShardsConfig
 from test_shards import T0, TINY_CFG, probe_data, tiny_input, write_parquet
+
+from prep.build.bucket import ShardsConfig
+from prep.build.local_runner import run_shards
+from prep.cli import main
+from prep.schema import manifest as mf
+from prep.schema.errors import InputError
+from prep.tools.inspect_rows import parse_range
 
 
 @pytest.fixture(scope="module")

@@ -5,18 +5,19 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from prep import kernel, reference
-from prep import vocab as V
-from prep.contexts import ContextConfig, mode_thresholds, plan_contexts
-from prep.measurements import DTYPES, FIELDS, Measurements, addr_words
+from prep.pack.contexts import ContextConfig, mode_thresholds, plan_contexts
+from prep.schema import vocab as V
+from prep.schema.measurements import DTYPES, FIELDS, Measurements, addr_words
+from prep.tokens import kernel, reference
 
 B = V.BYTE_OFFSET
 
 
 def value_columns(probe: np.ndarray, time: np.ndarray) -> dict[str, np.ndarray]:
-    """Columns for the value fields (prep.vocab.VALUE_FIELDS; none in this vocabulary):
+    """Columns for the value fields (prep.schema.vocab.VALUE_FIELDS; none in this vocabulary):
     a hash of each measurement's probe and time (so they travel with it when rows are
     split or shuffled) over the field's width, with 0 and the widest value among them."""
     out = {}
@@ -240,7 +241,7 @@ def test_encode_pieces_rejects_a_piece_across_contexts():
 
 def test_encode_plan_into_a_given_buffer_writes_the_same_tokens():
     from bench.workloads import atlas_like
-    from prep.contexts import ContextConfig, plan_contexts
+    from prep.pack.contexts import ContextConfig, plan_contexts
 
     plan = plan_contexts(atlas_like(3000, probes=20, seed=3), ContextConfig(), 11)
     toks, off = kernel.encode_plan(plan, 11)

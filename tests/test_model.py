@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from prep import rows
-from train import arch, attention, model
-from train.arch import MODELS
+from prep.schema import rows
+from train.model import arch, attention, model
+from train.model.arch import MODELS
 
 CFG = dataclasses.replace(MODELS["tiny"], seq_len=32)
 LENGTHS = (10, 12, 7)  # three contexts, then 3 tokens of padding
@@ -134,7 +134,7 @@ def test_init_draws_in_jax_tree_order():
         np.testing.assert_array_equal(a, b)
 
 
-# what train.step's old formula gave: 6 * (parameters - embedding) per token, 12 * L *
+# what train.fit.step's old formula gave: 6 * (parameters - embedding) per token, 12 * L *
 # n_heads * head_dim per key seen; and for the 8 rows of counting_rows(8, 1024, seed=0,
 # max_segments=16, pad=2): 8,176 real tokens seeing 1,743,812 keys
 FLOPS = {"tiny": (694_272, 1_536, 8_354_863_104), "base": (591_006_720, 153_600, 5_099_920_465_920)}

@@ -1,5 +1,5 @@
 """The Numba cache folder is named after the sources of prep/: an edit anywhere there (a
-cost in prep/costs.py, a helper in prep/packing_fill.py) compiles the kernels afresh
+cost in prep/tokens/costs.py, a helper in prep/pack/fill.py) compiles the kernels afresh
 instead of running machine code cached for the old sources."""
 
 import os
@@ -16,6 +16,20 @@ def test_cache_folder_follows_every_source(tmp_path):
     (tmp_path / "b.py").write_text("Y = 3\n")  # not the file that defines the kernel
     second = prep._numba_cache_dir(tmp_path)
     assert second != first and os.path.basename(second).startswith("numba-")
+
+
+def test_cache_folder_follows_the_subpackages(tmp_path):
+    """The kernels live in prep/tokens and prep/pack and import prep/schema: an edit in any
+    subpackage must name a new folder, and so must moving a module between them."""
+    (tmp_path / "tokens").mkdir()
+    (tmp_path / "pack").mkdir()
+    (tmp_path / "tokens" / "costs.py").write_text("X = 1\n")
+    first = prep._numba_cache_dir(tmp_path)
+    (tmp_path / "tokens" / "costs.py").write_text("X = 2\n")
+    second = prep._numba_cache_dir(tmp_path)
+    (tmp_path / "tokens" / "costs.py").rename(tmp_path / "pack" / "costs.py")
+    third = prep._numba_cache_dir(tmp_path)
+    assert len({first, second, third}) == 3
 
 
 def test_old_cache_folders_are_pruned_after_a_day(tmp_path):

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from prep import rowdecode
-from prep import vocab as V
-from prep.manifest import load_manifest
-from train import arch, model
-from train import step as step_lib
+from prep.schema import vocab as V
+from prep.schema.manifest import load_manifest
+from prep.tokens import rowdecode
 from train.cli import main
-from train.config import TrainConfig
-from train.loop import train
-from train.reader import read_split
+from train.fit import step as step_lib
+from train.fit.config import TrainConfig
+from train.fit.loop import train
+from train.fit.reader import read_split
+from train.model import arch, model
 
 B = V.BYTE_OFFSET
 # one IPv4 measurement, blocks in the order src, dst, result, timestamp (delta 1 byte)
@@ -77,7 +77,7 @@ def test_weighted_objective_is_the_weighted_mean():
 
 
 def test_grammar_embedding_probes_equal_writing_the_token():
-    """A probe (train.predictor's second RTT byte) gets the role and index the token would
+    """A probe (train.predict.predictor's second RTT byte) gets the role and index the token would
     get written into the row: the same logits."""
     cfg = dataclasses.replace(arch.MODELS["tiny"], seq_len=len(ROW), grammar_embed=True)
     params = jax.tree.map(lambda x: 20 * x, model.init_params(cfg, 1))  # far from uniform

@@ -1,4 +1,4 @@
-"""The output folder's lifecycle (prep/outdir.py): one test per fault of the fault-injection
+"""The output folder's lifecycle (prep/jobs/outdir.py): one test per fault of the fault-injection
 trial, each asserting the exit code, the one-line message and what is on disk after.
 
 1. a second writer is refused at once (the lock), the first completes;
@@ -22,19 +22,19 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from prep import manifest as mf
-from prep.bucket import ShardsConfig
+from prep.build.bucket import ShardsConfig
+from prep.build.local_runner import run_shards
 from prep.cli import main
-from prep.shards import run_shards
-from prep.synth import SynthConfig, synth
-from prep.verify import verify_dir
+from prep.ingest.synth import SynthConfig, synth
+from prep.schema import manifest as mf
+from prep.tools.verify import verify_dir
 
 REPO = Path(__file__).resolve().parent.parent
 PREP = REPO / ".venv" / "bin" / "prep"
 CFG = ShardsConfig(n_buckets=8)
 # `prep shards` with each bucket lingering after its shards are written, so that a kill
 # lands mid-run (SLOW_S seconds; the same patch the fault trial uses).
-SLOW = ("import os, sys, time, prep.shards as s; from prep.cli import main\n"
+SLOW = ("import os, sys, time, prep.build.local_runner as s; from prep.cli import main\n"
         "real = s.process_bucket\n"
         "def slow(*a):\n    r = real(*a); time.sleep(float(os.environ['SLOW_S'])); return r\n"
         "s.process_bucket = slow; main(sys.argv[1:])")
@@ -141,7 +141,7 @@ def test_second_writer_is_refused_at_once_and_the_first_completes(raw, tmp_path)
 
 
 def test_dead_runs_leftovers_are_removed(raw, tmp_path):
-    from prep import outdir
+    from prep.jobs import outdir
 
     out = tmp_path / "out"
     out.mkdir()
@@ -209,7 +209,7 @@ def _killed_at(raw_args: list[str], patch: str) -> subprocess.CompletedProcess:
 
 def test_killed_before_the_manifest_leaves_no_shard_in_train_or_test(raw, tmp_path):
     out = tmp_path / "out"
-    patch = ("import prep.manifest as mf\n"
+    patch = ("import prep.schema.manifest as mf\n"
              "def die(*a, **k):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
              "mf.write_manifest = die")
     r = _killed_at([str(raw), "--out", str(out), "--quiet", "--workers", "2", "--buckets", "8"],
@@ -231,7 +231,7 @@ def test_killed_between_any_two_renames_of_the_swap(raw, tmp_path, renames):
     out = tmp_path / "out"
     run_shards([str(raw)], str(out), CFG, progress=False)
     old = dataset_bytes(out)
-    patch = ("import prep.outdir as o\nreal, n = o._rename, [0]\n"
+    patch = ("import prep.jobs.outdir as o\nreal, n = o._rename, [0]\n"
              "def rename(a, b):\n"
              f"    if n[0] == {renames}: os.kill(os.getpid(), signal.SIGKILL)\n"
              "    n[0] += 1; real(a, b)\n"
@@ -360,7 +360,7 @@ def test_sigkilled_driver_takes_its_workers_along(raw, tmp_path):
 # --- 11. the file system says no ----------------------------------------------------------
 
 def test_disk_full_is_one_line_and_keeps_the_old_dataset(raw, tmp_path, monkeypatch):
-    import prep.bucket
+    import prep.build.bucket
 
     class FullDisk:  # ArrayRecord's own words when write() meets ENOSPC
         def __init__(self, path, options):
@@ -395,7 +395,7 @@ def test_disk_full_is_one_line_and_keeps_the_old_dataset(raw, tmp_path, monkeypa
             assert r.exit_code == 2, r.output
         one_line_error(r, str(out), "no space left", "free some space")
 
-    fakes = [(prep.bucket, "ArrayRecordWriter", FullDisk), full_spill,
+    fakes = [(prep.build.bucket, "ArrayRecordWriter", FullDisk), full_spill,
              (mf, "write_manifest", full_manifest)]
     for i, fake in enumerate(fakes):
         out = tmp_path / f"new{i}"

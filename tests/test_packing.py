@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.workloads import synthetic_contexts
-from prep import costs, packing
+from prep.pack import packing
+from prep.tokens import costs
 
 
 def _ctx(sizes):

@@ -7,12 +7,12 @@ import jax
 import numpy as np
 import pytest
 
-from prep import vocab as V
-from prep.decode import decode_context
-from prep.errors import InputError
-from train import model
-from train import predictor as P
-from train.arch import MODELS
+from prep.schema import vocab as V
+from prep.schema.errors import InputError
+from prep.tokens.decode import decode_context
+from train.model import model
+from train.model.arch import MODELS
+from train.predict import predictor as P
 
 B = V.BYTE_OFFSET
 CFG = dataclasses.replace(MODELS["tiny"], seq_len=128)

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from prep import manifest as manifest_lib
-from prep.errors import InputError
-from prep.rows import RowFormatError
 from bench import synthetic_shards as synthetic
-from train import reader
+from prep.schema import manifest as manifest_lib
+from prep.schema.errors import InputError
+from prep.schema.rows import RowFormatError
 from train.cli import main
+from train.fit import reader
 
 N_ROWS, ROW_LEN, BATCH = 40, 32, 4
 

@@ -3,11 +3,10 @@ RTT error where an earlier reply to the same destination stands in the context i
 its error on the same queries read alone."""
 
 import json
-from pathlib import Path
 
-from train.config import SMALL_CPU, TrainConfig
-from train.evaluate import EvalConfig, evaluate
-from train.loop import train
+from train.eval.evaluate import EvalConfig, evaluate
+from train.fit.config import SMALL_CPU, TrainConfig
+from train.fit.loop import train
 
 STEPS = 300
 

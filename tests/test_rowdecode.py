@@ -1,13 +1,13 @@
-"""prep.rowdecode against prep.decode.decode_context, segment by segment, on rows the real
+"""prep.tokens.rowdecode against prep.tokens.decode.decode_context, segment by segment, on rows the real
 pipeline writes; token roles spelled out on a hand-made row."""
 
 import numpy as np
 import pytest
 
-from prep import rowdecode as RD
-from prep import vocab as V
-from prep.decode import decode_context
-from prep.rows import RowFormatError
+from prep.schema import vocab as V
+from prep.schema.rows import RowFormatError
+from prep.tokens import rowdecode as RD
+from prep.tokens.decode import decode_context
 from tests.test_grammar import pipeline_rows
 
 B = V.BYTE_OFFSET

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from prep import rows, vocab
+from prep.schema import rows, vocab
 
 
 def test_worked_row_from_docstring():

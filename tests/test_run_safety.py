@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from prep import manifest as mf
-from prep.cli import main as prep_main
-from prep.errors import InputError
 from bench import synthetic_shards as synthetic
-from train import reader
-from train.checkpoint import Checkpointer
+from prep.cli import main as prep_main
+from prep.schema import manifest as mf
+from prep.schema.errors import InputError
 from train.cli import main as train_main
-from train.config import TrainConfig
-from train.loop import train
+from train.fit import reader
+from train.fit.checkpoint import Checkpointer
+from train.fit.config import TrainConfig
+from train.fit.loop import train
 
 REPO = Path(__file__).resolve().parent.parent
 ROW_LEN = 64
@@ -271,7 +271,7 @@ def _unhandled(*_):
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_143(shards, tmp_path, monkeypatch):
-    import train.loop as loop
+    import train.fit.loop as loop
 
     real = loop.train
     monkeypatch.setattr(loop, "train", lambda cfg: real(cfg, on_step=stop_at(6, signal.SIGTERM)))
@@ -395,7 +395,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(run, straight_run, ki
 
 
 def test_no_intact_checkpoint_is_one_line_and_predict_falls_back(run):
-    from train import predictor
+    from train.predict import predictor
 
     shutil.rmtree(run / "checkpoints" / "15" / "state")
     model = predictor.load(run)  # `train eval` / `train predict` load through this

@@ -18,15 +18,15 @@ import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 from click.testing import CliRunner
 
-from prep import manifest as mf
-from prep import rows
-from prep.bucket import ShardsConfig, is_test_probe, process_bucket
+from prep.build.bucket import ShardsConfig, is_test_probe, process_bucket
+from prep.build.local_runner import run_shards
 from prep.cli import main
-from prep.decode import decode_context, rtt_ms
-from prep.measurements import addr_words
-from prep.reference import rtt_code
-from prep.shards import run_shards
-from prep.verify import verify_dir
+from prep.schema import manifest as mf
+from prep.schema import rows
+from prep.schema.measurements import addr_words
+from prep.tokens.decode import decode_context, rtt_ms
+from prep.tokens.reference import rtt_code
+from prep.tools.verify import verify_dir
 
 REPO = Path(__file__).resolve().parent.parent
 T0 = 1_767_225_600  # 2026-01-01
@@ -196,7 +196,7 @@ def test_same_bytes_for_any_worker_count_and_file_order(tmp_path):
 
 
 def test_process_bucket_is_pure(tmp_path):
-    from prep.validate import read_validated
+    from prep.schema.validate import read_validated
 
     recs = probe_data(n_probes=10, per_probe=50, seed=3)
     m, _, _ = read_validated([write_parquet(tmp_path / "x.parquet", recs)])
@@ -223,7 +223,7 @@ def test_killed_rerun_keeps_the_old_dataset_and_next_run_completes(tmp_path):
             "--seed", "1", "--overwrite"]
     cmd = [str(REPO / ".venv" / "bin" / "prep")] + args
     # Each bucket lingers after writing its shards, so the kill below always lands mid-run.
-    slow = ("import sys, time, prep.shards as s; from prep.cli import main\n"
+    slow = ("import sys, time, prep.build.local_runner as s; from prep.cli import main\n"
             "real = s.process_bucket\n"
             "def slow(*a):\n    r = real(*a); time.sleep(0.5); return r\n"
             "s.process_bucket = slow; main(sys.argv[1:])")
@@ -282,8 +282,8 @@ def test_cli_json_summary(tmp_path):
 
 def test_atlas_sample_round_trips(atlas_dir, tmp_path):
     """The real RIPE Atlas sample: every accepted measurement comes back exactly once."""
-    from prep.atlas import AtlasConfig, import_atlas
-    from prep.validate import read_validated
+    from prep.ingest.atlas import AtlasConfig, import_atlas
+    from prep.schema.validate import read_validated
 
     import_atlas(AtlasConfig(inputs=(atlas_dir / "api", atlas_dir / "dump"), out=tmp_path / "pq"))
     m, rejected, rows_in = read_validated([tmp_path / "pq"])
@@ -319,7 +319,7 @@ def test_damaged_file_mid_run_stops_cleanly(tmp_path):
 
 
 def test_assemble_rows_places_pieces_in_slot_order():
-    from prep.bucket import assemble_rows
+    from prep.build.bucket import assemble_rows
 
     tokens = np.arange(1, 11, dtype=np.uint16)  # pieces of 3, 2 and 5 tokens
     block = assemble_rows(tokens, np.array([0, 3, 5, 10]), np.array([0, 0, 1]), 2, 6)
@@ -341,7 +341,7 @@ def test_max_segments_caps_every_row(tmp_path):
 
 
 def test_summary_says_what_the_buckets_cost():
-    from prep.dataset import format_summary
+    from prep.build.dataset import format_summary
 
     s = {"elapsed_s": 1.0, "measurements_per_s": 10, "workers": 2, "measurements_in": 100,
          "measurements_rejected": 0, "rejected_by_reason": {}, "contexts": 9, "segments": 9,

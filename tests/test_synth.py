@@ -3,9 +3,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from click.testing import CliRunner
 
-from prep import validate
 from prep.cli import main
-from prep.synth import SynthConfig, generate
+from prep.ingest.synth import SynthConfig, generate
+from prep.schema import validate
 
 ARGS = ["--rows", "200000", "--probes", "300", "--days", "1", "--seed", "7"]
 

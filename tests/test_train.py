@@ -13,17 +13,16 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from prep import vocab
-from prep.errors import InputError
-
-from train import model
-from train import step as step_lib
 from bench import synthetic_shards as synthetic
-from train.checkpoint import Checkpointer
+from prep.schema import vocab
+from prep.schema.errors import InputError
 from train.cli import main
-from train.arch import MODELS
-from train.config import TrainConfig
-from train.loop import train
+from train.fit import step as step_lib
+from train.fit.checkpoint import Checkpointer
+from train.fit.config import TrainConfig
+from train.fit.loop import train
+from train.model import model
+from train.model.arch import MODELS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -86,9 +85,9 @@ def test_existing_run_needs_resume(shards, tmp_path):
 DP_SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
-    from train.config import TrainConfig
-    from train.loop import train
-    from train.checkpoint import Checkpointer
+    from train.fit.config import TrainConfig
+    from train.fit.loop import train
+    from train.fit.checkpoint import Checkpointer
     assert jax.device_count() == 4, jax.devices()
     out = {}
     for n in (4, 1):
@@ -187,7 +186,7 @@ def test_flops_per_step_counts_real_tokens_and_their_context():
 
 
 def test_eval_step_sums_by_every_token_role():
-    # prep.vocab.ROLES (seven, then one per value field) and one spare; 8 with no value field
+    # prep.schema.vocab.ROLES (seven, then one per value field) and one spare; 8 with no value field
     assert step_lib.N_ROLES == len(vocab.ROLES) + 1
     assert vocab.VALUE_FIELDS or step_lib.N_ROLES == 8
 
@@ -203,8 +202,8 @@ def test_cli_model_choices_are_the_registry():
 def test_small_preset_and_its_cpu_recipe():
     """The CPU recipe (docs/learning.md): tiny's shape plus the grammar embedding (7 role
     rows and 17 byte-index rows of 64), and its own CPU defaults under --model small."""
-    from train.arch import n_params
-    from train.config import defaults_for
+    from train.fit.config import defaults_for
+    from train.model.arch import n_params
 
     small, tiny = MODELS["small"], MODELS["tiny"]
     assert small.grammar_embed and not tiny.grammar_embed

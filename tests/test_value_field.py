@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from prep import vocab as V
+from prep.schema import vocab as V
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -30,7 +30,7 @@ def patched_files() -> list[str]:
 
 def test_a_token_field_touches_two_production_modules():
     files = patched_files()
-    assert files == ["prep/measurements.py", "prep/vocab.py"]
+    assert files == ["prep/schema/measurements.py", "prep/schema/vocab.py"]
     doc = (REPO / "docs" / "ARCHITECTURE.md").read_text()
     assert all(f"`{f}`" in doc for f in files)
     assert V.VALUE_FIELDS == ()  # the product's vocabulary has none

@@ -6,14 +6,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
-from prep import manifest as mf
-from prep.bucket import ShardsConfig
-from prep.cli import main
-from prep.errors import InputError
-from prep.shards import run_shards
-from prep.verify import check_counts, verify_dir
 from test_shards import probe_data, write_parquet
+
+from prep.build.bucket import ShardsConfig
+from prep.build.local_runner import run_shards
+from prep.cli import main
+from prep.schema import manifest as mf
+from prep.schema.errors import InputError
+from prep.tools.verify import check_counts, verify_dir
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,7 @@ def test_damaged_rows_are_named_by_record_and_segment(dataset, tmp_path):
 
 
 def test_a_duplicated_block_is_refused_though_decode_context_takes_it(dataset, tmp_path):
-    from prep import vocab as V
+    from prep.schema import vocab as V
 
     d = copy_of(dataset, tmp_path)
     row_len = mf.load_manifest(d)["row_len"]

@@ -16,7 +16,7 @@ Usage:
 Log lines and the closing summary go to stdout, setup notes to stderr; a bad dataset is
 one line on stderr and exit status 2. Ctrl-C saves a checkpoint and exits with 130,
 SIGTERM the same with 143. `--resume` takes the run's settings from its config.json
-(flags given must agree with the run's, see train.config.RUN_BINDING) and its dataset
+(flags given must agree with the run's, see train.fit.config.RUN_BINDING) and its dataset
 (`--data` defaults to the run's own, and must hold the same shards).
 """
 
@@ -29,16 +29,16 @@ from pathlib import Path
 
 import click
 
-from prep.errors import InputError
-from prep.rows import RowFormatError
-from train.arch import MODELS
+from prep.schema.errors import InputError
+from prep.schema.rows import RowFormatError
+from train.model.arch import MODELS
 
 RUNS = Path("runs")
 
 
 def _default(key: str, scale: str = "") -> str:
-    """"[default: A on a CPU, B on a GPU]" from train.config.defaults_for (one device)."""
-    from train.config import TrainConfig, defaults_for
+    """"[default: A on a CPU, B on a GPU]" from train.fit.config.defaults_for (one device)."""
+    from train.fit.config import TrainConfig, defaults_for
 
     cpu, gpu = defaults_for("cpu"), defaults_for("gpu")
     c, g = cpu.get(key, getattr(TrainConfig, key)), gpu.get(key, getattr(TrainConfig, key))
@@ -48,7 +48,7 @@ def _default(key: str, scale: str = "") -> str:
 
 
 def _newest_run() -> Path | None:
-    from train.checkpoint import step_dirs
+    from train.fit.checkpoint import step_dirs
 
     runs = [p for p in RUNS.glob("*") if step_dirs(p / "checkpoints")]
     return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
@@ -128,13 +128,13 @@ def main():
               "cannot use is an error naming the install); cpu: the CPU on purpose.")
 def fit(data, run_dir, resume, distributed, device, **flags):
     """Train on the packed rows of --data (`train --data shards/`; see README: train)."""
-    from train.device import check_backend
+    from train.fit.device import check_backend
 
     check_backend(device)  # before anything asks jax for devices
     import jax  # after click parsed the flags: --help stays fast
 
-    from train.config import TrainConfig, defaults_for
-    from train.loop import load_run, train
+    from train.fit.config import TrainConfig, defaults_for
+    from train.fit.loop import load_run, train
 
     if distributed:
         jax.distributed.initialize()
@@ -206,9 +206,9 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     """
     import json
 
-    from train.eval_plot import plot as plot_fn
-    from train.eval_report import format_report
-    from train.evaluate import EvalConfig, evaluate
+    from train.eval.evaluate import EvalConfig, evaluate
+    from train.eval.plot import plot as plot_fn
+    from train.eval.report import format_report
 
     report, detail = evaluate(EvalConfig(run_dir=run_dir, data=data, step=step,
                                       max_queries=max_queries, seed=seed, batch_size=batch_size))
@@ -245,7 +245,7 @@ def predict(run_dir, src, dst, when, history, queries, out, step, as_json):
     """
     import json
 
-    from train import queries as queries_lib
+    from train.predict import queries as queries_lib
 
     if queries:
         if src or dst or when:

@@ -1,0 +1,254 @@
+"""A dataset as both runners of `prep shards` build it: what they share around the buckets.
+
+The inputs cut into read units (``read_units``), the pass-1 counts added up
+(``new_read_counts``, ``add_read_counts``), the config in its JSON form, the input files'
+identities, and the ending: the manifest assembled from the counts and the per-bucket
+results (``build_manifest``), refused when it holds no training rows (``check_not_empty``),
+then published by prep.jobs.outdir (``finish``); the closing summary (``summary``,
+``format_summary``). The local runner is prep.build.local_runner, the Beam one prep.build.beam_runner.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+from prep.build.bucket import ShardsConfig
+from prep.jobs import outdir
+from prep.schema import manifest as mf
+from prep.schema.errors import InputError
+from prep.schema.manifest import SPLITS
+from prep.schema.splits import TIME_RULES, format_time
+from prep.schema.validate import format_rejected, open_parquet
+
+UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
+
+
+def finish(od: outdir.OutDir, cfg: ShardsConfig, inputs: list[dict], read: dict,
+           results: list[dict], t0: float, timing: dict) -> dict:
+    """Both runners' ending: the manifest from the read counts and the per-bucket results
+    (ordered by bucket), written into the staging folder and published (prep.jobs.outdir)."""
+    manifest = build_manifest(cfg, inputs, read, results)
+    check_not_empty(od.path, manifest)
+    elapsed = time.perf_counter() - t0
+    manifest["elapsed_s"] = round(elapsed, 3)
+    manifest["timing"] = timing | {
+        "measurements_per_s": round(read["rows_in"] / max(elapsed, 1e-9))}
+    od.publish(manifest)
+    return summary(manifest)
+
+
+def new_read_counts() -> dict:
+    """Pass 1's counts, which both runners add up per unit (add_read_counts)."""
+    return {"rows_in": 0, "accepted": 0, "rejected": Counter()}
+
+
+def add_read_counts(read: dict, unit: dict) -> None:
+    read["rows_in"] += unit["rows_in"]
+    read["accepted"] += unit["accepted"]
+    read["rejected"].update(unit["rejected"])
+
+
+def check_not_empty(out: Path, manifest: dict) -> None:
+    """InputError, before anything is published, when the dataset would have no train rows:
+    a finished-looking empty dataset is worse than an error."""
+    c, n = manifest["counts"], sum(manifest["counts"]["rows"].values())
+    if c["rows"]["train"]:
+        return
+    if not c["rows_in"]:
+        why = "the inputs hold no rows"
+    elif not c["measurements_accepted"]:
+        top = format_rejected(c["rows_rejected"], top=3)
+        why = (f"all {c['rows_in']:,} measurements were rejected ({top}); `prep import-atlas` "
+               "writes only rows that pass these checks")
+    elif n:
+        cfg = manifest["config"]
+        why = (f"all {n:,} rows went to the test split (--split {cfg['split']}, --test-fraction "
+               f"{cfg['test_fraction']:g}); lower --test-fraction or give more probes")
+    else:
+        why = f"{c['measurements_accepted']:,} measurements were accepted but none was tokenized"
+    raise InputError(f"{out}: no training rows written: {why}; nothing was published")
+
+
+def needs_cutoff(cfg: ShardsConfig) -> bool:
+    """A time split whose cutoff is to be found from the data (no --test-from)."""
+    return cfg.split in TIME_RULES and cfg.test_from is None
+
+
+def build_manifest(cfg: ShardsConfig, inputs: list[dict], read: dict, results: list[dict]) -> dict:
+    """The manifest (without timing fields) from the read counts and the bucket results.
+    ``cfg`` is the resolved config (a time split's cutoff an int)."""
+    if needs_cutoff(cfg):
+        raise ValueError(f"split {cfg.split!r}: the cutoff test_from is not resolved")
+    splits = {s: {"rows": 0, "measurements": 0, "tokens": 0, "contexts": 0, "segments": 0,
+                  "probes": 0, "shards": []} for s in SPLITS}
+    hist: dict[str, int] = {}
+    for r in results:
+        for s in SPLITS:
+            splits[s]["probes"] += r["probes"][s]
+        for k, v in r["segments_per_row"].items():
+            hist[k] = hist.get(k, 0) + v
+    # Shards listed by (split, epoch, bucket): a reader taking one epoch takes a prefix.
+    shards = sorted((s | {"bucket": r["bucket"]} for r in results for s in r["shards"]),
+                    key=lambda s: (SPLITS.index(s["split"]), s["epoch"], s["bucket"]))
+    tokens_by_pass: dict[tuple[str, int], int] = {}
+    for s in shards:
+        sp = splits[s["split"]]
+        sp["rows"] += s["records"]
+        for k in ("measurements", "tokens", "contexts", "segments"):
+            sp[k] += s[k]
+        sp["shards"].append(s)
+        key = (s["split"], s["epoch"])
+        # Lower bound: whole contexts, tokens added by cuts count against the packer.
+        tokens_by_pass[key] = tokens_by_pass.get(key, 0) + s["context_tokens"]
+    lower = sum(math.ceil(t / cfg.row_len) for t in tokens_by_pass.values())
+    rows = sum(sp["rows"] for sp in splits.values())
+    tokens = sum(sp["tokens"] for sp in splits.values())
+    counts = {
+        "rows_in": read["rows_in"],
+        "rows_rejected": dict(sorted(read["rejected"].items())),
+        "measurements_accepted": read["accepted"],
+        # Accepted but in neither split (time+probe: held-out probes before the cutoff,
+        # the other probes from it on); tokenized = (accepted - excluded) x epochs.
+        "measurements_excluded_by_split": sum(r["excluded"] for r in results),
+        "measurements_tokenized": sum(sp["measurements"] for sp in splits.values()),
+        "contexts": sum(sp["contexts"] for sp in splits.values()),
+        "segments": sum(sp["segments"] for sp in splits.values()),
+        "rows": {s: splits[s]["rows"] for s in SPLITS},
+        "tokens": tokens,
+        "padding_tokens": rows * cfg.row_len - tokens,
+    }
+    return mf.header(cfg.row_len) | {
+        "config": json.loads(config_to_json(cfg)), "seed": cfg.seed,
+        "inputs": inputs, "counts": counts,
+        "padding_fraction": (rows * cfg.row_len - tokens) / (rows * cfg.row_len) if rows else 0.0,
+        "lower_bound_rows": lower,
+        "rows_over_lower_bound": rows / lower if lower else 1.0,
+        "segments_per_row": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+        "splits": splits,
+    }
+
+
+def summary(manifest: dict) -> dict:
+    """The closing summary: what `prep shards --json` prints."""
+    c, t, cfg = manifest["counts"], manifest.get("timing", {}), manifest["config"]
+    test_from = cfg.get("test_from")
+    split = {"rule": cfg.get("split", "probe"), "test_fraction": cfg["test_fraction"],
+             "test_from": test_from,
+             "test_from_iso": None if test_from is None else format_time(test_from)}
+    return {"measurements_in": c["rows_in"], "measurements_rejected": sum(c["rows_rejected"].values()),
+            "rejected_by_reason": c["rows_rejected"], "measurements_tokenized": c["measurements_tokenized"],
+            "measurements_excluded_by_split": c.get("measurements_excluded_by_split", 0),
+            "split": split,
+            "contexts": c["contexts"], "segments": c["segments"], "rows": c["rows"],
+            "tokens": c["tokens"], "padding_fraction": manifest["padding_fraction"],
+            "lower_bound_rows": manifest["lower_bound_rows"],
+            "rows_over_lower_bound": manifest["rows_over_lower_bound"],
+            "elapsed_s": manifest.get("elapsed_s"),
+            "measurements_per_s": t.get("measurements_per_s"), "workers": t.get("workers"),
+            "peak_rss_mb": t.get("peak_rss_mb"), "buckets": cfg["n_buckets"],
+            # each bucket's last row of each split and epoch may be part-filled
+            "bucket_tail_rows": cfg["n_buckets"] * len(SPLITS) * cfg["epochs"],
+            "warnings": split_warnings(manifest)}
+
+
+# Below these a split still builds, but what is measured on it (or learned from it) is noise.
+MIN_SPLIT_SHARE, MIN_SPLIT_MEASUREMENTS = 0.01, 100
+
+
+def split_warnings(manifest: dict) -> list[str]:
+    """A line per split holding under 1 % of the rows or under 100 measurements."""
+    rows = manifest["counts"]["rows"]
+    total = sum(rows.values())
+    out = []
+    for s in SPLITS:
+        n, meas = rows[s], manifest.get("splits", {}).get(s, {}).get("measurements", 0)
+        if total and (n < MIN_SPLIT_SHARE * total or meas < MIN_SPLIT_MEASUREMENTS):
+            fix = ("a `train eval` on it means little; give more probes, a larger "
+                   "--test-fraction or an earlier --test-from" if s == "test" else
+                   "too little to train on; lower --test-fraction or give more data")
+            out.append(f"the {s} split holds {n:,} of {total:,} rows "
+                       f"({100 * n / total:.3g} %) and {meas:,} measurements: {fix}")
+    return out
+
+
+def format_summary(s: dict) -> str:
+    rej = format_rejected(s["rejected_by_reason"])
+    rows = s["rows"]["train"] + s["rows"]["test"]
+    sp = s["split"]
+    if sp["test_from"] is None:
+        split = f"{sp['rule']}, {100 * sp['test_fraction']:g} % of the probes in test"
+    else:
+        split = f"{sp['rule']}, test from {sp['test_from_iso']} ({sp['test_from']})"
+        if sp["rule"] == "time+probe":
+            split += (f", {100 * sp['test_fraction']:g} % of the probes held out; "
+                      f"{s['measurements_excluded_by_split']:,} measurements in neither split")
+    return "\n".join([
+        f"prep shards: done in {s['elapsed_s']:.1f} s, "
+        f"{s['measurements_per_s']:,} measurements/s on {s['workers']} workers",
+        f"  measurements  {s['measurements_in']:,} in, {s['measurements_rejected']:,} rejected ({rej})",
+        f"  split         {split}",
+        f"  contexts      {s['contexts']:,} ({s['segments']:,} segments after cuts)",
+        f"  rows          {rows:,} (train {s['rows']['train']:,}, test {s['rows']['test']:,}); "
+        f"lower bound {s['lower_bound_rows']:,} (x{s['rows_over_lower_bound']:.4f})",
+        f"  buckets       {s['buckets']}" + (
+            f"; up to {min(s['bucket_tail_rows'], rows - s['lower_bound_rows']):,} of the "
+            f"{rows - s['lower_bound_rows']:,} rows over the lower bound are the buckets' "
+            "part-filled last rows (fewer --buckets pack tighter, with more memory per worker)"
+            if s["buckets"] > 1 and rows > s["lower_bound_rows"] else ""),
+        f"  tokens        {s['tokens']:,}, padding {100 * s['padding_fraction']:.3f} %",
+    ] + [f"warning: {w}" for w in s.get("warnings", [])])
+
+
+def read_units(paths: list[Path]) -> tuple[list[list[tuple[str, list[int]]]], int]:
+    """Inputs cut into units of whole row groups, about UNIT_ROWS rows each.
+
+    Small files (synth writes one per hour) share a unit; a big file spans several.
+    """
+    units, unit, n, total = [], [], 0, 0
+    for p in paths:
+        md = open_parquet(p).metadata
+        groups = []
+        for rg in range(md.num_row_groups):
+            rows = md.row_group(rg).num_rows
+            if n and n + rows > UNIT_ROWS:
+                if groups:
+                    unit.append((str(p), groups))
+                units.append(unit)
+                unit, groups, n = [], [], 0
+            groups.append(rg)
+            n += rows
+        if groups:
+            unit.append((str(p), groups))
+        total += md.num_rows
+    if unit:
+        units.append(unit)
+    return units, total
+
+
+def config_to_json(cfg: ShardsConfig) -> str:
+    """The config as JSON: the start-up echo, pool tasks, the Beam pipeline."""
+    return json.dumps(asdict(cfg))
+
+
+def config_from_dict(d: dict) -> ShardsConfig:
+    """ShardsConfig from its JSON form (the manifest's ``config``, a pool task)."""
+    d = dict(d)
+    d["mode_weights"] = tuple(d["mode_weights"])
+    return ShardsConfig(**d)
+
+
+def file_info(p: Path, stop: threading.Event | None = None) -> dict:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        while chunk := f.read(1 << 22):
+            if stop is not None and stop.is_set():
+                break  # the run failed: the caller no longer waits for this
+            h.update(chunk)
+    return {"name": str(p), "size": p.stat().st_size, "sha256": h.hexdigest()}

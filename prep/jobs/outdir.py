@@ -1,0 +1,378 @@
+"""The output folder of `prep shards`: claim, staging, publish, replace, clean up.
+
+Both runners (the local pool, prep/build/local_runner.py; Beam, prep/build/beam_runner.py) write through
+this module and nothing else touches ``--out``. What it may hold::
+
+    out/manifest.json, out/train/, out/test/   the finished dataset (manifest.json makes it one)
+    out/.lock                                  locked (flock) by the run writing the folder
+    out/.tmp-shards-<pid>-<token>/             a run's staging folder (.tmp-beam-… for Beam)
+    out/.old-<pid>-<token>/                    the dataset being replaced, during the swap
+
+The two dot-folders carry a marker file (``.ping-pack-owner``: role, pid, token) and are
+recognised by name AND marker; anything else in ``out``, ``train/`` or ``test/`` that is not
+a shard file is not ours, and the run refuses the folder rather than delete it.
+
+A run, step by step:
+
+1. Lock. ``.lock`` is opened and locked (``flock``, exclusive, non-blocking) for the whole
+   run, and the run's pid written into it. A second run fails at once (exit 2) naming that
+   pid. Forked workers inherit the lock, so it is free only once every process of the run
+   is gone; a folder whose lock is free has no live writer.
+2. Check, before touching anything: ``out`` is a folder (not a file, not a dangling
+   symlink); every entry is ours; ``train/`` and ``test/`` are real folders (not
+   symlinks) holding only shard files. Else a one-line error (exit 2).
+3. Recover and clean. A dead run killed inside the swap (step 7, b to d) is finished
+   first (see below); then dead runs' staging and ``.old-*`` folders are removed (the
+   lock is ours, so their runs are gone), their marker last.
+4. Refuse a dataset: if ``out`` holds ``manifest.json`` or any shard, the run needs
+   ``--overwrite``; without it, a one-line error naming ``--overwrite`` (exit 2).
+5. Stage: ``.tmp-<runner>-<pid>-<token>/`` with its marker. Everything the run writes
+   (spill files, shards) goes there; ``out`` itself is untouched until step 7.
+6. Build: the runner writes every shard into the staging folder, then the manifest
+   (prep.schema.manifest.write_manifest) too. The staging folder is then a complete dataset,
+   and its file list is checked against the manifest.
+7. Swap, by renames inside ``out``, with SIGINT and SIGTERM held until it ends (so only
+   SIGKILL or a crash can stop it half-way). What a reader sees if killed after:
+
+   a. ``mkdir .old-<pid>-<token>/`` (+ marker)          the old dataset (or none)
+   b. ``manifest.json`` → ``.old-*/``                   no dataset (no manifest.json)
+   c. per split: ``train/`` → ``.old-*/``, then         no dataset; train/ and test/ are
+      the staging ``train/`` → ``out``; same for test    absent or hold the complete shards
+                                                         of the old or of the new dataset
+   d. the staging ``manifest.json`` → ``out``           the new dataset
+   e. remove ``.old-*/``, then the staging folder       the new dataset
+
+   Killed before b: the old dataset stays and the next run removes the leftovers. Killed
+   between b and d (microseconds, SIGKILL only): the folder has no manifest.json, so it
+   is no dataset for any reader, though train/ and test/ may hold the complete shards of
+   the old or the new build (the only state with shards and no manifest); the next run
+   into it (with or without ``--overwrite``) first finishes c and d from the staging
+   folder, which still holds the complete new dataset and its manifest. Killed after
+   d: the new dataset; the next run removes the leftovers.
+8. Release: on any failure the staging folder is removed; ``.lock`` is removed and
+   unlocked. A failure of the disk anywhere in steps 1-7 (full, read-only, not
+   writable) is one line naming the folder and the fix, exit 2 (prep.schema.errors.fs_failure).
+
+So at every instant the folder is the old finished dataset, the new finished dataset,
+or no dataset, never a mix, and no shard of an unfinished run is ever in train/ or
+test/. The swap is not atomic for a reader that loaded the old manifest before it and
+opens shards after it (it finds them gone, or the new ones under the same names: the
+manifest's sha256 per shard tells). Kill-safe, not power-loss-safe: shards are not
+fsynced (the manifest and the folder are).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import secrets
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from prep.jobs.signals import Guard, stop_on_signals
+from prep.schema.errors import InputError, fs_failure
+from prep.schema.manifest import SPLITS
+
+LOCK_NAME = ".lock"
+MARKER = ".ping-pack-owner"
+MANIFEST = "manifest.json"  # == prep.schema.manifest.MANIFEST_NAME (not imported: it pulls in numpy)
+SHARD_FILE = re.compile(r"shard-b\d+-e\d+\.array_record(\.tmp)?")
+_STAGE = re.compile(r"\.tmp-(shards|beam)-(\d+)-([0-9a-f]{12})")
+_OLD = re.compile(r"\.old-(\d+)-([0-9a-f]{12})")
+_LOCK_WAIT_S = 5.0  # a dead run's workers may hold its lock that long while they die
+
+
+class OutDir:
+    """``--out`` held by this run (see the module docstring); made by ``claim``."""
+
+    def __init__(self, path: Path, *, overwrite: bool, runner: str, guard: Guard):
+        self.path, self.overwrite, self.runner, self._guard = path, overwrite, runner, guard
+        self.stage: Path | None = None
+        self.published = False
+        self._lock_fd: int | None = None
+        self._token = secrets.token_hex(6)
+
+    # steps 1-5 ------------------------------------------------------------------------
+    def _open(self) -> None:
+        out = self.path
+        if out.is_symlink() and not out.exists():
+            raise InputError(f"{out}: a symlink to {os.readlink(out)}, which does not exist; "
+                             "create that folder or use another --out")
+        if out.exists() and not out.is_dir():
+            raise InputError(f"{out}: is a file; --out must name a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        self._lock()
+        stages, olds, dataset = self._check()
+        if not (out / MANIFEST).exists():
+            self._recover(stages, olds)
+            dataset = (out / MANIFEST).exists() or dataset
+        for d in stages + olds:  # dead runs' (we hold the lock): never a live run's
+            with contextlib.suppress(OSError):  # what stays is removed next time
+                _remove_owned(d)
+        (out / (MANIFEST + ".tmp")).unlink(missing_ok=True)  # earlier versions wrote it here
+        if dataset and not self.overwrite:
+            what = ("a finished dataset (manifest.json)" if (out / MANIFEST).exists()
+                    else "shards of an unfinished dataset (train/, test/ without manifest.json)")
+            raise InputError(f"{out}: holds {what}; pass --overwrite to replace it (the old "
+                             "one stays intact until the new one is complete), or use "
+                             "another --out")
+        self.stage = out / f".tmp-{self.runner}-{os.getpid()}-{self._token}"
+        _make_owned_dir(self.stage, "staging", os.getpid(), self._token)
+
+    def _lock(self) -> None:
+        path = self.path / LOCK_NAME
+        deadline = time.monotonic() + _LOCK_WAIT_S
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise InputError(f"{self.path}: {LOCK_NAME} is a symlink, which `prep "
+                                     "shards` did not write; move it away") from None
+                raise
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_pid(fd)
+                os.close(fd)
+                if (holder is None or not pid_alive(holder)) and time.monotonic() < deadline:
+                    # Dead: its workers are dying with it and drop the lock soon. None: a
+                    # run that has just locked it and not yet written its pid.
+                    time.sleep(0.05)
+                    continue
+                who = f"pid {holder}" if holder is not None else "pid unknown"
+                if holder is not None and not pid_alive(holder):
+                    raise InputError(f"{self.path}: the workers of an earlier `prep shards` "
+                                     f"({who}, gone) still hold {LOCK_NAME}; try again in "
+                                     "a few seconds") from None
+                raise InputError(f"{self.path}: another `prep shards` ({who}) is writing "
+                                 "this folder; wait for it to end, or stop it, then run "
+                                 "again") from None
+            # Locked; but if the file was removed (and maybe re-created) by a run that
+            # ended meanwhile, ours is a stale inode: lock the one at the path instead.
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _check(self) -> tuple[list[Path], list[Path], bool]:
+        """Our dead folders and whether a dataset (or its shards) is there; refuse the rest."""
+        out, stages, olds, dataset = self.path, [], [], False
+        for entry in sorted(out.iterdir()):
+            name = entry.name
+            if name == LOCK_NAME and entry.is_file() and not entry.is_symlink():
+                continue
+            if name in (MANIFEST, MANIFEST + ".tmp") and entry.is_file() and not entry.is_symlink():
+                dataset |= name == MANIFEST
+                continue
+            if name in SPLITS:
+                if entry.is_symlink():
+                    raise InputError(f"{out}: {name}/ is a symlink (to {os.readlink(entry)}); "
+                                     f"`prep shards` replaces {name}/ and would not follow "
+                                     "it: use a folder without symlinks, or another --out")
+                if entry.is_dir():
+                    for f in sorted(entry.iterdir()):
+                        if not (SHARD_FILE.fullmatch(f.name) and f.is_file()
+                                and not f.is_symlink()):
+                            raise InputError(f"{out}: {f} was not written by `prep shards`; "
+                                             "use an empty or new --out folder, or move "
+                                             "that file away")
+                        dataset = True
+                    continue
+            if (m := _STAGE.fullmatch(name)) and _owned(entry, "staging", m[2], m[3]):
+                stages.append(entry)
+                continue
+            if (m := _OLD.fullmatch(name)) and _owned(entry, "old", m[1], m[2]):
+                olds.append(entry)
+                continue
+            raise InputError(f"{out}: holds {name}, which `prep shards` did not write; use "
+                             "an empty or new --out folder, or move it away")
+        return stages, olds, dataset
+
+    def _recover(self, stages: list[Path], olds: list[Path]) -> None:
+        """A dead run got past step 7b (its ``.old-*`` exists, ``out`` has no manifest, its
+        staging folder still holds the new one): finish its swap."""
+        for old in olds:
+            pid, token = _OLD.fullmatch(old.name).groups()
+            for stage in stages:
+                if stage.name.endswith(f"-{pid}-{token}") and (stage / MANIFEST).is_file():
+                    _swap(self.path, stage, old)
+                    print(f"prep shards: {self.path}: finished publishing the dataset of an "
+                          f"interrupted run (pid {pid})", file=sys.stderr)
+                    return
+
+    # step 7 ---------------------------------------------------------------------------
+    def publish(self, manifest: dict) -> None:
+        """Write ``manifest`` into the staging folder, check the staged files against it,
+        and swap it in (step 7)."""
+        from prep.schema import manifest as mf
+
+        stage = self.stage
+        for split in SPLITS:
+            (stage / split).mkdir(exist_ok=True)
+        listed = {s["path"] for split in SPLITS
+                  for s in manifest["splits"][split]["shards"]}
+        staged = {f"{split}/{f.name}" for split in SPLITS for f in (stage / split).iterdir()}
+        if staged != listed:  # a bug, never a user's mistake: stop before any swap
+            raise RuntimeError(f"{stage}: staged shards {sorted(staged ^ listed)[:3]} do not "
+                               "match the manifest")
+        mf.write_manifest(stage, manifest)
+        self._guard.defer = True  # SIGINT/SIGTERM wait for the end of the swap
+        old = self.path / f".old-{os.getpid()}-{self._token}"
+        _make_owned_dir(old, "old", os.getpid(), self._token)
+        try:
+            _swap(self.path, stage, old, undo_on_error=True)
+        except OSError:
+            if set(os.listdir(old)) <= {MARKER}:  # undone: the old dataset is back in place
+                _remove_owned(old)
+            raise
+        self.published = self._guard.published = True
+        _fsync_dir(self.path)
+        with contextlib.suppress(OSError):
+            _remove_owned(old)
+
+    # step 8 ---------------------------------------------------------------------------
+    def _close(self) -> None:
+        self._guard.defer = True  # a second Ctrl-C must not cut the clean-up short
+        if self.stage is not None:
+            with contextlib.suppress(OSError):
+                _remove_owned(self.stage)
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                path = self.path / LOCK_NAME
+                if os.path.samestat(os.fstat(self._lock_fd), os.stat(path, follow_symlinks=False)):
+                    path.unlink()  # still locked: a run waiting on it re-checks the inode
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+@contextlib.contextmanager
+def claim(out: str | os.PathLike, *, overwrite: bool = False, runner: str = "shards"):
+    """Steps 1-5 on entry, 8 on exit; yields the OutDir (``.stage``, ``.publish``).
+    Within the block SIGINT/SIGTERM raise Interrupted, and a full, read-only or not
+    writable disk becomes a one-line InputError naming the folder."""
+    out = Path(out)
+    with stop_on_signals(out) as guard:
+        od = OutDir(out, overwrite=overwrite, runner=runner, guard=guard)
+        try:
+            od._open()
+            yield od
+        except (OSError, RuntimeError) as e:
+            err = fs_failure(e, out)
+            if err is None:
+                raise
+            raise err from None
+        finally:
+            od._close()
+
+
+def _swap(out: Path, stage: Path, old: Path, undo_on_error: bool = False) -> None:
+    """Steps 7b-d; idempotent per split, so a dead run's half-done swap is finished by
+    the same code (a split no longer in the staging folder was already moved in)."""
+    done: list[tuple[Path, Path]] = []
+
+    def move(src: Path, dst: Path) -> None:
+        _rename(src, dst)
+        done.append((src, dst))
+
+    try:
+        if (out / MANIFEST).exists():
+            move(out / MANIFEST, old / MANIFEST)  # b: from here on, no dataset
+        for split in SPLITS:  # c
+            if (stage / split).exists():
+                if (out / split).exists():
+                    move(out / split, old / split)
+                move(stage / split, out / split)
+        move(stage / MANIFEST, out / MANIFEST)  # d: the new dataset
+    except OSError:
+        if undo_on_error:  # e.g. a permission on train/: put the old dataset back
+            for src, dst in reversed(done):
+                with contextlib.suppress(OSError):
+                    os.rename(dst, src)
+        raise
+
+
+def _rename(src: Path, dst: Path) -> None:
+    os.rename(src, dst)  # one name for the tests to interrupt between renames
+
+
+def _make_owned_dir(d: Path, role: str, pid: int, token: str) -> None:
+    os.mkdir(d)
+    fd = os.open(d / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:  # one small write: a kill leaves it whole or empty, and an empty folder is ours
+        os.write(fd, json.dumps({"tool": "ping-pack prep shards", "role": role,
+                                 "pid": pid, "token": token}).encode())
+    finally:
+        os.close(fd)
+
+
+def _remove_owned(d: Path) -> None:
+    """Remove one of our folders, its marker last: a kill half-way leaves it recognisable."""
+    if not d.exists():
+        return
+    for entry in os.scandir(d):
+        if entry.name != MARKER:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(d / MARKER)
+    os.rmdir(d)
+
+
+def _owned(d: Path, role: str, pid: str, token: str) -> bool:
+    """``d`` (named like ours) is ours: its marker says so, or it holds nothing but a
+    marker not yet written (a kill between mkdir and write: nothing to lose)."""
+    if d.is_symlink() or not d.is_dir():
+        return False
+    names = set(os.listdir(d))
+    marker = d / MARKER
+    if MARKER not in names or marker.is_symlink() or not marker.is_file():
+        return not names
+    try:
+        data = json.loads(marker.read_text()[:4096] or "null")
+    except (OSError, ValueError):
+        return names == {MARKER} and marker.stat().st_size == 0
+    if data is None:
+        return names == {MARKER}
+    return (isinstance(data, dict) and data.get("role") == role
+            and str(data.get("pid")) == pid and data.get("token") == token)
+
+
+def _read_pid(fd: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(os.pread(fd, 32, 0).decode().strip())
+    return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one we may not signal counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_dir(d: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

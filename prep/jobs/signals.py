@@ -1,0 +1,80 @@
+"""SIGINT and SIGTERM in `prep shards`: one line and exit 128 + the signal, never a traceback.
+
+``stop_on_signals`` turns them into ``Interrupted`` within a block (the whole command, in
+prep/cli.py; the run's output folder, in prep.jobs.outdir.claim, whose swap and clean-up hold
+them until they end); ``signals_blocked`` blocks them while workers and threads start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from pathlib import Path
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the run; ``str(e)`` is the one line the CLI prints."""
+
+    def __init__(self, signum: int, out: Path | None = None, published: bool = False):
+        super().__init__(signum)
+        self.signum, self.out, self.published = signum, out, published
+
+    def __str__(self) -> str:
+        name = signal.Signals(self.signum).name
+        if self.out is None:
+            return f"prep shards: stopped by {name}"
+        if self.published:
+            return f"prep shards: stopped by {name} just after publishing {self.out}"
+        return (f"prep shards: stopped by {name}; the unfinished output was removed and "
+                f"{self.out} holds what it held before")
+
+
+class Guard:
+    """SIGINT/SIGTERM → Interrupted, once; later ones, and those while ``defer`` is set
+    (the swap, the clean-up), wait in ``pending`` for the end of the guarded block."""
+
+    def __init__(self, out: Path | None):
+        self.out, self.defer, self.pending, self.published = out, False, 0, False
+
+    def handler(self, signum, frame):
+        if self.defer:
+            self.pending = self.pending or signum
+            return
+        self.defer = True  # the clean-up that follows runs undisturbed
+        raise Interrupted(signum, self.out)
+
+
+@contextlib.contextmanager
+def stop_on_signals(out: Path | None = None):
+    """Within the block SIGINT and SIGTERM raise Interrupted (in the main thread only:
+    elsewhere Python cannot set handlers, and the block runs as it is)."""
+    guard = Guard(out)
+    if threading.current_thread() is not threading.main_thread():
+        yield guard
+        return
+    old = {s: signal.signal(s, guard.handler) for s in _STOP_SIGNALS}
+    try:
+        yield guard
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if guard.pending:  # held during the swap or the clean-up: honoured now
+        raise Interrupted(guard.pending, out, guard.published)
+
+
+@contextlib.contextmanager
+def signals_blocked():
+    """SIGINT and SIGTERM blocked in this thread: processes forked and threads started
+    meanwhile inherit the mask (workers unblock them once their own handlers are set; a
+    helper thread keeps it, so these signals wake the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

@@ -1,0 +1,359 @@
+"""Offline packing of contexts into fixed-length rows: best-fit decreasing, splitting, repacking.
+
+``pack`` turns contexts (ranges of tokenized measurements) into pieces placed in rows of
+``row_len`` tokens. All of it is one Numba pass over integer arrays:
+
+1. Length of every context by the piece length rule (prep.tokens.costs): ``cost[s:e].sum()``
+   plus ``abs_extra`` of the first timestamped measurement, from a cumulative cost array
+   and a scan for that measurement. The cumulative array is the only one as long as the
+   measurements: on these machines fresh memory costs more in page faults than the loops
+   over it.
+2. Order contexts longest first (counting sort; equal lengths by index).
+3. Best fit: each context goes to the open row with the smallest gap that holds it, else
+   to a new row. Open rows sit in per-gap FIFO lists; a segment tree over gaps 0..row_len
+   finds the smallest non-empty gap >= x in O(log row_len). A row
+   leaves the lists when it is full or holds ``max_segments`` pieces.
+4. Fill (``split=True``): rows whose pieces have no timestamp that a cut would make absolute
+   (none-mode contexts) are "free": cutting them costs nothing. Free rows, least full first,
+   become donors one at a time as the other rows (in row order) need them, and every window
+   of a donor's pieces up to WINDOW_MAX tokens is listed by length. A row with gap g takes a
+   window of exactly g tokens, else g - 1 (bodies are even, so a timestamped row's odd gap
+   ends at 1), else the longest whose rest is still ``fillable``; a long gap takes a long
+   run of the opened donors; only what nothing fills takes the longest window that fits.
+   What the donors keep is laid into new rows in order, each closed the same way.
+   Timestamped contexts are never cut here, so the packer adds no tokens.
+5. Rows emptied by step 4 disappear; rows are renumbered in order; pieces are listed by
+   (row, slot), slot = order of arrival in the row.
+6. Repack (``split=True``, no ``max_segments``), only while rows exceed the lower bound:
+   rows whose pieces are all at most SMALL tokens are dissolved and their pieces, whole,
+   pooled by length. They first fill the gaps of the kept rows (in row order), then make new
+   rows, each the largest subset sum <= row_len of the pool (bounded subset sum over the
+   lengths, long pieces preferred; an exact row is repeated while the pool holds it). Kept
+   rows keep their order, new rows follow. The result is taken only if it has fewer rows.
+   This is for single-measurement contexts (RIPE Atlas: mostly 23-token timestamped and
+   14-token untimestamped pings), which steps 3-4 cannot cut or mix: best fit lays the 23s
+   first, 44 x 23 = 1012, and no 14 fills the gap of 12; exact mixes exist (36 x 23 +
+   14 x 14, 22 x 23 + 37 x 14, 8 x 23 + 60 x 14 = 1024). No piece is cut, so no token added.
+
+Modules: this one has the API and steps 1-3 and 5 (``_pack`` runs them all), step 4 is
+prep.pack.fill (with ``Pieces`` and ``Rows``, the working arrays that steps 3-5 share,
+namedtuples of arrays), step 6 prep.pack.repack.
+
+The planner (prep.pack.planner_kernels.cut_contexts) does its part: a context that the row length ends
+gives back up to BACKOFF last measurements until its gap is ``fillable`` (2-10 tokens fit
+no measurement; 16-24 are no sum of the common body sizes), since cut points are free.
+
+Measured (bench/bench_packing.py, 1024-token rows, 2 shared cores):
+
+    data                                   whole-context BFD   this packer   rows / lower bound
+    synthetic sparse mix (1-80 meas.)            0.09 %           0.05 %          1.0005
+    synthetic busy probes (all ~1010 tok.)       ~4 %             0.13 %          1.0013
+    `prep synth` data (busy-dominated)           ~4.8 %           0.12 %          1.0012
+    RIPE Atlas sample (../shared), train         1.06 %           0.21 %          1.0000
+
+Step 6 took busy from 0.17 % to 0.13 %, `prep synth` from 0.14 % to 0.12 % and the Atlas
+sample from 117 rows to 116, its lower bound (the whole dataset: 1.31 % to 0.54 %, 130 rows
+to 129), for ~2 ms of the ~110 ms that 80k contexts take.
+
+The whole-context column is higher than the planner's greedy cuts gave (1.4 %), because the
+planner now leaves fillable gaps on purpose. The lower bound is ceil(tokens of the plan's
+contexts / row_len); against the greedy plan's (slightly fewer) tokens the built-in data is
+at 1.0019. Speed (`make bench`): ~1M contexts/s or more on the built-in data (about 40M
+measurements/s), ~4M/s sparse.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from prep.pack.fill import Pieces, Rows, fill_gaps
+from prep.pack.repack import repack  # (see the docstring)
+
+
+@dataclass(frozen=True)
+class Packing:
+    piece_start: np.ndarray  # int64[k]: piece j is sorted measurements [start, end)
+    piece_end: np.ndarray  # int64[k]
+    piece_len: np.ndarray  # int32[k]: tokens, by the piece length rule
+    piece_row: np.ndarray  # int64[k]: row of piece j; pieces ordered by (row, slot)
+    n_rows: int
+
+
+@njit(cache=True)
+def _plen(cum, has_ts, abs_extra, s, e):
+    """Tokens of piece [s, e): its costs plus abs_extra of its first timestamped measurement
+    (a scan of has_ts, which stops at once in a timestamped context)."""
+    for i in range(s, e):
+        if has_ts[i]:
+            return cum[e] - cum[s] + abs_extra[i]
+    return cum[e] - cum[s]
+
+
+@njit(cache=True)
+def _cumulative(cost):
+    """cum[i] = cost[:i].sum(): the one array as long as the measurements that packing makes
+    (a fresh int64 array costs ~3 ns an element here in page faults, more than a loop over
+    it)."""
+    n = cost.shape[0]
+    cum = np.empty(n + 1, np.int64)
+    cum[0] = 0
+    for i in range(n):
+        cum[i + 1] = cum[i] + cost[i]
+    return cum
+
+
+@njit(cache=True)
+def _lengths(ctx_start, ctx_end, cum, has_ts, abs_extra):
+    out = np.empty(ctx_start.shape[0], np.int64)
+    for c in range(ctx_start.shape[0]):
+        out[c] = _plen(cum, has_ts, abs_extra, ctx_start[c], ctx_end[c])
+    return out
+
+
+def context_lengths(ctx_start, ctx_end, cost, has_ts, abs_extra) -> np.ndarray:
+    """Token length of every context (int64), by the piece length rule."""
+    s, e, cost, has_ts, abs_extra = _as_arrays(ctx_start, ctx_end, cost, has_ts, abs_extra)
+    return _lengths(s, e, _cumulative(cost), has_ts, abs_extra)
+
+
+# Step 3's open rows, bucketed by gap: per-gap doubly linked FIFO lists (head[g], tail[g];
+# nxt[r], prv[r]) plus a segment tree whose leaves count the rows in each bucket.
+OpenRows = namedtuple("OpenRows", "head tail nxt prv tree")  # inlined: see prep.pack.fill
+
+
+@njit(cache=True)
+def _tree_add(tree, leaf, d):
+    i = leaf + tree.shape[0] // 2
+    while i >= 1:
+        tree[i] += d
+        i >>= 1
+
+
+@njit(cache=True)
+def _tree_ge(tree, x):
+    """Smallest non-empty gap >= x, or -1."""
+    size = tree.shape[0] // 2
+    if x >= size:
+        return -1
+    i = x + size
+    if tree[i] > 0:
+        return x
+    while i > 1:
+        if (i & 1) == 0 and tree[i + 1] > 0:
+            i += 1
+            while i < size:
+                i = 2 * i if tree[2 * i] > 0 else 2 * i + 1
+            return i - size
+        i >>= 1
+    return -1
+
+
+@njit(cache=True, inline="always")
+def _push(op, r, g):
+    op.nxt[r] = -1
+    op.prv[r] = op.tail[g]
+    if op.tail[g] >= 0:
+        op.nxt[op.tail[g]] = r
+    else:
+        op.head[g] = r
+    op.tail[g] = r
+    _tree_add(op.tree, g, 1)
+
+
+@njit(cache=True, inline="always")
+def _remove(op, r, g):
+    if op.prv[r] >= 0:
+        op.nxt[op.prv[r]] = op.nxt[r]
+    else:
+        op.head[g] = op.nxt[r]
+    if op.nxt[r] >= 0:
+        op.prv[op.nxt[r]] = op.prv[r]
+    else:
+        op.tail[g] = op.prv[r]
+    _tree_add(op.tree, g, -1)
+
+
+@njit(cache=True)
+def _longest_first(clen, row_len):
+    """Step 2: the contexts longest first, by counting sort (stable: equal lengths keep
+    index order)."""
+    n_ctx = clen.shape[0]
+    pos = np.zeros(row_len + 2, np.int64)
+    for c in range(n_ctx):
+        pos[clen[c]] += 1
+    acc = 0
+    for ln in range(row_len, -1, -1):
+        acc, pos[ln] = acc + pos[ln], acc
+    order = np.empty(n_ctx, np.int64)
+    for c in range(n_ctx):
+        order[pos[clen[c]]] = c
+        pos[clen[c]] += 1
+    return order
+
+
+@njit(cache=True)
+def _best_fit(ctx_start, ctx_end, clen, order, row_len, cap):
+    """Step 3: best fit of whole contexts, in ``order``: (pieces, rows, k pieces, n_rows).
+    The piece arrays have room for step 4 to start; a row holds at most ``cap`` pieces
+    (0: no cap)."""
+    n_ctx = ctx_start.shape[0]
+    size = 1
+    while size < row_len + 1:
+        size *= 2
+    op = OpenRows(np.full(row_len + 1, -1, np.int64), np.full(row_len + 1, -1, np.int64),
+                  np.full(n_ctx, -1, np.int64), np.full(n_ctx, -1, np.int64),
+                  np.zeros(2 * size, np.int64))
+    head, tree = op.head, op.tree
+    gap, nseg = np.zeros(n_ctx, np.int64), np.zeros(n_ctx, np.int64)
+    rfirst, rlast = np.full(n_ctx, -1, np.int64), np.full(n_ctx, -1, np.int64)
+    # pieces, in creation order; pnext chains the pieces of one row in slot order
+    kcap = n_ctx + n_ctx // 8 + 16
+    ps, pe = np.empty(kcap, np.int64), np.empty(kcap, np.int64)
+    pr, pnext = np.empty(kcap, np.int64), np.empty(kcap, np.int64)
+    alive = np.ones(kcap, np.bool_)
+    k = 0
+    n_rows = 0
+    for j in range(n_ctx):
+        c = order[j]
+        ln = clen[c]
+        g = _tree_ge(tree, ln)
+        if g < 0:
+            r = n_rows
+            n_rows += 1
+            gap[r] = row_len
+        else:
+            r = head[g]
+            _remove(op, r, g)
+        ps[k], pe[k], pr[k], pnext[k] = ctx_start[c], ctx_end[c], r, -1
+        if rlast[r] >= 0:
+            pnext[rlast[r]] = k
+        else:
+            rfirst[r] = k
+        rlast[r] = k
+        k += 1
+        gap[r] -= ln
+        nseg[r] += 1
+        if gap[r] > 0 and (cap == 0 or nseg[r] < cap):  # still open
+            _push(op, r, gap[r])
+    return Pieces(ps, pe, pr, pnext, alive), Rows(gap, nseg, rfirst, rlast), k, n_rows
+
+
+@njit(cache=True)
+def _renumber(cum, has_ts, abs_extra, p, rows, k, n_rows):
+    """Step 5: the rows that still hold pieces, renumbered in order, and their pieces by
+    (row, slot): (start, end, tokens, row of each, rows)."""
+    ps, pe, pr, pnext, alive = p
+    rfirst = rows.rfirst
+    new_id = np.full(n_rows, -1, np.int64)
+    for q in range(k):
+        if alive[q]:
+            new_id[pr[q]] = 0
+    n_out = 0
+    for r in range(n_rows):
+        if new_id[r] == 0:
+            new_id[r] = n_out
+            n_out += 1
+    out_n = 0
+    for q in range(k):
+        if alive[q]:
+            out_n += 1
+    o_s = np.empty(out_n, np.int64)
+    o_e = np.empty(out_n, np.int64)
+    o_l = np.empty(out_n, np.int32)
+    o_r = np.empty(out_n, np.int64)
+    j = 0
+    for r in range(n_rows):
+        if new_id[r] < 0:
+            continue
+        q = rfirst[r]
+        while q >= 0:
+            if alive[q]:
+                o_s[j], o_e[j], o_r[j] = ps[q], pe[q], new_id[r]
+                o_l[j] = _plen(cum, has_ts, abs_extra, ps[q], pe[q])
+                j += 1
+            q = pnext[q]
+    return o_s, o_e, o_l, o_r, n_out
+
+
+@njit(cache=True)
+def _pack(ctx_start, ctx_end, cum, has_ts, abs_extra, clen, row_len, cap, split):
+    order = _longest_first(clen, row_len)  # 2.
+    p, rows, k, n_rows = _best_fit(ctx_start, ctx_end, clen, order, row_len, cap)  # 3.
+    if split and n_rows > 1:  # 4.
+        p, rows, k, n_rows = fill_gaps(cum, has_ts, abs_extra, row_len, cap, p, rows, k, n_rows)
+    o_s, o_e, o_l, o_r, n_out = _renumber(cum, has_ts, abs_extra, p, rows, k, n_rows)  # 5.
+    if split and cap == 0 and n_out > 1:  # 6. repack the rows of small pieces
+        order, o_r2, n2 = repack(o_l, o_r, n_out, row_len)
+        if order.shape[0] > 0:
+            return o_s[order], o_e[order], o_l[order], o_r2, n2
+    return o_s, o_e, o_l, o_r, n_out
+
+
+def _int32(a, name):
+    """``a`` as contiguous int32, without a copy when it is one (the planner's cost and
+    abs_extra are); other integer arrays must fit."""
+    a = np.ascontiguousarray(a)
+    if a.dtype == np.int32:
+        return a
+    if a.dtype.kind not in "iub" or (len(a) and (a.min() < -2**31 or a.max() >= 2**31)):
+        raise ValueError(f"{name} must be integers that fit int32")
+    return a.astype(np.int32)
+
+
+def _as_arrays(ctx_start, ctx_end, cost, has_ts, abs_extra):
+    return (np.ascontiguousarray(ctx_start, np.int64), np.ascontiguousarray(ctx_end, np.int64),
+            _int32(cost, "cost"), np.ascontiguousarray(has_ts, np.bool_),
+            _int32(abs_extra, "abs_extra"))
+
+
+def pack(ctx_start, ctx_end, cost, has_ts, abs_extra, *, row_len: int = 1024,
+         max_segments: int = 0, split: bool = True) -> Packing:
+    """Pack contexts [ctx_start[c], ctx_end[c]) into rows of ``row_len`` tokens.
+
+    ``max_segments`` > 0 caps the pieces per row. ``split=False`` keeps every context whole.
+    Deterministic: the same arrays give the same Packing.
+    """
+    arrs = _as_arrays(ctx_start, ctx_end, cost, has_ts, abs_extra)
+    s, e, cost_, _, _ = arrs
+    if row_len < 1 or max_segments < 0:
+        raise ValueError(f"row_len {row_len} and max_segments {max_segments}: need >= 1 and >= 0")
+    if len(s) != len(e):
+        raise ValueError("ctx_start and ctx_end differ in length")
+    if len(s) and (np.any(e <= s) or s.min() < 0 or e.max() > len(cost_)):
+        raise ValueError("every context needs 0 <= start < end <= len(cost)")
+    if len(cost_) and cost_.min() < 1:
+        raise ValueError("every measurement costs at least one token")
+    has_ts, abs_extra = arrs[3], arrs[4]  # the rule reads abs_extra only where has_ts
+    cum = _cumulative(cost_)
+    clen = _lengths(s, e, cum, has_ts, abs_extra)
+    if len(clen) and clen.max() > row_len:
+        c = int(np.argmax(clen))
+        raise ValueError(f"context {c} is {clen[c]} tokens, longer than a row ({row_len})")
+    o_s, o_e, o_l, o_r, n_rows = _pack(s, e, cum, has_ts, abs_extra, clen, row_len, max_segments,
+                                       split)
+    return Packing(o_s, o_e, o_l, o_r, int(n_rows))
+
+
+def stats(packing: Packing, context_tokens: int, *, row_len: int = 1024) -> dict:
+    """Summary figures: rows, tokens, padding, lower bound, pieces cut, segments per row.
+
+    ``context_tokens`` is the total length of the whole contexts; the lower bound is
+    ceil(context_tokens / row_len), so tokens added by cuts count against the packer.
+    """
+    tokens = int(packing.piece_len.sum(dtype=np.int64))
+    slots = packing.n_rows * row_len
+    segs = np.bincount(packing.piece_row, minlength=packing.n_rows) if packing.n_rows else \
+        np.zeros(0, np.int64)
+    hist = np.bincount(segs) if len(segs) else np.zeros(0, np.int64)
+    return {
+        "rows": packing.n_rows,
+        "tokens": tokens,
+        "padding_fraction": (slots - tokens) / slots if slots else 0.0,
+        "lower_bound_rows": -(-int(context_tokens) // row_len),
+        "cut_tokens": tokens - int(context_tokens),
+        "segments_per_row": {str(i): int(v) for i, v in enumerate(hist) if v},
+    }

@@ -1,0 +1,254 @@
+"""`prep analyze-padding`: what each way of filling 1024-token rows costs, on the same contexts.
+
+Every strategy sees the same context lengths (tokens) and reports rows, steps at a batch
+size, padding fraction, tokens lost to truncation, segments per row (p50/p99/max) and
+useful (kept, non-padding) tokens per row:
+
+- ``pad-to-crop``: one context per row, padded to the crop (how ping-llm trained).
+- ``probe-window``: one crop-sized window of each probe's whole history, padded; the rest
+  of the history is truncated (ping-llm's "probe chunk" examples). A history's length is
+  the sum of its contexts' lengths.
+- ``grain-first-fit-B`` / ``grain-best-fit-B``: Grain's own online packers
+  (FirstFitPackIterDataset / BestFitPackIterDataset, B bins) run for real on the lengths;
+  being Python (~0.45 ms a context), they run on a seeded sample (order kept) when the
+  input has more than ``grain_sample`` contexts, and the rows are scaled to the whole but
+  never below the lower bound; the note says so (``--grain-sample 0``: all of them).
+- ``packer`` / ``packer-capK``: our offline packer (prep.pack.packing), on the measurement-level
+  arrays, so it may split contexts; ``capK`` with at most K segments per row. On a shards
+  folder ``packer`` is what the shards hold (rows read back; equals the manifest).
+- ``lower-bound``: ceil(tokens / crop).
+
+Input is parquet (contexts planned exactly as ``prep shards`` plans them, with
+row_len = crop) or a shards folder (its segments are the lengths; no probe windows).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prep.pack import packing
+
+HIST_BIN = 64  # tokens per bar of the length histogram
+
+
+@dataclass(frozen=True)
+class AnalyzeConfig:
+    crop: int = 1024  # row length / crop, tokens
+    batch_size: int = 64  # rows per step, for the steps column
+    grain_bins: tuple[int, ...] = (4, 32, 256)  # num_packing_bins tried for Grain's packers
+    grain_sample: int = 2_000  # contexts given to each Grain packer (Python); 0 = all
+    max_segments: int = 16  # the capped packer variant
+    seed: int = 0  # tokenizer seed for parquet input; also picks the Grain sample
+
+
+@dataclass(frozen=True)
+class Contexts:
+    """What the strategies run on. ``arrays`` lets the packer split; ``probe`` groups histories."""
+    lengths: np.ndarray  # int64 tokens per context (or per stored segment, for shards)
+    probe: np.ndarray | None = None  # int64 probe group of each context
+    arrays: tuple | None = None  # (ctx_start, ctx_end, cost, has_ts, abs_extra)
+    shard_rows: np.ndarray | None = None  # shards input: int64[rows, 2] (real tokens, segments)
+    source: str = "lengths"
+
+
+def _entry(name, rows, kept, truncated, segs, crop, batch, note=""):
+    segs = np.asarray(segs if segs is not None else [], np.int64)
+    pct = (lambda q: int(np.percentile(segs, q, method="higher"))) if len(segs) else \
+        (lambda q: None)
+    return {"name": name, "rows": int(rows), "steps": -(-int(rows) // batch),
+            "padding_fraction": 1 - kept / (rows * crop) if rows else 0.0,
+            "truncated_tokens": int(truncated),
+            "segments_p50": pct(50), "segments_p99": pct(99),
+            "segments_max": int(segs.max()) if len(segs) else None,
+            "useful_tokens_per_row": kept / rows if rows else 0.0, "note": note}
+
+
+def grain_rows(lengths: np.ndarray, *, crop: int, best_fit: bool, bins: int) -> np.ndarray:
+    """Segments of each row Grain's packer makes from ``lengths`` (in that order)."""
+    import grain
+
+    ds = grain.MapDataset.source([{"t": np.ones(int(n), np.int32)} for n in lengths])
+    cls = (grain.experimental.BestFitPackIterDataset if best_fit
+           else grain.experimental.FirstFitPackIterDataset)
+    packed = cls(ds.to_iter_dataset(), length_struct={"t": crop}, num_packing_bins=bins,
+                 shuffle_bins=False)
+    return np.array([int(ex["t_segment_ids"].max()) for ex in packed], np.int64)
+
+
+def scaled_rows(sample_rows: int, sample: int, total: int, lower_bound: int) -> int:
+    """Rows for ``total`` contexts from a packer's rows on ``sample`` of them, never fewer
+    than the lower bound (a lucky sample must not look better than possible)."""
+    return max(round(sample_rows * total / sample), lower_bound) if sample else lower_bound
+
+
+def strategies(ctx: Contexts, cfg: AnalyzeConfig) -> list[dict]:
+    crop, batch = cfg.crop, cfg.batch_size
+    n = len(ctx.lengths)
+    kept = np.minimum(ctx.lengths, crop)
+    tokens = int(ctx.lengths.sum())
+    out = [_entry("pad-to-crop", n, kept.sum(), tokens - kept.sum(), np.ones(n), crop, batch)]
+    if ctx.probe is not None:
+        hist = np.bincount(ctx.probe, weights=ctx.lengths).astype(np.int64)
+        hist = hist[hist > 0]
+        win = np.minimum(hist, crop)
+        out.append(_entry("probe-window", len(hist), win.sum(), tokens - win.sum(),
+                          np.ones(len(hist)), crop, batch))
+    if n:
+        rng = np.random.default_rng(cfg.seed)
+        size = n if not cfg.grain_sample else min(n, cfg.grain_sample)
+        pick = np.sort(rng.choice(n, size, replace=False))
+        sample = kept[pick]
+        lower = -(-int(kept.sum()) // crop)
+        note = "" if len(pick) == n else \
+            f"estimated: {len(pick):,} of {n:,} contexts, rows scaled (>= lower bound)"
+        for best in (False, True):
+            for b in cfg.grain_bins:
+                segs = grain_rows(sample, crop=crop, best_fit=best, bins=b)
+                out.append(_entry(f"grain-{'best' if best else 'first'}-fit-{b}",
+                                  scaled_rows(len(segs), len(pick), n, lower), kept.sum(),
+                                  tokens - kept.sum(), segs, crop, batch, note))
+    if ctx.shard_rows is not None:
+        real, segs = ctx.shard_rows[:, 0], ctx.shard_rows[:, 1]
+        out.append(_entry("packer", len(real), real.sum(), 0, segs, crop, batch,
+                          "as stored in the shards"))
+    else:
+        arrays = ctx.arrays or (np.arange(n), np.arange(1, n + 1), kept,
+                                np.zeros(n, bool), np.zeros(n, np.int64))
+        for name, cap in (("packer", 0), (f"packer-cap{cfg.max_segments}", cfg.max_segments)):
+            p = packing.pack(*arrays, row_len=crop, max_segments=cap)
+            segs = np.bincount(p.piece_row, minlength=p.n_rows)
+            note = "" if ctx.arrays else "whole contexts (lengths only: no splitting)"
+            out.append(_entry(name, p.n_rows, p.piece_len.sum(dtype=np.int64),
+                              tokens - kept.sum(), segs, crop, batch, note))
+    out.append(_entry("lower-bound", -(-tokens // crop), tokens, 0, None, crop, batch))
+    return out
+
+
+def analyze(ctx: Contexts, cfg: AnalyzeConfig) -> dict:
+    top = max(cfg.crop, int(ctx.lengths.max(initial=0)))  # a full-crop context gets its own bar
+    edges = np.arange(0, top + 2 * HIST_BIN, HIST_BIN)
+    counts, _ = np.histogram(ctx.lengths, bins=edges)
+    tokens = int(ctx.lengths.sum())
+    return {"source": ctx.source, "crop": cfg.crop, "batch_size": cfg.batch_size,
+            "contexts": int(len(ctx.lengths)), "tokens": tokens,
+            "lower_bound_rows": -(-tokens // cfg.crop),
+            "length_histogram": {"edges": edges.tolist(), "counts": counts.tolist()},
+            "strategies": strategies(ctx, cfg)}
+
+
+def from_parquet(paths: list[str], cfg: AnalyzeConfig) -> Contexts:
+    """Contexts exactly as ``prep shards`` plans them (one pass, no bucketing needed: cuts
+    and encodings depend on each probe's own history only)."""
+    from prep.build.bucket import ShardsConfig
+    from prep.pack import contexts
+    from prep.schema import validate
+
+    m, _, _ = validate.read_validated(validate.list_inputs(paths))
+    ccfg = ShardsConfig(row_len=cfg.crop).context_config()
+    plan = contexts.plan_contexts(m, ccfg, contexts.epoch_seed(cfg.seed, 0))
+    _, probe = np.unique(plan.sorted.probe[plan.ctx_start], return_inverse=True)
+    return Contexts(plan.ctx_len.astype(np.int64), probe.astype(np.int64),
+                    (plan.ctx_start, plan.ctx_end, plan.cost, plan.has_ts, plan.abs_extra),
+                    source=f"{', '.join(map(str, paths))} (parquet, {len(m):,} measurements)")
+
+
+def from_shards(shards_dir: str) -> Contexts:
+    """Stored segments as the lengths; each row's (real tokens, segments) for the packer.
+    Each shard is held to the manifest first, sha256 included (prep.tools.inspect_rows.iter_rows):
+    a shard of another build or a damaged one is InputError naming it."""
+    from prep.tools.inspect_rows import iter_rows
+
+    lengths, per_row = [], []
+    for row in iter_rows(shards_dir, sha256=True):  # every row is read: check every digest
+        c = np.bincount(row["segment_ids"])[1:]
+        c = c[c > 0]
+        lengths.append(c)
+        per_row.append((int(c.sum()), len(c)))
+    rows = np.array(per_row, np.int64).reshape(-1, 2)
+    lens = np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, np.int64)
+    return Contexts(lens, shard_rows=rows, source=f"shards {shards_dir} ({len(rows):,} rows)")
+
+
+def load(path: str, cfg: AnalyzeConfig) -> Contexts:
+    p = Path(path)
+    if (p / "manifest.json").is_file() or (p.is_dir() and not any(p.rglob("*.parquet"))):
+        return from_shards(path)
+    return from_parquet([path], cfg)
+
+
+def format_report(r: dict) -> str:
+    lines = [f"{r['source']}: {r['contexts']:,} contexts, {r['tokens']:,} tokens, crop "
+             f"{r['crop']}, lower bound {r['lower_bound_rows']:,} rows", "", "length histogram:"]
+    h = r["length_histogram"]
+    top = max(h["counts"], default=0) or 1
+    for lo, c in zip(h["edges"], h["counts"]):
+        lines.append(f"  {lo:>5}-{lo + HIST_BIN - 1:<5} {c:>10,} {'#' * math.ceil(40 * c / top)}")
+    lines += ["", f"{'strategy':<22} {'rows':>11} {'steps':>9} {'padding':>8} {'truncated':>12} "
+              f"{'seg p50/p99/max':>16} {'useful/row':>10}  note"]
+    for s in r["strategies"]:
+        seg = "-" if s["segments_max"] is None else \
+            f"{s['segments_p50']}/{s['segments_p99']}/{s['segments_max']}"
+        lines.append(f"{s['name']:<22} {s['rows']:>11,} {s['steps']:>9,} "
+                     f"{100 * s['padding_fraction']:>7.2f}% {s['truncated_tokens']:>12,} "
+                     f"{seg:>16} {s['useful_tokens_per_row']:>10.1f}  {s['note']}")
+    return "\n".join(lines)
+
+
+GROUPS = (  # (name prefix, legend label, colour)
+    ("packer", "ours: offline packer (prep/pack/packing.py)", "tab:green"),
+    ("grain-", "Grain online packers (first/best fit, bins)", "tab:blue"),
+    ("pad-to-crop", "ping-llm: one context per row, padded", "tab:gray"),
+    ("probe-window", "ping-llm: one window per probe history", "darkgray"),
+)
+
+
+def plot(r: dict, path: str, *, title: str | None = None) -> None:
+    """Context lengths and padding per strategy (log scale, so 0.1 % and 5 % both read),
+    the lower bound as a reference line; titled with the data set and N."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+    except ImportError:
+        from prep.schema.errors import InputError
+        raise InputError("--plot needs matplotlib: pip install 'ping-pack[plots]'") from None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5.6), gridspec_kw={"width_ratios": [1, 1.3]})
+    h = r["length_histogram"]
+    a.bar(h["edges"][:-1], h["counts"], width=HIST_BIN, align="edge", color="tab:blue",
+          label="contexts")
+    a.axvline(r["crop"], color="red", linestyle="--", label=f"row length {r['crop']}")
+    a.set(xlabel="context length (tokens)", ylabel="contexts (log scale)", yscale="log",
+          title="Context lengths")
+    a.legend(fontsize=8)
+
+    rows = [s for s in r["strategies"] if s["name"] != "lower-bound"]
+    lower = next(s for s in r["strategies"] if s["name"] == "lower-bound")
+    colour = lambda n: next((c for p, _, c in GROUPS if n.startswith(p)), "black")
+    pad = [max(100 * s["padding_fraction"], 1e-3) for s in rows]
+    b.barh([s["name"] for s in rows], pad, color=[colour(s["name"]) for s in rows])
+    for y, (s, v) in enumerate(zip(rows, pad)):
+        est = " (est.)" if s["note"].startswith("estimated") else ""
+        b.text(v * 1.08, y, f"{100 * s['padding_fraction']:.2f} %{est}", va="center", fontsize=8)
+    lb = max(100 * lower["padding_fraction"], 1e-3)
+    b.axvline(lb, color="black", linestyle=":", lw=1)
+    b.set_xscale("log")
+    b.set_xlim(min(pad + [lb]) / 2, max(pad) * 4)
+    b.set(xlabel="padding, % of row tokens (log scale)", title="Padding per strategy")
+    b.invert_yaxis()
+    present = {p for p, _, _ in GROUPS if any(s["name"].startswith(p) for s in rows)}
+    handles = [Patch(color=c, label=l) for p, l, c in GROUPS if p in present]
+    handles.append(plt.Line2D([], [], color="black", linestyle=":",
+                              label=f"lower bound ({lower['rows']:,} rows: {lb:.3f} %)"))
+    b.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13),
+             ncol=2, frameon=False)
+    fig.suptitle(title or f"{r['source']}: N = {r['contexts']:,} contexts, {r['tokens']:,} "
+                 f"tokens, rows of {r['crop']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)

@@ -1,0 +1,324 @@
+"""Classic RTT predictors the trained model is scored against.
+
+Each baseline is fit on the train split's measurements (``src``, ``dst``: node ids in one
+id space; ``rtt``: ms, -1.0 for a failed ping; ``time``: Unix seconds, valid where
+``has_time``) and answers a query (src, dst) with a ``Prediction``: the RTT of a successful
+ping, the probability that the ping fails, and whether the RTT is the baseline's own or the
+global median it fell back to. RTTs are fit on successful pings only; failures feed p_fail.
+
+- ``global_median``: the median RTT of all successful pings; p_fail is the failure rate.
+- ``dst_median``: per destination, the median of its successful RTTs and its failure rate:
+  where the target is says most of a ping's RTT when the source is new.
+- ``pair_last``: per ordered (src, dst) pair, its latest successful RTT; p_fail is 1 if its
+  latest measurement failed, else 0. What a monitoring dashboard shows.
+- ``pair_ema``: per pair, an exponential moving average (alpha 0.3, first value as is) of
+  its successful RTTs in time order, and the same average of its failure indicator.
+- ``pair_median``: per pair, the median of its successful RTTs and its failure rate.
+- ``vivaldi``: network coordinates (F. Dabek, R. Cox, F. Kaashoek, R. Morris, "Vivaldi: A
+  Decentralized Network Coordinate System", SIGCOMM 2004). Each node is a point in the
+  plane plus a height, the access link crossed on the way in and out (section 5.4), and
+  RTT(i, j) ~ ||x_i - x_j|| + h_i + h_j. Fit by replaying the pings as springs between
+  their two nodes, with the paper's adaptive timestep (c_c = c_e = 0.25).
+- ``matrix_factorization``: log RTT ~ mu + b_src + c_dst + <U_src, V_dst>, rank 10: unlike
+  a metric space it can represent asymmetric routes and triangle inequality violations.
+  Fit by SGD as in DMFSGD (Y. Liao, W. Du, P. Geurts, G. Leduc, "DMFSGD: A Decentralized
+  Matrix Factorization Algorithm for Network Distance Prediction", IEEE/ACM ToN 2013)
+  with the biases of Koren, Bell, Volinsky ("Matrix Factorization Techniques for
+  Recommender Systems", IEEE Computer 2009), L2 regularization, a decaying step and a
+  Huber clip on the residual. Log space because RTT errors are relative: 5 ms off matters
+  at 10 ms, not at 300 ms. A node seen only as a destination (a held-out probe that others
+  pinged) has no source factors; as RTT is a round trip over the same links, its ping to
+  j is answered as j's ping to it when j was a source.
+
+Vivaldi springs move both ends, so a node seen only as a destination has coordinates too.
+The Numba kernels are in train/eval/coord_kernels.py.
+
+Measurements without a timestamp cannot be ordered, so ``pair_last`` and ``pair_ema`` use
+only timestamped ones; the others use all. Neither coordinate model has a failure model:
+their p_fail is the global failure rate. Medians are numpy's (the mean of the two middle
+values for an even count). Same inputs and seed give bit-identical fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from train.eval import coord_kernels as K
+
+BASELINES = ("global_median", "dst_median", "pair_last", "pair_ema", "pair_median", "vivaldi",
+             "matrix_factorization")
+EMA_ALPHA = 0.3
+RTT_FLOOR_MS = 1e-3  # 0 ms RTTs exist (loopback-like paths); logs and relative errors need > 0
+
+# Vivaldi: c_c and c_e are the paper's constants (section 3); local errors start at 1.0
+# ("know nothing") and, as in Serf's implementation, never exceed that start.
+VIVALDI_DIMS, VIVALDI_ROUNDS = 2, 20
+VIVALDI_CC = VIVALDI_CE = 0.25
+VIVALDI_ERROR0 = 1.0
+# Heights start at and are clamped to this (ms; Serf's HeightMin is the same 10 us): the
+# height step is proportional to h_i + h_j, so a height of 0 could never grow again.
+VIVALDI_HEIGHT_MIN = 0.01
+
+MF_RANK = 10
+MF_EPOCHS = 20
+# step lr * decay**epoch: large early steps get near the optimum in a few epochs, small late
+# ones keep noisy RTTs from leaving the factors jittering around it (0.2 -> 0.009)
+MF_LR = 0.2
+MF_DECAY = 0.85
+MF_REG = 0.01  # L2, per sample, on biases and factors
+MF_HUBER = 1.0  # residuals clipped to +-1 in log space: a 10x RTT spike is one bounded step
+MF_INIT = 0.1  # std of the initial factors
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Answers to q queries. Where ``covered`` is False, rtt_ms is the global median; p_fail
+    there is the global failure rate unless the baseline knows the pair from failures only
+    (the pair baselines: a pair that only ever failed keeps its own p_fail)."""
+
+    rtt_ms: np.ndarray  # float64[q]: the RTT of a successful ping
+    p_fail: np.ndarray  # float64[q]: probability that the ping fails
+    covered: np.ndarray  # bool[q]: rtt_ms is the baseline's own, not the global median
+
+
+@dataclass(frozen=True, eq=False)
+class Baseline:
+    """A fitted predictor: ``predict(src, dst) -> Prediction``. Subclasses give ``_own``,
+    their RTT and p_fail for known node ids, NaN where they have none; ``predict`` fills
+    those with the global median and failure rate."""
+    name: str
+    n_nodes: int
+    median_ms: float
+    fail_rate: float
+
+    def predict(self, src, dst) -> Prediction:
+        src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
+        if src.shape != dst.shape or src.ndim != 1:
+            raise ValueError("src and dst must be 1-D arrays of one length")
+        # ids outside the train id space are nodes the fit never saw
+        known = (src >= 0) & (src < self.n_nodes) & (dst >= 0) & (dst < self.n_nodes)
+        rtt, p_fail = np.full(len(src), np.nan), np.full(len(src), np.nan)
+        if known.any():
+            rtt[known], p_fail[known] = self._own(src[known], dst[known])
+        covered = ~np.isnan(rtt)
+        rtt[~covered] = self.median_ms
+        p_fail[np.isnan(p_fail)] = self.fail_rate
+        return Prediction(rtt, p_fail, covered)
+
+    def _own(self, src, dst):
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, eq=False)
+class GlobalMedian(Baseline):
+    def predict(self, src, dst) -> Prediction:
+        q = len(np.asarray(src))
+        return Prediction(np.full(q, self.median_ms), np.full(q, self.fail_rate), np.ones(q, bool))
+
+
+@dataclass(frozen=True, eq=False)
+class PairTable(Baseline):
+    keys: np.ndarray  # int64[p], sorted: src * n_nodes + dst
+    rtt_ms: np.ndarray  # float64[p], NaN: the pair has no RTT of its own
+    p_fail: np.ndarray  # float64[p]
+
+    def _own(self, src, dst):
+        if len(self.keys) == 0:
+            return np.full(len(src), np.nan), np.full(len(src), np.nan)
+        keys = src * self.n_nodes + dst
+        pos = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        hit = self.keys[pos] == keys
+        return (np.where(hit, self.rtt_ms[pos], np.nan),
+                np.where(hit, self.p_fail[pos], np.nan))
+
+
+@dataclass(frozen=True, eq=False)
+class DstTable(PairTable):
+    """PairTable keyed by the destination alone (keys: dst ids)."""
+
+    def _own(self, src, dst):
+        return super()._own(np.zeros_like(dst), dst)
+
+
+@dataclass(frozen=True, eq=False)
+class Vivaldi(Baseline):
+    coords: np.ndarray  # float64[n_nodes, dims]
+    heights: np.ndarray  # float64[n_nodes]
+    trained: np.ndarray  # bool[n_nodes]: the node was in a successful train ping
+
+    def _own(self, src, dst):
+        d = (np.linalg.norm(self.coords[src] - self.coords[dst], axis=1)
+             + self.heights[src] + self.heights[dst])
+        own = self.trained[src] & self.trained[dst]
+        return np.where(own, d, np.nan), np.full(len(src), np.nan)
+
+
+@dataclass(frozen=True, eq=False)
+class Factorization(Baseline):
+    mu: float
+    b: np.ndarray  # float64[n_nodes]: source bias
+    c: np.ndarray  # float64[n_nodes]: destination bias
+    u: np.ndarray  # float64[n_nodes, rank]: source factors
+    v: np.ndarray  # float64[n_nodes, rank]: destination factors
+    seen_src: np.ndarray  # bool[n_nodes]
+    seen_dst: np.ndarray  # bool[n_nodes]
+
+    def _own(self, src, dst):
+        forward = self.seen_src[src] & self.seen_dst[dst]
+        # a source never seen as one: the reverse ping, where its destination was a source
+        reverse = ~forward & self.seen_dst[src] & self.seen_src[dst]
+        i, j = np.where(reverse, dst, src), np.where(reverse, src, dst)
+        log_rtt = self.mu + self.b[i] + self.c[j] + np.einsum("qr,qr->q", self.u[i], self.v[j])
+        return (np.where(forward | reverse, np.exp(log_rtt), np.nan),
+                np.full(len(src), np.nan))
+
+
+@dataclass(frozen=True)
+class _Train:
+    src: np.ndarray
+    dst: np.ndarray
+    rtt: np.ndarray
+    time: np.ndarray
+    has_time: np.ndarray
+    ok: np.ndarray  # the ping succeeded
+    n_nodes: int
+    median_ms: float
+    fail_rate: float
+
+    def common(self, name):
+        return dict(name=name, n_nodes=self.n_nodes, median_ms=self.median_ms,
+                    fail_rate=self.fail_rate)
+
+
+def _train(src, dst, rtt, time, has_time, n_nodes) -> _Train:
+    src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
+    rtt, time = np.asarray(rtt, np.float64), np.asarray(time, np.int64)
+    has_time = np.asarray(has_time, bool)
+    if not (src.ndim == 1 and src.shape == dst.shape == rtt.shape == time.shape == has_time.shape):
+        raise ValueError("src, dst, rtt, time and has_time must be 1-D arrays of one length")
+    if n_nodes < 1 or len(src) and (min(src.min(), dst.min()) < 0
+                                    or max(src.max(), dst.max()) >= n_nodes):
+        raise ValueError(f"node ids must lie in [0, n_nodes={n_nodes})")
+    ok = rtt >= 0
+    if not (np.isfinite(rtt) & (ok | (rtt == -1.0))).all():
+        raise ValueError("rtt must be >= 0, or -1.0 for a failed ping")
+    if not ok.any():
+        raise ValueError("the train set has no successful ping: no RTT to fit")
+    return _Train(src, dst, rtt, time, has_time, ok, n_nodes, float(np.median(rtt[ok])),
+                  float((~ok).sum() / len(ok)))
+
+
+def _check_finite(name, *arrays):
+    # NaN predictions would pass silently as "not covered": fail loudly instead
+    if not all(np.isfinite(a).all() for a in arrays):
+        raise FloatingPointError(f"{name} diverged: non-finite parameters")
+
+
+@njit(cache=True)
+def _group_ema(keys, x, alpha):
+    """Per run of equal keys (keys sorted, x in time order within a run): the EMA of x,
+    first value taken as is. Returns (run keys, EMAs)."""
+    out_k = np.empty(len(keys), np.int64)
+    out_x = np.empty(len(keys), np.float64)
+    m = -1
+    for i in range(len(keys)):
+        if m < 0 or keys[i] != out_k[m]:
+            m += 1
+            out_k[m] = keys[i]
+            out_x[m] = x[i]
+        else:
+            out_x[m] = alpha * x[i] + (1.0 - alpha) * out_x[m]
+    return out_k[:m + 1], out_x[:m + 1]
+
+
+def _fit_pair_ema(t: _Train, name: str, alpha: float) -> PairTable:
+    keys = t.src * t.n_nodes + t.dst
+    idx = np.flatnonzero(t.has_time)
+    # stable by time, then stable by pair: time order within a pair, ties in input order
+    idx = idx[np.argsort(t.time[idx], kind="stable")]
+    idx = idx[np.argsort(keys[idx], kind="stable")]
+    pair_keys, p_fail = _group_ema(keys[idx], (~t.ok[idx]).astype(np.float64), alpha)
+    ok = idx[t.ok[idx]]
+    ok_keys, ok_rtt = _group_ema(keys[ok], t.rtt[ok], alpha)
+    rtt = np.full(len(pair_keys), np.nan)
+    rtt[np.searchsorted(pair_keys, ok_keys)] = ok_rtt
+    return PairTable(**t.common(name), keys=pair_keys, rtt_ms=rtt, p_fail=p_fail)
+
+
+def _fit_median(t: _Train, name: str) -> PairTable:
+    """pair_median (keys: ordered pairs) or dst_median (keys: destinations)."""
+    by_dst = name == "dst_median"
+    keys = t.dst if by_dst else t.src * t.n_nodes + t.dst
+    pair_keys, inv, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    p_fail = np.bincount(inv, weights=~t.ok, minlength=len(pair_keys)) / counts
+    ok_keys, ok_rtt = keys[t.ok], t.rtt[t.ok]
+    o = np.lexsort((ok_rtt, ok_keys))
+    ok_keys, ok_rtt = ok_keys[o], ok_rtt[o]
+    starts = np.flatnonzero(np.r_[True, ok_keys[1:] != ok_keys[:-1]])
+    n = np.diff(np.r_[starts, len(ok_keys)])
+    # np.median's convention: the mean of the two middle values (one value when n is odd)
+    median = (ok_rtt[starts + (n - 1) // 2] + ok_rtt[starts + n // 2]) / 2
+    rtt = np.full(len(pair_keys), np.nan)
+    rtt[np.searchsorted(pair_keys, ok_keys[starts])] = median
+    return (DstTable if by_dst else PairTable)(**t.common(name), keys=pair_keys, rtt_ms=rtt,
+                                               p_fail=p_fail)
+
+
+def _fit_vivaldi(t: _Train, *, seed: int, rounds: int = VIVALDI_ROUNDS,
+                 dims: int = VIVALDI_DIMS) -> Vivaldi:
+    use = t.ok & (t.src != t.dst)  # a node's distance to itself teaches nothing
+    src, dst = t.src[use], t.dst[use]
+    x, h = K.vivaldi(src, dst, t.rtt[use], t.n_nodes, (dims, rounds, VIVALDI_CC, VIVALDI_CE,
+                    VIVALDI_ERROR0, VIVALDI_HEIGHT_MIN, RTT_FLOOR_MS), seed)
+    _check_finite("vivaldi", x, h)
+    trained = np.zeros(t.n_nodes, bool)
+    trained[src] = trained[dst] = True
+    return Vivaldi(**t.common("vivaldi"), coords=x, heights=h, trained=trained)
+
+
+def _fit_factorization(t: _Train, *, seed: int, rank: int = MF_RANK, epochs: int = MF_EPOCHS,
+                       lr: float = MF_LR, decay: float = MF_DECAY, reg: float = MF_REG,
+                       huber: float = MF_HUBER) -> Factorization:
+    src, dst = t.src[t.ok], t.dst[t.ok]
+    y = np.log(np.maximum(t.rtt[t.ok], RTT_FLOOR_MS))
+    mu, b, c, u, v = K.sgd_factorize(src, dst, y, t.n_nodes,
+                                    (rank, epochs, lr, decay, reg, huber, MF_INIT), seed)
+    _check_finite("matrix_factorization", b, c, u, v)
+    seen_src, seen_dst = np.zeros(t.n_nodes, bool), np.zeros(t.n_nodes, bool)
+    seen_src[src] = seen_dst[dst] = True
+    return Factorization(**t.common("matrix_factorization"), mu=float(mu), b=b, c=c, u=u, v=v,
+                         seen_src=seen_src, seen_dst=seen_dst)
+
+
+def _fit(name: str, t: _Train, seed: int, options: dict) -> Baseline:
+    if name == "vivaldi":
+        return _fit_vivaldi(t, seed=seed, **options)
+    if name == "matrix_factorization":
+        return _fit_factorization(t, seed=seed, **options)
+    if name not in BASELINES:
+        raise ValueError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
+    if options:
+        raise TypeError(f"{name} takes no options, got {sorted(options)}")
+    if name == "pair_last":
+        return _fit_pair_ema(t, name, 1.0)  # an EMA with alpha 1 is the last value
+    if name == "pair_ema":
+        return _fit_pair_ema(t, name, EMA_ALPHA)
+    if name in ("pair_median", "dst_median"):
+        return _fit_median(t, name)
+    return GlobalMedian(**t.common(name))
+
+
+def fit(name: str, src, dst, rtt, time, has_time, *, n_nodes: int, seed: int = 0,
+        **options) -> Baseline:
+    """Fit one baseline. ``options`` go to vivaldi (rounds, dims) or matrix_factorization
+    (rank, epochs, lr, decay, reg, huber)."""
+    return _fit(name, _train(src, dst, rtt, time, has_time, n_nodes), seed, options)
+
+
+def fit_all(src, dst, rtt, time, has_time, *, n_nodes: int, seed: int = 0) -> dict[str, Baseline]:
+    """Fit every baseline in BASELINES with its default settings."""
+    t = _train(src, dst, rtt, time, has_time, n_nodes)
+    return {name: _fit(name, t, seed, {}) for name in BASELINES}

@@ -1,0 +1,358 @@
+"""`train eval RUN_DIR`: the model against every predictor that had the same information,
+on the test split.
+
+Steps (all on the test split's first epoch, so each measurement counts once):
+
+1. **Next-token loss and accuracy by token role.** The test rows exactly as stored (every
+   timestamp mode, random block orders), teacher-forced; each counted target (prep.schema.rows:
+   the next token in the same segment) is put under the role of the token it predicts
+   (prep.schema.vocab.ROLES: block markers, source bytes, destination bytes, timestamp bytes,
+   result choice, RTT bytes, and the bytes of each value field).
+2. **RTT queries.** Every measurement of every test context in ``full`` timestamp mode
+   (all of its measurements timestamped; 40 % of contexts under the default weights, drawn
+   by a hash, so an unbiased sample of contexts) is a query given the measurements before
+   it in its context. The contexts are re-encoded with the result block last
+   (train.predict.predictor.encode_context) and read in one teacher-forced pass, plus one probe
+   pass for the second RTT byte: P(failed) and the exact RTT median, p10 and p90
+   (train.predict.predictor). Contexts in ``partial``/``none`` mode lack timestamps, so they are
+   not queries; they are in step 1. ``model_no_context``: the same, each query encoded
+   alone (a one-measurement context): how much the model reads its context.
+3. **Baselines.** Train-fit (train.eval.baselines: fit on the train split's first epoch only,
+   answering from (source, destination)) and context baselines (train.eval.context_baselines:
+   each query's earlier measurements in its own context, as the model reads them).
+4. **Metrics** (train.eval.metrics) for the model and each baseline over the queries with a
+   reply: MAE, median absolute error, median relative error with a 95 % bootstrap interval,
+   p90 relative error; over all queries the Brier score and precision / recall of
+   P(failed) > 0.5; the model's [p10, p90] coverage; the same by stratum
+   (``pair_in_context``, ``node_known``, ``cold``) and by how many earlier measurements
+   the context held. The truth is each measurement as the shards hold it (RTT at its
+   code's bin value, within 1/4096 of the input). Fewer than 1,000 queries with a reply
+   is a warning (stderr and the report).
+
+``--max-queries N`` takes test rows (step 1) in a seeded random order until they hold N
+measurements, and exactly N RTT queries (step 2): full-mode contexts in a seeded order,
+the last one cut to its first measurements. The result is a table
+(train.eval.report.format_report), a JSON document (also written to
+``RUN_DIR/eval/step-<S>.json``, or ``step-<S>-q<N>.json`` for a sample) and optionally a
+figure (train.eval.plot.plot).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from prep.schema import manifest as manifest_lib
+from prep.schema.errors import InputError
+from prep.tokens import rowdecode
+from train.eval import baselines, context_baselines
+from train.eval import metrics as EM
+from train.eval.report import write_report
+from train.fit.reader import dataset_fingerprint, read_split
+from train.model import model
+from train.predict import predictor as P
+
+PREDICTORS = (("model", "model_no_context") + context_baselines.CONTEXT_BASELINES
+              + baselines.BASELINES)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    run_dir: str  # a run folder written by `train`
+    data: str | None = None  # shards folder; default: the one the run trained on
+    step: int | None = None  # checkpoint; default: the latest
+    max_queries: int = 0  # 0 = the whole test split
+    seed: int = 0  # the sample drawn under max_queries, and the bootstrap's resamples
+    batch_size: int | None = None  # rows per forward pass; default: the run's, at most 64
+
+
+@dataclass(frozen=True)
+class Detail:
+    """Per query: the measurement (prep.tokens.rowdecode), every predictor's answers, the stratum."""
+    queries: rowdecode.RowMeasurements
+    rtt_ms: dict  # predictor -> float64[n] point prediction
+    p_failed: dict  # predictor -> float64[n]
+    model: P.Answers  # the model's quantiles too
+    stratum: np.ndarray  # int8[n]: index into train.eval.metrics.STRATA
+
+    def relative_errors(self, stratum: int | None = None) -> dict:
+        ok = ~self.queries.failed
+        if stratum is not None:
+            ok &= self.stratum == stratum
+        truth = self.queries.rtt_ms()[ok]
+        return {k: np.abs(v[ok] - truth) / np.maximum(truth, 1e-3) for k, v in self.rtt_ms.items()}
+
+
+def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
+    """(report, per-query detail); writes the report under RUN_DIR/eval/."""
+    t0 = time.perf_counter()
+    pred, data, manifest, fingerprint, trained_on, warnings, trained = _load(cfg)
+    rng = np.random.default_rng(cfg.seed)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True) if progress else None
+
+    tok, seg = read_split(data, manifest, "test")
+    if len(tok) == 0:
+        raise InputError(_EMPTY_TEST.format(data=data))
+    meas, roles = rowdecode.decode_rows_and_roles(tok, seg, where=f"{data}/test")
+    log(f"train eval: {cfg.run_dir} at step {pred.step} on {data}: {len(tok):,} test rows, "
+        f"{len(meas):,} measurements")
+
+    # 1. loss by role over (a seeded sample of) the test rows
+    loss_rows = _sample_rows(seg, meas, cfg.max_queries, rng)
+    loss = token_loss_by_role(pred, tok[loss_rows], seg[loss_rows], roles[loss_rows],
+                              progress=progress)
+
+    # 2. RTT queries: full-mode contexts, re-encoded with the result last; then each alone
+    q = full_mode_queries(meas, cfg.max_queries, rng)
+    qm = meas.take(q)
+    ans, query_rows, query_s = _answer_queries(pred, qm, progress)
+    alone, _, alone_s = _answer_queries(pred, qm, progress, alone=True)
+
+    # 3. baselines: fit on the train split, and read from the queries' contexts
+    train, preds, node_known, timing = _baselines(data, manifest, qm, cfg.seed)
+    preds = {"model": (ans.rtt_ms, ans.p_failed, np.ones(len(q), bool)),
+             "model_no_context": (alone.rtt_ms, alone.p_failed, np.ones(len(q), bool))} | preds
+    stratum = EM.strata(preds["context_last"][2], node_known)
+
+    # 4. metrics
+    truth_ms, failed, history = qm.rtt_ms(), qm.failed, qm.index.astype(np.int64)
+    n_rtt = int((~failed).sum())
+    if n_rtt < EM.MIN_REPLIES:
+        warnings.append(f"only {n_rtt:,} queries have a reply (fewer than "
+                        f"{EM.MIN_REPLIES:,}): the medians and their intervals are rough; "
+                        "evaluate on a larger test split")
+        print(f"warning: {warnings[-1]}", file=sys.stderr, flush=True)
+    intervals = {"model": ans, "model_no_context": alone}
+    rtt = {}
+    for name, (pr, pf, cov) in preds.items():
+        a = intervals.get(name)
+        rtt[name] = EM.metrics(pr, pf, cov, truth_ms, failed, history, stratum, seed=cfg.seed,
+                               interval=None if a is None else (a.quantile_ms[:, 0],
+                                                                a.quantile_ms[:, 2]))
+    result = {
+        "run_dir": str(cfg.run_dir), "step": pred.step, "data": str(data),
+        "data_fingerprint": fingerprint,
+        "data_matches_run": None if trained_on is None else trained_on == fingerprint,
+        "split": _split_rule(manifest), "config": asdict(cfg),
+        # how the model was trained: its preset and objective (train --loss-weights)
+        "trained": trained,
+        "test_rows": int(len(tok)), "test_measurements": int(len(meas)),
+        "train_measurements": int(len(train)),
+        "loss": loss,
+        "queries": int(len(q)), "queries_with_rtt": n_rtt,
+        "query_rows": query_rows,
+        "non_canonical_mass_mean": float(np.nanmean(ans.non_canonical_mass))
+        if (~failed).any() else None,
+        "warnings": warnings,
+        "rtt": rtt,
+        "timing": {"queries_per_s": round(len(q) / max(query_s, 1e-9), 1),
+                   "query_s": round(query_s, 3), "no_context_query_s": round(alone_s, 3),
+                   **timing, "elapsed_s": round(time.perf_counter() - t0, 3),
+                   "device": jax.devices()[0].device_kind},
+    }
+    result["written_to"] = str(write_report(result, cfg.run_dir, pred.step, cfg.max_queries))
+    return result, Detail(qm, {k: v[0] for k, v in preds.items()},
+                          {k: v[1] for k, v in preds.items()}, ans, stratum)
+
+
+_EMPTY_TEST = ("{data}: the test split is empty; rebuild with `prep shards ... "
+               "--test-fraction 0.1` (or another --split) to evaluate")
+
+
+def _load(cfg: EvalConfig):
+    """The predictor, the data folder and its manifest, its fingerprint, the run's, the
+    warnings so far, and how the run trained."""
+    pred = P.load(cfg.run_dir, step=cfg.step, batch_size=cfg.batch_size)
+    record = P.run_record(cfg.run_dir)
+    data = cfg.data or record.get("train", {}).get("data", "shards")
+    manifest = manifest_lib.load_manifest(data)
+    if manifest["row_len"] != pred.row_len:
+        raise InputError(f"{data}: rows of {manifest['row_len']} tokens, the model reads "
+                         f"{pred.row_len}; evaluate on the dataset the run trained on")
+    if not manifest.get("counts", {}).get("rows", {}).get("test", 1):
+        raise InputError(_EMPTY_TEST.format(data=data))  # before any warning: one line
+    fingerprint = dataset_fingerprint(manifest)
+    trained_on = record.get("data_fingerprint")
+    warnings = []
+    if trained_on is not None and trained_on != fingerprint:
+        warnings.append(f"{data} is not the dataset this run trained on (its shards differ); "
+                        "its test split may hold what the model saw")
+        print(f"warning: {warnings[-1]}", file=sys.stderr)
+    return pred, data, manifest, fingerprint, trained_on, warnings, _trained(record)
+
+
+def _trained(record: dict) -> dict:
+    """The run's model, steps and training objective, from its config.json."""
+    t = record.get("train", {})
+    return {"model": t.get("model"), "steps": t.get("steps"), "batch_size": t.get("batch_size"),
+            "loss_weights": t.get("loss_weights") or "uniform"}
+
+
+def _answer_queries(pred: P.Predictor, qm, progress: bool, *, alone: bool = False):
+    """Step 2: the model's answers to the queries ``qm`` (each alone: as one-measurement
+    contexts), the rows they took, the seconds."""
+    contexts, qctx, q_choice, q_rtt = encode_queries(qm, alone=alone)
+    qtok, qseg, where = P.pack_contexts(contexts, pred.row_len)
+    t_q = time.perf_counter()
+    with tqdm(total=len(qtok), unit="row", desc="rtt queries" + (" alone" if alone else ""),
+              disable=not progress, file=sys.stderr) as bar:
+        ans = pred.answer(qtok, qseg, where[qctx, 0], where[qctx, 1] + q_choice,
+                          np.where(q_rtt >= 0, where[qctx, 1] + q_rtt, -1),
+                          progress=lambda rows, _: bar.update(rows))
+    return ans, int(len(qtok)), time.perf_counter() - t_q
+
+
+def _baselines(data, manifest: dict, qm, seed: int):
+    """Step 3: the train split's measurements; every baseline's (point prediction,
+    P(failed), covered) per query; whether each query's source is in the train split;
+    the seconds taken."""
+    train_tok, train_seg = read_split(data, manifest, "train")
+    train = rowdecode.decode_rows(train_tok, train_seg, where=f"{data}/train")
+    del train_tok, train_seg
+    ids, n_nodes = node_ids([train, qm])
+    (tr_src, tr_dst), (q_src, q_dst) = ids
+    t_b = time.perf_counter()
+    fitted = baselines.fit_all(tr_src, tr_dst, train.rtt_ms(), train.time, train.has_time,
+                               n_nodes=n_nodes, seed=seed)
+    base = {name: b.predict(q_src, q_dst) for name, b in fitted.items()}
+    fit_s = time.perf_counter() - t_b
+    t_c = time.perf_counter()
+    ctx = context_baselines.predict(
+        qm.row * 256 + qm.segment, q_src, q_dst, qm.rtt_ms(),
+        fallback=context_baselines.fallback_chain(fitted, q_src, q_dst),
+        fail_rate=fitted["global_median"].fail_rate, vivaldi=fitted["vivaldi"])
+    context_s = time.perf_counter() - t_c
+    in_train = np.zeros(n_nodes, bool)
+    in_train[tr_src] = in_train[tr_dst] = True
+    preds = {name: (p.rtt_ms, p.p_fail, p.covered) for name, p in (ctx | base).items()}
+    return train, preds, in_train[q_src], {"baselines_s": round(fit_s, 3),
+                                           "context_baselines_s": round(context_s, 3)}
+
+
+def _sample_rows(seg, meas, max_queries: int, rng) -> np.ndarray:
+    """All rows, or rows in a seeded order until they hold max_queries measurements."""
+    n = len(seg)
+    if not max_queries:
+        return np.arange(n)
+    order = rng.permutation(n)
+    per_row = np.bincount(meas.row, minlength=n)[order]
+    k = int(np.searchsorted(np.cumsum(per_row), max_queries)) + 1
+    return np.sort(order[:k])
+
+
+def full_mode_queries(meas: rowdecode.RowMeasurements, max_queries: int, rng) -> np.ndarray:
+    """Indices (into ``meas``) of every measurement of the full-mode contexts, in row order;
+    with max_queries, exactly that many (or all there are): whole contexts in a seeded order,
+    the last one cut to its first measurements (a query reads only the ones before it)."""
+    ctx = meas.row * 256 + meas.segment  # one id per (row, segment)
+    starts = np.flatnonzero(np.concatenate([[True], ctx[1:] != ctx[:-1]]))
+    ends = np.append(starts[1:], len(ctx))
+    all_timed = np.logical_and.reduceat(meas.has_time, starts) if len(starts) else starts
+    keep = np.flatnonzero(all_timed)
+    if max_queries:
+        keep = rng.permutation(keep)
+        total = np.cumsum(ends[keep] - starts[keep])
+        k = int(np.searchsorted(total, max_queries)) + 1
+        if k <= len(keep):  # the k-th context ends at or past max_queries: cut it there
+            ends = ends.copy()
+            ends[keep[k - 1]] -= int(total[k - 1]) - max_queries
+        keep = np.sort(keep[:k])
+    if not len(keep):
+        return np.zeros(0, np.int64)
+    return np.concatenate([np.arange(starts[c], ends[c]) for c in keep])
+
+
+def encode_queries(qm, *, alone: bool = False):
+    """Contexts of the query measurements (result last; ``alone``: each its own context)
+    and each query's context and places."""
+    cols = [x.tolist() for x in (qm.family, qm.src_hi, qm.src_lo, qm.dst_hi, qm.dst_lo,
+                                 qm.time, qm.rtt_code)]
+    values = [tuple(v) for v in qm.values.tolist()]  # value fields, if the vocabulary has any
+    n = len(qm)
+    ctx_id = np.arange(n) if alone else qm.row * 256 + qm.segment
+    contexts, q_ctx, q_choice, q_rtt = [], [], [], []
+    start = 0
+    for i in range(1, n + 1):
+        if i < n and ctx_id[i] == ctx_id[start]:
+            continue
+        ms = [P.Measurement(*(c[j] for c in cols), values[j]) for j in range(start, i)]
+        tokens, choice, rtt = P.encode_context(ms)
+        q_ctx += [len(contexts)] * (i - start)
+        contexts.append(tokens)
+        q_choice += choice
+        q_rtt += rtt
+        start = i
+    return (contexts, np.array(q_ctx, np.int64), np.array(q_choice, np.int64),
+            np.array(q_rtt, np.int64))
+
+
+def node_ids(parts):
+    """One id per distinct address (family, hi, lo) over sources and destinations of parts."""
+    keys = []
+    for m in parts:
+        for hi, lo in ((m.src_hi, m.src_lo), (m.dst_hi, m.dst_lo)):
+            keys.append(np.stack([m.family.astype(np.uint64), hi, lo], axis=1))
+    allk = np.concatenate(keys) if keys else np.zeros((0, 3), np.uint64)
+    uniq, inv = np.unique(allk, axis=0, return_inverse=True)
+    inv = inv.ravel().astype(np.int64)
+    out, k = [], 0
+    for m in parts:
+        n = len(m)
+        out.append((inv[k:k + n], inv[k + n:k + 2 * n]))
+        k += 2 * n
+    return out, len(uniq)
+
+
+def token_loss_by_role(pred: P.Predictor, tok, seg, roles, *, progress: bool = True) -> dict:
+    """Teacher-forced next-token loss and accuracy, overall and by the target's role."""
+    fn = _loss_fn(pred)
+    n_roles = len(rowdecode.ROLES)
+    s_loss, s_right, s_n = np.zeros(n_roles), np.zeros(n_roles), np.zeros(n_roles)
+    bs = pred.batch_size
+    for r0 in tqdm(range(0, len(tok), bs), unit="batch", desc="loss by role",
+                   disable=not progress, file=sys.stderr):
+        t, s = P.pad_rows(tok[r0:r0 + bs], bs), P.pad_rows(seg[r0:r0 + bs], bs)
+        ce, right, mask = (np.asarray(x) for x in fn(pred.params, t.astype(np.int32),
+                                                    s.astype(np.int32)))
+        role = P.pad_rows(roles[r0:r0 + bs], bs)
+        target_role = np.concatenate([role[:, 1:], np.zeros_like(role[:, :1])], axis=1)
+        target_role = np.where(mask, target_role, 0)
+        s_loss += np.bincount(target_role[mask], ce[mask], minlength=n_roles)
+        s_right += np.bincount(target_role[mask], right[mask], minlength=n_roles)
+        s_n += np.bincount(target_role[mask], minlength=n_roles)
+    n = s_n[1:].sum()
+    return {"loss": float(s_loss.sum() / n) if n else None,
+            "accuracy": float(s_right.sum() / n) if n else None, "tokens": int(n),
+            "rows": int(len(tok)),
+            "by_role": {rowdecode.ROLES[k]: {"loss": float(s_loss[k] / s_n[k]),
+                                             "accuracy": float(s_right[k] / s_n[k]),
+                                             "tokens": int(s_n[k])}
+                        for k in range(1, n_roles) if s_n[k]}}
+
+
+def _loss_fn(pred: P.Predictor):
+    return _compiled_loss(pred.mcfg, pred.attention)
+
+
+@functools.lru_cache(maxsize=4)
+def _compiled_loss(mcfg, att):
+    def f(params, tokens, seg):
+        ce, logits, targets, mask = model.token_losses(params, tokens, seg, mcfg, att)
+        return ce, (jnp.argmax(logits, axis=-1) == targets), mask
+    return jax.jit(f)
+
+
+def _split_rule(manifest: dict) -> dict:
+    c = manifest.get("config", {})
+    rule = {"split": c.get("split", "probe"), "test_fraction": c.get("test_fraction")}
+    if c.get("test_from") is not None:
+        rule["test_from"] = c["test_from"]
+        rule["test_from_iso"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c["test_from"]))
+    return rule

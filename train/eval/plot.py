@@ -1,0 +1,131 @@
+"""`train eval --plot x.png|x.pdf`: the relative-error CDFs of the model and every baseline,
+overall and one panel per stratum, beside the run's loss curves.
+
+One legend for all panels, below them (curves stay visible); each predictor a colour and a
+line style of its own (the model black and thick, the model without context black and
+dashed, context baselines solid, train-fit baselines dashed or dotted); baselines that fell
+back for every query share one legend line and draw nothing (their curve is their
+fallback's). The model's median relative error and its 95 % interval are a shaded band
+on every CDF panel. The format follows the file name (matplotlib: png, pdf, svg).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from prep.schema.errors import InputError
+from train.eval.metrics import STRATA
+from train.eval.report import fell_back, label
+
+if TYPE_CHECKING:
+    from train.eval.evaluate import Detail
+
+_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
+           "tab:pink", "tab:olive", "tab:cyan", "tab:gray", "gold")
+_DASHES = ("-", "--", "-.", ":")
+
+
+def _styles(names: list[str]) -> dict:
+    out = {"model": dict(color="black", lw=2.4, ls="-"),
+           "model_no_context": dict(color="black", lw=1.6, ls="--")}
+    others = [n for n in names if n not in out]
+    for k, name in enumerate(others):
+        ls = "-" if name.startswith("context_") else _DASHES[1 + k % 3]
+        out[name] = dict(color=_COLORS[k % len(_COLORS)], lw=1.3, ls=ls)
+    return out
+
+
+def _cdf(ax, detail: Detail, report: dict, styles: dict, stratum: int | None, right: float):
+    for name, rel in detail.relative_errors(stratum).items():
+        if name in styles and len(rel):
+            x = np.sort(np.maximum(rel, 1e-4))
+            ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=label(name), **styles[name])
+    m = report["rtt"]["model"]
+    if stratum is not None:
+        m = m["by_stratum"][STRATA[stratum]]
+    if m.get("median_rel_ci"):
+        lo, hi = m["median_rel_ci"]
+        ax.axvspan(max(lo, 1e-3), max(hi, 1e-3), color="black", alpha=0.12, lw=0,
+                   label="model: median rel. error, 95 % interval")
+    ax.set_xscale("log")
+    ax.set_xlim(1e-3, right)
+    ax.set_ylim(0, 1)
+    ax.axhline(0.5, color="grey", lw=0.6, ls=":")
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def plot(report: dict, detail: Detail, path: str) -> None:
+    """Write the figure to ``path`` (its suffix picks the format)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise InputError("--plot needs matplotlib: pip install 'ping-pack[plots]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    rtt = report["rtt"]
+    drawn = [n for n, m in rtt.items() if not fell_back(m)]
+    styles = _styles(drawn)
+    # up to 10x off, or far enough to show the model's interval
+    ci = rtt["model"].get("median_rel_ci") or [0.0, 0.0]
+    right = max(10.0, 2.0 * ci[1])
+    fig = plt.figure(figsize=(13, 9))
+    grid = fig.add_gridspec(2, 3, height_ratios=[1.25, 1])
+    ax = fig.add_subplot(grid[0, :2])
+    _cdf(ax, detail, report, styles, None, right)
+    ax.set_xlabel("relative error |predicted - measured| / measured")
+    ax.set_ylabel("share of test pings with a reply")
+    ax.set_title(f"all queries (n = {report['queries_with_rtt']:,} with a reply)", fontsize=10)
+    for k, s in enumerate(STRATA):
+        sub = fig.add_subplot(grid[1, k], sharex=ax)
+        _cdf(sub, detail, report, styles, k, right)
+        sub.set_title(f"{s} (n = {rtt['model']['by_stratum'][s]['n_rtt']:,})", fontsize=10)
+        sub.set_xlabel("relative error")
+        if k == 0:
+            sub.set_ylabel("share with a reply")
+    _loss_panel(fig.add_subplot(grid[0, 2]), report)
+
+    handles, labels = ax.get_legend_handles_labels()
+    quiet = [label(n) for n, m in rtt.items() if fell_back(m)]
+    if quiet:
+        handles.append(Line2D([], [], color="none"))
+        labels.append("fell back for all (not drawn): " + ", ".join(quiet))
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    split = report["split"]
+    rule = split["split"] + (f", test from {split['test_from_iso']}" if "test_from" in split else "")
+    fig.suptitle(f"{Path(report['data']).resolve().name} (split {rule}): N = "
+                 f"{report['queries_with_rtt']:,} test pings with a reply, model at step "
+                 f"{report['step']}", fontsize=11)
+    rows = -(-len(labels) // 4)
+    fig.tight_layout(rect=(0, 0.025 * rows + 0.02, 1, 0.97))
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def _loss_panel(ax, report: dict) -> None:
+    steps, loss, eval_steps, eval_loss = [], [], [], []
+    metrics_file = Path(report["run_dir"]) / "metrics.jsonl"
+    if metrics_file.is_file():
+        for line in metrics_file.read_text().splitlines():
+            rec = json.loads(line)
+            if "loss" in rec:
+                steps.append(rec["step"])
+                loss.append(rec["loss"])
+            if rec.get("eval_loss") is not None:
+                eval_steps.append(rec["step"])
+                eval_loss.append(rec["eval_loss"])
+    ax.plot(steps, loss, label="train loss", color="tab:blue")
+    if eval_steps:
+        ax.plot(eval_steps, eval_loss, "o--", label="eval loss (test sample)", color="tab:red",
+                ms=3)
+    ax.axvline(report["step"], color="grey", lw=0.6, ls=":")
+    ax.set_xlabel("step")
+    ax.set_ylabel("next-token cross-entropy (nats)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title("training", fontsize=10)

@@ -1,0 +1,153 @@
+"""The output of `train eval` (train.eval.evaluate): the table (``format_report``) and the JSON
+document in ``RUN_DIR/eval/`` (``write_report``); the figure is train/eval/plot.py.
+
+A baseline that fell back for every query (``covered`` 0) would print a row identical to
+its fallback's; the table names its fallback instead, and leaves it out of the strata and
+context-length tables.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from train.eval.metrics import STRATA
+
+LABELS = {"model": "model", "model_no_context": "model, no context",
+          "context_last": "context last-seen", "context_ema": "context EMA (0.3)",
+          "context_median": "context median", "context_vivaldi": "context Vivaldi",
+          "global_median": "global median", "dst_median": "dst median",
+          "pair_last": "pair last-seen", "pair_ema": "pair EMA (0.3)",
+          "pair_median": "pair median", "vivaldi": "Vivaldi",
+          "matrix_factorization": "matrix factorization"}
+CONTEXT_FALLBACK = "pair median > dst median > global median"
+W = 22  # the label column
+
+
+def label(name: str) -> str:
+    return LABELS.get(name, name)
+
+
+def fell_back(m: dict) -> bool:
+    """The baseline answered no query itself."""
+    return m["covered"] == 0.0
+
+
+def fallback_of(name: str) -> str:
+    return CONTEXT_FALLBACK if name.startswith("context_") else "global median"
+
+
+def _fmt(v, spec):  # a missing value is "-", right-aligned in the column's width
+    return format(v, spec) if v is not None else format("-", ">" + spec.split(".")[0])
+
+
+def _ci(m: dict, width: int) -> str:
+    ci = m.get("median_rel_ci")
+    return format("-" if ci is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]", f">{width}")
+
+
+def _pct(v, width: int) -> str:
+    return _fmt(None if v is None else 100 * v, f"{width - 2}.1f") + " %"
+
+
+def format_report(r: dict) -> str:
+    split = r["split"]
+    rule = split["split"] + (f", test from {split['test_from_iso']}" if "test_from" in split else "")
+    lines = [f"train eval {r['run_dir']} at step {r['step']} on {r['data']} (split {rule}): "
+             f"{r['queries']:,} RTT queries ({r['queries_with_rtt']:,} with a reply), "
+             f"baselines fit on {r['train_measurements']:,} train measurements"]
+    lines += [f"warning: {w}" for w in r.get("warnings", [])]
+    tr = r.get("trained")
+    if tr:
+        lines.append(f"model {tr['model']}, {tr['steps']:,} steps of {tr['batch_size']} rows, "
+                     f"objective weights by role: {tr['loss_weights']}")
+    lines.append("")
+    lo = r["loss"]
+    if lo["loss"] is not None:
+        roles = " | ".join(f"{k} {v['loss']:.3f} ({100 * v['accuracy']:.1f} %)"
+                           for k, v in lo["by_role"].items())
+        lines += [f"next-token loss {lo['loss']:.4f}, accuracy {100 * lo['accuracy']:.1f} % "
+                  f"over {lo['tokens']:,} targets in {lo['rows']:,} test rows", f"  by role: {roles}", ""]
+    lines += _main_table(r["rtt"])
+    scored = {k: m for k, m in r["rtt"].items() if not fell_back(m)}
+    lines += ["", "median relative error [95 % interval] by stratum"]
+    lines += _sub_table(scored, "by_stratum", list(STRATA), 24, lambda s: (
+        f"{_fmt(s['median_rel'], '.3f')} {_ci(s, 14)}" if s["median_rel"] is not None else "-"))
+    buckets = list(next(iter(r["rtt"].values()))["by_history"])
+    lines += ["", "median relative error by earlier measurements in the context"]
+    lines += _sub_table(scored, "by_history", buckets, 9, lambda s: _fmt(s["median_rel"], "9.3f"))
+    lines += _calibration(r["rtt"])
+    if r.get("non_canonical_mass_mean") is not None:
+        lines += ["", f"model: {100 * r['non_canonical_mass_mean']:.1f} % of its first-RTT-byte "
+                  "mass (mean) is on codes the tokenizer never writes; quantiles are over the "
+                  "others (train/predict/predictor.py)"]
+    t = r["timing"]
+    lines += ["", f"{t['queries_per_s']:,.0f} queries/s on {t['device']}; the model alone "
+              f"(no context) {t.get('no_context_query_s', 0):.1f} s; baselines fit and predicted "
+              f"in {t['baselines_s']:.1f} s, context baselines in "
+              f"{t.get('context_baselines_s', 0):.2f} s; {t['elapsed_s']:.1f} s in all; "
+              f"JSON in {r.get('written_to', '-')}"]
+    return "\n".join(lines)
+
+
+def _main_table(rtt: dict) -> list[str]:
+    head = (f"{'RTT prediction':<{W}}{'MAE ms':>9}{'med AE ms':>11}{'med rel':>9}"
+            f"{'95 % interval':>17}{'p90 rel':>9}{'Brier':>8}{'prec':>7}{'recall':>7}"
+            f"{'covered':>9}")
+    lines = [head, "-" * len(head)]
+    for name, m in rtt.items():
+        if fell_back(m):
+            lines.append(f"{label(name):<{W}}(fell back for all: = {fallback_of(name)})")
+            continue
+        lines.append(f"{label(name):<{W}}{_fmt(m['mae_ms'], '9.2f')}"
+                     f"{_fmt(m['median_ae_ms'], '11.2f')}{_fmt(m['median_rel'], '9.3f')}"
+                     f"{_ci(m, 17)}{_fmt(m['p90_rel'], '9.3f')}{_fmt(m['brier'], '8.4f')}"
+                     f"{_fmt(m['fail_precision'], '7.3f')}{_fmt(m['fail_recall'], '7.3f')}"
+                     f"{_pct(m['covered'], 9)}")
+    lines.append("prec, recall: of P(failed) > 0.5 as a prediction of a failed ping")
+    return lines
+
+
+def _sub_table(rtt: dict, key: str, cols: list, width: int, cell) -> list[str]:
+    first = next(iter(rtt.values()))[key]
+    total = sum(first[c]["n_rtt"] for c in cols)
+    lines = [f"{'':<{W}}" + "".join(f"{c:>{width}}" for c in cols)]
+    if key == "by_stratum":  # how the queries split: the strata's shares matter to read them
+        lines.append(f"{'queries with a reply':<{W}}" + "".join(
+            format(f"{first[c]['n_rtt']:,} ({100 * first[c]['n_rtt'] / max(total, 1):.0f} %)",
+                   f">{width}") for c in cols))
+    else:
+        lines.append(f"{'queries with a reply':<{W}}" + "".join(
+            f"{first[c]['n_rtt']:>{width},}" for c in cols))
+    for name, m in rtt.items():
+        lines.append(f"{label(name):<{W}}" + "".join(
+            format(cell(m[key][c]), f">{width}") for c in cols))
+    return lines
+
+
+def _calibration(rtt: dict) -> list[str]:
+    out = []
+    for name in ("model", "model_no_context"):
+        m = rtt.get(name)
+        if m is None or m.get("interval_coverage") is None:
+            continue
+        strata = ", ".join(f"{s} {_pct(m['by_stratum'][s].get('interval_coverage'), 7).strip()}"
+                           for s in STRATA if m["by_stratum"][s]["n_rtt"])
+        out.append(f"{label(name)}: {100 * m['interval_coverage']:.1f} % of replies inside its "
+                   f"[p10, p90] (80 % is calibrated); {strata}")
+    return [""] + out if out else []
+
+
+def report_path(run_dir: str, step: int, max_queries: int = 0) -> Path:
+    """RUN_DIR/eval/step-<step>.json, or step-<step>-q<N>.json for a sample of N queries:
+    a sample never overwrites the full report."""
+    name = f"step-{step}" + (f"-q{max_queries}" if max_queries else "") + ".json"
+    return Path(run_dir) / "eval" / name
+
+
+def write_report(result: dict, run_dir: str, step: int, max_queries: int = 0) -> Path:
+    """Write the report (report_path); return its path."""
+    out = report_path(run_dir, step, max_queries)
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    return out

@@ -1,0 +1,178 @@
+"""Checkpoints with Orbax: the train state and the Grain iterator state, saved together.
+
+    RUN_DIR/checkpoints/<step>/state/   params, optimizer state, step (Orbax, async)
+    RUN_DIR/checkpoints/<step>/data/    the reader's iterator state (JSON, a few ints)
+
+Both halves of a step are written under one Orbax step directory that only appears once
+complete, so a checkpoint is never half state, half data. Restoring gives the state back
+with the shardings of an abstract template (replicated over the mesh) and the iterator
+state to pass to ``DatasetIterator.set_state``.
+
+A step folder damaged afterwards (a half or its files deleted or truncated, bad JSON, an
+empty folder) fails to restore; ``restore_intact`` then takes the newest step that
+restores, naming each one it skipped and why, and ``set_aside`` moves the damaged ones
+out of the way (so the run can write those steps again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import jax
+import orbax.checkpoint as ocp
+
+from prep.schema.errors import InputError
+
+
+def step_dirs(directory: str | Path) -> list[int]:
+    """Steps with a folder under ``directory`` (intact or not), without opening Orbax."""
+    d = Path(directory)
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and p.is_dir()) \
+        if d.is_dir() else []
+
+
+def _why(e: BaseException) -> str:
+    """A restore's exception as a short reason (TensorStore's spec dump cut off)."""
+    text = str(e).strip().strip("'\"")
+    first = text.splitlines()[0].split(" See full TensorStore details")[0] if text else ""
+    return f"{type(e).__name__}: {first[:120]}" if first else type(e).__name__
+
+
+@contextlib.contextmanager
+def _quiet_failed_reads():
+    """Orbax reads a checkpoint's arrays concurrently; when one read fails, the others'
+    coroutines fail after restore() has raised and Python prints each as "Exception
+    ignored in …" (a page of TensorStore spec). The one failure that counts is reported
+    by the caller; these echoes are dropped."""
+    prev = sys.unraisablehook
+
+    def hook(u):
+        if "orbax" in repr(u.object) or "coroutine" in repr(u.object) or \
+                isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value):
+            return
+        prev(u)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    except BaseException:
+        time.sleep(0.05)  # let the other reads' threads finish, then collect them here
+        gc.collect()
+        raise
+    finally:
+        sys.unraisablehook = prev
+
+
+class Checkpointer:
+    def __init__(self, directory: str | Path, *, max_to_keep: int = 3):
+        self.directory = Path(directory).absolute()
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+        self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                             item_names=("state", "data"))
+        self.skipped: list[tuple[int, str]] = []  # (step, why) of restore_intact
+        self._cached = None  # (step, state, data) found by newest_intact_step
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, step: int, state: dict, data_state: dict) -> None:
+        """Start writing (asynchronously; the arrays are copied first, so training can go on)."""
+        if step in self.manager.all_steps():
+            return
+        self.manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
+
+    def _restore(self, step: int, template: dict | None) -> tuple[dict, dict]:
+        abstract = None if template is None else jax.tree.map(ocp.utils.to_shape_dtype_struct,
+                                                              template)
+        out = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
+        if not isinstance(out["data"], dict):
+            raise ValueError(f"data/ holds {type(out['data']).__name__}, not an iterator state")
+        return out["state"], out["data"]
+
+    def problem(self, step: int) -> str | None:
+        """Why step ``step``'s folder cannot be a checkpoint, from a look at it (None if
+        nothing shows; a restore may still fail)."""
+        d = self.directory / str(step)
+        if not d.is_dir():
+            return "no such folder"
+        if not any(d.iterdir()):
+            return "an empty folder"
+        for half in ("state", "data"):
+            if not (d / half).is_dir():
+                return f"no {half}/"
+        return None
+
+    def restore(self, step: int, template: dict | None = None) -> tuple[dict, dict]:
+        """(state shaped and sharded like ``template`` (or as saved), iterator state) of
+        ``step``; InputError (one line) if that checkpoint is damaged."""
+        if self._cached is not None and self._cached[0] == step and template is None:
+            _, state, data = self._cached
+            self._cached = None
+            return state, data
+        why = self.problem(step)
+        if why is None:
+            try:
+                with _quiet_failed_reads():
+                    return self._restore(step, template)
+            except Exception as e:  # orbax/tensorstore/json: KeyError, ValueError, Exception…
+                why = _why(e)
+        raise InputError(f"{self.directory / str(step)}: damaged checkpoint ({why}); pick "
+                         f"another --step, or resume the run to fall back to an intact one")
+
+    def restore_intact(self, template: dict | None = None, *, log=None) -> tuple[int, dict, dict]:
+        """(step, state, iterator state) of the newest checkpoint that restores. Each newer
+        one skipped goes to ``self.skipped`` and is named on stderr (or to ``log``) with the
+        reason; InputError (one line) if there is none or none is intact."""
+        log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        if not steps:
+            raise InputError(f"{self.directory}: no checkpoint; train (longer) first")
+        self.skipped = []
+        for step in steps:
+            why = self.problem(step)
+            if why is None:
+                try:
+                    with _quiet_failed_reads():
+                        state, data = self._restore(step, template)
+                    return step, state, data
+                except Exception as e:  # orbax/tensorstore/json: KeyError, ValueError, …
+                    why = _why(e)
+            self.skipped.append((step, why))
+            log(f"skipping checkpoint {step} in {self.directory}: {why}")
+        raise InputError(f"{self.directory}: no intact checkpoint ("
+                         + "; ".join(f"{s}: {w}" for s, w in self.skipped)
+                         + "); start a new --run-dir")
+
+    def newest_intact_step(self) -> int:
+        """The step of ``restore_intact()``; its restored state is kept for ``restore(step)``."""
+        step, state, data = self.restore_intact()
+        self._cached = (step, state, data)
+        return step
+
+    def set_aside(self, steps, dest: str | Path) -> list[Path]:
+        """Move these steps' folders to ``dest/<step>`` (out of Orbax's sight, so the run
+        can save those steps again); where they went."""
+        dest, moved = Path(dest), []
+        for step in steps:
+            src = self.directory / str(step)
+            if not src.exists():
+                continue
+            dest.mkdir(parents=True, exist_ok=True)
+            target, k = dest / str(step), 1
+            while target.exists():
+                target, k = dest / f"{step}.{k}", k + 1
+            shutil.move(str(src), str(target))
+            moved.append(target)
+        self.manager.reload()
+        return moved
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

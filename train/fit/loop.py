@@ -1,0 +1,406 @@
+"""The training loop: read, step, log every N steps, evaluate every M, checkpoint, resume.
+
+One log line per ``log_every`` steps, e.g.
+
+    step   200/300 | loss 2.7314 | 41.2 ms | 198,513 tok/s | mfu - | wait 0.4% | lr 1.1e-03
+
+with the loss averaged over those steps, real (non-padding) tokens/s, MFU (train.model.model
+counts the FLOPs on real tokens; "-" where the device's peak is unknown, e.g. CPUs) and
+the share of wall time spent waiting for the next batch. The step's outputs stay on the
+device until that line: one host sync per ``log_every`` steps, none per step. The first
+step (compilation) is left out of the timings. The same numbers go to
+``RUN_DIR/metrics.jsonl``, one JSON object per line, with ``eval_loss`` records every
+``eval_every`` steps.
+
+The first Ctrl-C (SIGINT) or SIGTERM (what a scheduler sends) finishes the current step,
+saves a checkpoint (state + data iterator) and returns; a second one aborts at once.
+
+A run is bound to its folder's config.json: ``resume`` takes the newest intact checkpoint
+(skipping damaged ones, named on stderr, and moving them to ``checkpoints-damaged/``) and
+refuses settings that differ from the run's (config.RUN_BINDING) or a dataset whose shard
+digests differ from the run's ``data_fingerprint``. Everything that can refuse a start
+(dataset, shards, settings, batch size) is checked before the run folder is made; a start
+that fails before its first step leaves no folder it made behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from prep.schema.errors import InputError
+from train.fit import reader
+from train.fit import step as step_lib
+from train.fit.checkpoint import Checkpointer, step_dirs
+from train.fit.config import RUN_BINDING, TrainConfig, flag
+from train.model import attention, model
+from train.model.arch import model_config
+from train.model.attention import AttentionConfig
+
+
+class GracefulStop:
+    """SIGINT or SIGTERM sets ``requested`` and ``signum`` (the loop saves and leaves); a
+    second one aborts."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self):
+        self.requested, self.signum = False, None
+        self._prev = {}
+        if threading.current_thread() is threading.main_thread():
+            self._prev = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def _handle(self, signum, _frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested, self.signum = True, signum
+        print(f"{signal.Signals(signum).name}: stopping after this step and saving a checkpoint "
+              "(again to abort)", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        for s, prev in self._prev.items():
+            signal.signal(s, prev)
+
+
+class Meter:
+    """Device metrics of the steps since the last log line, plus host-side timings."""
+
+    def __init__(self):
+        self.totals = {"time": 0.0, "wait": 0.0, "tokens": 0.0, "flops": 0.0}
+        self.reset()
+
+    def reset(self):
+        self.pending, self.timed, self.wait, self.t0 = [], [], 0.0, time.perf_counter()
+
+    def add(self, metrics: dict, wait: float, timed: bool):
+        self.pending.append(metrics)
+        self.timed.append(timed)
+        self.wait += wait if timed else 0.0
+
+    def flush(self, flops_of) -> dict:
+        """Fetch (the one host sync) and summarize; timed steps exclude compilation."""
+        fetched = jax.device_get(self.pending)
+        elapsed = time.perf_counter() - self.t0
+        n_timed = sum(self.timed)
+        out = {"loss": sum(float(m["loss"]) for m in fetched) / len(fetched),
+               "grad_norm": float(fetched[-1]["grad_norm"]), "lr": float(fetched[-1]["lr"])}
+        if n_timed:
+            timed = [m for m, t in zip(fetched, self.timed) if t]
+            tokens = sum(float(m["tokens"]) for m in timed)
+            flops = sum(flops_of(float(m["tokens"]), float(m["attn_ctx"])) for m in timed)
+            for k, v in (("time", elapsed), ("wait", self.wait), ("tokens", tokens),
+                         ("flops", flops)):
+                self.totals[k] += v
+            out.update(step_ms=1e3 * elapsed / n_timed, tokens_per_s=tokens / elapsed,
+                       flops_per_s=flops / elapsed, data_wait=self.wait / elapsed)
+        self.reset()
+        return out
+
+
+def _fmt(rec: dict, steps: int) -> str:
+    mfu = f"{100 * rec['mfu']:.1f}%" if rec.get("mfu") is not None else "-"
+    timing = (f"{rec['step_ms']:.1f} ms | {rec['tokens_per_s']:,.0f} tok/s | mfu {mfu} | "
+              f"wait {100 * rec['data_wait']:.1f}%" if "step_ms" in rec else "(compiling)")
+    return (f"step {rec['step']:>{len(str(steps))}}/{steps} | loss {rec['loss']:.4f} | "
+            f"{timing} | lr {rec['lr']:.1e}")
+
+
+class EvalSample:
+    """A fixed, seeded sample of ``cfg.eval_rows`` test rows, read once, with the role of
+    every target (prep.tokens.rowdecode); each eval runs the current parameters over all of it."""
+
+    def __init__(self, cfg: TrainConfig, manifest: dict, rows_sharding):
+        from prep.schema.rows import RowFormatError
+        from prep.tokens import rowdecode
+
+        tok, seg = reader.read_split(cfg.data, manifest, "test", sha256=False)  # checked at start
+        pick = np.random.default_rng([cfg.seed, 0xE7A1]).permutation(len(tok))[:cfg.eval_rows]
+        tok, seg = tok[np.sort(pick)], seg[np.sort(pick)]
+        try:
+            roles = rowdecode.token_roles(tok, seg)
+            self.roles_known = True
+        except RowFormatError:  # rows that are not measurements (synthetic test shards)
+            roles, self.roles_known = np.zeros_like(seg), False
+        target = np.concatenate([roles[:, 1:], np.zeros_like(roles[:, :1])], axis=1)
+        self.n_rows, self.sharding = len(tok), rows_sharding
+        # this process's share, padded to whole batches (padding rows count nothing)
+        pi, pc = jax.process_index(), jax.process_count()
+        self.batch = max(1, cfg.batch_size // pc)
+        self.arrays = [a[pi::pc] for a in (tok, seg, target)]
+
+    def __call__(self, params, eval_step) -> dict | None:
+        from prep.tokens.rowdecode import ROLES
+
+        if not self.n_rows:
+            return None
+        total = count = 0
+        tok, seg, target = self.arrays
+        for r0 in range(0, max(len(tok), 1), self.batch):
+            part = {k: _pad(a[r0:r0 + self.batch], self.batch) for k, a in
+                    zip(("tokens", "segment_ids", "target_roles"), (tok, seg, target))}
+            batch = {k: jax.make_array_from_process_local_data(self.sharding, v)
+                     for k, v in part.items()}
+            s, c = eval_step(params, batch)
+            total, count = total + s, count + c
+        total, count = np.asarray(total, np.float64), np.asarray(count, np.float64)
+        if not count.sum():
+            return None
+        out = {"eval_loss": float(total.sum() / count.sum()), "eval_rows": self.n_rows}
+        if self.roles_known:
+            out["eval_loss_by_role"] = {ROLES[k]: float(total[k] / count[k])
+                                        for k in range(1, len(ROLES)) if count[k]}
+        return out
+
+
+def _pad(a: np.ndarray, n: int) -> np.ndarray:
+    return a if len(a) == n else np.concatenate([a, np.zeros((n - len(a),) + a.shape[1:], a.dtype)])
+
+
+def load_run(run_dir: str | os.PathLike) -> dict:
+    """The config.json record of a run that ``resume`` can continue; InputError (one line)
+    if the folder is missing, has no checkpoint, or no readable config.json."""
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise InputError(f"{d}: no such run folder; start the run without --resume")
+    if not step_dirs(d / "checkpoints"):
+        raise InputError(f"{d}: no checkpoint to resume (the run never saved one); start it "
+                         "again without --resume")
+    try:
+        record = json.loads((d / "config.json").read_text())
+        if not isinstance(record.get("train"), dict):
+            raise ValueError("no 'train' settings")
+    except (OSError, ValueError, AttributeError) as e:
+        raise InputError(f"{d / 'config.json'}: missing or unreadable ({e}), so the run's "
+                         "settings are unknown; start a new --run-dir") from None
+    return record
+
+
+def check_resume(saved: dict, cfg: TrainConfig, fingerprint: str) -> list[str]:
+    """InputError (one line) if ``cfg`` differs from the run's recorded settings in one
+    that binds it (config.RUN_BINDING) or reads another dataset (by shard digests); notes
+    on the settings that may change (stderr) otherwise."""
+    old, run = saved["train"], cfg.run_dir
+    for k in RUN_BINDING:
+        if k in old and old[k] != getattr(cfg, k):
+            raise InputError(f"{flag(k)} {getattr(cfg, k)}: the run in {run} has {old[k]} "
+                             f"(its config.json); drop {flag(k)} to resume with the run's own, "
+                             "or start a new --run-dir")
+    had = saved.get("data_fingerprint")
+    if had is not None and had != fingerprint:
+        if os.path.abspath(old.get("data", "")) == os.path.abspath(cfg.data):
+            raise InputError(f"{cfg.data}: its shards changed since the run in {run} started "
+                             f"(fingerprint {fingerprint}, the run's {had}); resume with the "
+                             "dataset it trained on, or start a new --run-dir")
+        raise InputError(f"--data {cfg.data}: not the dataset the run in {run} trained on "
+                         f"({old.get('data')}: fingerprint {had}, this one {fingerprint}); "
+                         "drop --data to resume on the run's own, or start a new --run-dir")
+    notes = []
+    span, had_span = cfg.schedule_steps, old.get("schedule_steps") or old.get("steps")
+    if had_span is not None and span != had_span:
+        notes.append(f"{flag('schedule_steps')} {span} (the run's schedule spanned {had_span}): "
+                     f"the learning-rate schedule is re-spanned to {span} steps, so the rate "
+                     "rises again from where the old schedule had brought it")
+    elif old.get("steps") not in (None, cfg.steps) and cfg.steps > span:
+        notes.append(f"{flag('steps')} {cfg.steps} (the run had {old['steps']}): steps after "
+                     f"{span} run at the schedule's final rate {cfg.lr * cfg.min_lr_ratio:.2g} "
+                     f"(pass {flag('schedule_steps')} {cfg.steps} to re-span it instead)")
+    return notes
+
+
+def _write_json(path: Path, obj) -> None:
+    """Whole or not at all (temp file + rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _trim_metrics(path: Path, step: int) -> None:
+    """Drop records after ``step`` (a resume from an earlier checkpoint redoes those steps)."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                keep.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line of a killed run
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    os.replace(tmp, path)
+
+
+def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
+    """Train per ``cfg``; returns a summary (last loss, eval loss, mean throughput, MFU).
+
+    ``devices``: the mesh (default: all); ``on_step(step)`` runs after each step (tests).
+    """
+    run_dir = Path(cfg.run_dir)
+    saved = load_run(run_dir) if cfg.resume else None
+    if not cfg.schedule_steps:  # fixed for the run's life: its own, or this start's --steps
+        old = saved["train"] if saved is not None else {}
+        cfg = dataclasses.replace(cfg, schedule_steps=int(
+            old.get("schedule_steps") or old.get("steps") or cfg.steps))
+    if not cfg.resume and step_dirs(run_dir / "checkpoints"):
+        raise InputError(f"{run_dir} already holds a run at step "
+                         f"{max(step_dirs(run_dir / 'checkpoints'))}; pass --resume to "
+                         "continue it, or choose another --run-dir")
+    try:
+        step_lib.role_weights(cfg.loss_weights)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    manifest = reader.open_shards(cfg.data)
+    fingerprint = reader.dataset_fingerprint(manifest)
+    notes = check_resume(saved, cfg, fingerprint) if saved is not None else []
+    reader.require_rows(cfg.data, manifest, "train",
+                        "rebuild the dataset with `prep shards` from more measurements")
+    if cfg.eval_every:
+        reader.require_rows(cfg.data, manifest, "test", "pass --eval-every 0 to train without "
+                            "in-training eval, or rebuild with `prep shards --test-fraction` above 0")
+    reader.check_data(cfg.data, manifest, ["train"] + (["test"] if cfg.eval_every else []),
+                      check=cfg.data_check)
+    mcfg = model_config(cfg.model, seq_len=manifest["row_len"])
+    impl = attention.resolve(cfg.attention)
+    # max_segments sizes cuDNN's per-row segment tables; the JAX wrapper treats a table
+    # of one segment as "not packed", so it is at least 2
+    att = AttentionConfig(impl, max_segments=max(2, reader.max_segments(manifest)),
+                          dtype=cfg.compute_dtype)
+    mesh = step_lib.make_mesh(devices)
+    rep, rows = step_lib.shardings(mesh)
+    if cfg.batch_size % mesh.size:
+        raise InputError(f"--batch-size {cfg.batch_size} does not split over {mesh.size} "
+                         f"devices; use a multiple of {mesh.size}")
+    state = step_lib.init_state(mcfg, step_lib.make_optimizer(cfg, mcfg), cfg.seed, rep)
+    it = iter(reader.to_device(reader.batches(
+        cfg.data, "train", batch_size=cfg.batch_size // jax.process_count(), seed=cfg.seed,
+        num_workers=cfg.num_workers, manifest=manifest), rows))
+    ckpt = metrics_file = None
+    created = not run_dir.exists()
+    start = 0
+    try:
+        eval_sample = EvalSample(cfg, manifest, rows) if cfg.eval_every else None
+        # the run starts here: nothing above wrote anything
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.keep_checkpoints)
+        if saved is not None:
+            start, state, data_state = ckpt.restore_intact(state)
+            if ckpt.skipped:
+                moved = ckpt.set_aside([s for s, _ in ckpt.skipped], run_dir / "checkpoints-damaged")
+                print(f"moved the damaged checkpoints to {', '.join(map(str, moved))}",
+                      file=sys.stderr)
+            it.set_state(data_state)
+            _trim_metrics(run_dir / "metrics.jsonl", start)
+            print(f"resumed {run_dir} at step {start}", file=sys.stderr)
+            for n in notes:
+                print(f"note: {n}", file=sys.stderr)
+        _write_json(run_dir / "config.json", {
+            "train": dataclasses.asdict(cfg), "model": dataclasses.asdict(mcfg),
+            "data_fingerprint": fingerprint, "attention": impl,
+            "devices": [str(d) for d in mesh.devices.flat], "jax": jax.__version__})
+        metrics_file = open(run_dir / "metrics.jsonl", "a" if saved is not None else "w")
+        return _run(cfg, mcfg, att, mesh, state, it, ckpt, metrics_file, eval_sample, start,
+                    on_step)
+    finally:
+        it.close()
+        if ckpt is not None:
+            ckpt.close()
+        if metrics_file is not None:
+            metrics_file.close()
+        if created and _never_started(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)  # a start that made no step
+
+
+def _never_started(run_dir: Path) -> bool:
+    """No checkpoint and no metrics: nothing a resume could take or a person would want."""
+    metrics = run_dir / "metrics.jsonl"
+    return run_dir.is_dir() and not step_dirs(run_dir / "checkpoints") and \
+        (not metrics.is_file() or metrics.stat().st_size == 0)
+
+
+def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
+         ckpt: Checkpointer, metrics_file, eval_sample, start: int, on_step) -> dict:
+    """The loop proper: steps ``start``..``cfg.steps``, logs, evals, checkpoints; a signal
+    (GracefulStop) ends it after the current step with a checkpoint."""
+    train_step, eval_step = step_lib.compile_steps(mesh, mcfg, cfg, att)
+    peak = step_lib.peak_flops()
+    flops_of = lambda tok, ctx: model.train_flops(mcfg, tok, ctx)
+    print(f"model {cfg.model}: {model.count_params(state['params']):,} parameters, "
+          f"{mcfg.n_layers} layers, d_model {mcfg.d_model}, seq {mcfg.seq_len} | attention "
+          f"{att.implementation} | {mesh.size} x {mesh.devices.flat[0].device_kind} | batch {cfg.batch_size} "
+          f"| {cfg.compute_dtype}", file=sys.stderr)
+
+    meter, step, last, eval_loss = Meter(), start, {}, None
+
+    def write(rec):
+        metrics_file.write(json.dumps(rec) + "\n")
+        metrics_file.flush()
+
+    def log_line():
+        rec = {"step": step, **meter.flush(flops_of)}
+        if "flops_per_s" in rec:
+            rec["mfu"] = rec["flops_per_s"] / (peak * mesh.size) if peak else None
+        print(_fmt(rec, cfg.steps), flush=True)
+        write(rec)
+        return rec
+
+    with GracefulStop() as stop:
+        while step < cfg.steps and not stop.requested:
+            t0 = time.perf_counter()
+            batch = next(it)
+            wait = time.perf_counter() - t0
+            state, metrics = train_step(state, batch)
+            step += 1
+            meter.add(metrics, wait, timed=step > start + 1)
+            if step == start + 1:  # compilation: start the clock after it
+                jax.block_until_ready(metrics["loss"])
+                meter.t0 = time.perf_counter()
+            interval = False
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                last = log_line()
+                interval = True
+            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                ev = eval_sample(state["params"], eval_step)
+                if ev is not None:
+                    eval_loss = ev["eval_loss"]
+                    roles = " | ".join(f"{k} {v:.3f}" for k, v in
+                                       ev.get("eval_loss_by_role", {}).items())
+                    print(f"step {step} | eval loss {eval_loss:.4f} on {ev['eval_rows']:,} "
+                          f"test rows" + (f" | {roles}" if roles else ""), flush=True)
+                    write({"step": step, **ev})
+                interval = True
+            if cfg.ckpt_every and step % cfg.ckpt_every == 0:
+                ckpt.save(step, state, it.get_state())
+                interval = True
+            if interval:  # keep eval and checkpoint time out of the next timings
+                meter.reset()
+            if on_step is not None:
+                on_step(step)
+        # a signal from here on aborts (second signal): the checkpoint below is the exit
+        if meter.pending:  # stopped between log lines: log the steps since the last one
+            last = log_line()
+        if step > start:
+            ckpt.save(step, state, it.get_state())
+        ckpt.manager.wait_until_finished()
+        signum = stop.signum
+    t = meter.totals
+    return {"step": step, "loss": last.get("loss"), "eval_loss": eval_loss,
+            "interrupted": signum is not None,
+            "signal": signal.Signals(signum).name if signum is not None else None,
+            "exit_code": 128 + signum if signum is not None else 0,
+            "run_dir": str(cfg.run_dir),
+            "tokens_per_s": t["tokens"] / t["time"] if t["time"] else None,
+            "data_wait": t["wait"] / t["time"] if t["time"] else None,
+            "mfu": t["flops"] / t["time"] / (peak * mesh.size) if t["time"] and peak else None,
+            "params": model.count_params(state["params"]), "attention": att.implementation}
+

@@ -1,0 +1,124 @@
+"""What the model is, without JAX: its shape, the named shapes, its parameters.
+
+- ``ModelConfig``: the transformer's shape (frozen: a jit static argument).
+- ``MODELS``: the named shapes; ``train --model`` offers exactly these.
+- ``param_specs``: every parameter's shape, initialization and whether AdamW's weight decay
+  applies to it. ``decay_mask`` reads the last straight from that structure, and
+  ``n_params`` the count.
+
+train.model.model is the math over these (initialization, the forward pass, the loss, the FLOP
+count); they live here, apart, so that ``train --help`` lists the models without
+importing JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+from prep.schema import vocab
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layers: int
+    d_model: int
+    n_heads: int
+    head_dim: int
+    d_mlp: int
+    seq_len: int = 1024  # the shards' row_len; set from the manifest at run time
+    vocab_size: int = vocab.VOCAB_SIZE
+    rope_base: float = 10_000.0
+    norm_eps: float = 1e-6
+    remat: bool = False  # recompute each layer in the backward pass (less memory, ~30% more FLOPs)
+    # add an embedding of each token's role (prep.schema.vocab.ROLES) and byte index in its block,
+    # computed from the tokens before it (train.model.model.grammar): the parse a layer would
+    # otherwise have to learn before any field can be matched or copied
+    grammar_embed: bool = False
+    # std of the initial weights (GPT-2's 0.02; residual projections / sqrt(2 n_layers)).
+    # Narrow models learn to copy much sooner from a larger one (tests/test_copy.py)
+    init_std: float = 0.02
+
+
+MODELS = {
+    # runs the same code as `base` on a CPU in seconds
+    "tiny": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256),
+    # the CPU recipe (train.fit.config.SMALL_CPU): tiny's shape, reading the grammar from
+    # embeddings, so its 2 layers go to matching fields, and larger initial weights, with
+    # which copying forms sooner (docs/learning.md)
+    "small": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256,
+                         grammar_embed=True, init_std=0.08),
+    # ping-llm's ~95M model (98.6M parameters here, untied output head)
+    "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560),
+}
+
+
+def model_config(name: str, *, seq_len: int) -> ModelConfig:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; one of {sorted(MODELS)}")
+    return dataclasses.replace(MODELS[name], seq_len=seq_len)
+
+
+# grammar embedding: one row per byte index a block can hold, and one for headers/markers
+N_INDEX = int(vocab.WIDTH_OF.max()) + 1
+
+
+class Param(NamedTuple):
+    """One parameter: its shape, its initialization (normal with this std; 0 means ones)
+    and whether AdamW's weight decay pulls it toward 0."""
+    shape: tuple[int, ...]
+    std: float
+    decay: bool = True
+
+
+def _gain(*shape: int) -> Param:
+    """An RMSNorm gain: starts at one and is not decayed (decay toward 0 would fight the
+    normalization)."""
+    return Param(shape, 0.0, decay=False)
+
+
+def param_specs(cfg: ModelConfig) -> dict:
+    """The parameter tree (a dict of dicts of ``Param``), layers stacked on a leading axis."""
+    L, D, N, H, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_mlp,
+                        cfg.vocab_size)
+    std = cfg.init_std
+    out_std = std / (2 * L) ** 0.5  # GPT-2: residual projections scaled by depth
+    grammar = ({"role_embed": Param((len(vocab.ROLES), D), std),
+                "index_embed": Param((N_INDEX, D), std)} if cfg.grammar_embed else {})
+    return {
+        **grammar,
+        "embed": Param((V, D), std),
+        "layers": {
+            "attn_norm": _gain(L, D),
+            "wqkv": Param((L, D, 3, N, H), std),
+            "wo": Param((L, N, H, D), out_std),
+            "mlp_norm": _gain(L, D),
+            "w_in": Param((L, D, F), std),
+            "w_out": Param((L, F, D), out_std),
+        },
+        "final_norm": _gain(D),
+        "head": Param((D, V), std),
+    }
+
+
+def map_params(fn: Callable[[Param], object], specs: dict) -> dict:
+    """``fn`` of every ``Param`` of ``specs``, in the tree's shape. Keys are visited in
+    sorted order, as JAX flattens dicts: init_params draws in this order."""
+    return {k: map_params(fn, specs[k]) if isinstance(specs[k], dict) else fn(specs[k])
+            for k in sorted(specs)}
+
+
+def _leaves(tree: dict) -> list:
+    return [x for k in sorted(tree)
+            for x in (_leaves(tree[k]) if isinstance(tree[k], dict) else [tree[k]])]
+
+
+def n_params(cfg: ModelConfig) -> int:
+    return sum(math.prod(p.shape) for p in _leaves(param_specs(cfg)))
+
+
+def decay_mask(cfg: ModelConfig) -> dict:
+    """The parameter tree of bools: True where weight decay applies (optax's ``mask``)."""
+    return map_params(lambda p: p.decay, param_specs(cfg))

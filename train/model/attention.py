@@ -1,0 +1,173 @@
+"""Packed causal self-attention: causal, and block-diagonal by segment.
+
+A row holds several contexts (segment ids 1..n, 0 = padding). Token t may attend to
+token s only if s <= t and segment_ids[s] == segment_ids[t], so each context sees itself
+alone, exactly as if it were the only thing in the row (tests/test_model.py holds us
+to that). Two implementations of the same function:
+
+- ``xla``: ``jax.nn.dot_product_attention`` with a [B, 1, T, T] boolean mask. Runs
+  everywhere (CPU tests), costs O(T^2) mask memory and computes the masked blocks.
+- ``cudnn``: cuDNN's native packed ("ragged") layout on NVIDIA Hopper or newer. Each
+  segment becomes a sequence of its own given by an offset and a length, under a
+  PADDING_CAUSAL mask, so masked blocks are never computed. This is reached through
+  ``jax._src.cudnn.fused_attention_stablehlo.dot_product_attention`` (``q_offsets`` /
+  ``kv_offsets`` are not in the public ``jax.nn`` API), a private module. Whether it works
+  is probed, not assumed from a version string: ``cudnn_available`` compiles the packed
+  attention (forward and gradient) for the device on tiny shapes at start-up and, if that
+  fails, ``resolve("auto")`` falls back to XLA with one line on stderr saying why.
+  tests/test_cudnn_lowering.py lowers it for CUDA on a CPU (``jax.export``), so a JAX
+  upgrade that changes the private API fails CI rather than a user's GPU run. Query and
+  key/value head counts are equal (no GQA), which the packed path needs.
+
+Padding tokens (segment 0) attend to earlier padding under XLA, which keeps every softmax
+row non-empty; under cuDNN they belong to no segment and their output is undefined, so
+it is zeroed. Nothing reads those outputs: padding is never a loss target and no real
+token attends to it.
+
+``AttentionConfig`` carries the settings the model's forward pass takes (the
+implementation, the segment-table size, the compute dtype) as one hashable value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from prep.schema.errors import InputError
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """How train.model.model.forward computes: ``implementation`` "xla" or "cudnn" (``resolve``
+    turns "auto" into one), ``max_segments`` (the most segments a row holds: the size of
+    cuDNN's per-row segment tables) and ``dtype``, the compute dtype (parameters are cast
+    to it at use). Frozen and hashable: a jit static argument and a compile-cache key."""
+    implementation: str = "xla"
+    max_segments: int = 255
+    dtype: Any = jnp.float32
+
+    def __post_init__(self):  # float32, "float32" and jnp.float32 are one setting
+        object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
+
+
+def segment_mask(segment_ids: jax.Array) -> jax.Array:
+    """bool[B, 1, T, T]: query t may see key s (causal, same segment)."""
+    T = segment_ids.shape[-1]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    causal = jnp.tril(jnp.ones((T, T), bool))
+    return (same & causal)[:, None]
+
+
+def xla_attention(q, k, v, segment_ids):
+    """q, k, v: [B, T, N, H]. The reference implementation (any backend)."""
+    return jax.nn.dot_product_attention(q, k, v, mask=segment_mask(segment_ids),
+                                        implementation="xla")
+
+
+def missing_segment_value() -> int:
+    """What the installed JAX's cuDNN wrapper wants in unused segment slots, read from its
+    own docstring ("fill the padded entries with -1"); -1 (JAX 0.10-0.11) if it says nothing.
+
+    The wrapper compacts the tables by keeping entries ``>= 0``, so with -1 a 0 would read
+    as a real, empty segment; a wrapper documenting 0 (as newer cuDNN on Blackwell is said
+    to want) gets 0."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as cudnn
+    except ImportError:
+        return -1
+    found = re.findall(r"fill the padded entries with (-?\d+)", cudnn.dot_product_attention.__doc__ or "")
+    return int(found[0]) if found and len(set(found)) == 1 else -1
+
+
+def segment_layout(segment_ids: jax.Array, max_segments: int, *, missing: int | None = None):
+    """(seqlen int32[B, M], offsets int32[B, M+1]) for cuDNN's packed layout, M = max_segments.
+
+    Segment k (id k+1) starts at offsets[b, k] and has seqlen[b, k] tokens; missing
+    segments and the spare last offset hold ``missing`` (default: what the installed JAX's
+    wrapper documents, ``missing_segment_value()``).
+    """
+    missing = missing_segment_value() if missing is None else missing
+    B, T = segment_ids.shape
+    seg = segment_ids.astype(jnp.int32)
+    rows = jnp.arange(B)[:, None]
+    counts = jnp.zeros((B, max_segments + 1), jnp.int32).at[rows, seg].add(1)
+    starts = jnp.full((B, max_segments + 1), T, jnp.int32).at[rows, seg].min(
+        jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T)))
+    counts, starts = counts[:, 1:], starts[:, 1:]  # drop padding (id 0)
+    present = counts > 0
+    seqlen = jnp.where(present, counts, missing)
+    offsets = jnp.where(present, starts, missing)
+    spare = jnp.full((B, 1), missing, jnp.int32)
+    return seqlen, jnp.concatenate([offsets, spare], axis=1)
+
+
+def cudnn_attention(q, k, v, segment_ids, *, max_segments: int):
+    """q, k, v: bf16/fp16 [B, T, N, H] on a Hopper+ GPU. Same result as xla_attention."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn  # private: see the module doc
+
+    seqlen, offsets = segment_layout(segment_ids, max_segments)
+    out = cudnn.dot_product_attention(
+        q, k, v, q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets, kv_offsets=offsets,
+        scale=1.0 / float(q.shape[-1]) ** 0.5, mask_type=cudnn.MaskType.PADDING_CAUSAL,
+        qkv_layout="BTNH")
+    return jnp.where((segment_ids > 0)[:, :, None, None], out, 0).astype(q.dtype)
+
+
+@functools.cache
+def cudnn_available() -> bool:
+    """True where the packed cuDNN attention compiles for the first device; see ``why_not``."""
+    return why_not_cudnn() is None
+
+
+@functools.cache
+def why_not_cudnn() -> str | None:
+    """None if the packed cuDNN attention (forward and gradient, bf16) compiles for the first
+    device, else why not, in a few words. Compiling tiny shapes costs a second or two once."""
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return f"no NVIDIA GPU ({device.platform})"
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as cudnn  # noqa: F401
+    except ImportError as e:
+        return f"this JAX has no cuDNN attention module ({e})"
+    B, T, N, H = 2, 128, 2, 64
+    x = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16)
+    seg = jax.ShapeDtypeStruct((B, T), jnp.int32)
+    fwd = lambda q, k, v, s: cudnn_attention(q, k, v, s, max_segments=4)
+    grad = jax.grad(lambda q, k, v, s: fwd(q, k, v, s).astype(jnp.float32).sum(), (0, 1, 2))
+    try:
+        for fn in (fwd, grad):
+            jax.jit(fn).lower(x, x, x, seg).compile()
+    except Exception as e:  # an API change, an old cuDNN, a pre-Hopper GPU: say which
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+    return None
+
+
+def resolve(implementation: str) -> str:
+    """"auto" -> "cudnn" where it works, else "xla" with one line on stderr saying why
+    (on a GPU); an explicit choice is checked."""
+    if implementation == "auto":
+        reason = why_not_cudnn()
+        if reason is not None and jax.devices()[0].platform == "gpu":
+            print(f"attention: cuDNN packed attention unavailable ({reason}); using the "
+                  "masked XLA attention (computes all T x T scores: slower)", file=sys.stderr)
+        return "cudnn" if reason is None else "xla"
+    if implementation == "cudnn" and not cudnn_available():
+        raise InputError(f"--attention cudnn: {why_not_cudnn()}; it needs an NVIDIA Hopper or "
+                         "newer GPU with cuDNN >= 9.6 and a CUDA jax (README: On a GPU); "
+                         "use --attention xla")
+    if implementation not in ("xla", "cudnn"):
+        raise InputError(f"unknown attention implementation {implementation!r}")
+    return implementation
+
+
+def attention(q, k, v, segment_ids, *, implementation: str, max_segments: int):
+    if implementation == "cudnn":
+        return cudnn_attention(q, k, v, segment_ids, max_segments=max_segments)
+    return xla_attention(q, k, v, segment_ids)

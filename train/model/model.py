@@ -1,0 +1,274 @@
+"""A decoder-only transformer over packed rows, in plain JAX.
+
+Pre-norm blocks (RMSNorm -> causal self-attention with RoPE -> RMSNorm -> GELU MLP),
+no biases, an untied output head. Parameters are a plain dict of float32 arrays with
+the layers stacked on a leading axis, so the forward pass is one ``lax.scan`` (fast to
+compile at 20 layers) and the state is trivially jit-, shard- and Orbax-friendly; a
+module library would add nothing here.
+
+Packing is invisible to the math: positions restart at 0 in every segment (RoPE sees
+the same angles a context would see alone) and attention is block-diagonal by segment
+(train.model.attention), so each context's logits equal those of the context run alone.
+Positions and next-token targets are derived here, on the device, from the row's
+tokens and segment_ids (prep.schema.rows documents the row).
+
+What the model is (its shapes, the named configs, the parameter tree and which parameters
+weight decay applies to) is train.model.arch, free of JAX; this module is the math over it,
+and counts its own FLOPs (``flop_counts``, ``train_flops``) for the trainer's MFU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from prep.schema import vocab
+from train.model import arch
+from train.model import attention as attn
+from train.model.arch import ModelConfig
+
+
+def init_params(cfg: ModelConfig, seed: int) -> dict:
+    """float32 parameters (train.model.arch.param_specs), drawn on the host: a jitted init costs
+    seconds of compilation."""
+    rng = np.random.default_rng(seed)
+    draw = lambda p: (p.std * rng.standard_normal(p.shape, np.float32) if p.std
+                      else np.ones(p.shape, np.float32))
+    return arch.map_params(draw, arch.param_specs(cfg))
+
+
+def count_params(params: dict) -> int:
+    return sum(x.size for x in jax.tree.leaves(params))
+
+
+def positions(segment_ids: jax.Array) -> jax.Array:
+    """Index of each token within its segment (0 at each segment start and on padding)."""
+    T = segment_ids.shape[-1]
+    idx = jnp.arange(T, dtype=jnp.int32)
+    start = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                             segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    start_idx = jax.lax.cummax(jnp.where(start, idx, 0), axis=1)
+    return jnp.where(segment_ids > 0, idx - start_idx, 0)
+
+
+def targets_and_mask(tokens: jax.Array, segment_ids: jax.Array):
+    """Next token at t, and whether it counts: segment_ids[t] == segment_ids[t+1] != 0."""
+    nxt_tok = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+    nxt_seg = jnp.concatenate([segment_ids[:, 1:], jnp.zeros_like(segment_ids[:, :1])], axis=1)
+    return nxt_tok, (segment_ids == nxt_seg) & (segment_ids != 0)
+
+
+def rms_norm(x, w, eps):
+    x32 = x.astype(jnp.float32)  # the mean of squares in float32 even under bf16 compute
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * w).astype(x.dtype)
+
+
+def rope(x, pos, base):
+    """Rotate pairs (i, i + H/2) of x [B, T, N, H] by pos * base^(-2i/H)."""
+    half = x.shape[-1] // 2
+    freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = pos.astype(jnp.float32)[:, :, None, None] * freqs  # [B, T, 1, half]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
+
+
+def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
+            attention: attn.AttentionConfig = attn.AttentionConfig(), *,
+            probes: tuple[jax.Array, jax.Array] | None = None):
+    """float32 logits [B, T, V] of int tokens [B, T] under segment_ids [B, T], computed as
+    ``attention`` says (implementation, segment-table size, compute dtype).
+
+    ``probes = (probe_tokens int[B, M], probe_prev int[B, M])`` also returns the logits
+    [B, M, V] of M extra tokens per row, each as if it stood right after row position
+    ``probe_prev`` in that position's segment (everything after it ignored): the logits
+    the row would give there with that token written at ``probe_prev + 1``. One pass
+    answers "what follows if this token came next" for many tokens and many places at
+    once; evaluation reads the second RTT byte's distribution given each candidate first
+    byte this way (train.predict.predictor). A probe attends to its segment up to ``probe_prev``
+    and to itself, never to other probes.
+    """
+    dtype = attention.dtype
+    seg = segment_ids.astype(jnp.int32)
+    pos = positions(seg)
+    x = params["embed"].astype(dtype)[tokens]
+    if cfg.grammar_embed:  # what the grammar says of each token, given, not learned by layers
+        role, index, last = grammar(tokens, seg)
+        x = x + (params["role_embed"][role] + params["index_embed"][index]).astype(dtype)
+    if probes is not None:
+        p_tok, p_prev = probes
+        p_prev = p_prev.astype(jnp.int32)
+        p_pos = jnp.take_along_axis(pos, p_prev, axis=1) + 1
+        p_seg = jnp.take_along_axis(seg, p_prev, axis=1)
+        T = seg.shape[1]
+        # probe m of row b sees key t: same segment as its anchor, not after it
+        p_mask = ((seg[:, None, :] == p_seg[:, :, None])
+                  & (jnp.arange(T)[None, None, :] <= p_prev[:, :, None]))[:, None]  # [B,1,M,T]
+        xp = params["embed"].astype(dtype)[p_tok]
+        if cfg.grammar_embed:
+            p_role, p_index = _probe_grammar(tokens, seg, last, p_tok, p_prev)
+            xp = xp + (params["role_embed"][p_role] + params["index_embed"][p_index]).astype(dtype)
+    else:
+        xp = jnp.zeros((tokens.shape[0], 0, cfg.d_model), dtype)
+
+    def mlp(x, p):
+        h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
+        return x + jax.nn.gelu(h @ p["w_in"].astype(dtype)) @ p["w_out"].astype(dtype)
+
+    def block(carry, p):
+        x, xp = carry
+        h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
+        qkv = jnp.einsum("btd,dsnh->sbtnh", h, p["wqkv"].astype(dtype))
+        q, k = rope(qkv[0], pos, cfg.rope_base), rope(qkv[1], pos, cfg.rope_base)
+        a = attn.attention(q, k, qkv[2], seg, implementation=attention.implementation,
+                           max_segments=attention.max_segments)
+        x = mlp(x + jnp.einsum("btnh,nhd->btd", a, p["wo"].astype(dtype)), p)
+        if probes is not None:
+            hp = rms_norm(xp, p["attn_norm"], cfg.norm_eps)
+            qkv_p = jnp.einsum("bmd,dsnh->sbmnh", hp, p["wqkv"].astype(dtype))
+            qp, kp = rope(qkv_p[0], p_pos, cfg.rope_base), rope(qkv_p[1], p_pos, cfg.rope_base)
+            scale = 1.0 / float(cfg.head_dim) ** 0.5
+            s_row = jnp.einsum("bmnh,btnh->bnmt", qp, k).astype(jnp.float32) * scale
+            s_row = jnp.where(p_mask, s_row, -jnp.inf)
+            s_self = jnp.einsum("bmnh,bmnh->bnm", qp, kp).astype(jnp.float32)[..., None] * scale
+            w = jax.nn.softmax(jnp.concatenate([s_row, s_self], axis=-1), axis=-1)
+            ap = (jnp.einsum("bnmt,btnh->bmnh", w[..., :-1].astype(dtype), qkv[2])
+                  + jnp.einsum("bnm,bmnh->bmnh", w[..., -1].astype(dtype), qkv_p[2]))
+            xp = mlp(xp + jnp.einsum("bmnh,nhd->bmd", ap, p["wo"].astype(dtype)), p)
+        return (x, xp), None
+
+    if cfg.remat:
+        block = jax.checkpoint(block)
+    (x, xp), _ = jax.lax.scan(block, (x, xp), params["layers"])
+    head = lambda x: (rms_norm(x, params["final_norm"], cfg.norm_eps)
+                      @ params["head"].astype(dtype)).astype(jnp.float32)
+    return head(x) if probes is None else (head(x), head(xp))
+
+
+def _role_tables() -> tuple[np.ndarray, np.ndarray]:
+    """By token id: the role (prep.schema.vocab.ROLES) of the token itself where it is a header or
+    marker, and of a byte that follows it as its block's header; as prep.tokens.rowdecode assigns them."""
+    roles = {name: k for k, name in enumerate(vocab.ROLES)}
+    own = np.zeros(vocab.VOCAB_SIZE, np.int32)
+    byte_of = np.zeros(vocab.VOCAB_SIZE, np.int32)
+    by_block = {vocab.BLOCK_SRC: "src", vocab.BLOCK_DST: "dst", vocab.BLOCK_TIME: "timestamp",
+                vocab.BLOCK_RESULT: "rtt"}
+    by_block.update({vocab.BLOCK_VALUE + k: f.name for k, f in enumerate(vocab.VALUE_FIELDS)})
+    for t in range(vocab.VOCAB_SIZE):
+        if vocab.BYTE_OFFSET <= t < vocab.BYTE_OFFSET + 256:
+            continue
+        own[t] = roles["result"] if t in (vocab.RTT_START, vocab.FAILED) else roles["marker"]
+        if vocab.BLOCK_OF[t] >= 0:
+            byte_of[t] = roles[by_block[int(vocab.BLOCK_OF[t])]]
+    return own, byte_of
+
+
+ROLE_OWN, ROLE_BYTE_OF = _role_tables()
+
+
+def _is_byte(tokens):
+    return (tokens >= vocab.BYTE_OFFSET) & (tokens < vocab.BYTE_OFFSET + 256)
+
+
+def grammar(tokens: jax.Array, segment_ids: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(role int32[B, T], byte index int32[B, T], last header int32[B, T]) of every token,
+    read from the tokens before it on the device (no grammar check): a byte takes the role
+    of the last header before it (prep.tokens.rowdecode.token_roles gives the same roles) and its
+    index in that header's block; a header or marker has its own role and index
+    ``arch.N_INDEX - 1``. Padding, and a byte with no header before it, have role 0."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    T = tokens.shape[-1]
+    idx = jnp.arange(T, dtype=jnp.int32)
+    is_byte = _is_byte(tokens)
+    last = jax.lax.cummax(jnp.where(is_byte, -1, idx), axis=1)
+    header = jnp.take_along_axis(tokens, jnp.maximum(last, 0), axis=1)
+    role = jnp.where(is_byte, jnp.asarray(ROLE_BYTE_OF)[header], jnp.asarray(ROLE_OWN)[tokens])
+    role = jnp.where((seg > 0) & (~is_byte | (last >= 0)), role, 0)
+    index = jnp.where(is_byte, jnp.clip(idx - last - 1, 0, arch.N_INDEX - 2), arch.N_INDEX - 1)
+    return role, index, last
+
+
+def token_roles(tokens: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """int32[B, T]: the role (index into prep.schema.vocab.ROLES) of every token, 0 on padding."""
+    return grammar(tokens, segment_ids)[0]
+
+
+def target_roles(tokens: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """int32[B, T]: the role of the token each position predicts (t + 1), 0 at the last."""
+    r = token_roles(tokens, segment_ids)
+    return jnp.concatenate([r[:, 1:], jnp.zeros_like(r[:, :1])], axis=1)
+
+
+def _probe_grammar(tokens, seg, last, p_tok, p_prev):
+    """(role, index) of probe tokens standing right after row position p_prev."""
+    p_tok = p_tok.astype(jnp.int32)
+    prev_tok = jnp.take_along_axis(tokens.astype(jnp.int32), p_prev, axis=1)
+    prev_last = jnp.take_along_axis(last, p_prev, axis=1)
+    hdr_pos = jnp.where(_is_byte(prev_tok), prev_last, p_prev)
+    header = jnp.take_along_axis(tokens.astype(jnp.int32), jnp.maximum(hdr_pos, 0), axis=1)
+    byte = _is_byte(p_tok)
+    role = jnp.where(byte, jnp.where(hdr_pos >= 0, jnp.asarray(ROLE_BYTE_OF)[header], 0),
+                     jnp.asarray(ROLE_OWN)[p_tok])
+    index = jnp.where(byte, jnp.clip(p_prev - hdr_pos, 0, arch.N_INDEX - 2), arch.N_INDEX - 1)
+    return role, index
+
+
+def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
+             attention: attn.AttentionConfig = attn.AttentionConfig(),
+             role_weights: tuple[float, ...] | None = None):
+    """(sum of next-token cross-entropy over counted targets, number of counted targets,
+    the training objective). The objective is the mean cross-entropy, or, with
+    ``role_weights`` (one weight per prep.schema.vocab.ROLES entry), the mean weighted by the role
+    of each target: sum(w * ce) / sum(w)."""
+    tokens, seg = batch["tokens"], batch["segment_ids"]
+    ce, _, _, mask = token_losses(params, tokens, seg, cfg, attention)
+    total, count = jnp.where(mask, ce, 0.0).sum(), mask.sum()
+    if role_weights is None:
+        return total, count, total / jnp.maximum(count, 1)
+    w = jnp.where(mask, jnp.asarray(role_weights, jnp.float32)[target_roles(tokens, seg)], 0.0)
+    return total, count, (w * ce).sum() / jnp.maximum(w.sum(), 1e-9)
+
+
+def token_losses(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
+                 attention: attn.AttentionConfig = attn.AttentionConfig()):
+    """(next-token cross-entropy, logits, targets, mask) at every position of a batch: the
+    loss of training, of the eval during training and of `train eval`; count it where mask."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    logits = forward(params, tokens, seg, cfg, attention)
+    targets, mask = targets_and_mask(tokens, seg)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets), logits, targets, mask
+
+
+# --- FLOPs, for MFU ----------------------------------------------------------------------
+
+def flop_counts(segment_ids: jax.Array) -> dict:
+    """What a batch's FLOPs scale with (``train_flops`` takes them): its real tokens, and
+    the attention context they see (sum of position + 1)."""
+    seg = segment_ids.astype(jnp.int32)
+    real = seg > 0
+    ctx = jnp.where(real, positions(seg) + 1, 0)
+    return {"tokens": real.sum(), "attn_ctx": ctx.astype(jnp.float32).sum()}
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """N in 6N: every parameter but the embedding table, whose use is a lookup, not a matmul."""
+    specs = arch.param_specs(cfg)
+    return arch.n_params(cfg) - sum(math.prod(p.shape) for k, p in specs.items()
+                                    if k.endswith("embed"))
+
+
+def train_flops(cfg: ModelConfig, tokens: float, attn_ctx: float) -> float:
+    """Training FLOPs (forward + backward) over ``tokens`` real tokens that see ``attn_ctx``
+    keys in all (``flop_counts``): 6N per token, plus attention.
+
+    Attention per layer: QK^T and AV are 2 * d_attn * ctx each for a token seeing ctx
+    keys, times 3 for forward + backward. Counted over the keys each token really sees
+    (its position + 1, inside its own context), which is what the cuDNN kernel computes.
+    """
+    d_attn = cfg.n_heads * cfg.head_dim
+    return 6.0 * matmul_params(cfg) * tokens + 12.0 * cfg.n_layers * d_attn * attn_ctx

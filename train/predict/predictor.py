@@ -1,0 +1,387 @@
+"""Ask a trained model for RTTs: ``load(run_dir).predict(src, dst, time=..., history=...)``.
+
+    >>> from train.predict.predictor import load
+    >>> model = load("runs/tiny-20261123-101500")
+    >>> model.predict("192.0.2.7", "193.0.14.129", time=1767312000)   # Unix seconds
+    {'rtt_ms': …, 'p10_ms': …, 'p90_ms': …, 'p_failed': …, 'history_used': 0, …}
+
+A query is one measurement whose result is unknown, written as the model saw measurements
+in training in ``full`` timestamp mode with the result block last:
+``MEASUREMENT_START, source, destination, timestamp, RTT_START``, after the source probe's
+earlier measurements (its history, same block order, oldest first) in the same context.
+Where the vocabulary has value fields (prep.schema.vocab.VALUE_FIELDS), history measurements
+carry theirs before the result, and so do `train eval`'s queries; a query of `train
+predict` has none (its values are not known).
+From the model's next-token distributions:
+
+- ``p_failed`` = P(FAILED) / (P(FAILED) + P(RTT_START)) at the result position;
+- the RTT distribution is that of the two RTT bytes ``EEEEEMMM MMMMMMMM`` after RTT_START
+  (µs = mantissa × 2^exponent), over the codes the tokenizer can write: exponent 0 with
+  any mantissa, or exponent >= 1 with mantissa >= 1024 ("canonical" codes; others would be
+  a second spelling of a value, and no row holds one). On canonical codes the order of the
+  codes is the order of the values, so quantile q is found exactly in two steps: the
+  first-byte distribution P(b1) (renormalized over the 132 canonical first bytes) gives
+  the first byte b1* where the cumulative probability reaches q; the second byte's
+  distribution *given b1** (one probe, train.model.model.forward) finishes it. Median, p10 and
+  p90 cost one forward pass for the first bytes and one for at most three second-byte
+  distributions. tests/test_predictor.py holds this to a brute force over all 132 first
+  bytes. The value reported for a code is its bin's value (as prep.tokens.decode.rtt_ms).
+  The share of the first-byte mass on non-canonical bytes is reported as
+  ``non_canonical_mass`` (near 0 for a trained model).
+
+The same machinery scores every test measurement in ``train eval`` (train.eval.evaluate): there
+the true results stand in the row (teacher forcing) and each measurement is a query given
+the ones before it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from prep.schema import vocab as V
+from prep.schema.errors import InputError
+from prep.schema.measurements import addr_words
+from prep.tokens.reference import addr_block, result_block, timestamp_block, value_block
+from train.model import attention, model
+from train.model.arch import ModelConfig
+
+B = V.BYTE_OFFSET
+QUANTILES = (0.1, 0.5, 0.9)
+UNKNOWN = -2  # rtt_code of a query: its result is what we ask for
+
+
+def _canonical_first_bytes() -> np.ndarray:
+    """First bytes of canonical RTT codes in value order: exponent 0 (mantissa bits 0-7),
+    then for each exponent 1..31 mantissa high bits 4-7 (mantissa >= 1024)."""
+    out = list(range(8))
+    for e in range(1, 32):
+        out += [(e << 3) | hi for hi in range(4, 8)]
+    return np.array(out, np.int64)
+
+
+CANONICAL_B1 = _canonical_first_bytes()  # 132 first bytes, ascending values
+
+
+def code_ms(code) -> np.ndarray:
+    """ms of RTT codes (the bin's value: mantissa × 2^exponent µs)."""
+    code = np.asarray(code, np.int64)
+    return (code & 0x7FF) * np.exp2(code >> 11) / 1000.0
+
+
+# --- encoding queries ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measurement of a query context; ``rtt_code`` -1 = failed, UNKNOWN = to predict."""
+    family: int
+    src_hi: int
+    src_lo: int
+    dst_hi: int
+    dst_lo: int
+    time: int | None
+    rtt_code: int
+    values: tuple = ()  # its value fields (prep.schema.vocab.VALUE_FIELDS), where known
+
+
+def encode_context(ms: list[Measurement]) -> tuple[list[int], list[int], list[int]]:
+    """(tokens, choice_pos, rtt_pos): a context in full mode, blocks source, destination,
+    timestamp, value fields, result, each as the tokenizer writes it (prep.tokens.reference's
+    block helpers). choice_pos[i]: the position whose next token is measurement i's result
+    header; rtt_pos[i]: its RTT_START (-1 if it failed).
+
+    Value blocks (prep.schema.vocab.VALUE_FIELDS) are written where a measurement has ``values``:
+    history and `train eval`'s queries have them, a query of `train predict` does not.
+    """
+    tokens, choice, rtt = [], [], []
+    prev = None
+    for m in ms:
+        tokens.append(V.MEASUREMENT_START)
+        tokens += addr_block(V.SRC_IPV4, m.family, int(m.src_hi), int(m.src_lo))
+        tokens += addr_block(V.DST_IPV4, m.family, int(m.dst_hi), int(m.dst_lo))
+        if m.time is not None:
+            if prev is not None and m.time < prev:
+                raise InputError(f"time {m.time} is before the previous measurement's {prev}; "
+                                 "a context runs oldest first")
+            tokens += timestamp_block(prev, m.time)
+            prev = m.time
+        for k, v in enumerate(m.values):
+            tokens += value_block(k, int(v))
+        choice.append(len(tokens) - 1)
+        rtt.append(-1 if m.rtt_code == -1 else len(tokens))
+        # the query's result is what the model is asked for: its header alone
+        tokens += [V.RTT_START] if m.rtt_code == UNKNOWN else result_block(m.rtt_code)
+    return tokens, choice, rtt
+
+
+def pack_contexts(contexts: list[list[int]], row_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens int32[R, L], segment_ids int32[R, L], row_start int64[n, 2]): contexts laid
+    in rows in order (next fit: a context that does not fit starts a new row); row_start[i]
+    is context i's (row, offset)."""
+    where, r, off = [], 0, 0
+    for c in contexts:
+        if len(c) > row_len:
+            raise ValueError(f"a context of {len(c)} tokens is longer than a row ({row_len})")
+        if off + len(c) > row_len:
+            r, off = r + 1, 0
+        where.append((r, off))
+        off += len(c)
+    n_rows = r + 1 if contexts else 0
+    tok = np.zeros((n_rows, row_len), np.int32)
+    seg = np.zeros((n_rows, row_len), np.int32)
+    last = {}
+    for c, (r, o) in zip(contexts, where):
+        last[r] = last.get(r, 0) + 1
+        tok[r, o:o + len(c)] = c
+        seg[r, o:o + len(c)] = last[r]
+    return tok, seg, np.array(where, np.int64).reshape(-1, 2)
+
+
+# --- the model's answers ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Answers:
+    """Per query: P(failed), the RTT quantiles (ms) of QUANTILES, the canonical codes."""
+    p_failed: np.ndarray  # float64[n]
+    quantile_ms: np.ndarray  # float64[n, 3]: p10, median, p90 (NaN where not asked)
+    quantile_code: np.ndarray  # int64[n, 3]
+    non_canonical_mass: np.ndarray  # float64[n]: first-byte mass off the canonical codes
+
+    @property
+    def rtt_ms(self) -> np.ndarray:
+        return self.quantile_ms[:, 1]
+
+
+class Predictor:
+    """A trained model's parameters and the two jitted passes behind every answer."""
+
+    def __init__(self, params: dict, mcfg: ModelConfig, *, compute_dtype: str = "float32",
+                 attention_impl: str = "auto", batch_size: int = 8, run_dir: str | None = None,
+                 step: int | None = None):
+        self.params, self.mcfg, self.batch_size = params, mcfg, batch_size
+        self.run_dir, self.step = run_dir, step
+        impl = attention.resolve(attention_impl)
+        self.attention = attention.AttentionConfig(
+            impl, max_segments=max(2, mcfg.seq_len // 12 + 1), dtype=compute_dtype)
+        self.row_len = mcfg.seq_len
+
+    @property
+    def _gather(self):
+        return _compiled(self.mcfg, self.attention)[0]
+
+    @property
+    def _probe(self):
+        return _compiled(self.mcfg, self.attention)[1]
+
+    def answer(self, tok: np.ndarray, seg: np.ndarray, q_row: np.ndarray, q_choice: np.ndarray,
+               q_rtt: np.ndarray, *, progress=None) -> Answers:
+        """Answers for queries (row, choice position, RTT_START position or -1) over rows."""
+        n = len(q_row)
+        p_failed = np.full(n, np.nan)
+        codes = np.full((n, len(QUANTILES)), -1, np.int64)
+        off_mass = np.full(n, np.nan)
+        order = np.argsort(q_row, kind="stable")
+        bounds = np.searchsorted(q_row[order], np.arange(len(tok) + 1))
+        for r0 in range(0, len(tok), self.batch_size):
+            r1 = min(r0 + self.batch_size, len(tok))
+            qs = order[bounds[r0]:bounds[r1]]
+            if len(qs):
+                self._answer_batch(tok, seg, r0, r1, qs, q_row, q_choice, q_rtt, p_failed,
+                                   codes, off_mass)
+            if progress is not None:
+                progress(r1 - r0, len(qs))
+        ms = np.where(codes >= 0, code_ms(np.maximum(codes, 0)), np.nan)
+        return Answers(p_failed, ms, codes, off_mass)
+
+    def _answer_batch(self, tok, seg, r0, r1, qs, q_row, q_choice, q_rtt, p_failed, codes,
+                      off_mass):
+        bs = self.batch_size
+        rows = q_row[qs] - r0
+        slot = np.arange(len(qs)) - np.searchsorted(rows, rows)  # index among its row's queries
+        width = _bucket(2 * int(slot.max()) + 2)
+        pos = np.zeros((bs, width), np.int32)
+        pos[rows, 2 * slot] = q_choice[qs]
+        pos[rows, 2 * slot + 1] = np.maximum(q_rtt[qs], 0)
+        t, s = pad_rows(tok[r0:r1], bs), pad_rows(seg[r0:r1], bs)
+        lp = np.asarray(self._gather(self.params, t, s, pos), np.float64)
+        lp_choice, lp_b1 = lp[rows, 2 * slot], lp[rows, 2 * slot + 1]
+        p_fail, p_rtt = np.exp(lp_choice[:, V.FAILED]), np.exp(lp_choice[:, V.RTT_START])
+        p_failed[qs] = p_fail / (p_fail + p_rtt)
+
+        want = q_rtt[qs] >= 0
+        if not want.any():
+            return
+        first = first_byte_quantiles(lp_b1[want])
+        b1, before, p_b1, off = first
+        qw = qs[want]
+        off_mass[qw] = off
+        # probes: one per distinct first byte a query needs, anchored at its RTT_START
+        k = len(QUANTILES)
+        rw = rows[want]
+        pslot = np.arange(len(qw)) - np.searchsorted(rw, rw)
+        pwidth = _bucket(k * int(pslot.max()) + k)
+        p_tok = np.zeros((bs, pwidth), np.int32)
+        p_prev = np.zeros((bs, pwidth), np.int32)
+        cols = k * pslot[:, None] + np.arange(k)
+        p_tok[rw[:, None], cols] = B + b1
+        p_prev[rw[:, None], cols] = q_rtt[qw][:, None]
+        lp2 = np.asarray(self._probe(self.params, t, s, p_tok, p_prev), np.float64)
+        b2 = second_byte_quantiles(lp2[rw[:, None], cols], before, p_b1)
+        codes[qw] = (b1 << 8) | b2
+
+    # --- one query at a time ---------------------------------------------------------------
+    def predict(self, src: str, dst: str, *, time: int | None = None,
+                history: list[Measurement] | None = None) -> dict:
+        """RTT median, p10, p90 (ms) and P(failed) of one ping from ``src`` to ``dst``."""
+        return self.predict_many([(src, dst, time, history or [])])[0]
+
+    def predict_many(self, queries) -> list[dict]:
+        """``predict`` for many (src, dst, time or None, history list) at once, batched."""
+        contexts, q_choice, q_rtt, dropped = [], [], [], []
+        for src, dst, t, hist in queries:
+            q = query_measurement(src, dst, t)
+            hist = sorted(hist, key=lambda m: -1 if m.time is None else m.time)
+            tokens, choice, rtt, kept = self._fit_row(hist, q)
+            contexts.append(tokens)
+            q_choice.append(choice)
+            q_rtt.append(rtt)
+            dropped.append(len(hist) - kept)
+        tok, seg, where = pack_contexts(contexts, self.row_len)
+        ans = self.answer(tok, seg, where[:, 0], where[:, 1] + np.array(q_choice, np.int64),
+                          where[:, 1] + np.array(q_rtt, np.int64))
+        out = []
+        for i in range(len(queries)):
+            out.append({"rtt_ms": float(ans.quantile_ms[i, 1]),
+                        "p10_ms": float(ans.quantile_ms[i, 0]),
+                        "p90_ms": float(ans.quantile_ms[i, 2]),
+                        "p_failed": float(ans.p_failed[i]),
+                        "history_used": len(queries[i][3]) - dropped[i],
+                        "non_canonical_mass": float(ans.non_canonical_mass[i])})
+        return out
+
+    def _fit_row(self, hist: list[Measurement], q: Measurement):
+        """The query after as much of its history (the most recent) as fits one row."""
+        # no measurement is shorter than 12 tokens: older ones than this cannot fit
+        first = max(0, len(hist) - self.row_len // 12)
+        for start in range(first, len(hist) + 1):
+            tokens, choice, rtt = encode_context(hist[start:] + [q])
+            if len(tokens) <= self.row_len:
+                return tokens, choice[-1], rtt[-1], len(hist) - start
+        raise AssertionError("unreachable: one measurement always fits a row")
+
+
+@functools.lru_cache(maxsize=4)
+def _compiled(mcfg: ModelConfig, att: attention.AttentionConfig):
+    """(pass 1: log-probabilities at chosen positions, pass 2: of probes after chosen
+    positions), jitted once per model shape and attention settings in a process."""
+
+    def gather(params, tokens, seg, pos):
+        logits = model.forward(params, tokens, seg, mcfg, att)
+        return jax.nn.log_softmax(jnp.take_along_axis(logits, pos[:, :, None], axis=1))
+
+    def probe(params, tokens, seg, p_tok, p_prev):
+        _, logits = model.forward(params, tokens, seg, mcfg, att, probes=(p_tok, p_prev))
+        return jax.nn.log_softmax(logits)
+
+    return jax.jit(gather), jax.jit(probe)
+
+
+def query_measurement(src: str, dst: str, time: int | None) -> Measurement:
+    """The query measurement of (src, dst, time); InputError for a bad address."""
+    try:
+        fs, sh, sl = addr_words(str(src))
+        fd, dh, dl = addr_words(str(dst))
+    except ValueError as e:
+        raise InputError(f"{e}; give IPv4 or IPv6 addresses, e.g. --src 192.0.2.7 "
+                         "--dst 193.0.14.129") from None
+    if fs != fd:
+        raise InputError(f"source {src} is IPv{fs} and destination {dst} IPv{fd}; a ping "
+                         "has one address family")
+    return Measurement(fs, sh, sl, dh, dl, None if time is None else int(time), UNKNOWN)
+
+
+def first_byte_quantiles(lp_b1: np.ndarray):
+    """Per query (log-probs [n, V] of the token after RTT_START): for each of QUANTILES the
+    canonical first byte b1* where the cumulative first-byte probability reaches it, the
+    probability before b1*, P(b1*), and the non-canonical share of the byte mass."""
+    p_bytes = np.exp(lp_b1[:, B:B + 256])
+    p = p_bytes[:, CANONICAL_B1]
+    total = p.sum(axis=1, keepdims=True)
+    off = 1.0 - total[:, 0] / p_bytes.sum(axis=1)
+    p = p / total
+    cum = np.cumsum(p, axis=1)
+    q = np.asarray(QUANTILES)
+    idx = np.minimum((cum[:, None, :] < q[None, :, None]).sum(axis=2), len(CANONICAL_B1) - 1)
+    p_at = np.take_along_axis(p, idx, axis=1)
+    before = np.take_along_axis(cum, idx, axis=1) - p_at
+    return CANONICAL_B1[idx], before, p_at, off
+
+
+def second_byte_quantiles(lp_b2: np.ndarray, before: np.ndarray, p_b1: np.ndarray) -> np.ndarray:
+    """The second byte of each quantile code: the first b2 where before + P(b1*) × P(b2' <= b2
+    | b1*) reaches the quantile. lp_b2: log-probs [n, k, V] of the token after b1*."""
+    p = np.exp(lp_b2[:, :, B:B + 256])
+    p = p / p.sum(axis=2, keepdims=True)
+    reach = before[:, :, None] + p_b1[:, :, None] * np.cumsum(p, axis=2)
+    q = np.asarray(QUANTILES)[None, :, None]
+    return np.minimum((reach < q).sum(axis=2), 255)
+
+
+def _bucket(n: int) -> int:
+    """Round a probe/gather width up (powers of two from 8) so few shapes get compiled."""
+    return max(8, 1 << math.ceil(math.log2(max(n, 1))))
+
+
+def pad_rows(a: np.ndarray, n: int) -> np.ndarray:
+    if len(a) == n:
+        return a
+    return np.concatenate([a, np.zeros((n - len(a),) + a.shape[1:], a.dtype)])
+
+
+# --- loading a run ---------------------------------------------------------------------
+
+def run_record(run_dir: str | Path) -> dict:
+    """The run's config.json; InputError naming the fix when it is not a run folder."""
+    d = Path(run_dir)
+    cfg = d / "config.json"
+    if not d.is_dir():
+        raise InputError(f"{d}: no such run folder; train one with `train --data shards/` "
+                         "(runs go under runs/)")
+    if not cfg.is_file() or not (d / "checkpoints").is_dir():
+        raise InputError(f"{d}: not a run folder (no config.json or checkpoints/); pass the "
+                         "--run-dir a `train` run wrote, e.g. runs/tiny-<time>")
+    return json.loads(cfg.read_text())
+
+
+def load(run_dir: str | Path, *, step: int | None = None, batch_size: int | None = None,
+         attention_impl: str = "auto") -> Predictor:
+    """The model of ``run_dir`` at checkpoint ``step`` (default: the latest)."""
+    from train.fit.checkpoint import Checkpointer
+
+    record = run_record(run_dir)
+    mcfg = ModelConfig(**record["model"])
+    ckpt = Checkpointer(Path(run_dir) / "checkpoints")
+    try:
+        steps = ckpt.manager.all_steps()
+        if not steps:
+            raise InputError(f"{run_dir}: no checkpoint yet; train longer or resume the run")
+        step = ckpt.newest_intact_step() if step is None else step
+        if step not in steps:
+            raise InputError(f"{run_dir}: no checkpoint at step {step}; there are "
+                             f"{', '.join(map(str, sorted(steps)))}")
+        state, _ = ckpt.restore(step)
+    finally:
+        ckpt.close()
+    train_cfg = record.get("train", {})
+    return Predictor(jax.device_put(state["params"]), mcfg,
+                     compute_dtype=train_cfg.get("compute_dtype", "float32"),
+                     attention_impl=attention_impl,
+                     batch_size=batch_size or max(1, min(64, train_cfg.get("batch_size", 8))),
+                     run_dir=str(run_dir), step=step)
