@@ -45,7 +45,6 @@ import time
 from dataclasses import asdict, dataclass
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
@@ -100,13 +99,13 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
     tok, seg = read_split(data, manifest, "test")
     if len(tok) == 0:
         raise InputError(_EMPTY_TEST.format(data=data))
-    meas, roles = rowdecode.decode_rows_and_roles(tok, seg, where=f"{data}/test")
+    meas = rowdecode.decode_rows(tok, seg, where=f"{data}/test")
     log(f"train eval: {cfg.run_dir} at step {pred.step} on {data}: {len(tok):,} test rows, "
         f"{len(meas):,} measurements")
 
     # 1. loss by role over (a seeded sample of) the test rows
     loss_rows = _sample_rows(seg, meas, cfg.max_queries, rng)
-    loss = token_loss_by_role(pred, tok[loss_rows], seg[loss_rows], roles[loss_rows],
+    loss = token_loss_by_role(pred, tok[loss_rows], seg[loss_rows],
                               progress=progress)
 
     # 2. RTT queries: full-mode contexts, re-encoded with the result last; then each alone
@@ -310,43 +309,32 @@ def node_ids(parts):
     return out, len(uniq)
 
 
-def token_loss_by_role(pred: P.Predictor, tok, seg, roles, *, progress: bool = True) -> dict:
-    """Teacher-forced next-token loss and accuracy, overall and by the target's role."""
-    fn = _loss_fn(pred)
-    n_roles = len(rowdecode.ROLES)
-    s_loss, s_right, s_n = np.zeros(n_roles), np.zeros(n_roles), np.zeros(n_roles)
+def token_loss_by_role(pred: P.Predictor, tok, seg, *, progress: bool = True) -> dict:
+    """Teacher-forced next-token loss and accuracy, overall and by the target's role
+    (train.model.model.loss_by_role, as in training)."""
+    fn = _compiled_loss(pred.mcfg, pred.attention)
+    s_loss, s_right, s_n = (np.zeros(model.N_ROLES) for _ in range(3))
     bs = pred.batch_size
     for r0 in tqdm(range(0, len(tok), bs), unit="batch", desc="loss by role",
                    disable=not progress, file=sys.stderr):
         t, s = P.pad_rows(tok[r0:r0 + bs], bs), P.pad_rows(seg[r0:r0 + bs], bs)
-        ce, right, mask = (np.asarray(x) for x in fn(pred.params, t.astype(np.int32),
-                                                    s.astype(np.int32)))
-        role = P.pad_rows(roles[r0:r0 + bs], bs)
-        target_role = np.concatenate([role[:, 1:], np.zeros_like(role[:, :1])], axis=1)
-        target_role = np.where(mask, target_role, 0)
-        s_loss += np.bincount(target_role[mask], ce[mask], minlength=n_roles)
-        s_right += np.bincount(target_role[mask], right[mask], minlength=n_roles)
-        s_n += np.bincount(target_role[mask], minlength=n_roles)
+        loss, right, n = fn(pred.params, t.astype(np.int32), s.astype(np.int32))
+        s_loss += np.asarray(loss, np.float64)
+        s_right += np.asarray(right, np.float64)
+        s_n += np.asarray(n, np.float64)
     n = s_n[1:].sum()
-    return {"loss": float(s_loss.sum() / n) if n else None,
-            "accuracy": float(s_right.sum() / n) if n else None, "tokens": int(n),
+    return {"loss": float(s_loss[1:].sum() / n) if n else None,
+            "accuracy": float(s_right[1:].sum() / n) if n else None, "tokens": int(n),
             "rows": int(len(tok)),
             "by_role": {rowdecode.ROLES[k]: {"loss": float(s_loss[k] / s_n[k]),
                                              "accuracy": float(s_right[k] / s_n[k]),
                                              "tokens": int(s_n[k])}
-                        for k in range(1, n_roles) if s_n[k]}}
-
-
-def _loss_fn(pred: P.Predictor):
-    return _compiled_loss(pred.mcfg, pred.attention)
+                        for k in range(1, len(rowdecode.ROLES)) if s_n[k]}}
 
 
 @functools.lru_cache(maxsize=4)
 def _compiled_loss(mcfg, att):
-    def f(params, tokens, seg):
-        ce, logits, targets, mask = model.token_losses(params, tokens, seg, mcfg, att)
-        return ce, (jnp.argmax(logits, axis=-1) == targets), mask
-    return jax.jit(f)
+    return jax.jit(functools.partial(model.loss_by_role, cfg=mcfg, attention=att))
 
 
 def _split_rule(manifest: dict) -> dict:

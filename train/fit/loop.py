@@ -127,17 +127,16 @@ class EvalSample:
         tok, seg = reader.read_split(cfg.data, manifest, "test", sha256=False)  # checked at start
         pick = np.random.default_rng([cfg.seed, 0xE7A1]).permutation(len(tok))[:cfg.eval_rows]
         tok, seg = tok[np.sort(pick)], seg[np.sort(pick)]
-        try:
-            roles = rowdecode.token_roles(tok, seg)
+        try:  # the roles themselves are read on the device (train.model.model.loss_by_role)
+            rowdecode.token_roles(tok, seg)
             self.roles_known = True
         except RowFormatError:  # rows that are not measurements (synthetic test shards)
-            roles, self.roles_known = np.zeros_like(seg), False
-        target = np.concatenate([roles[:, 1:], np.zeros_like(roles[:, :1])], axis=1)
+            self.roles_known = False
         self.n_rows, self.sharding = len(tok), rows_sharding
         # this process's share, padded to whole batches (padding rows count nothing)
         pi, pc = jax.process_index(), jax.process_count()
         self.batch = max(1, cfg.batch_size // pc)
-        self.arrays = [a[pi::pc] for a in (tok, seg, target)]
+        self.arrays = [a[pi::pc] for a in (tok, seg)]
 
     def __call__(self, params, eval_step) -> dict | None:
         from prep.tokens.rowdecode import ROLES
@@ -145,10 +144,10 @@ class EvalSample:
         if not self.n_rows:
             return None
         total = count = 0
-        tok, seg, target = self.arrays
+        tok, seg = self.arrays
         for r0 in range(0, max(len(tok), 1), self.batch):
             part = {k: _pad(a[r0:r0 + self.batch], self.batch) for k, a in
-                    zip(("tokens", "segment_ids", "target_roles"), (tok, seg, target))}
+                    zip(("tokens", "segment_ids"), (tok, seg))}
             batch = {k: jax.make_array_from_process_local_data(self.sharding, v)
                      for k, v in part.items()}
             s, c = eval_step(params, batch)

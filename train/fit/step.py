@@ -31,6 +31,7 @@ from train.fit.config import TrainConfig
 from train.model import arch, model
 from train.model.arch import ModelConfig
 from train.model.attention import AttentionConfig
+from train.model.model import N_ROLES  # noqa: F401  (re-exported: eval_step's length)
 
 
 def make_mesh(devices=None) -> Mesh:
@@ -105,18 +106,12 @@ def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, schedule,
     return {"params": params, "opt": opt_state, "step": state["step"] + 1}, metrics
 
 
-N_ROLES = len(ROLES) + 1  # prep.schema.vocab.ROLES (7, then one per value field) and one spare
-
-
 def eval_step(params: dict, batch: dict, *, mcfg: ModelConfig, attention: AttentionConfig):
-    """(loss sum, target count), each float32[N_ROLES] by ``batch["target_roles"]`` (the role
-    of the token each position predicts; 0 where the rows are not measurement rows)."""
-    ce, _, _, mask = model.token_losses(params, batch["tokens"], batch["segment_ids"], mcfg,
+    """(loss sum, target count), each float32[N_ROLES] by the role of the token each
+    position predicts (train.model.model.loss_by_role)."""
+    loss, _, count = model.loss_by_role(params, batch["tokens"], batch["segment_ids"], mcfg,
                                         attention)
-    roles = batch["target_roles"].astype(jnp.int32).ravel()
-    total = jax.ops.segment_sum(jnp.where(mask, ce, 0.0).ravel(), roles, N_ROLES)
-    count = jax.ops.segment_sum(mask.ravel().astype(jnp.float32), roles, N_ROLES)
-    return total, count
+    return loss, count
 
 
 # what make_optimizer reads: runs that agree on these (and the mesh, model and attention)

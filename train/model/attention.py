@@ -70,6 +70,19 @@ def xla_attention(q, k, v, segment_ids):
                                         implementation="xla")
 
 
+def probe_attention(q, k, v, k_self, v_self, mask):
+    """Probes (train.model.model.forward's ``probes``): q, k_self, v_self [B, M, N, H], one
+    query, key and value per probe; k, v [B, T, N, H] the row's; mask bool[B, 1, M, T], probe
+    m may see row key t. Each probe sees what its mask allows of the row and itself, never
+    another probe: ``xla_attention``'s maths over the keys [row, probes] with the probes'
+    part masked to the diagonal."""
+    B, M = q.shape[0], q.shape[1]
+    own = jnp.broadcast_to(jnp.eye(M, dtype=bool), (B, 1, M, M))
+    return jax.nn.dot_product_attention(
+        q, jnp.concatenate([k, k_self], axis=1), jnp.concatenate([v, v_self], axis=1),
+        mask=jnp.concatenate([mask, own], axis=-1), implementation="xla")
+
+
 def missing_segment_value() -> int:
     """What the installed JAX's cuDNN wrapper wants in unused segment slots, read from its
     own docstring ("fill the padded entries with -1"); -1 (JAX 0.10-0.11) if it says nothing.

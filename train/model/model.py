@@ -132,13 +132,7 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
             hp = rms_norm(xp, p["attn_norm"], cfg.norm_eps)
             qkv_p = jnp.einsum("bmd,dsnh->sbmnh", hp, p["wqkv"].astype(dtype))
             qp, kp = rope(qkv_p[0], p_pos, cfg.rope_base), rope(qkv_p[1], p_pos, cfg.rope_base)
-            scale = 1.0 / float(cfg.head_dim) ** 0.5
-            s_row = jnp.einsum("bmnh,btnh->bnmt", qp, k).astype(jnp.float32) * scale
-            s_row = jnp.where(p_mask, s_row, -jnp.inf)
-            s_self = jnp.einsum("bmnh,bmnh->bnm", qp, kp).astype(jnp.float32)[..., None] * scale
-            w = jax.nn.softmax(jnp.concatenate([s_row, s_self], axis=-1), axis=-1)
-            ap = (jnp.einsum("bnmt,btnh->bmnh", w[..., :-1].astype(dtype), qkv[2])
-                  + jnp.einsum("bnm,bmnh->bmnh", w[..., -1].astype(dtype), qkv_p[2]))
+            ap = attn.probe_attention(qp, k, qkv[2], kp, qkv_p[2], p_mask)
             xp = mlp(xp + jnp.einsum("bmnh,nhd->bmd", ap, p["wo"].astype(dtype)), p)
         return (x, xp), None
 
@@ -218,6 +212,25 @@ def _probe_grammar(tokens, seg, last, p_tok, p_prev):
     return role, index
 
 
+N_ROLES = len(vocab.ROLES) + 1  # prep.schema.vocab.ROLES (7, then one per value field), one spare
+
+
+def loss_by_role(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
+                 attention: attn.AttentionConfig = attn.AttentionConfig()):
+    """(cross-entropy sum, right-guess count, target count), each float32[N_ROLES] by the
+    role of the token each position predicts (``target_roles``): the one place the loss is
+    split by role, for the training objective (``loss_sum``), the eval during training
+    (train.fit.step.eval_step) and `train eval` (train.eval.evaluate)."""
+    ce, logits, targets, mask = token_losses(params, tokens, segment_ids, cfg, attention)
+    roles = target_roles(tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)).ravel()
+    right = (jnp.argmax(logits, axis=-1) == targets) & mask
+
+    def by_role(x):
+        return jax.ops.segment_sum(x.astype(jnp.float32).ravel(), roles, N_ROLES)
+
+    return by_role(jnp.where(mask, ce, 0.0)), by_role(right), by_role(mask)
+
+
 def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
              attention: attn.AttentionConfig = attn.AttentionConfig(),
              role_weights: tuple[float, ...] | None = None):
@@ -225,13 +238,13 @@ def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
     the training objective). The objective is the mean cross-entropy, or, with
     ``role_weights`` (one weight per prep.schema.vocab.ROLES entry), the mean weighted by the role
     of each target: sum(w * ce) / sum(w)."""
-    tokens, seg = batch["tokens"], batch["segment_ids"]
-    ce, _, _, mask = token_losses(params, tokens, seg, cfg, attention)
-    total, count = jnp.where(mask, ce, 0.0).sum(), mask.sum()
+    loss, _, count = loss_by_role(params, batch["tokens"], batch["segment_ids"], cfg, attention)
+    total, n = loss.sum(), count.sum()
     if role_weights is None:
-        return total, count, total / jnp.maximum(count, 1)
-    w = jnp.where(mask, jnp.asarray(role_weights, jnp.float32)[target_roles(tokens, seg)], 0.0)
-    return total, count, (w * ce).sum() / jnp.maximum(w.sum(), 1e-9)
+        return total, n, total / jnp.maximum(n, 1)
+    w = jnp.zeros(N_ROLES, jnp.float32).at[:len(role_weights)].set(
+        jnp.asarray(role_weights, jnp.float32))
+    return total, n, (w * loss).sum() / jnp.maximum((w * count).sum(), 1e-9)
 
 
 def token_losses(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
