@@ -1,6 +1,6 @@
 """Parquet measurements to a dataset of shards: one bucket's work (plan, tokenize, pack,
-write), the dataset both runners finish the same way, and the runners of `prep shards`
-(local processes, Apache Beam).
+write), the one run of `prep shards` both runners share (dataset.build: inputs, output
+folder, start line, manifest), and each runner's own passes (local processes, Apache Beam).
 
 Owns: bucket, dataset, local_runner, beam_runner.
 Imports: prep.pack, prep.tokens, prep.jobs, prep.schema; nothing of prep.ingest.

@@ -22,10 +22,12 @@ local runner's very rule, ``prep.schema.splits.default_cutoff``) and records it 
 ``<stage>/cutoff.json`` for the manifest (a shared folder, as for the shards), and ``BucketFn`` takes it as a singleton side
 input, so every bucket uses the same resolved config as the local runner would.
 
-The driver then builds the manifest from those JSON files and publishes the staging
-folder with the local runner's very ending (``prep.build.dataset.finish``, prep.jobs.outdir: lock,
-``--overwrite``, the swap), so both give byte-identical shards and the same manifest
-(timing fields aside). A failed pipeline publishes nothing: its staging folder
+This module holds only that pipeline and the reading back of its JSON files
+(``BeamPasses``); the frame around it is the local runner's very one
+(``prep.build.dataset.build``: the inputs listed and hashed, the start line, the manifest
+built and the staging folder published by prep.jobs.outdir: lock, ``--overwrite``, the
+swap), so both give byte-identical shards and the same manifest (timing fields aside).
+A failed pipeline publishes nothing: its staging folder
 ``<out>/.tmp-beam-<pid>-<token>`` is removed (or, if the driver was killed, by the next
 run), and a dataset already in ``<out>`` stays as it was.
 
@@ -39,19 +41,24 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from prep.build.bucket import ShardsConfig, bucket_of, process_bucket, resolve_buckets
-from prep.build.dataset import add_read_counts, new_read_counts
+from prep.build.bucket import ShardsConfig, bucket_of, process_bucket
+from prep.build.dataset import (
+    Passes,
+    add_read_counts,
+    build,
+    config_to_json,
+    needs_cutoff,
+    new_read_counts,
+)
 from prep.schema.errors import InputError
 from prep.schema.measurements import ARROW_SCHEMA, DTYPES, Measurements, empty, from_arrow, to_arrow
-from prep.schema.splits import default_cutoff, format_time, merge_histograms, minute_histogram
+from prep.schema.splits import default_cutoff, merge_histograms, minute_histogram
 from prep.schema.validate import validated_batches
 
 
@@ -171,29 +178,41 @@ def beam_options(pairs: list[str]):
 
 def run_beam(inputs: list[str], out: str, cfg: ShardsConfig, *, beam_options_kv=(),
              progress: bool = True, overwrite: bool = False) -> dict:
-    """Build the dataset in ``out`` with Beam; return the closing summary."""
-    from prep.build.dataset import config_to_json, file_info, finish, needs_cutoff, read_units
-    from prep.jobs import outdir
-    from prep.schema.validate import list_inputs
-
-    t0 = time.perf_counter()
+    """Build the dataset in ``out`` (prep.build.dataset.build) with Beam; return the
+    closing summary."""
     beam, options, runner = beam_options(list(beam_options_kv))
-    out_dir = Path(out)
-    paths = list_inputs(inputs)
-    with outdir.claim(out_dir, overwrite=overwrite, runner="beam") as od:
-        stage = od.stage
-        units, rows_total = read_units(paths)
-        cfg = resolve_buckets(cfg, rows_total)
-        print(f"prep shards (beam, {type(runner).__name__ if not isinstance(runner, str) else runner}): "
-              f"{len(paths)} input files, {rows_total:,} rows; config {config_to_json(cfg)}",
-              file=sys.stderr)
+    return build(inputs, out, cfg, BeamPasses(beam, options, runner), overwrite=overwrite)
+
+
+class BeamPasses(Passes):
+    """The two passes as one Beam pipeline (the module docstring), then its JSON files read
+    back into the read counts and the per-bucket results."""
+
+    runner = "beam"
+    says = "prep shards (beam)"
+
+    def __init__(self, beam, options, beam_runner):
+        self.beam, self.options, self.beam_runner = beam, options, beam_runner
+
+    def describe(self, n_files: int, rows: int) -> str:
+        r = self.beam_runner
+        return (f"prep shards (beam, {type(r).__name__ if not isinstance(r, str) else r}): "
+                f"{n_files} input files, {rows:,} rows")
+
+    def timing(self) -> dict:
+        return {"runner": "beam", "workers": None, "read_s": None, "peak_rss_mb": None}
+
+    def run(self, od, units: list, rows_total: int, cfg: ShardsConfig,
+            t0: float) -> tuple[ShardsConfig, dict, list[dict]]:
+        beam, stage = self.beam, od.stage
         tasks = [json.dumps([i, parts]) for i, parts in enumerate(units)]
         BucketFn = _bucket_fn(beam)
         want_cutoff = needs_cutoff(cfg)
-        with beam.Pipeline(runner=runner, options=options) as p:
+        with beam.Pipeline(runner=self.beam_runner, options=self.options) as p:
             routed = (p
                       | "units" >> beam.Create(tasks)
-                      | "read+route" >> beam.FlatMap(read_unit, str(stage), cfg.n_buckets, want_cutoff)
+                      | "read+route" >> beam.FlatMap(read_unit, str(stage), cfg.n_buckets,
+                                                     want_cutoff)
                           .with_output_types(tuple[int, bytes])  # the main output's coders
                           .with_outputs("minutes", main="rows"))
             side = []
@@ -208,10 +227,7 @@ def run_beam(inputs: list[str], out: str, cfg: ShardsConfig, *, beam_options_kv=
                  | "bucket" >> beam.ParDo(BucketFn(config_to_json(cfg), str(stage)), *side))
         if want_cutoff:
             cutoff = json.loads((stage / "cutoff.json").read_text())["test_from"]
-            cfg = replace(cfg, test_from=cutoff)
-            print(f"prep shards (beam): test from {format_time(cutoff)} ({cutoff}), the earliest "
-                  f"whole minute with at most {100 * cfg.test_fraction:g} % of the accepted "
-                  "measurements at or after it", file=sys.stderr)
+            cfg = self.found_cutoff(cfg, cutoff)
 
         read = new_read_counts()
         for f in sorted((stage / "read").glob("unit-*.json")):
@@ -224,8 +240,6 @@ def run_beam(inputs: list[str], out: str, cfg: ShardsConfig, *, beam_options_kv=
             if b not in results:
                 results[b] = process_bucket(b, empty(), cfg, str(stage))
         if read["rows_in"] != rows_total:
-            raise InputError(f"{out_dir}: the pipeline read {read['rows_in']:,} of {rows_total:,} "
+            raise InputError(f"{od.path}: the pipeline read {read['rows_in']:,} of {rows_total:,} "
                              "rows; re-run `prep shards`")
-        timing = {"runner": "beam", "workers": None, "read_s": None, "peak_rss_mb": None}
-        return finish(od, cfg, [file_info(p) for p in paths], read,
-                      [results[b] for b in sorted(results)], t0, timing)
+        return cfg, read, [results[b] for b in sorted(results)]

@@ -1,33 +1,116 @@
-"""A dataset as both runners of `prep shards` build it: what they share around the buckets.
+"""A dataset as both runners of `prep shards` build it: the frame around their passes.
 
-The inputs cut into read units (``read_units``), the pass-1 counts added up
-(``new_read_counts``, ``add_read_counts``), the config in its JSON form, the input files'
-identities, and the ending: the manifest assembled from the counts and the per-bucket
-results (``build_manifest``), refused when it holds no training rows (``check_not_empty``),
-then published by prep.jobs.outdir (``finish``); the closing summary (``summary``,
-``format_summary``). The local runner is prep.build.local_runner, the Beam one prep.build.beam_runner.
+``build`` is the one run of `prep shards`: it lists the inputs, claims the output folder
+(prep.jobs.outdir), hashes the inputs on a helper thread, cuts them into read units
+(``read_units``), resolves the bucket count, prints the start line, calls the runner's
+``Passes`` (prep.build.local_runner's process pool, prep.build.beam_runner's pipeline) and
+ends with ``finish``. A runner brings only its passes: pass 1 (read, validate, route to
+buckets) and pass 2 (``prep.build.bucket.process_bucket`` per bucket); with a time split
+and no ``--test-from`` it finds the cutoff between them and hands it to
+``Passes.found_cutoff``.
+
+Also shared: the pass-1 counts added up (``new_read_counts``, ``add_read_counts``), the
+config in its JSON form, the input files' identities, and the ending: the manifest
+assembled from the counts and the per-bucket results (``build_manifest``), refused when it
+holds no training rows (``check_not_empty``), then published by prep.jobs.outdir
+(``finish``); the closing summary (``summary``, ``format_summary``).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import math
+import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
-from prep.build.bucket import ShardsConfig
+from prep.build.bucket import ShardsConfig, resolve_buckets
 from prep.jobs import outdir
+from prep.jobs.signals import signals_blocked
 from prep.schema import manifest as mf
 from prep.schema.errors import InputError
 from prep.schema.manifest import SPLITS
 from prep.schema.splits import TIME_RULES, format_time
-from prep.schema.validate import format_rejected, open_parquet
+from prep.schema.validate import format_rejected, list_inputs, open_parquet
 
 UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
+
+
+class Passes:
+    """A runner's own part of `prep shards`; ``build`` calls, in this order: ``start``,
+    ``describe``, ``run``, ``stop`` (always, once ``start`` was called), ``timing``."""
+
+    runner = "shards"  # prep.jobs.outdir.claim's runner (its staging folder's name)
+    says = "prep shards"  # how the run's lines on stderr start
+
+    def start(self) -> None:
+        """Start workers, if any: SIGINT/SIGTERM are blocked, no input has been read (so
+        Arrow has started no threads of its own)."""
+
+    def describe(self, n_files: int, rows: int) -> str:
+        """The start line, up to its config."""
+        return f"{self.says}: {n_files} input files, {rows:,} rows"
+
+    def run(self, od: outdir.OutDir, units: list, rows_total: int, cfg: ShardsConfig,
+            t0: float) -> tuple[ShardsConfig, dict, list[dict]]:
+        """Both passes, writing the shards into ``od.stage``: the config (with the cutoff
+        found, ``found_cutoff``), the read counts (``new_read_counts``) and the per-bucket
+        results, ordered by bucket. ``t0``: when the run started (perf_counter)."""
+        raise NotImplementedError
+
+    def stop(self, failed: bool) -> None:
+        """Stop the workers; ``failed``: the run is raising."""
+
+    def timing(self) -> dict:
+        """The manifest's ``timing`` (after ``stop``)."""
+        return {}
+
+    def found_cutoff(self, cfg: ShardsConfig, test_from: int) -> ShardsConfig:
+        """A time split's default cutoff (prep.schema.splits.default_cutoff) into the
+        config, and a line on stderr that says it."""
+        cfg = replace(cfg, test_from=test_from)
+        print(f"{self.says}: test from {format_time(test_from)} ({test_from}), the earliest "
+              f"whole minute with at most {100 * cfg.test_fraction:g} % of the accepted "
+              "measurements at or after it", file=sys.stderr)
+        return cfg
+
+
+def build(inputs: list[str], out: str, cfg: ShardsConfig, passes: Passes, *,
+          overwrite: bool = False) -> dict:
+    """Build the dataset in ``out`` with ``passes``; return the closing summary (also in
+    the manifest). A dataset already in ``out`` is replaced only with ``overwrite``
+    (prep.jobs.outdir)."""
+    t0 = time.perf_counter()
+    paths = list_inputs(inputs)
+    with outdir.claim(Path(out), overwrite=overwrite, runner=passes.runner) as od:
+        hasher, stop_hashing, started, failed = None, threading.Event(), False, True
+        try:
+            # Workers and the hashing thread start before Arrow starts threads of its own,
+            # with SIGINT/SIGTERM blocked: they reach the driver, which stops the workers.
+            with signals_blocked():
+                started = True
+                passes.start()
+                hasher = concurrent.futures.ThreadPoolExecutor(1)
+                inputs_info = hasher.submit(lambda: [file_info(p, stop_hashing) for p in paths])
+            units, rows_total = read_units(paths)
+            cfg = resolve_buckets(cfg, rows_total)
+            print(f"{passes.describe(len(paths), rows_total)}; config {config_to_json(cfg)}",
+                  file=sys.stderr)
+            cfg, read, results = passes.run(od, units, rows_total, cfg, t0)
+            infos = inputs_info.result()
+            failed = False
+        finally:
+            if hasher:
+                stop_hashing.set()
+                hasher.shutdown(wait=not failed, cancel_futures=True)
+            if started:
+                passes.stop(failed)
+        return finish(od, cfg, infos, read, results, t0, passes.timing())
 
 
 def finish(od: outdir.OutDir, cfg: ShardsConfig, inputs: list[dict], read: dict,

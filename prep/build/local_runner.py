@@ -14,8 +14,10 @@ Two passes, both spread over a process pool, memory bounded by a batch and by a 
    ``prep.build.bucket.process_bucket``, which writes that bucket's finished shards into the
    staging folder ``DIR/.tmp-shards-<pid>-<token>/``.
 
-Then ``prep.build.dataset.finish`` writes the manifest into the staging folder and prep.jobs.outdir
-swaps the new dataset in (the Beam runner ends the same way). prep.jobs.outdir owns ``DIR``: the lock
+This module holds only these passes (``LocalPasses``); the frame around them is
+``prep.build.dataset.build``, the Beam runner's too: it lists and hashes the inputs, claims
+``DIR``, prints the start line, and at the end writes the manifest into the staging folder
+and has prep.jobs.outdir swap the new dataset in. prep.jobs.outdir owns ``DIR``: the lock
 against a second run, the refusals, ``--overwrite``, what a kill leaves at each step.
 Output bytes depend on (inputs, the resolved ShardsConfig) only: spill order does not
 matter because ``plan_contexts`` sorts, and shard names come from the bucket id.
@@ -26,39 +28,34 @@ the file or bucket it was on, the workers stop with the run and die with the dri
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import json
 import resource
 import shutil
 import sys
-import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from prep.build.bucket import ShardsConfig, bucket_of, process_bucket, resolve_buckets
+from prep.build.bucket import ShardsConfig, bucket_of, process_bucket
 from prep.build.dataset import (
+    Passes,
     add_read_counts,
+    build,
     config_from_dict,
     config_to_json,
-    file_info,
-    finish,
     needs_cutoff,
     new_read_counts,
-    read_units,
 )
 from prep.jobs import outdir
 from prep.jobs.pool import Pool, WorkerDied
-from prep.jobs.signals import signals_blocked
 from prep.schema.errors import InputError
 from prep.schema.measurements import ARROW_SCHEMA, FIELDS, Measurements, from_arrow
-from prep.schema.splits import MinuteHistogram, default_cutoff, format_time, minute_histogram
-from prep.schema.validate import list_inputs, validated_batches
+from prep.schema.splits import MinuteHistogram, default_cutoff, minute_histogram
+from prep.schema.validate import validated_batches
 
 # LZ4 halves the spill's CPU in the kernel (page-cache writes are dear on small VMs) and
 # shrinks it 2.8x, for +0.3 s of user time per 10M rows.
@@ -67,82 +64,82 @@ _SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 
 def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int = 1,
                progress: bool = True, overwrite: bool = False) -> dict:
-    """Build the dataset in ``out``; return the closing summary (also in the manifest).
-    A dataset already in ``out`` is replaced only with ``overwrite`` (prep.jobs.outdir)."""
-    t0 = time.perf_counter()
-    out_dir = Path(out)
-    paths = list_inputs(inputs)
-    with outdir.claim(out_dir, overwrite=overwrite, runner="shards") as od:
-        stage = od.stage
-        pool, hasher, stop_hashing = None, None, threading.Event()
-        failed = True
+    """Build the dataset in ``out`` (prep.build.dataset.build) with ``workers`` processes;
+    return the closing summary (also in the manifest). A dataset already in ``out`` is
+    replaced only with ``overwrite`` (prep.jobs.outdir)."""
+    return build(inputs, out, cfg, LocalPasses(workers, progress), overwrite=overwrite)
+
+
+class LocalPasses(Passes):
+    """The two passes on prep.jobs.pool's process pool (in this process for one worker)."""
+
+    def __init__(self, workers: int, progress: bool):
+        self.workers, self.progress = workers, progress
+        self.pool: Pool | None = None
+        self.read_s, self.rss_read, self.rss_buckets = 0.0, [], []
+
+    def start(self) -> None:
+        self.pool = Pool(self.workers, preload=(__name__,)) if self.workers > 1 else None
+
+    def describe(self, n_files: int, rows: int) -> str:
+        return f"{super().describe(n_files, rows)}, {self.workers} workers"
+
+    def stop(self, failed: bool) -> None:
+        if self.pool:
+            self.pool.close(failed)
+
+    def timing(self) -> dict:
+        # Per process (the largest), as each pass ended; each worker process serves both
+        # passes, so the second includes the first.
+        return {"workers": self.workers, "read_s": round(self.read_s, 3),
+                "peak_rss_mb": {"main": _own_rss_mb(), "read": max(self.rss_read),
+                                "buckets": max(self.rss_buckets, default=0.0)}}
+
+    def run(self, od: outdir.OutDir, units: list, rows_total: int, cfg: ShardsConfig,
+            t0: float) -> tuple[ShardsConfig, dict, list[dict]]:
         try:
-            # Workers and the hashing thread start before Arrow starts threads of its own,
-            # with SIGINT/SIGTERM blocked: they reach the driver, which stops the workers.
-            with signals_blocked():
-                pool = Pool(workers, preload=(__name__,)) if workers > 1 else None
-                hasher = concurrent.futures.ThreadPoolExecutor(1)
-                inputs_info = hasher.submit(lambda: [file_info(p, stop_hashing) for p in paths])
-            units, rows_total = read_units(paths)
-            cfg = resolve_buckets(cfg, rows_total)
-            print(f"prep shards: {len(paths)} input files, {rows_total:,} rows, {workers} "
-                  f"workers; config {config_to_json(cfg)}", file=sys.stderr)
-            def imap(fn, tasks, labels):
-                return pool.imap_unordered(fn, tasks, labels) if pool else map(fn, tasks)
-
-            read = new_read_counts()
-            want_cutoff = needs_cutoff(cfg)
-            minutes = MinuteHistogram()
-            tasks = [(i, parts, str(stage), cfg.n_buckets, want_cutoff)
-                     for i, parts in enumerate(units)]
-            rss_read = [_own_rss_mb()]
-            with tqdm(total=rows_total, unit="meas", unit_scale=True, desc="read + route",
-                      disable=not progress, file=sys.stderr) as bar:
-                labels = [", ".join(p for p, _ in parts) for parts in units]
-                for r in map(_raise_error, imap(_spill_unit, tasks, labels)):
-                    rss_read.append(r["peak_rss_mb"])
-                    add_read_counts(read, r)
-                    if want_cutoff:
-                        minutes.add(*r["minutes"])
-                    bar.update(r["rows_in"])
-            t_read = time.perf_counter() - t0
-            if want_cutoff:
-                cfg = replace(cfg, test_from=default_cutoff(*minutes.result(), cfg.test_fraction))
-                print(f"prep shards: test from {format_time(cfg.test_from)} ({cfg.test_from}), "
-                      f"the earliest whole minute with at most {100 * cfg.test_fraction:g} % of "
-                      "the accepted measurements at or after it", file=sys.stderr)
-
-            results = []
-            cfg_json = config_to_json(cfg)
-            tasks = [(b, cfg_json, str(stage)) for b in range(cfg.n_buckets)]
-            with tqdm(total=cfg.n_buckets, unit="bucket", desc="buckets", disable=not progress,
-                      file=sys.stderr) as bar:
-                labels = [f"bucket {b}" for b in range(cfg.n_buckets)]
-                for r in map(_raise_error, imap(_bucket_task, tasks, labels)):
-                    results.append(r)
-                    bar.update(1)
-            rss = [r.pop("peak_rss_mb") for r in results]
-            results.sort(key=lambda r: r["bucket"])
-            infos = inputs_info.result()
-            failed = False
+            return self._passes(od.stage, units, rows_total, cfg, t0)
         except WorkerDied as e:
             fix = ("use more --buckets (less memory per worker) or fewer --workers" if e.oom
                    else "run again")
-            raise InputError(f"{out_dir}: {e.what}; the run stopped and nothing was published; "
+            raise InputError(f"{od.path}: {e.what}; the run stopped and nothing was published; "
                              f"{fix}") from None
-        finally:
-            if hasher:
-                stop_hashing.set()
-                hasher.shutdown(wait=not failed, cancel_futures=True)
-            if pool:
-                pool.close(failed)
 
-        # Per process (the largest), as each pass ended; each worker process serves both
-        # passes, so the second includes the first.
-        timing = {"workers": workers, "read_s": round(t_read, 3),
-                  "peak_rss_mb": {"main": _own_rss_mb(), "read": max(rss_read),
-                                  "buckets": max(rss, default=0.0)}}
-        return finish(od, cfg, infos, read, results, t0, timing)
+    def _imap(self, fn, tasks, labels):
+        return self.pool.imap_unordered(fn, tasks, labels) if self.pool else map(fn, tasks)
+
+    def _passes(self, stage: Path, units: list, rows_total: int, cfg: ShardsConfig, t0: float):
+        read = new_read_counts()
+        want_cutoff = needs_cutoff(cfg)
+        minutes = MinuteHistogram()
+        tasks = [(i, parts, str(stage), cfg.n_buckets, want_cutoff)
+                 for i, parts in enumerate(units)]
+        self.rss_read = [_own_rss_mb()]
+        with tqdm(total=rows_total, unit="meas", unit_scale=True, desc="read + route",
+                  disable=not self.progress, file=sys.stderr) as bar:
+            labels = [", ".join(p for p, _ in parts) for parts in units]
+            for r in map(_raise_error, self._imap(_spill_unit, tasks, labels)):
+                self.rss_read.append(r["peak_rss_mb"])
+                add_read_counts(read, r)
+                if want_cutoff:
+                    minutes.add(*r["minutes"])
+                bar.update(r["rows_in"])
+        self.read_s = time.perf_counter() - t0
+        if want_cutoff:
+            cfg = self.found_cutoff(cfg, default_cutoff(*minutes.result(), cfg.test_fraction))
+
+        results = []
+        cfg_json = config_to_json(cfg)
+        tasks = [(b, cfg_json, str(stage)) for b in range(cfg.n_buckets)]
+        with tqdm(total=cfg.n_buckets, unit="bucket", desc="buckets",
+                  disable=not self.progress, file=sys.stderr) as bar:
+            labels = [f"bucket {b}" for b in range(cfg.n_buckets)]
+            for r in map(_raise_error, self._imap(_bucket_task, tasks, labels)):
+                results.append(r)
+                bar.update(1)
+        self.rss_buckets = [r.pop("peak_rss_mb") for r in results]
+        results.sort(key=lambda r: r["bucket"])
+        return cfg, read, results
 
 
 # Pass 1: read, validate, route to bucket spill files.

@@ -47,9 +47,9 @@ import numpy as np
 from numba import njit
 
 from train.eval import coord_kernels as K
+from train.eval import registry
 
-BASELINES = ("global_median", "dst_median", "pair_last", "pair_ema", "pair_median", "vivaldi",
-             "matrix_factorization")
+BASELINES = registry.names(registry.TRAIN_FIT)  # names, labels, order: train/eval/registry.py
 EMA_ALPHA = 0.3
 RTT_FLOOR_MS = 1e-3  # 0 ms RTTs exist (loopback-like paths); logs and relative errors need > 0
 

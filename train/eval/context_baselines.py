@@ -38,8 +38,9 @@ from numba import njit
 
 from train.eval import baselines as B
 from train.eval import coord_kernels as K
+from train.eval import registry
 
-CONTEXT_BASELINES = ("context_last", "context_ema", "context_median", "context_vivaldi")
+CONTEXT_BASELINES = registry.names(registry.CONTEXT)  # names, labels, order: train/eval/registry.py
 # placement: spring rounds over the replies so far after each new one, and the timestep
 # (a fixed node's error is ~0 next to a new node's 1, so the paper's c_c * w is c_c)
 PLACE_ROUNDS, PLACE_CC = 4, 0.25

@@ -51,15 +51,14 @@ from tqdm import tqdm
 from prep.schema import manifest as manifest_lib
 from prep.schema.errors import InputError
 from prep.tokens import rowdecode
-from train.eval import baselines, context_baselines
+from train.eval import baselines, context_baselines, registry
 from train.eval import metrics as EM
 from train.eval.report import write_report
 from train.fit.reader import dataset_fingerprint, read_split
 from train.model import model
 from train.predict import predictor as P
 
-PREDICTORS = (("model", "model_no_context") + context_baselines.CONTEXT_BASELINES
-              + baselines.BASELINES)
+PREDICTORS = registry.PREDICTORS  # the report's order (train/eval/registry.py)
 
 
 @dataclass(frozen=True)

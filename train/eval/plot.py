@@ -3,7 +3,8 @@ overall and one panel per stratum, beside the run's loss curves.
 
 One legend for all panels, below them (curves stay visible); each predictor a colour and a
 line style of its own (the model black and thick, the model without context black and
-dashed, context baselines solid, train-fit baselines dashed or dotted); baselines that fell
+dashed, context baselines solid, train-fit baselines dashed or dotted: the kind is
+train/eval/registry.py's); baselines that fell
 back for every query share one legend line and draw nothing (their curve is their
 fallback's). The model's median relative error and its 95 % interval are a shaded band
 on every CDF panel. The format follows the file name (matplotlib: png, pdf, svg).
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from prep.schema.errors import InputError
+from train.eval import registry
 from train.eval.metrics import STRATA
 from train.eval.report import fell_back, label
 
@@ -34,7 +36,7 @@ def _styles(names: list[str]) -> dict:
            "model_no_context": dict(color="black", lw=1.6, ls="--")}
     others = [n for n in names if n not in out]
     for k, name in enumerate(others):
-        ls = "-" if name.startswith("context_") else _DASHES[1 + k % 3]
+        ls = "-" if registry.kind_of(name) == registry.CONTEXT else _DASHES[1 + k % 3]
         out[name] = dict(color=_COLORS[k % len(_COLORS)], lw=1.3, ls=ls)
     return out
 

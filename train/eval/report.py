@@ -3,7 +3,7 @@ document in ``RUN_DIR/eval/`` (``write_report``); the figure is train/eval/plot.
 
 A baseline that fell back for every query (``covered`` 0) would print a row identical to
 its fallback's; the table names its fallback instead, and leaves it out of the strata and
-context-length tables.
+context-length tables. Labels and fallbacks are train/eval/registry.py's.
 """
 
 from __future__ import annotations
@@ -12,29 +12,14 @@ import json
 from pathlib import Path
 
 from train.eval.metrics import STRATA
+from train.eval.registry import fallback_of, label
 
-LABELS = {"model": "model", "model_no_context": "model, no context",
-          "context_last": "context last-seen", "context_ema": "context EMA (0.3)",
-          "context_median": "context median", "context_vivaldi": "context Vivaldi",
-          "global_median": "global median", "dst_median": "dst median",
-          "pair_last": "pair last-seen", "pair_ema": "pair EMA (0.3)",
-          "pair_median": "pair median", "vivaldi": "Vivaldi",
-          "matrix_factorization": "matrix factorization"}
-CONTEXT_FALLBACK = "pair median > dst median > global median"
 W = 22  # the label column
-
-
-def label(name: str) -> str:
-    return LABELS.get(name, name)
 
 
 def fell_back(m: dict) -> bool:
     """The baseline answered no query itself."""
     return m["covered"] == 0.0
-
-
-def fallback_of(name: str) -> str:
-    return CONTEXT_FALLBACK if name.startswith("context_") else "global median"
 
 
 def _fmt(v, spec):  # a missing value is "-", right-aligned in the column's width
