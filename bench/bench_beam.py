@@ -12,10 +12,10 @@ def run() -> dict[str, float]:
         import apache_beam  # noqa: F401
     except ImportError:
         return {}
-    from prep.build.beam_runner import run_beam
-    from prep.build.bucket import ShardsConfig
-    from prep.build.local_runner import run_shards
     from prep.ingest.synth import SynthConfig, synth
+    from prep.shards.beam_runner import run_beam
+    from prep.shards.bucket import ShardsConfig
+    from prep.shards.local_runner import run_shards
 
     rows = 1_000_000
     cfg = ShardsConfig()

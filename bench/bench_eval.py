@@ -24,9 +24,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from prep.build.bucket import ShardsConfig
-from prep.build.local_runner import run_shards
 from prep.ingest.synth import SynthConfig, synth
+from prep.shards.bucket import ShardsConfig
+from prep.shards.local_runner import run_shards
 from prep.tokens import rowdecode
 from train.eval import baselines, context_baselines
 from train.eval import evaluate as E

@@ -29,11 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from prep.build.bucket import ShardsConfig
-from prep.build.local_runner import run_shards
 from prep.ingest import atlas_read
 from prep.ingest.atlas import AtlasConfig, import_atlas
 from prep.jobs.pool import Pool, cores
+from prep.shards.bucket import ShardsConfig
+from prep.shards.local_runner import run_shards
 
 SAMPLE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "ripe-atlas"
 FILES, COPIES = 4, 10  # 4 files x 10 copies x 7,725 results = 309,000

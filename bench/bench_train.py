@@ -16,9 +16,9 @@ STEPS, BATCH = 60, 32
 
 
 def run() -> dict[str, float]:
-    from prep.build.bucket import ShardsConfig
-    from prep.build.local_runner import run_shards
     from prep.ingest.synth import SynthConfig, synth
+    from prep.shards.bucket import ShardsConfig
+    from prep.shards.local_runner import run_shards
     from train.fit.config import TrainConfig
     from train.fit.loop import train
 

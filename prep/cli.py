@@ -247,9 +247,9 @@ def _shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, ro
             beam_options, overwrite, as_json, quiet):
     import json
 
-    from prep.build.bucket import ShardsConfig
-    from prep.build.dataset import format_summary
-    from prep.build.local_runner import run_shards
+    from prep.shards.bucket import ShardsConfig
+    from prep.shards.dataset import format_summary
+    from prep.shards.local_runner import run_shards
 
     if test_from is not None and split_rule == "probe":
         raise InputError("--test-from applies to --split time or time+probe; --split probe "
@@ -262,7 +262,7 @@ def _shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, ro
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     if runner == "beam":
-        from prep.build.beam_runner import run_beam
+        from prep.shards.beam_runner import run_beam
 
         summary = run_beam(list(inputs), out, cfg, beam_options_kv=beam_options,
                            progress=not quiet, overwrite=overwrite)

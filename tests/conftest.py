@@ -17,9 +17,9 @@ def atlas_dir() -> Path:
 @pytest.fixture(scope="session")
 def builtin_shards(tmp_path_factory):
     """The real pipeline (prep synth -> prep shards) on a small built-in-style dataset."""
-    from prep.build.bucket import ShardsConfig
-    from prep.build.local_runner import run_shards
     from prep.ingest.synth import SynthConfig, synth
+    from prep.shards.bucket import ShardsConfig
+    from prep.shards.local_runner import run_shards
 
     d = tmp_path_factory.mktemp("builtin")
     synth(SynthConfig(out=d / "raw", rows=12_000, probes=100, days=1, seed=0))

@@ -58,9 +58,9 @@ def test_a_scaled_sample_never_beats_the_lower_bound():
 
 @pytest.fixture(scope="module")
 def shards_dir(tmp_path_factory):
-    from prep.build.bucket import ShardsConfig
-    from prep.build.local_runner import run_shards
     from prep.ingest.synth import SynthConfig, synth
+    from prep.shards.bucket import ShardsConfig
+    from prep.shards.local_runner import run_shards
 
     d = tmp_path_factory.mktemp("analyze")
     synth(SynthConfig(out=d / "raw", rows=20_000, probes=40, days=1, seed=3))

@@ -9,11 +9,11 @@ import pytest
 
 beam = pytest.importorskip("apache_beam")
 
-from prep.build import beam_runner  # noqa: E402
-from prep.build.bucket import ShardsConfig  # noqa: E402
-from prep.build.local_runner import run_shards  # noqa: E402
 from prep.ingest.synth import SynthConfig, synth  # noqa: E402
 from prep.schema.manifest import MANIFEST_NAME  # noqa: E402
+from prep.shards import beam_runner  # noqa: E402
+from prep.shards.bucket import ShardsConfig  # noqa: E402
+from prep.shards.local_runner import run_shards  # noqa: E402
 
 CFG = ShardsConfig(seed=7, n_buckets=8, epochs=2)
 

@@ -28,9 +28,9 @@ L = 128
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from prep.build.bucket import ShardsConfig
-    from prep.build.local_runner import run_shards
     from prep.ingest.synth import SynthConfig, synth
+    from prep.shards.bucket import ShardsConfig
+    from prep.shards.local_runner import run_shards
 
     d = tmp_path_factory.mktemp("eval")
     synth(SynthConfig(out=d / "raw", rows=6_000, probes=60, days=1, seed=0))
@@ -219,8 +219,8 @@ def test_plot_png(run, full, tmp_path):
 @pytest.fixture(scope="module")
 def no_test_split(run):
     """The run's data rebuilt with every probe in train: same rows length, empty test split."""
-    from prep.build.bucket import ShardsConfig
-    from prep.build.local_runner import run_shards
+    from prep.shards.bucket import ShardsConfig
+    from prep.shards.local_runner import run_shards
 
     out = run / "shards-no-test"
     run_shards([str(run / "raw")], str(out), ShardsConfig(seed=0, row_len=L, test_fraction=0.0),

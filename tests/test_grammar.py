@@ -4,11 +4,11 @@ on rows the real pipeline writes and on damaged copies of them; exact codes on h
 import numpy as np
 import pytest
 
-from prep.build.bucket import assemble_rows
 from prep.pack.contexts import ContextConfig, plan_contexts
 from prep.pack.packing import pack
 from prep.schema import vocab as V
 from prep.schema.measurements import Measurements
+from prep.shards.bucket import assemble_rows
 from prep.tokens import grammar as G
 from prep.tokens.kernel import encode_pieces
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from prep.build.bucket import ShardsConfig
-from prep.build.local_runner import run_shards
 from prep.cli import main
 from prep.ingest.synth import SynthConfig, synth
 from prep.schema import manifest as mf
+from prep.shards.bucket import ShardsConfig
+from prep.shards.local_runner import run_shards
 from prep.tools.verify import verify_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,7 +34,7 @@ PREP = REPO / ".venv" / "bin" / "prep"
 CFG = ShardsConfig(n_buckets=8)
 # `prep shards` with each bucket lingering after its shards are written, so that a kill
 # lands mid-run (SLOW_S seconds; the same patch the fault trial uses).
-SLOW = ("import os, sys, time, prep.build.local_runner as s; from prep.cli import main\n"
+SLOW = ("import os, sys, time, prep.shards.local_runner as s; from prep.cli import main\n"
         "real = s.process_bucket\n"
         "def slow(*a):\n    r = real(*a); time.sleep(float(os.environ['SLOW_S'])); return r\n"
         "s.process_bucket = slow; main(sys.argv[1:])")
@@ -360,7 +360,7 @@ def test_sigkilled_driver_takes_its_workers_along(raw, tmp_path):
 # --- 11. the file system says no ----------------------------------------------------------
 
 def test_disk_full_is_one_line_and_keeps_the_old_dataset(raw, tmp_path, monkeypatch):
-    import prep.build.bucket
+    import prep.shards.bucket
 
     class FullDisk:  # ArrayRecord's own words when write() meets ENOSPC
         def __init__(self, path, options):
@@ -395,7 +395,7 @@ def test_disk_full_is_one_line_and_keeps_the_old_dataset(raw, tmp_path, monkeypa
             assert r.exit_code == 2, r.output
         one_line_error(r, str(out), "no space left", "free some space")
 
-    fakes = [(prep.build.bucket, "ArrayRecordWriter", FullDisk), full_spill,
+    fakes = [(prep.shards.bucket, "ArrayRecordWriter", FullDisk), full_spill,
              (mf, "write_manifest", full_manifest)]
     for i, fake in enumerate(fakes):
         out = tmp_path / f"new{i}"

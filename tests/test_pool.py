@@ -115,7 +115,7 @@ def test_prep_import_atlas_with_a_killed_worker_names_the_file(tmp_path):
 
 def test_prep_shards_with_a_killed_worker_names_the_bucket(tmp_path, synth_raw):
     out = tmp_path / "out"
-    slow = ("import prep.build.local_runner as s\nreal = s.process_bucket\n"
+    slow = ("import prep.shards.local_runner as s\nreal = s.process_bucket\n"
             "def slow(*a):\n    time.sleep(1.0); return real(*a)\n"
             "s.process_bucket = slow")
     rc, err, took = _kill_a_worker(["shards", str(synth_raw), "--out", str(out), "--workers", "2",

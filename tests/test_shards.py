@@ -18,12 +18,12 @@ import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 from click.testing import CliRunner
 
-from prep.build.bucket import ShardsConfig, is_test_probe, process_bucket
-from prep.build.local_runner import run_shards
 from prep.cli import main
 from prep.schema import manifest as mf
 from prep.schema import rows
 from prep.schema.measurements import addr_words
+from prep.shards.bucket import ShardsConfig, is_test_probe, process_bucket
+from prep.shards.local_runner import run_shards
 from prep.tokens.decode import decode_context, rtt_ms
 from prep.tokens.reference import rtt_code
 from prep.tools.verify import verify_dir
@@ -223,7 +223,7 @@ def test_killed_rerun_keeps_the_old_dataset_and_next_run_completes(tmp_path):
             "--seed", "1", "--overwrite"]
     cmd = [str(REPO / ".venv" / "bin" / "prep")] + args
     # Each bucket lingers after writing its shards, so the kill below always lands mid-run.
-    slow = ("import sys, time, prep.build.local_runner as s; from prep.cli import main\n"
+    slow = ("import sys, time, prep.shards.local_runner as s; from prep.cli import main\n"
             "real = s.process_bucket\n"
             "def slow(*a):\n    r = real(*a); time.sleep(0.5); return r\n"
             "s.process_bucket = slow; main(sys.argv[1:])")
@@ -319,7 +319,7 @@ def test_damaged_file_mid_run_stops_cleanly(tmp_path):
 
 
 def test_assemble_rows_places_pieces_in_slot_order():
-    from prep.build.bucket import assemble_rows
+    from prep.shards.bucket import assemble_rows
 
     tokens = np.arange(1, 11, dtype=np.uint16)  # pieces of 3, 2 and 5 tokens
     block = assemble_rows(tokens, np.array([0, 3, 5, 10]), np.array([0, 0, 1]), 2, 6)
@@ -341,7 +341,7 @@ def test_max_segments_caps_every_row(tmp_path):
 
 
 def test_summary_says_what_the_buckets_cost():
-    from prep.build.dataset import format_summary
+    from prep.shards.dataset import format_summary
 
     s = {"elapsed_s": 1.0, "measurements_per_s": 10, "workers": 2, "measurements_in": 100,
          "measurements_rejected": 0, "rejected_by_reason": {}, "contexts": 9, "segments": 9,

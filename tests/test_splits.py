@@ -1,6 +1,6 @@
 """Split rules of `prep shards`: --split time and time+probe leak no future into train, the
 default cutoff is exact and deterministic, excluded measurements are counted, and
-`prep verify` holds the rows to the rule (prep/schema/splits.py, prep/build/bucket.py, prep/tools/verify.py)."""
+`prep verify` holds the rows to the rule (prep/schema/splits.py, prep/shards/bucket.py, prep/tools/verify.py)."""
 
 import collections
 import json
@@ -19,12 +19,12 @@ from test_shards import (
     write_parquet,
 )
 
-from prep.build.bucket import ShardsConfig, bucket_of, is_test_probe
-from prep.build.local_runner import run_shards
 from prep.cli import main
 from prep.schema import manifest as mf
 from prep.schema.measurements import addr_words
 from prep.schema.splits import default_cutoff, format_time, parse_time
+from prep.shards.bucket import ShardsConfig, bucket_of, is_test_probe
+from prep.shards.local_runner import run_shards
 from prep.tools.verify import check_counts, verify_dir
 
 FULL = (1.0, 0.0, 0.0)  # every measurement carries its timestamp: the rule covers them all
@@ -131,11 +131,11 @@ def cutoff_recs() -> list[dict]:
 
 
 def test_default_cutoff_is_exact_and_recorded(tmp_path, monkeypatch):
-    import prep.build.dataset
+    import prep.shards.dataset
 
     recs = cutoff_recs()
     files = [write_parquet(tmp_path / "in" / f"{i}.parquet", recs[i::4]) for i in range(4)]
-    monkeypatch.setattr(prep.build.dataset, "UNIT_ROWS", 10)  # one read task per file
+    monkeypatch.setattr(prep.shards.dataset, "UNIT_ROWS", 10)  # one read task per file
     cfg = ShardsConfig(n_buckets=3, mode_weights=FULL, split="time", test_fraction=0.25)
     s = run_shards([str(f) for f in files], str(tmp_path / "w1"), cfg, workers=1, progress=False)
     run_shards([str(f) for f in files[::-1]], str(tmp_path / "w2"), cfg, workers=2, progress=False)

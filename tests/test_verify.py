@@ -8,11 +8,11 @@ import pytest
 from click.testing import CliRunner
 from test_shards import probe_data, write_parquet
 
-from prep.build.bucket import ShardsConfig
-from prep.build.local_runner import run_shards
 from prep.cli import main
 from prep.schema import manifest as mf
 from prep.schema.errors import InputError
+from prep.shards.bucket import ShardsConfig
+from prep.shards.local_runner import run_shards
 from prep.tools.verify import check_counts, verify_dir
 
 

@@ -1,6 +1,6 @@
 """The output folder of `prep shards`: claim, staging, publish, replace, clean up.
 
-Both runners (the local pool, prep/build/local_runner.py; Beam, prep/build/beam_runner.py) write through
+Both runners (the local pool, prep/shards/local_runner.py; Beam, prep/shards/beam_runner.py) write through
 this module and nothing else touches ``--out``. What it may hold::
 
     out/manifest.json, out/train/, out/test/   the finished dataset (manifest.json makes it one)

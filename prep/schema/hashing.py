@@ -3,7 +3,7 @@
 Every seeded choice is a function of (seed, probe, counter) through it, so outputs never
 depend on workers or order: the tokenizer's draws (prep.tokens.draws, in Numba, from these
 constants; prep.tokens.reference, the pure-Python oracle, from ``mix64``), the epoch seeds
-(prep.pack.contexts), and the bucket and split of a probe (prep.build.bucket, ``splitmix64`` over
+(prep.pack.contexts), and the bucket and split of a probe (prep.shards.bucket, ``splitmix64`` over
 arrays). Arithmetic wraps at 64 bits.
 """
 

@@ -79,7 +79,7 @@ class Batch:
     rejected: dict[str, int]
 
     def counts(self) -> dict:
-        """rows_in, accepted and rejected: what the runners add up (prep.build.dataset.add_read_counts)."""
+        """rows_in, accepted and rejected: what the runners add up (prep.shards.dataset.add_read_counts)."""
         return {"rows_in": self.rows_in, "accepted": len(self.measurements),
                 "rejected": self.rejected}
 

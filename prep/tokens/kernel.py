@@ -9,7 +9,7 @@
   slack. The blocks and their orders come from ``prep.schema.vocab``: with value fields
   (``VALUE_FIELDS``) there are ``N_BLOCKS!`` orders, and each value block's offset comes
   from ``VALUE_OFFSET`` beside ``LAYOUT``; without them those loops compile away.
-- ``encode_pieces`` / ``encode_plan``: the entry points (``prep.build.bucket``, the tests).
+- ``encode_pieces`` / ``encode_plan``: the entry points (``prep.shards.bucket``, the tests).
 - ``rtt_code``: an RTT's (exponent, mantissa), without branches.
 
 ``prep.tokens.reference.encode_context`` is the pure-Python twin the tests hold the encoder to,

@@ -143,9 +143,9 @@ def analyze(ctx: Contexts, cfg: AnalyzeConfig) -> dict:
 def from_parquet(paths: list[str], cfg: AnalyzeConfig) -> Contexts:
     """Contexts exactly as ``prep shards`` plans them (one pass, no bucketing needed: cuts
     and encodings depend on each probe's own history only)."""
-    from prep.build.bucket import ShardsConfig
     from prep.pack import contexts
     from prep.schema import validate
+    from prep.shards.bucket import ShardsConfig
 
     m, _, _ = validate.read_validated(validate.list_inputs(paths))
     ccfg = ShardsConfig(row_len=cfg.crop).context_config()

@@ -1,7 +1,7 @@
 """One bucket of probes → finished shard files: the pure unit of work of `prep shards`.
 
 ``process_bucket(bucket, m, cfg, out_dir)`` is the function both the local process pool
-(prep/build/local_runner.py) and the Apache Beam pipeline call. Its output depends only on
+(prep/shards/local_runner.py) and the Apache Beam pipeline call. Its output depends only on
 (bucket, the multiset of measurements, cfg): measurements are sorted inside
 (``plan_contexts``), file names come from the bucket id, split and epoch, and nothing
 reads the clock, the worker id or the input order. So any runner, any number of workers

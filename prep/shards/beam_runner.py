@@ -3,13 +3,13 @@
 The pipeline is the local runner's two passes with Beam doing the shuffle:
 
 1. ``Create(units)``: the inputs cut into units of whole parquet row groups
-   (``prep.build.dataset.read_units``), so workers read in parallel and in bounded pieces.
+   (``prep.shards.dataset.read_units``), so workers read in parallel and in bounded pieces.
 2. ``FlatMap(read_unit)``: validate a unit batch by batch and emit, per batch and bucket,
    ``(bucket, Arrow IPC bytes of that bucket's rows)``; the unit's read counts go to
    ``<stage>/read/unit-<n>.json``. Elements are ints and bytes with Beam's own coders: no pickle
    of data.
 3. ``GroupByKey``: a bucket's pieces meet on one worker (memory bounded by the bucket).
-4. ``ParDo(BucketFn)``: the very ``prep.build.bucket.process_bucket`` the local pool calls, writing
+4. ``ParDo(BucketFn)``: the very ``prep.shards.bucket.process_bucket`` the local pool calls, writing
    that bucket's shards under names derived from the bucket (temp, then rename) and its
    result to ``<stage>/results/bucket-<b>.json``. ``setup`` warms the Numba kernels once
    per worker. Beam's file sinks are not used: their shard assignment is random.
@@ -24,7 +24,7 @@ input, so every bucket uses the same resolved config as the local runner would.
 
 This module holds only that pipeline and the reading back of its JSON files
 (``BeamPasses``); the frame around it is the local runner's very one
-(``prep.build.dataset.build``: the inputs listed and hashed, the start line, the manifest
+(``prep.shards.dataset.build``: the inputs listed and hashed, the start line, the manifest
 built and the staging folder published by prep.jobs.outdir: lock, ``--overwrite``, the
 swap), so both give byte-identical shards and the same manifest (timing fields aside).
 A failed pipeline publishes nothing: its staging folder
@@ -47,8 +47,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from prep.build.bucket import ShardsConfig, bucket_of, process_bucket
-from prep.build.dataset import (
+from prep.shards.bucket import ShardsConfig, bucket_of, process_bucket
+from prep.shards.dataset import (
     Passes,
     add_read_counts,
     build,
@@ -126,7 +126,7 @@ def _bucket_fn(beam):
             self.cfg_json, self.stage = cfg_json, stage
 
         def setup(self):
-            from prep.build.dataset import config_from_dict
+            from prep.shards.dataset import config_from_dict
 
             self.cfg = config_from_dict(json.loads(self.cfg_json))
             _warm_up(self.cfg)
@@ -178,7 +178,7 @@ def beam_options(pairs: list[str]):
 
 def run_beam(inputs: list[str], out: str, cfg: ShardsConfig, *, beam_options_kv=(),
              progress: bool = True, overwrite: bool = False) -> dict:
-    """Build the dataset in ``out`` (prep.build.dataset.build) with Beam; return the
+    """Build the dataset in ``out`` (prep.shards.dataset.build) with Beam; return the
     closing summary."""
     beam, options, runner = beam_options(list(beam_options_kv))
     return build(inputs, out, cfg, BeamPasses(beam, options, runner), overwrite=overwrite)

@@ -3,7 +3,7 @@
 Two passes, both spread over a process pool, memory bounded by a batch and by a bucket:
 
 1. Read + route. The inputs are cut into units of whole parquet row groups (at most
-   ``prep.build.dataset.UNIT_ROWS`` rows each). A worker validates a unit in batches and appends
+   ``prep.shards.dataset.UNIT_ROWS`` rows each). A worker validates a unit in batches and appends
    each batch's rows to per-bucket Arrow IPC spill files (bucket = splitmix64 of the probe key
    mod ``n_buckets``), under ``DIR/.tmp-shards-<pid>-<token>/spill/``. No pickle: pool
    tasks and results are plain tuples and dicts, the data crosses processes as files.
@@ -11,11 +11,11 @@ Two passes, both spread over a process pool, memory bounded by a batch and by a 
    returns a per-minute histogram of its accepted measurements' times; the driver sums
    them and resolves the default cutoff (prep.schema.splits.default_cutoff) into the config.
 2. Buckets. A worker loads one bucket's spill files and calls
-   ``prep.build.bucket.process_bucket``, which writes that bucket's finished shards into the
+   ``prep.shards.bucket.process_bucket``, which writes that bucket's finished shards into the
    staging folder ``DIR/.tmp-shards-<pid>-<token>/``.
 
 This module holds only these passes (``LocalPasses``); the frame around them is
-``prep.build.dataset.build``, the Beam runner's too: it lists and hashes the inputs, claims
+``prep.shards.dataset.build``, the Beam runner's too: it lists and hashes the inputs, claims
 ``DIR``, prints the start line, and at the end writes the manifest into the staging folder
 and has prep.jobs.outdir swap the new dataset in. prep.jobs.outdir owns ``DIR``: the lock
 against a second run, the refusals, ``--overwrite``, what a kill leaves at each step.
@@ -40,8 +40,8 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from prep.build.bucket import ShardsConfig, bucket_of, process_bucket
-from prep.build.dataset import (
+from prep.shards.bucket import ShardsConfig, bucket_of, process_bucket
+from prep.shards.dataset import (
     Passes,
     add_read_counts,
     build,
@@ -64,7 +64,7 @@ _SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 
 def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int = 1,
                progress: bool = True, overwrite: bool = False) -> dict:
-    """Build the dataset in ``out`` (prep.build.dataset.build) with ``workers`` processes;
+    """Build the dataset in ``out`` (prep.shards.dataset.build) with ``workers`` processes;
     return the closing summary (also in the manifest). A dataset already in ``out`` is
     replaced only with ``overwrite`` (prep.jobs.outdir)."""
     return build(inputs, out, cfg, LocalPasses(workers, progress), overwrite=overwrite)

@@ -3,9 +3,9 @@
 ``build`` is the one run of `prep shards`: it lists the inputs, claims the output folder
 (prep.jobs.outdir), hashes the inputs on a helper thread, cuts them into read units
 (``read_units``), resolves the bucket count, prints the start line, calls the runner's
-``Passes`` (prep.build.local_runner's process pool, prep.build.beam_runner's pipeline) and
+``Passes`` (prep.shards.local_runner's process pool, prep.shards.beam_runner's pipeline) and
 ends with ``finish``. A runner brings only its passes: pass 1 (read, validate, route to
-buckets) and pass 2 (``prep.build.bucket.process_bucket`` per bucket); with a time split
+buckets) and pass 2 (``prep.shards.bucket.process_bucket`` per bucket); with a time split
 and no ``--test-from`` it finds the cutoff between them and hands it to
 ``Passes.found_cutoff``.
 
@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from prep.build.bucket import ShardsConfig, resolve_buckets
+from prep.shards.bucket import ShardsConfig, resolve_buckets
 from prep.jobs import outdir
 from prep.jobs.signals import signals_blocked
 from prep.schema import manifest as mf
