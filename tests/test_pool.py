@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,20 +58,29 @@ def test_a_dead_worker_is_an_error_naming_its_task(how, words, oom):
     assert time.monotonic() - t0 < 10
 
 
-def _kill_a_worker(args: list[str], slow: str, started) -> tuple[int, str, float]:
+def _kill_a_worker(args: list[str], slow: str, on=lambda label: True) -> tuple[int, str, float]:
     """Run ``prep ARGS`` with its task function slowed (``slow``: Python run before main),
-    SIGKILL one of its workers once ``started()`` says the work is under way; exit code,
-    stderr, seconds from the kill to the exit. No worker may outlive the run."""
+    SIGKILL one of its workers once it is on a task whose label ``on`` accepts (the pool
+    keeps each busy worker's label in a file named by its pid); exit code, stderr, seconds
+    from the kill to the exit. No worker may outlive the run."""
     code = f"import sys, time\n{slow}\nfrom prep.cli import main\nmain(sys.argv[1:])"
     proc = subprocess.Popen([sys.executable, "-c", code] + args, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     workers: list[int] = []
-    while time.monotonic() < deadline and not (workers and started()):
+    victim = None
+    while victim is None and time.monotonic() < deadline and proc.poll() is None:
         workers = children(proc.pid)
+        for w in workers:
+            for f in Path(tempfile.gettempdir()).glob(f"prep-pool-*/{w}"):
+                try:
+                    if on(f.read_text()):
+                        victim = w
+                except OSError:
+                    pass
         time.sleep(0.02)
-    assert workers and started(), "the run ended before a worker could be killed"
-    os.kill(workers[0], signal.SIGKILL)
+    assert victim is not None, "the run ended before a worker could be killed"
+    os.kill(victim, signal.SIGKILL)
     t0 = time.monotonic()
     _, err = proc.communicate(timeout=60)
     took = time.monotonic() - t0
@@ -79,6 +89,7 @@ def _kill_a_worker(args: list[str], slow: str, started) -> tuple[int, str, float
         assert time.monotonic() < deadline, f"workers {workers} still running"
         time.sleep(0.02)
     assert "Traceback" not in err, err
+    assert f"(pid {victim})" in err
     return proc.returncode, err, took
 
 
@@ -87,8 +98,7 @@ def test_prep_verify_with_a_killed_worker_names_the_shard(synth_shards):
     slow = ("import prep.tools.verify as v\nreal = v.check_shard\n"
             "def check_shard(t):\n    time.sleep(1.0); return real(t)\n"
             "v.check_shard = check_shard")
-    rc, err, took = _kill_a_worker(["verify", str(shards_dir), "--workers", "2"], slow,
-                                   lambda: True)
+    rc, err, took = _kill_a_worker(["verify", str(shards_dir), "--workers", "2"], slow)
     lines = error_lines(err)
     assert rc == 2 and len(lines) == 1, err
     assert "prep verify: a worker process (pid " in lines[0]
@@ -103,7 +113,7 @@ def test_prep_import_atlas_with_a_killed_worker_names_the_file(tmp_path):
             "def _import_file(t):\n    time.sleep(1.0); return real(t)\n"
             "a._import_file = _import_file")
     rc, err, took = _kill_a_worker(["import-atlas", str(ATLAS / "api"), "--out", str(out),
-                                    "--workers", "2"], slow, lambda: True)
+                                    "--workers", "2"], slow)
     lines = error_lines(err)
     assert rc == 2 and len(lines) == 1, err
     assert "import-atlas: a worker process (pid " in lines[0]
@@ -120,8 +130,7 @@ def test_prep_shards_with_a_killed_worker_names_the_bucket(tmp_path, synth_raw):
             "s.process_bucket = slow")
     rc, err, took = _kill_a_worker(["shards", str(synth_raw), "--out", str(out), "--workers", "2",
                                     "--buckets", "8", "--quiet"], slow,
-                                   lambda: (any(out.glob(".tmp-*/spill/b00007/*"))  # in the bucket pass
-                                            and not any(out.glob(".tmp-*/spill/b00000/*"))))
+                                   on=lambda label: label.startswith("bucket "))
     lines = error_lines(err)
     assert rc == 2 and len(lines) == 1, err
     assert "was killed by SIGKILL while on bucket " in lines[0]
