@@ -223,14 +223,18 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
 @click.option("--src", help="Source address (the probe), IPv4 or IPv6.")
 @click.option("--dst", help="Destination address.")
 @click.option("--time", "when", default=None,
-              help="When (ISO-8601, UTC unless it has an offset, or Unix seconds); "
-                   "without it the query carries no timestamp.")
+              help="When (ISO-8601, UTC unless it has an offset, or Unix seconds; "
+                   "1970-01-01 <= t < 2100-01-01, as `prep` accepts); without it the query "
+                   "carries no timestamp.")
 @click.option("--history", type=click.Path(dir_okay=False), default=None,
-              help="Parquet of the source's earlier measurements (the input schema of "
-                   "`prep shards`): the model's context. With --queries, each query gets the "
-                   "rows with its src_addr from before its time.")
+              help="Parquet of earlier measurements (the input schema of `prep shards`): "
+                   "the model's context. Each query (--src or --queries) reads the rows with "
+                   "its src_addr from before its time; the rows of other sources are left "
+                   "out and counted on stderr.")
 @click.option("--queries", type=click.Path(dir_okay=False), default=None,
-              help="Parquet of queries: src_addr, dst_addr and optionally event_time.")
+              help="Parquet of queries: src_addr, dst_addr and optionally event_time. "
+                   "The answers add rtt_ms, p10_ms, p90_ms, p_failed, history_used, and "
+                   "event_time as a UTC timestamp.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="With --queries: write the answers here (parquet).")
 @click.option("--step", type=int, default=None, help="Checkpoint step [default: the latest].")
