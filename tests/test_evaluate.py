@@ -4,6 +4,8 @@ without context) held to a brute force, --max-queries, the figure, the CLIs."""
 
 import datetime
 import json
+import os
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -205,6 +207,18 @@ def test_eval_and_predict_cli(run, tmp_path):
 
 
 P_KEYS = ("rtt_ms", "p10_ms", "p90_ms", "p_failed", "history_used")
+
+
+def test_eval_without_run_dir_takes_the_newest_run(run, tmp_path, monkeypatch):
+    """`train eval` alone evaluates the newest run under runs/, as `train --resume` resumes."""
+    shutil.copytree(run / "run", tmp_path / "runs" / "tiny-new")
+    shutil.copytree(run / "run", tmp_path / "runs" / "tiny-old")
+    os.utime(tmp_path / "runs" / "tiny-old", (1_000_000, 1_000_000))
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["eval", "--max-queries", "30", "--json"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.splitlines()[0] == "evaluating runs/tiny-new, the newest run under runs/"
+    assert json.loads(r.stdout)["run_dir"] == "runs/tiny-new"
 UTC = datetime.UTC
 
 
