@@ -10,8 +10,10 @@ import gzip
 import json
 import math
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -143,6 +145,15 @@ def test_rtt_ceiling_is_the_encodings():
     assert validate.RTT_MAX_MS == 2047 * 2**31 / 1000
     assert rtt_code(validate.RTT_MAX_MS) == (31, 2047)  # the largest code there is
     assert rtt_code(1e12) == (31, 2047)  # what 1e12 ms was stored as: ~4.4e9 ms
+
+
+def test_readme_states_the_codes_rtt_ceiling_exactly():
+    """The README's ceiling is the code's, to the µs: 2047 × 2^31 µs = 4,395,899,027.456 ms
+    (it said 4,396,972,769 ms, half a mantissa step more, which `prep` rejects)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    stated = re.findall(r"(\d,\d{3},\d{3},\d{3}(?:\.\d+)?) ms", readme)  # billions of ms
+    assert stated and {float(x.replace(",", "")) for x in stated} == {validate.RTT_MAX_MS}
+    assert f"{validate.RTT_MAX_MS:,.3f}" == "4,395,899,027.456" in stated
 
 
 def test_out_of_range_values_are_rejected_by_name_in_parquet(tmp_path):

@@ -2,7 +2,10 @@
 exact query and target counts, strata held to a brute force, the model's answers (with and
 without context) held to a brute force, --max-queries, the figure, the CLIs."""
 
+import datetime
 import json
+import os
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -206,6 +209,74 @@ def test_eval_and_predict_cli(run, tmp_path):
 P_KEYS = ("rtt_ms", "p10_ms", "p90_ms", "p_failed", "history_used")
 
 
+def test_eval_without_run_dir_takes_the_newest_run(run, tmp_path, monkeypatch):
+    """`train eval` alone evaluates the newest run under runs/, as `train --resume` resumes."""
+    shutil.copytree(run / "run", tmp_path / "runs" / "tiny-new")
+    shutil.copytree(run / "run", tmp_path / "runs" / "tiny-old")
+    os.utime(tmp_path / "runs" / "tiny-old", (1_000_000, 1_000_000))
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["eval", "--max-queries", "30", "--json"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.splitlines()[0] == "evaluating runs/tiny-new, the newest run under runs/"
+    assert json.loads(r.stdout)["run_dir"] == "runs/tiny-new"
+UTC = datetime.UTC
+
+
+def test_predict_history_is_filtered_by_source_on_both_paths(run, tmp_path):
+    """One rule for --history: a query reads only the rows with its src_addr, single query
+    or queries file, and the rows left out are counted on stderr."""
+    hist = tmp_path / "h.parquet"
+    pq.write_table(pa.table({
+        "event_time": [1767268800, 1767268860, 1767268800, 1767268830, 1767268890],
+        "src_addr": ["192.0.2.7"] * 2 + ["198.51.100.9"] * 3,
+        "dst_addr": ["193.0.14.129"] * 5, "ip_version": [4] * 5,
+        "rtt": [20.0, -1.0, 900.0, 950.0, 990.0]}), hist)
+    note = f"{hist}: 3 of 5 history rows left out (their src_addr is no query's source)"
+    r = CliRunner().invoke(main, ["predict", str(run / "run"), "--src", "192.0.2.7", "--dst",
+                                  "193.0.14.129", "--time", "1767272400", "--history", str(hist),
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    single = json.loads(r.stdout)
+    assert single["history_used"] == 2
+    assert r.stderr.splitlines() == [note]
+    queries = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"src_addr": ["192.0.2.7"], "dst_addr": ["193.0.14.129"],
+                             "event_time": [1767272400]}), queries)
+    r = CliRunner().invoke(main, ["predict", str(run / "run"), "--queries", str(queries),
+                                  "--history", str(hist), "--json"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.splitlines() == [note]
+    assert {k: single[k] for k in P_KEYS} == {k: json.loads(r.stdout)[k] for k in P_KEYS}
+
+
+def test_predict_answers_name_their_time_event_time_as_the_input_schema(run, tmp_path):
+    """The answers' time column is the input schema's: ``event_time``, a UTC timestamp
+    (null for a query without one), so an answers file reads back as a queries file."""
+    queries = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"src_addr": ["192.0.2.7", "192.0.2.8"],
+                             "dst_addr": ["193.0.14.129", "193.0.14.129"],
+                             "event_time": [1767272400, None]}), queries)
+    out = tmp_path / "a.parquet"
+    r = CliRunner().invoke(main, ["predict", str(run / "run"), "--queries", str(queries),
+                                  "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    table = pq.read_table(out)
+    assert table.column_names == ["src_addr", "dst_addr", "event_time", "rtt_ms", "p10_ms",
+                                  "p90_ms", "p_failed", "history_used"]
+    # whole seconds, UTC; parquet stores a seconds timestamp as milliseconds, as it does the
+    # event_time of `prep synth`'s and the importers' files
+    assert table.schema.field("event_time").type == pa.timestamp("ms", tz="UTC")
+    assert table.column("event_time").to_pylist() == [
+        datetime.datetime(2026, 1, 1, 13, tzinfo=UTC), None]
+    assert [json.loads(line)["event_time"] for line in r.stdout.splitlines()] == [
+        "2026-01-01T13:00:00Z", None]
+    again = tmp_path / "b.parquet"
+    r = CliRunner().invoke(main, ["predict", str(run / "run"), "--queries", str(out),
+                                  "--out", str(again)])
+    assert r.exit_code == 0, r.output
+    assert pq.read_table(again).equals(table)
+
+
 def test_plot_png(run, full, tmp_path):
     from train.eval.plot import plot
 
@@ -239,6 +310,16 @@ def no_test_split(run):
      "rtt"),
     (["predict", "RUN", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--time", "yesterday"],
      "not an ISO-8601 time"),
+    # the times `prep` accepts, never wrapped into the tokens' bytes
+    (["predict", "RUN", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--time", "-5"],
+     "error: --time -5: outside 1970-01-01 <= t < 2100-01-01 UTC, the times `prep` accepts"),
+    (["predict", "RUN", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--time", str(2**62)],
+     f"error: --time {2**62}: outside 1970-01-01 <= t < 2100-01-01 UTC"),
+    (["predict", "RUN", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--time", "2100-01-01"],
+     "error: --time 2100-01-01: outside 1970-01-01 <= t < 2100-01-01 UTC"),
+    (["predict", "RUN", "--queries", "BADTIMES", "--json"],
+     ("bad-times.parquet: query 1 has event_time -5, outside 1970-01-01 <= t < 2100-01-01 "
+      "UTC, the times `prep` accepts")),
 ])
 def test_bad_input_is_one_line_and_exit_2(run, no_test_split, tmp_path, args, message):
     bad = tmp_path / "bad.parquet"
@@ -246,8 +327,10 @@ def test_bad_input_is_one_line_and_exit_2(run, no_test_split, tmp_path, args, me
                              "ip_version": [4]}), bad)  # no rtt column
     (tmp_path / "notrun").mkdir()
     (tmp_path / "notrun" / "notes.txt").write_text("a folder, not a run")
+    pq.write_table(pa.table({"src_addr": ["1.2.3.4"] * 2, "dst_addr": ["5.6.7.8"] * 2,
+                             "event_time": [1767272400, -5]}), tmp_path / "bad-times.parquet")
     paths = {"RUN": run / "run", "BADHIST": bad, "NOTRUN": tmp_path / "notrun",
-             "NOTEST": no_test_split}
+             "NOTEST": no_test_split, "BADTIMES": tmp_path / "bad-times.parquet"}
     args = [str(paths[a]) if a in paths else a for a in args]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 2, r.output

@@ -11,7 +11,8 @@ Usage:
     train predict runs/exp1 --src 192.0.2.7 --dst 193.0.14.129 --time 2026-01-02T12:00:00Z
     train predict runs/exp1 --queries q.parquet --out answers.parquet
 
-`train` with no subcommand trains (`train fit` is the same command).
+`train ARGS` is `train fit ARGS` (training is the default command); `train --help` lists the
+commands with an example each, `train COMMAND --help` a command's options.
 
 Log lines and the closing summary go to stdout, setup notes to stderr; a bad dataset is
 one line on stderr and exit status 2. Ctrl-C saves a checkpoint and exits with 130,
@@ -59,7 +60,8 @@ class _Train(click.Group):
     one line on stderr and exit code 2."""
 
     def parse_args(self, ctx, args):
-        if not args or (args[0] not in self.commands and args[0] != "--version"):
+        if not args or (args[0] not in self.commands
+                        and args[0] not in ("--version", *ctx.help_option_names)):
             args = ["fit", *args]
         return super().parse_args(ctx, args)
 
@@ -70,14 +72,35 @@ class _Train(click.Group):
             _fail(str(e))
 
 
-@click.group(cls=_Train, context_settings={"help_option_names": ["-h", "--help"]})
+class _Fit(click.Command):
+    """The default command: its usage line says `fit` may be left out."""
+
+    def format_usage(self, ctx, formatter):
+        formatter.write_usage(f"{ctx.find_root().info_name} [fit]",
+                              " ".join(self.collect_usage_pieces(ctx)))
+
+
+@click.group(cls=_Train, context_settings={"help_option_names": ["-h", "--help"]},
+             subcommand_metavar="[COMMAND] [ARGS]...")
 @click.version_option(package_name="ping-pack", prog_name="train")
 def main():
-    """Train, evaluate and query a transformer on packed ping shards."""
+    """Train, evaluate and query a transformer on packed ping shards.
+
+    \b
+    Examples, one per command:
+      train --data shards/                # fit: CPU tiny model ~1 min; GPU the 95M model
+      train eval runs/tiny-20261123-101500 --plot eval.png
+      train predict runs/tiny-20261123-101500 --src 192.0.2.7 --dst 193.0.14.129
+
+    `train ARGS` is `train fit ARGS` (training is the default command); `train COMMAND
+    --help` lists a command's options.
+    """
 
 
-@main.command(epilog="Also: `train eval RUN_DIR` (the model against RTT baselines) and "
-              "`train predict RUN_DIR --src A --dst B` (RTT and P(failed) of one ping).")
+@main.command(cls=_Fit, short_help="Train a model on shards (the default command).",
+              epilog="Then: `train eval RUN_DIR` (the model against RTT baselines) and "
+              "`train predict RUN_DIR --src A --dst B` (RTT and P(failed) of one ping); "
+              "`train --help` lists the commands.")
 @click.option("--data", type=click.Path(), default=None,
               help="A shards folder written by `prep shards` [default: shards; with --resume, "
                    "the run's own].")
@@ -127,7 +150,15 @@ def main():
               show_default=True, help="auto: the GPU when jax has one (an NVIDIA GPU that jax "
               "cannot use is an error naming the install); cpu: the CPU on purpose.")
 def fit(data, run_dir, resume, distributed, device, **flags):
-    """Train on the packed rows of --data (`train --data shards/`; see README: train)."""
+    """Train on the packed rows of --data; `train ARGS` is `train fit ARGS` (see README: train).
+
+    \b
+    Examples:
+      train --data shards/                    # CPU: tiny model, ~1 min; GPU: the 95M model
+      train --data shards-256 --model small   # the CPU recipe (docs/learning.md)
+      train --data shards/ --model base --steps 20000 --run-dir runs/base1
+      train --resume                          # continue the newest run under runs/
+    """
     from train.fit.device import check_backend
 
     check_backend(device)  # before anything asks jax for devices
@@ -160,9 +191,7 @@ def fit(data, run_dir, resume, distributed, device, **flags):
     if run_dir is None:
         run_dir = RUNS / f"{settings['model']}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = TrainConfig(data=data, run_dir=str(run_dir), resume=resume, **settings)
-    print("config: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()),
-          file=sys.stderr)
-    s = train(cfg)
+    s = train(cfg)  # prints the config line once the run starts (nothing before it is made)
     tps = f"{s['tokens_per_s']:,.0f} tok/s" if s["tokens_per_s"] else "-"
     mfu = f"{100 * s['mfu']:.1f}%" if s["mfu"] is not None else "-"
     ev = f"{s['eval_loss']:.4f}" if s["eval_loss"] is not None else "-"
@@ -173,8 +202,8 @@ def fit(data, run_dir, resume, distributed, device, **flags):
         sys.exit(s["exit_code"])  # 130 after SIGINT (Ctrl-C), 143 after SIGTERM
 
 
-@main.command("eval")
-@click.argument("run_dir", type=click.Path())
+@main.command("eval", short_help="The model of a run against RTT baselines on the test split.")
+@click.argument("run_dir", type=click.Path(), required=False)
 @click.option("--data", default=None, help="Shards folder [default: the one the run trained on].")
 @click.option("--step", type=int, default=None, help="Checkpoint step [default: the latest].")
 @click.option("--max-queries", type=click.IntRange(0), default=0, show_default=True,
@@ -198,7 +227,8 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     space) and the train-fit ones (global median; destination median; per-pair last-seen,
     EMA, median; Vivaldi; matrix factorization). Overall, by stratum (pair_in_context,
     node_known, cold) and by context length, with 95 % bootstrap intervals; the model's
-    [p10, p90] coverage. Writes RUN_DIR/eval/step-<S>.json.
+    [p10, p90] coverage. Writes RUN_DIR/eval/step-<S>.json. Without RUN_DIR: the newest
+    run under runs/, as `train --resume` takes.
 
     \b
     Example:
@@ -210,6 +240,13 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     from train.eval.plot import plot as plot_fn
     from train.eval.report import format_report
 
+    if run_dir is None:
+        newest = _newest_run()
+        if newest is None:
+            _fail(f"no run with checkpoints under {RUNS}/; give RUN_DIR, e.g. "
+                  "train eval runs/tiny-20261123-101500")
+        run_dir = str(newest)
+        click.echo(f"evaluating {run_dir}, the newest run under {RUNS}/", err=True)
     report, detail = evaluate(EvalConfig(run_dir=run_dir, data=data, step=step,
                                       max_queries=max_queries, seed=seed, batch_size=batch_size))
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
@@ -218,19 +255,23 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
         click.echo(f"wrote {plot}", err=True)
 
 
-@main.command()
+@main.command(short_help="RTT median, p10, p90 and P(failed) of pings, from a run's model.")
 @click.argument("run_dir", type=click.Path())
 @click.option("--src", help="Source address (the probe), IPv4 or IPv6.")
 @click.option("--dst", help="Destination address.")
 @click.option("--time", "when", default=None,
-              help="When (ISO-8601, UTC unless it has an offset, or Unix seconds); "
-                   "without it the query carries no timestamp.")
+              help="When (ISO-8601, UTC unless it has an offset, or Unix seconds; "
+                   "1970-01-01 <= t < 2100-01-01, as `prep` accepts); without it the query "
+                   "carries no timestamp.")
 @click.option("--history", type=click.Path(dir_okay=False), default=None,
-              help="Parquet of the source's earlier measurements (the input schema of "
-                   "`prep shards`): the model's context. With --queries, each query gets the "
-                   "rows with its src_addr from before its time.")
+              help="Parquet of earlier measurements (the input schema of `prep shards`): "
+                   "the model's context. Each query (--src or --queries) reads the rows with "
+                   "its src_addr from before its time; the rows of other sources are left "
+                   "out and counted on stderr.")
 @click.option("--queries", type=click.Path(dir_okay=False), default=None,
-              help="Parquet of queries: src_addr, dst_addr and optionally event_time.")
+              help="Parquet of queries: src_addr, dst_addr and optionally event_time. "
+                   "The answers add rtt_ms, p10_ms, p90_ms, p_failed, history_used, and "
+                   "event_time as a UTC timestamp.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="With --queries: write the answers here (parquet).")
 @click.option("--step", type=int, default=None, help="Checkpoint step [default: the latest].")

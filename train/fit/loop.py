@@ -289,7 +289,9 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
     start = 0
     try:
         eval_sample = EvalSample(cfg, manifest, rows) if cfg.eval_every else None
-        # the run starts here: nothing above wrote anything
+        # the run starts here: nothing above wrote anything (nor printed the config)
+        print("config: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()),
+              file=sys.stderr)
         run_dir.mkdir(parents=True, exist_ok=True)
         ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.keep_checkpoints)
         if saved is not None:

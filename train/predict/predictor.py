@@ -355,9 +355,18 @@ def run_record(run_dir: str | Path) -> dict:
         raise InputError(f"{d}: no such run folder; train one with `train --data shards/` "
                          "(runs go under runs/)")
     if not cfg.is_file() or not (d / "checkpoints").is_dir():
-        raise InputError(f"{d}: not a run folder (no config.json or checkpoints/); pass the "
-                         "--run-dir a `train` run wrote, e.g. runs/tiny-<time>")
+        runs = sorted((p for p in d.iterdir() if _is_run(p)), key=lambda p: -p.stat().st_mtime)
+        listed = ", ".join(map(str, runs[:5])) + (f" and {len(runs) - 5} more" if len(runs) > 5
+                                                  else "")
+        raise InputError(f"{d}: not a run folder (no config.json or checkpoints/); give "
+                         "RUN_DIR, the folder of one run" + (
+                             f": {listed} (newest first)" if runs else
+                             " `train` wrote, e.g. runs/tiny-20261123-101500"))
     return json.loads(cfg.read_text())
+
+
+def _is_run(d: Path) -> bool:
+    return (d / "config.json").is_file() and (d / "checkpoints").is_dir()
 
 
 def load(run_dir: str | Path, *, step: int | None = None, batch_size: int | None = None,

@@ -1,0 +1,80 @@
+"""The `train` command as a new user meets it: `train --help` reads like `prep --help`
+(the commands listed, an example each), a failed start prints nothing about a run it
+never made, and `train eval` finds runs the way `--resume` does. All without a model: each
+test takes a second or two."""
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from train.cli import main
+
+
+def _train(args):
+    return CliRunner().invoke(main, args, prog_name="train")
+
+
+def _section(text: str, title: str) -> list[str]:
+    """The lines after ``title`` up to the next blank line."""
+    lines = text.splitlines()
+    start = lines.index(title) + 1
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    return lines[start:end]
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_train_help_lists_the_commands_with_an_example_each(flag):
+    r = _train([flag])
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0] == "Usage: train [OPTIONS] [COMMAND] [ARGS]..."
+    assert [line.split()[0] for line in _section(r.output, "Commands:")] == [
+        "eval", "fit", "predict"]
+    examples = _section(r.output, "  Examples, one per command:")
+    assert [line.split()[:2] for line in examples] == [
+        ["train", "--data"], ["train", "eval"], ["train", "predict"]]
+    assert "`train ARGS` is `train fit ARGS`" in " ".join(r.output.split())
+
+
+def test_train_fit_help_names_itself_the_default_with_examples():
+    for args in (["fit", "--help"], ["--data", "x", "--help"]):
+        r = _train(args)
+        assert r.exit_code == 0, r.output
+        assert r.output.splitlines()[0] == "Usage: train [fit] [OPTIONS]"
+        assert _section(r.output, "  Examples:")[0].split()[:3] == ["train", "--data", "shards/"]
+
+
+def test_a_start_that_fails_prints_no_config_of_a_run_it_never_makes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = _train(["--data", str(tmp_path / "nonexist"), "--device", "cpu"])
+    assert r.exit_code == 2, r.output
+    assert not any(line.startswith("config:") for line in r.output.splitlines()), r.output
+    assert r.stderr.splitlines()[-1].startswith(f"error: {tmp_path / 'nonexist'}")
+    assert not (tmp_path / "runs").exists()
+
+
+def _fake_run(d, mtime):
+    (d / "checkpoints").mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"train": {}, "model": {}}))
+    os.utime(d, (mtime, mtime))
+
+
+def test_eval_of_a_folder_of_runs_lists_them_and_names_the_argument(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _fake_run(tmp_path / "runs" / "tiny-a", 1_000_000)
+    _fake_run(tmp_path / "runs" / "tiny-b", 2_000_000)
+    r = _train(["eval", "runs"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines() == [(
+        "error: runs: not a run folder (no config.json or checkpoints/); give RUN_DIR, the "
+        "folder of one run: runs/tiny-b, runs/tiny-a (newest first)")]
+
+
+def test_eval_without_a_run_takes_the_newest_as_resume_does(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = _train(["eval"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines() == [(
+        "error: no run with checkpoints under runs/; give RUN_DIR, e.g. "
+        "train eval runs/tiny-20261123-101500")]
