@@ -27,11 +27,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
-data/raw/.done: | $(STAMP)
-	$(BIN)/prep synth --out data/raw --rows $(ROWS) --probes $(PROBES) --days $(DAYS) --seed $(SEED)
+data/raw.done: | $(STAMP)
+	$(BIN)/prep synth --out data/raw --rows $(ROWS) --probes $(PROBES) --days $(DAYS) --seed $(SEED) --overwrite
 	touch $@
 
-shards: setup data/raw/.done
+shards: setup data/raw.done
 	$(BIN)/prep shards data/raw --out shards --workers $(WORKERS) --seed $(SEED) --overwrite
 
 # lint-imports: the stages' one-way order (pyproject.toml, [tool.importlinter])

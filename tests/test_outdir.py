@@ -149,11 +149,11 @@ def test_dead_runs_leftovers_are_removed(raw, tmp_path):
     dead.wait()  # a pid that is gone
     token = "0123456789ab"
     stage = out / f".tmp-shards-{dead.pid}-{token}"
-    outdir._make_owned_dir(stage, "staging", dead.pid, token)
+    outdir.make_owned_dir(stage, "staging", dead.pid, token)
     (stage / "train").mkdir()
     (stage / "train" / "shard-b00000-e0.array_record").write_bytes(b"half")
     old = out / f".old-{dead.pid}-{token}"
-    outdir._make_owned_dir(old, "old", dead.pid, token)
+    outdir.make_owned_dir(old, "old", dead.pid, token)
     (out / ".tmp-shards-1-ffffffffffff").mkdir()  # killed between mkdir and its marker
     (out / outdir.LOCK_NAME).write_text(f"{dead.pid}\n")  # a SIGKILLed run's lock file
     r = invoke(str(raw), "--out", str(out), "--workers", "1")
