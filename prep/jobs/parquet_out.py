@@ -37,8 +37,7 @@ import re
 import secrets
 from pathlib import Path
 
-from prep.jobs.outdir import LOCK_NAME, is_owned, lock_folder, make_owned_dir, release, \
-    remove_owned
+from prep.jobs.outdir import LOCK_NAME, is_owned, lock_folder, make_owned_dir, release, remove_owned
 from prep.jobs.signals import stop_on_signals
 from prep.schema import sniff
 from prep.schema.errors import InputError, fs_failure

@@ -35,7 +35,6 @@ lives across the batches of one ``iter_validated`` run.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
