@@ -313,8 +313,10 @@ def verify(shards_dir, workers):
     for p in problems:
         click.echo(p)
     if problems:
-        click.echo(f"{shards_dir}: {len(problems)} problems; re-run `prep shards` to rebuild it",
-                   err=True)
+        from prep.schema.words import count
+
+        click.echo(f"{shards_dir}: {count(len(problems), 'problem')}; re-run `prep shards` to "
+                   "rebuild it", err=True)
         sys.exit(1)
     click.echo(f"{shards_dir}: ok", err=True)
 
@@ -355,8 +357,8 @@ def _workers(n: int) -> int:
               help="Rows per step, for the steps column.")
 @click.option("--max-segments", default=16, show_default=True, type=click.IntRange(1, 255),
               help="Segment cap of the capped packer variant.")
-@click.option("--grain-sample", default=2000, show_default=True, type=click.IntRange(1),
-              help="Contexts given to each Grain packer (they run in Python).")
+@click.option("--grain-sample", default=2000, show_default=True, type=click.IntRange(0),
+              help="Contexts given to each Grain packer (they run in Python); 0 = all.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Tokenizer seed.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG here.")

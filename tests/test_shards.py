@@ -315,7 +315,7 @@ def test_damaged_file_mid_run_stops_cleanly(tmp_path):
                                   "--workers", "2"])
     assert r.exit_code == 2 and "b.parquet" in r.output.splitlines()[-1], r.output
     assert "Traceback" not in r.output
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+    assert not (tmp_path / "out").exists()  # the failed run removed the folder it made
 
 
 def test_assemble_rows_places_pieces_in_slot_order():

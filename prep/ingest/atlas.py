@@ -97,6 +97,7 @@ from prep.jobs import parquet_out
 from prep.jobs.pool import Pool, WorkerDied, cores
 from prep.schema.errors import InputError, first_line, fs_failure
 from prep.schema.validate import find_files, format_rejected, validate_rows
+from prep.schema.words import count
 
 BATCH = 65_536  # rows per parquet write (a row group: rows BATCH*i .. BATCH*(i+1)-1 before validation)
 SUFFIXES = (".json", ".jsonl", ".ndjson", ".bz2", ".gz")
@@ -300,8 +301,8 @@ def import_atlas(cfg: AtlasConfig) -> dict:
                "elapsed_s": round(elapsed, 3),
                "results_per_s": round(results_read / max(elapsed, 1e-9), 1)}
     why = format_rejected(summary["rejected"])
-    print(f"import-atlas: {results_read:,} results from {len(files)} files -> "
-          f"{rows_written:,} rows in {cfg.out} | rejected {sum(rejected.values()):,} ({why}) | "
+    print(f"import-atlas: {count(results_read, 'result')} from {count(len(files), 'file')} -> "
+          f"{count(rows_written, 'row')} in {cfg.out} | rejected {sum(rejected.values()):,} ({why}) | "
           f"{elapsed:.1f}s, {summary['results_per_s']:,.0f} results/s on {procs} "
           f"process{'es' if procs > 1 else ''}", file=sys.stderr)
     return summary

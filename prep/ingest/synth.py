@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from prep.jobs import parquet_out
+from prep.schema.words import count
 
 START = 1_767_225_600  # 2026-01-01T00:00:00Z
 ROOTS_V4 = ["198.41.0.4", "170.247.170.2", "192.33.4.12", "199.7.91.13", "192.203.230.10",
@@ -234,8 +235,8 @@ def synth(cfg: SynthConfig) -> dict:
                "rtt_p50": float(np.percentile(cols["rtt"][ok], 50)) if ok.any() else 0.0,
                "rtt_p99": float(np.percentile(cols["rtt"][ok], 99)) if ok.any() else 0.0,
                "elapsed_s": elapsed, "rows_per_s": cfg.rows / max(elapsed, 1e-9)}
-    print(f"synth: {cfg.rows:,} rows from {cfg.probes:,} probes over {cfg.days} days in "
-          f"{len(names)} files -> {out} | IPv6 {summary['ipv6_share']:.1%}, failed "
+    print(f"synth: {count(cfg.rows, 'row')} from {count(cfg.probes, 'probe')} over "
+          f"{count(cfg.days, 'day')} in {count(len(names), 'file')} -> {out} | IPv6 {summary['ipv6_share']:.1%}, failed "
           f"{summary['failed_share']:.1%}, RTT p50 {summary['rtt_p50']:.1f} ms p99 "
           f"{summary['rtt_p99']:.1f} ms | {elapsed:.1f}s, {summary['rows_per_s']:,.0f} rows/s",
           file=sys.stderr)

@@ -37,6 +37,7 @@ from prep.schema.errors import InputError
 from prep.schema.manifest import SPLITS
 from prep.schema.splits import TIME_RULES, format_time
 from prep.schema.validate import format_rejected, list_inputs, open_parquet
+from prep.schema.words import count
 
 UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
 
@@ -54,7 +55,7 @@ class Passes:
 
     def describe(self, n_files: int, rows: int) -> str:
         """The start line, up to its config."""
-        return f"{self.says}: {n_files} input files, {rows:,} rows"
+        return f"{self.says}: {count(n_files, 'input file')}, {count(rows, 'row')}"
 
     def run(self, od: outdir.OutDir, units: list, rows_total: int, cfg: ShardsConfig,
             t0: float) -> tuple[ShardsConfig, dict, list[dict]]:
@@ -274,7 +275,7 @@ def format_summary(s: dict) -> str:
                       f"{s['measurements_excluded_by_split']:,} measurements in neither split")
     return "\n".join([
         f"prep shards: done in {s['elapsed_s']:.1f} s, "
-        f"{s['measurements_per_s']:,} measurements/s on {s['workers']} workers",
+        f"{s['measurements_per_s']:,} measurements/s on {count(s['workers'], 'worker')}",
         f"  measurements  {s['measurements_in']:,} in, {s['measurements_rejected']:,} rejected ({rej})",
         f"  split         {split}",
         f"  contexts      {s['contexts']:,} ({s['segments']:,} segments after cuts)",
