@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from test_outdir import PREP, one_line_error, wait_for
+from test_outdir import one_line_error, wait_for
 
 from prep.cli import main
 from prep.jobs.outdir import lock_folder, release
