@@ -27,7 +27,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
+# (the stamp of earlier versions, data/raw/.done, would be a file prep synth did not write)
 data/raw.done: | $(STAMP)
+	rm -f data/raw/.done
 	$(BIN)/prep synth --out data/raw --rows $(ROWS) --probes $(PROBES) --days $(DAYS) --seed $(SEED) --overwrite
 	touch $@
 
