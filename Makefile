@@ -27,11 +27,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
-data/raw/.done: | $(STAMP)
-	$(BIN)/prep synth --out data/raw --rows $(ROWS) --probes $(PROBES) --days $(DAYS) --seed $(SEED)
+# (the stamp of earlier versions, data/raw/.done, would be a file prep synth did not write)
+data/raw.done: | $(STAMP)
+	rm -f data/raw/.done
+	$(BIN)/prep synth --out data/raw --rows $(ROWS) --probes $(PROBES) --days $(DAYS) --seed $(SEED) --overwrite
 	touch $@
 
-shards: setup data/raw/.done
+shards: setup data/raw.done
 	$(BIN)/prep shards data/raw --out shards --workers $(WORKERS) --seed $(SEED) --overwrite
 
 # lint-imports: the stages' one-way order (pyproject.toml, [tool.importlinter])

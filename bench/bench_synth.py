@@ -18,7 +18,7 @@ ROWS = 3_000_000
 
 def run() -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
-        cfg = SynthConfig(out=Path(d), rows=ROWS, probes=3_000, days=2, seed=0)
+        cfg = SynthConfig(out=Path(d), rows=ROWS, probes=3_000, days=2, seed=0, overwrite=True)
         best = min(_timed(lambda: synth(cfg)) for _ in range(2))
         t = _timed(lambda: validate.read_validated([d]))
     return {"synth.rows_per_s": ROWS / best, "synth.validate_rows_per_s": ROWS / t}

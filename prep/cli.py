@@ -53,7 +53,10 @@ def main():
 @click.option("--probes", default=3_000, show_default=True, type=click.IntRange(min=1, max=1_000_000))
 @click.option("--days", default=2, show_default=True, type=click.IntRange(min=1, max=366))
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
-def synth(out, rows, probes, days, seed):
+@click.option("--overwrite", is_flag=True,
+              help="Replace the parquet files already in --out (nothing else may be there); "
+                   "they stay until the new files are complete.")
+def synth(out, rows, probes, days, seed, overwrite):
     """Write realistic RIPE-Atlas-like measurements as hourly parquet files.
 
     \b
@@ -65,7 +68,8 @@ def synth(out, rows, probes, days, seed):
     from prep.ingest.synth import SynthConfig
     from prep.ingest.synth import synth as run
 
-    run(SynthConfig(out=Path(out), rows=rows, probes=probes, days=days, seed=seed))
+    _interruptible(run, SynthConfig(out=Path(out), rows=rows, probes=probes, days=days,
+                                    seed=seed, overwrite=overwrite), "prep synth")
 
 
 @main.command("import-atlas")
@@ -82,8 +86,11 @@ def synth(out, rows, probes, days, seed):
 @click.option("--workers", default=0, show_default=True, type=click.IntRange(min=0),
               help="Processes, one input file each; 0 = one per core. The output does not depend on it.")
 @click.option("--strict", is_flag=True, help="A malformed JSON line is an error, not a rejected row.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace the parquet files already in --out (nothing else may be there); "
+                   "they stay until the new output is complete.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on stdout.")
-def import_atlas(inputs, out, per_packet, source, errors, workers, strict, as_json):
+def import_atlas(inputs, out, per_packet, source, errors, workers, strict, overwrite, as_json):
     """Convert RIPE Atlas ping results (JSON, JSON lines, .bz2 dumps) to parquet.
 
     INPUTS are files or folders (searched recursively for .json, .jsonl, .ndjson, .bz2,
@@ -99,12 +106,27 @@ def import_atlas(inputs, out, per_packet, source, errors, workers, strict, as_js
     from prep.ingest.atlas import AtlasConfig
     from prep.ingest.atlas import import_atlas as run
 
-    summary = run(AtlasConfig(inputs=tuple(Path(p) for p in inputs), out=Path(out),
-                              per_packet=per_packet, strict=strict, source=source, errors=errors,
-                              workers=workers))
+    summary = _interruptible(run, AtlasConfig(
+        inputs=tuple(Path(p) for p in inputs), out=Path(out), per_packet=per_packet,
+        strict=strict, source=source, errors=errors, workers=workers, overwrite=overwrite), "prep import-atlas")
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
 
+
+def _interruptible(run, cfg, command: str):
+    """``run(cfg)``; SIGINT/SIGTERM: one line and exit 128 + the signal, never a traceback
+    (the run's output folder, prep.jobs.parquet_out, has removed its staging folder)."""
+    import signal
+
+    from prep.jobs.signals import Interrupted
+
+    try:
+        return run(cfg)
+    except KeyboardInterrupt as e:
+        if not isinstance(e, Interrupted):
+            e = Interrupted(signal.SIGINT, command=command)  # before or after the handlers
+        click.echo(f"error: {e}", err=True)
+        sys.exit(128 + e.signum)
 
 
 class _Time(click.ParamType):
@@ -291,8 +313,10 @@ def verify(shards_dir, workers):
     for p in problems:
         click.echo(p)
     if problems:
-        click.echo(f"{shards_dir}: {len(problems)} problems; re-run `prep shards` to rebuild it",
-                   err=True)
+        from prep.schema.words import count
+
+        click.echo(f"{shards_dir}: {count(len(problems), 'problem')}; re-run `prep shards` to "
+                   "rebuild it", err=True)
         sys.exit(1)
     click.echo(f"{shards_dir}: ok", err=True)
 
@@ -333,8 +357,8 @@ def _workers(n: int) -> int:
               help="Rows per step, for the steps column.")
 @click.option("--max-segments", default=16, show_default=True, type=click.IntRange(1, 255),
               help="Segment cap of the capped packer variant.")
-@click.option("--grain-sample", default=2000, show_default=True, type=click.IntRange(1),
-              help="Contexts given to each Grain packer (they run in Python).")
+@click.option("--grain-sample", default=2000, show_default=True, type=click.IntRange(0),
+              help="Contexts given to each Grain packer (they run in Python); 0 = all.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Tokenizer seed.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG here.")

@@ -101,3 +101,12 @@ def test_cli_json_and_plot(shards_dir, tmp_path):
                for s in out["strategies"])
     assert out["lower_bound_rows"] == out["strategies"][-1]["rows"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_grain_sample_0_means_all_contexts(shards_dir):
+    # the README (and --help) say 0 = all; the CLI used to refuse it
+    res = CliRunner().invoke(main, ["analyze-padding", str(shards_dir / "shards"), "--json",
+                                    "--grain-sample", "0"])
+    assert res.exit_code == 0, res.output
+    grain = [s for s in json.loads(res.stdout)["strategies"] if s["name"].startswith("grain-")]
+    assert len(grain) == 6 and {s["note"] for s in grain} == {""}  # not "estimated"

@@ -1,6 +1,6 @@
 """Zero rows written is an error, never a finished-looking empty dataset, and every command
 given another command's input names the right one: one line on stderr, exit code 2, no
-output: import-atlas leaves no folder, prep shards an empty one (no manifest.json)."""
+output: a new --out folder is removed again (import-atlas, synth, prep shards)."""
 
 import json
 import shutil
@@ -81,7 +81,7 @@ def test_prep_shards_with_no_rows_fails(tmp_path):
                  "--workers", "1", "--quiet") == (
         f"error: {tmp_path}/s: no training rows written: the inputs hold no rows; nothing was "
         "published")
-    assert list((tmp_path / "s").iterdir()) == []
+    assert not (tmp_path / "s").exists()  # a new --out that failed is removed again
 
 
 def test_prep_shards_with_every_row_rejected_fails(tmp_path):
@@ -97,7 +97,7 @@ def test_prep_shards_with_every_row_rejected_fails(tmp_path):
                            "were rejected (")
     assert line.endswith("); `prep import-atlas` writes only rows that pass these checks; "
                          "nothing was published")
-    assert list((tmp_path / "s").iterdir()) == []
+    assert not (tmp_path / "s").exists()  # a new --out that failed is removed again
 
 
 def test_prep_shards_with_every_row_in_test_fails(tmp_path):
@@ -107,7 +107,7 @@ def test_prep_shards_with_every_row_in_test_fails(tmp_path):
     assert fails(prep, "shards", tmp_path / "raw", "--out", tmp_path / "s", "--workers", "1",
                  "--test-fraction", "1", "--quiet").startswith(
         f"error: {tmp_path}/s: no training rows written: all ")
-    assert list((tmp_path / "s").iterdir()) == []
+    assert not (tmp_path / "s").exists()  # a new --out that failed is removed again
 
 
 # --- train -----------------------------------------------------------------------------

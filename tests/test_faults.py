@@ -23,6 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_outdir import PREP, children, dataset_bytes, error_lines, running
 
@@ -225,3 +226,59 @@ def test_random_faults(raw, tmp_path):
     print(seen)
     states = {s[3] for s in seen}
     assert "new" in states and ({"old", "none"} & states), seen
+
+
+# --- item 20: what a line says ----------------------------------------------------------
+
+def test_a_symlink_loop_is_named_as_one_not_as_a_missing_target(raw, tmp_path):
+    from click.testing import CliRunner
+
+    from prep.cli import main
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    loop = f"a loop of symbolic links: {a} -> {b} -> … never reaches a file or folder"
+    for args in (["shards", str(a), "--out", str(tmp_path / "x")],  # an input
+                 ["shards", str(raw), "--out", str(a)],  # --out of prep shards
+                 ["synth", "--out", str(a), "--rows", "10"],  # --out of the importers
+                 ["import-atlas", str(a), "--out", str(tmp_path / "y")]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2, r.output
+        line = the_error(r.output, loop)
+        assert "does not exist" not in line, line
+    d = tmp_path / "inputs"  # under a folder: skipped, with a warning that says so
+    d.mkdir()
+    shutil.copy(next(raw.glob("*.parquet")), d / "ok.parquet")
+    (d / "c.parquet").symlink_to(d / "c.parquet")
+    r = CliRunner().invoke(main, ["analyze-padding", str(d), "--grain-sample", "10"])
+    assert r.exit_code == 0, r.output
+    assert (f"warning: {d / 'c.parquet'}: broken symbolic link (a loop of symbolic links: "
+            f"{d / 'c.parquet'} -> {d / 'c.parquet'} -> …") in r.stderr
+
+
+def test_counts_of_one_are_singular(raw, tmp_path):
+    from click.testing import CliRunner
+
+    from prep.cli import main
+    from prep.tools.inspect_rows import format_row
+
+    r = CliRunner().invoke(main, ["synth", "--out", str(tmp_path / "one"), "--rows", "1",
+                                  "--probes", "1", "--days", "1"])
+    assert r.exit_code == 0, r.output
+    assert f"synth: 1 row from 1 probe over 1 day in 1 file -> {tmp_path / 'one'} |" in r.stderr
+    atlas = Path(__file__).resolve().parent / "fixtures" / "ripe-atlas" / "api" / "ping.json"
+    r = CliRunner().invoke(main, ["import-atlas", str(atlas), "--out", str(tmp_path / "a"),
+                                  "--workers", "1"])
+    assert r.exit_code == 0, r.output
+    assert "results from 1 file -> " in r.stderr
+    # a row holding one segment of one measurement (a made-up row: 12 tokens, IPv4, failed)
+    from prep.schema import vocab as v
+    b = [v.BYTE_OFFSET + x for x in (192, 0, 2, 7, 193, 0, 14, 129)]
+    toks = [v.MEASUREMENT_START, v.SRC_IPV4, *b[:4], v.DST_IPV4, *b[4:], v.FAILED]
+    row = {"split": "test", "row": 0, "shard": "s", "record": 0,
+           "tokens": np.array(toks + [0] * 4, np.uint16),
+           "segment_ids": np.array([1] * len(toks) + [0] * 4, np.uint8)}
+    text = format_row(row)
+    assert text.splitlines()[0] == "test row 0 (s #0): 1 segment, 12 tokens, 4 padding"
+    assert text.splitlines()[1] == "  segment 1: 1 measurement, 12 tokens"

@@ -47,7 +47,7 @@ def test_readable_rows(tiny):
     assert lines[2].split() == ["2026-01-01", "00:00:00", "192.0.2.1", "->", "193.0.14.129",
                                 "10.000", "ms"]
     assert lines[3].split() == ["+60", "s", "192.0.2.1", "->", "193.0.14.129", "20.000", "ms"]
-    assert lines[4] == "  segment 2: 1 measurements, 21 tokens"
+    assert lines[4] == "  segment 2: 1 measurement, 21 tokens"
     assert lines[5].split()[-1] == "FAILED"
 
 

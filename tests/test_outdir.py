@@ -149,11 +149,11 @@ def test_dead_runs_leftovers_are_removed(raw, tmp_path):
     dead.wait()  # a pid that is gone
     token = "0123456789ab"
     stage = out / f".tmp-shards-{dead.pid}-{token}"
-    outdir._make_owned_dir(stage, "staging", dead.pid, token)
+    outdir.make_owned_dir(stage, "staging", dead.pid, token)
     (stage / "train").mkdir()
     (stage / "train" / "shard-b00000-e0.array_record").write_bytes(b"half")
     old = out / f".old-{dead.pid}-{token}"
-    outdir._make_owned_dir(old, "old", dead.pid, token)
+    outdir.make_owned_dir(old, "old", dead.pid, token)
     (out / ".tmp-shards-1-ffffffffffff").mkdir()  # killed between mkdir and its marker
     (out / outdir.LOCK_NAME).write_text(f"{dead.pid}\n")  # a SIGKILLed run's lock file
     r = invoke(str(raw), "--out", str(out), "--workers", "1")
@@ -312,7 +312,7 @@ def test_killed_worker_stops_the_run_with_one_line(raw, tmp_path):
     one_line_error(proc_result(proc, err), str(out), f"pid {workers[0]}", "SIGKILL",
                    "--buckets", "--workers")
     wait_for(lambda: not any(running(w) for w in workers), 5, "the other worker")
-    assert list(out.iterdir()) == []  # no dataset, no staging folder, no lock
+    assert not out.exists()  # the run made --out: no dataset, no staging folder, no lock, no folder
 
 
 def proc_result(proc, stderr: str) -> subprocess.CompletedProcess:
@@ -336,7 +336,7 @@ def test_sigterm_and_ctrl_c_stop_workers_and_clean_up(raw, tmp_path, sig, code):
     one_line_error(proc_result(proc, err), f"stopped by {signal.Signals(sig).name}",
                    f"{out} holds what it held before")
     assert not any(running(w) for w in workers)
-    assert list(out.iterdir()) == []  # no dataset, no staging folder, no lock
+    assert not out.exists()  # the run made --out: no dataset, no staging folder, no lock, no folder
 
 
 def test_sigkilled_driver_takes_its_workers_along(raw, tmp_path):
@@ -400,7 +400,7 @@ def test_disk_full_is_one_line_and_keeps_the_old_dataset(raw, tmp_path, monkeypa
     for i, fake in enumerate(fakes):
         out = tmp_path / f"new{i}"
         run_full(fake, out)
-        assert list(out.iterdir()) == []  # nothing half-written, no staging folder
+        assert not out.exists()  # nothing half-written, no staging folder, no new folder
 
     out = tmp_path / "out"
     run_shards([str(raw)], str(out), CFG, progress=False)
@@ -450,3 +450,22 @@ def test_read_only_and_dangling_symlink_out_are_one_line(raw, tmp_path, monkeypa
     assert r.exit_code == 2, r.output
     one_line_error(r, str(dangling), "nowhere", "does not exist")
     assert not (tmp_path / "nowhere").exists() and dangling.is_symlink()
+
+
+# --- a failed run into a new folder leaves no folder ---------------------------------------
+
+def test_a_failed_run_removes_the_folder_it_made_and_keeps_one_it_did_not(raw, tmp_path):
+    import pyarrow.parquet as pq
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    pq.write_table(pq.read_table(next(raw.glob("*.parquet"))).drop(["rtt"]), bad / "x.parquet")
+    out = tmp_path / "new" / "out"
+    r = invoke(str(bad), "--out", str(out), "--workers", "1")
+    assert r.exit_code == 2
+    line = one_line_error(r, "missing required column rtt")
+    assert not out.exists() and (tmp_path / "new").is_dir()  # --out itself only
+    out.mkdir()
+    r = invoke(str(bad), "--out", str(out), "--workers", "1")
+    assert r.exit_code == 2 and one_line_error(r) == line
+    assert out.is_dir() and list(out.iterdir()) == []  # the user's folder stays

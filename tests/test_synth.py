@@ -19,7 +19,7 @@ def run_cli(out):
 def test_same_seed_same_bytes_and_schema(tmp_path):
     run_cli(tmp_path / "a")
     res = run_cli(tmp_path / "b")
-    assert "synth: 200,000 rows from 300 probes over 1 days in 24 files" in res.stderr
+    assert "synth: 200,000 rows from 300 probes over 1 day in 24 files" in res.stderr
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert names == [f"2026-01-01T{h:02d}.parquet" for h in range(24)]
     for n in names:

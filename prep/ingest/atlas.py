@@ -65,13 +65,19 @@ stdlib ``json``, with the same result (prep.ingest.atlas_json). .bz2 files are d
 indexed_bzip2 (a faster decoder than libbz2), on several threads when there are fewer
 files than workers. The garbage collector is off while a file converts: the rows hold no
 cycles.
+
+Output (prep.jobs.parquet_out): ``out`` is locked for the run (a second import into it
+fails at once, naming the first one's pid); the files are written in a staging folder
+inside it and moved in together at the end, so a failed or interrupted run leaves nothing
+a reader would take as output (and no folder it made), and the next run removes what a
+killed one left. Parquet files already there are replaced only with ``overwrite``;
+anything else there, or a dataset, is refused. A full or read-only disk is one line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import shutil
 import sys
 import time
 import zlib
@@ -87,9 +93,11 @@ from prep.ingest import atlas_read
 from prep.ingest.atlas_json import MALFORMED, Fast
 from prep.ingest.atlas_read import read_results
 from prep.ingest.atlas_rows import SCHEMA, Mode, Rows, convert, convert_fast
+from prep.jobs import parquet_out
 from prep.jobs.pool import Pool, WorkerDied, cores
-from prep.schema.errors import InputError
+from prep.schema.errors import InputError, first_line, fs_failure
 from prep.schema.validate import find_files, format_rejected, validate_rows
+from prep.schema.words import count
 
 BATCH = 65_536  # rows per parquet write (a row group: rows BATCH*i .. BATCH*(i+1)-1 before validation)
 SUFFIXES = (".json", ".jsonl", ".ndjson", ".bz2", ".gz")
@@ -108,6 +116,7 @@ class AtlasConfig:
     source: str = "public"  # src_addr: "public" (from, else src_addr) or "local" (src_addr, else from)
     errors: str = "skip"  # a result with only local errors: "skip" (local_error) or "failed" (rtt -1)
     workers: int = 0  # processes, one file each; 0: one per core
+    overwrite: bool = False  # replace the parquet files already in out
 
 
 def list_atlas_inputs(paths) -> list[Path]:
@@ -165,7 +174,11 @@ def _import_one(path: Path, out_file: Path, cfg: AtlasConfig, chunk: int, fast: 
                 table = rows.take(min(BATCH, k))
                 k -= len(table)
                 keep, _, why = validate_rows(table, source=str(path), _cache=_ADDR_CACHE)
-                writer.write_table(table.filter(pa.array(keep)))
+                try:  # inside the reader's try below: a failed write is not a bad input
+                    writer.write_table(table.filter(pa.array(keep)))
+                except OSError as e:
+                    raise (fs_failure(e, cfg.out) or InputError(
+                        f"{out_file}: cannot write ({first_line(e)})")) from None
                 rows_in += len(table)
                 rows_written += int(keep.sum())
                 checked.update(why)
@@ -250,19 +263,16 @@ def import_atlas(cfg: AtlasConfig) -> dict:
     t0 = time.perf_counter()
     files = list_atlas_inputs(cfg.inputs)
     names = _output_names(files)
-    stage = Path(cfg.out) / ".import-tmp"
-    made = not Path(cfg.out).exists()
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
     workers = cfg.workers if cfg.workers > 0 else cores()
     procs = min(workers, len(files))
     threads = max(1, workers // procs)  # decompression threads of a .bz2 file
-    tasks = [(path, stage / name, cfg, atlas_read.CHUNK, _FAST, threads)  # CHUNK, _FAST: tests set them
-             for path, name in zip(files, names)]
     results_read = rows_in = rows_written = logged = 0
     rejected: Counter = Counter()
     log: list[str] = []
-    try:
+    with parquet_out.claim(cfg.out, command="prep import-atlas", runner="import",
+                           overwrite=cfg.overwrite) as od:
+        tasks = [(path, od.stage / name, cfg, atlas_read.CHUNK, _FAST, threads)  # CHUNK, _FAST: tests set them
+                 for path, name in zip(files, names)]
         with _tasks_run(procs, tasks, Path(cfg.out)) as results, contextlib.ExitStack() as stack:
             # a bar only on a terminal: tqdm starts a thread even when disabled, and a
             # later run in this process would then start its workers by a fork server
@@ -283,13 +293,7 @@ def import_atlas(cfg: AtlasConfig) -> dict:
             print(f"... and {logged - MAX_LOGGED:,} more malformed JSON lines", file=sys.stderr)
         if not rows_written:  # a finished-looking empty dataset is worse than an error
             raise InputError(_nothing_written(files, results_read, rejected, Path(cfg.out)))
-        for name in names:
-            (stage / name).replace(Path(cfg.out) / name)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-        if made:  # an empty folder left behind would look like output
-            with contextlib.suppress(OSError):
-                Path(cfg.out).rmdir()
+        od.publish(names)
     elapsed = time.perf_counter() - t0
     summary = {"files": len(files), "results_read": results_read, "rows_in": rows_in,
                "rows_written": rows_written, "rejected": dict(sorted(rejected.items())),
@@ -297,8 +301,8 @@ def import_atlas(cfg: AtlasConfig) -> dict:
                "elapsed_s": round(elapsed, 3),
                "results_per_s": round(results_read / max(elapsed, 1e-9), 1)}
     why = format_rejected(summary["rejected"])
-    print(f"import-atlas: {results_read:,} results from {len(files)} files -> "
-          f"{rows_written:,} rows in {cfg.out} | rejected {sum(rejected.values()):,} ({why}) | "
+    print(f"import-atlas: {count(results_read, 'result')} from {count(len(files), 'file')} -> "
+          f"{count(rows_written, 'row')} in {cfg.out} | rejected {sum(rejected.values()):,} ({why}) | "
           f"{elapsed:.1f}s, {summary['results_per_s']:,.0f} results/s on {procs} "
           f"process{'es' if procs > 1 else ''}", file=sys.stderr)
     return summary

@@ -75,6 +75,7 @@ from prep.schema.errors import InputError, first_line, fs_failure
 from prep.schema.hashing import GOLDEN, MASK, mix64
 from prep.schema.splits import format_time
 from prep.schema.validate import RTT_MAX_MS, TIME_MAX, format_rejected
+from prep.schema.words import count
 
 START = 1_767_225_600  # 2026-01-01T00:00:00Z, as prep synth
 UNITS = {"s": 1000.0, "ms": 1.0, "us": 0.001}  # to milliseconds
@@ -373,7 +374,7 @@ def format_summary(s: dict) -> str:
     files = s["first_file"] if s["frames"] == 1 else f"{s['first_file']} .. {s['last_file']}"
     lines = [
         f"import-matrix: {s['frames']:,} frame{'s' if s['frames'] > 1 else ''} of "
-        f"{s['nodes']:,} nodes ({files}) in {s['elapsed_s']:.1f} s",
+        f"{count(s['nodes'], 'node')} ({files}) in {s['elapsed_s']:.1f} s",
         f"  measurements  {s['measurements']:,} of {s['entries']:,} entries; rejected {rej:,} "
         f"({format_rejected(s['rejected'])})",
         f"  time          {s['start_iso']} .. {s['end_iso']}, {s['interval_s']:,} s a frame",

@@ -20,14 +20,14 @@ The model, numpy-vectorized and a pure function of the config (same seed, same b
 
 Output: DIR/YYYY-MM-DDTHH.parquet, one file per hour of data, columns event_time
 (whole seconds; parquet has no second unit, so it reads back as timestamp[ms, UTC]), prb_id, src_addr, dst_addr, ip_version (int8), rtt (float64 ms),
-msm_id, size. Files are written in DIR/.synth-tmp and moved in at the end, so an
-interrupted run leaves nothing that looks finished.
+msm_id, size. DIR is claimed as `prep import-atlas` claims its output (prep.jobs.parquet_out:
+locked, files staged and moved in together at the end, parquet files already there
+replaced only with ``overwrite``, anything else or a dataset refused), so an interrupted
+run leaves nothing that looks finished.
 """
 
 from __future__ import annotations
 
-import re
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -38,6 +38,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
+
+from prep.jobs import parquet_out
+from prep.schema.words import count
 
 START = 1_767_225_600  # 2026-01-01T00:00:00Z
 ROOTS_V4 = ["198.41.0.4", "170.247.170.2", "192.33.4.12", "199.7.91.13", "192.203.230.10",
@@ -51,7 +54,6 @@ NAT_POOL = ["192.168.1.2", "192.168.1.10", "192.168.0.2", "192.168.0.100", "192.
             "192.168.1.100"]
 USER_TARGETS = 400
 USER_INTERVALS = np.array([60, 120, 300, 900, 1800, 3600])
-HOURLY = re.compile(r"^\d{4}-\d\d-\d\dT\d\d\.parquet$")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class SynthConfig:
     probes: int = 3_000  # probes (RIPE Atlas has ~12k)
     days: int = 2  # data spans this many days from 2026-01-01
     seed: int = 0
+    overwrite: bool = False  # replace the parquet files already in out
 
 
 def _locations(rng, n):
@@ -201,14 +204,13 @@ def synth(cfg: SynthConfig) -> dict:
     cols = generate(cfg)
     pool = pa.array(cols.pop("pool"), pa.string())
     out = Path(cfg.out)
-    stage = out / ".synth-tmp"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
     hour = (cols["time"] - START) // 3600
     cuts = np.searchsorted(hour, np.arange(cfg.days * 24 + 1))
     names = []
-    with tqdm(total=cfg.rows, unit=" rows", unit_scale=True, desc="synth", file=sys.stderr,
-              disable=None) as bar:
+    with parquet_out.claim(out, command="prep synth", runner="synth",
+                           overwrite=cfg.overwrite) as od, \
+            tqdm(total=cfg.rows, unit=" rows", unit_scale=True, desc="synth", file=sys.stderr,
+                 disable=None) as bar:
         for h in range(cfg.days * 24):
             a, b = cuts[h], cuts[h + 1]
             if a == b:
@@ -221,15 +223,10 @@ def synth(cfg: SynthConfig) -> dict:
                 "ip_version": cols["ip_version"][a:b], "rtt": cols["rtt"][a:b],
                 "msm_id": cols["msm_id"][a:b], "size": cols["size"][a:b]})
             name = _hour_name(START + h * 3600)
-            pq.write_table(table, stage / name, compression="zstd", compression_level=1)
+            pq.write_table(table, od.stage / name, compression="zstd", compression_level=1)
             names.append(name)
             bar.update(b - a)
-    for old in out.iterdir():  # our own hourly files from an earlier run would mix in
-        if HOURLY.match(old.name):
-            old.unlink()
-    for name in names:
-        (stage / name).replace(out / name)
-    stage.rmdir()
+        od.publish(names)
     elapsed = time.perf_counter() - t0
     ok = cols["rtt"] != -1
     summary = {"rows": cfg.rows, "probes": cfg.probes, "files": len(names),
@@ -238,8 +235,8 @@ def synth(cfg: SynthConfig) -> dict:
                "rtt_p50": float(np.percentile(cols["rtt"][ok], 50)) if ok.any() else 0.0,
                "rtt_p99": float(np.percentile(cols["rtt"][ok], 99)) if ok.any() else 0.0,
                "elapsed_s": elapsed, "rows_per_s": cfg.rows / max(elapsed, 1e-9)}
-    print(f"synth: {cfg.rows:,} rows from {cfg.probes:,} probes over {cfg.days} days in "
-          f"{len(names)} files -> {out} | IPv6 {summary['ipv6_share']:.1%}, failed "
+    print(f"synth: {count(cfg.rows, 'row')} from {count(cfg.probes, 'probe')} over "
+          f"{count(cfg.days, 'day')} in {count(len(names), 'file')} -> {out} | IPv6 {summary['ipv6_share']:.1%}, failed "
           f"{summary['failed_share']:.1%}, RTT p50 {summary['rtt_p50']:.1f} ms p99 "
           f"{summary['rtt_p99']:.1f} ms | {elapsed:.1f}s, {summary['rows_per_s']:,.0f} rows/s",
           file=sys.stderr)

@@ -50,7 +50,8 @@ A run, step by step:
    folder, which still holds the complete new dataset and its manifest. Killed after
    d: the new dataset; the next run removes the leftovers.
 8. Release: on any failure the staging folder is removed; ``.lock`` is removed and
-   unlocked. A failure of the disk anywhere in steps 1-7 (full, read-only, not
+   unlocked, and a folder the run made (``--out`` did not exist) is removed again, so a
+   failed run into a new folder leaves none. A failure of the disk anywhere in steps 1-7 (full, read-only, not
    writable) is one line naming the folder and the fix, exit 2 (prep.schema.errors.fs_failure).
 
 So at every instant the folder is the old finished dataset, the new finished dataset,
@@ -76,6 +77,7 @@ import time
 from pathlib import Path
 
 from prep.jobs.signals import Guard, stop_on_signals
+from prep.schema import sniff
 from prep.schema.errors import InputError, fs_failure
 from prep.schema.manifest import SPLITS
 
@@ -95,6 +97,7 @@ class OutDir:
         self.path, self.overwrite, self.runner, self._guard = path, overwrite, runner, guard
         self.stage: Path | None = None
         self.published = False
+        self.made = False  # this run made ``path``: removed again if the run fails
         self._lock_fd: int | None = None
         self._token = secrets.token_hex(6)
 
@@ -102,10 +105,11 @@ class OutDir:
     def _open(self) -> None:
         out = self.path
         if out.is_symlink() and not out.exists():
-            raise InputError(f"{out}: a symlink to {os.readlink(out)}, which does not exist; "
+            raise InputError(f"{out}: a broken symbolic link ({sniff.broken_link(out)}); "
                              "create that folder or use another --out")
         if out.exists() and not out.is_dir():
             raise InputError(f"{out}: is a file; --out must name a folder")
+        self.made = not out.exists()
         out.mkdir(parents=True, exist_ok=True)
         self._lock()
         stages, olds, dataset = self._check()
@@ -114,7 +118,7 @@ class OutDir:
             dataset = (out / MANIFEST).exists() or dataset
         for d in stages + olds:  # dead runs' (we hold the lock): never a live run's
             with contextlib.suppress(OSError):  # what stays is removed next time
-                _remove_owned(d)
+                remove_owned(d)
         (out / (MANIFEST + ".tmp")).unlink(missing_ok=True)  # earlier versions wrote it here
         if dataset and not self.overwrite:
             what = ("a finished dataset (manifest.json)" if (out / MANIFEST).exists()
@@ -123,49 +127,10 @@ class OutDir:
                              "one stays intact until the new one is complete), or use "
                              "another --out")
         self.stage = out / f".tmp-{self.runner}-{os.getpid()}-{self._token}"
-        _make_owned_dir(self.stage, "staging", os.getpid(), self._token)
+        make_owned_dir(self.stage, "staging", os.getpid(), self._token)
 
     def _lock(self) -> None:
-        path = self.path / LOCK_NAME
-        deadline = time.monotonic() + _LOCK_WAIT_S
-        while True:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            except OSError as e:
-                if e.errno == errno.ELOOP:
-                    raise InputError(f"{self.path}: {LOCK_NAME} is a symlink, which `prep "
-                                     "shards` did not write; move it away") from None
-                raise
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _read_pid(fd)
-                os.close(fd)
-                if (holder is None or not pid_alive(holder)) and time.monotonic() < deadline:
-                    # Dead: its workers are dying with it and drop the lock soon. None: a
-                    # run that has just locked it and not yet written its pid.
-                    time.sleep(0.05)
-                    continue
-                who = f"pid {holder}" if holder is not None else "pid unknown"
-                if holder is not None and not pid_alive(holder):
-                    raise InputError(f"{self.path}: the workers of an earlier `prep shards` "
-                                     f"({who}, gone) still hold {LOCK_NAME}; try again in "
-                                     "a few seconds") from None
-                raise InputError(f"{self.path}: another `prep shards` ({who}) is writing "
-                                 "this folder; wait for it to end, or stop it, then run "
-                                 "again") from None
-            # Locked; but if the file was removed (and maybe re-created) by a run that
-            # ended meanwhile, ours is a stale inode: lock the one at the path instead.
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd
+        self._lock_fd = lock_folder(self.path, "prep shards")
 
     def _check(self) -> tuple[list[Path], list[Path], bool]:
         """Our dead folders and whether a dataset (or its shards) is there; refuse the rest."""
@@ -191,10 +156,10 @@ class OutDir:
                                              "that file away")
                         dataset = True
                     continue
-            if (m := _STAGE.fullmatch(name)) and _owned(entry, "staging", m[2], m[3]):
+            if (m := _STAGE.fullmatch(name)) and is_owned(entry, "staging", m[2], m[3]):
                 stages.append(entry)
                 continue
-            if (m := _OLD.fullmatch(name)) and _owned(entry, "old", m[1], m[2]):
+            if (m := _OLD.fullmatch(name)) and is_owned(entry, "old", m[1], m[2]):
                 olds.append(entry)
                 continue
             raise InputError(f"{out}: holds {name}, which `prep shards` did not write; use "
@@ -231,30 +196,26 @@ class OutDir:
         mf.write_manifest(stage, manifest)
         self._guard.defer = True  # SIGINT/SIGTERM wait for the end of the swap
         old = self.path / f".old-{os.getpid()}-{self._token}"
-        _make_owned_dir(old, "old", os.getpid(), self._token)
+        make_owned_dir(old, "old", os.getpid(), self._token)
         try:
             _swap(self.path, stage, old, undo_on_error=True)
         except OSError:
             if set(os.listdir(old)) <= {MARKER}:  # undone: the old dataset is back in place
-                _remove_owned(old)
+                remove_owned(old)
             raise
         self.published = self._guard.published = True
         _fsync_dir(self.path)
         with contextlib.suppress(OSError):
-            _remove_owned(old)
+            remove_owned(old)
 
     # step 8 ---------------------------------------------------------------------------
     def _close(self) -> None:
         self._guard.defer = True  # a second Ctrl-C must not cut the clean-up short
         if self.stage is not None:
             with contextlib.suppress(OSError):
-                _remove_owned(self.stage)
+                remove_owned(self.stage)
         if self._lock_fd is not None:
-            with contextlib.suppress(OSError):
-                path = self.path / LOCK_NAME
-                if os.path.samestat(os.fstat(self._lock_fd), os.stat(path, follow_symlinks=False)):
-                    path.unlink()  # still locked: a run waiting on it re-checks the inode
-            os.close(self._lock_fd)
+            release(self.path, self._lock_fd, self.made and not self.published)
             self._lock_fd = None
 
 
@@ -308,7 +269,7 @@ def _rename(src: Path, dst: Path) -> None:
     os.rename(src, dst)  # one name for the tests to interrupt between renames
 
 
-def _make_owned_dir(d: Path, role: str, pid: int, token: str) -> None:
+def make_owned_dir(d: Path, role: str, pid: int, token: str) -> None:
     os.mkdir(d)
     fd = os.open(d / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:  # one small write: a kill leaves it whole or empty, and an empty folder is ours
@@ -318,7 +279,7 @@ def _make_owned_dir(d: Path, role: str, pid: int, token: str) -> None:
         os.close(fd)
 
 
-def _remove_owned(d: Path) -> None:
+def remove_owned(d: Path) -> None:
     """Remove one of our folders, its marker last: a kill half-way leaves it recognisable."""
     if not d.exists():
         return
@@ -333,7 +294,7 @@ def _remove_owned(d: Path) -> None:
     os.rmdir(d)
 
 
-def _owned(d: Path, role: str, pid: str, token: str) -> bool:
+def is_owned(d: Path, role: str, pid: str, token: str) -> bool:
     """``d`` (named like ours) is ours: its marker says so, or it holds nothing but a
     marker not yet written (a kill between mkdir and write: nothing to lose)."""
     if d.is_symlink() or not d.is_dir():
@@ -350,6 +311,73 @@ def _owned(d: Path, role: str, pid: str, token: str) -> bool:
         return names == {MARKER}
     return (isinstance(data, dict) and data.get("role") == role
             and str(data.get("pid")) == pid and data.get("token") == token)
+
+
+def lock_folder(folder: Path, command: str) -> int:
+    """Lock ``folder/.lock`` (flock, exclusive) for this run and write its pid there; the
+    open descriptor (``release`` gives it back). Another live run holding it is an
+    InputError naming its pid (``command`` says what it runs); a dead run's lock, which its
+    dying workers may hold a moment longer, is waited for up to a few seconds. The folder
+    is made again if a run that ended meanwhile removed it (an empty folder it had made)."""
+    path = folder / LOCK_NAME
+    deadline = time.monotonic() + _LOCK_WAIT_S
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise
+            folder.mkdir(parents=True, exist_ok=True)
+            continue
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise InputError(f"{folder}: {LOCK_NAME} is a symlink, which `{command}` did "
+                                 "not write; move it away") from None
+            raise
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            if (holder is None or not pid_alive(holder)) and time.monotonic() < deadline:
+                # Dead: its workers are dying with it and drop the lock soon. None: a
+                # run that has just locked it and not yet written its pid.
+                time.sleep(0.05)
+                continue
+            who = f"pid {holder}" if holder is not None else "pid unknown"
+            if holder is not None and not pid_alive(holder):
+                raise InputError(f"{folder}: the workers of an earlier `{command}` "
+                                 f"({who}, gone) still hold {LOCK_NAME}; try again in "
+                                 "a few seconds") from None
+            raise InputError(f"{folder}: another `{command}` ({who}) is writing "
+                             "this folder; wait for it to end, or stop it, then run "
+                             "again") from None
+        # Locked; but if the file was removed (and maybe re-created) by a run that
+        # ended meanwhile, ours is a stale inode: lock the one at the path instead.
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def release(folder: Path, fd: int, made: bool) -> None:
+    """Unlock and remove ``folder/.lock`` (``fd`` from ``lock_folder``); then, if this run
+    ``made`` the folder and it is empty, remove the folder too: a failed run into a new
+    folder leaves nothing behind."""
+    with contextlib.suppress(OSError):
+        path = folder / LOCK_NAME
+        if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
+            path.unlink()  # still locked: a run waiting on it re-checks the inode
+    os.close(fd)
+    if made:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # fails, as it should, unless the folder is empty
 
 
 def _read_pid(fd: int) -> int | None:

@@ -1,4 +1,4 @@
-"""SIGINT and SIGTERM in `prep shards`: one line and exit 128 + the signal, never a traceback.
+"""SIGINT and SIGTERM in `prep shards`, `prep import-atlas`, `prep synth`: one line and exit 128 + the signal, never a traceback.
 
 ``stop_on_signals`` turns them into ``Interrupted`` within a block (the whole command, in
 prep/cli.py; the run's output folder, in prep.jobs.outdir.claim, whose swap and clean-up hold
@@ -18,17 +18,18 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM reached the run; ``str(e)`` is the one line the CLI prints."""
 
-    def __init__(self, signum: int, out: Path | None = None, published: bool = False):
+    def __init__(self, signum: int, out: Path | None = None, published: bool = False,
+                 command: str = "prep shards"):
         super().__init__(signum)
-        self.signum, self.out, self.published = signum, out, published
+        self.signum, self.out, self.published, self.command = signum, out, published, command
 
     def __str__(self) -> str:
-        name = signal.Signals(self.signum).name
+        name, cmd = signal.Signals(self.signum).name, self.command
         if self.out is None:
-            return f"prep shards: stopped by {name}"
+            return f"{cmd}: stopped by {name}"
         if self.published:
-            return f"prep shards: stopped by {name} just after publishing {self.out}"
-        return (f"prep shards: stopped by {name}; the unfinished output was removed and "
+            return f"{cmd}: stopped by {name} just after publishing {self.out}"
+        return (f"{cmd}: stopped by {name}; the unfinished output was removed and "
                 f"{self.out} holds what it held before")
 
 
@@ -36,22 +37,23 @@ class Guard:
     """SIGINT/SIGTERM → Interrupted, once; later ones, and those while ``defer`` is set
     (the swap, the clean-up), wait in ``pending`` for the end of the guarded block."""
 
-    def __init__(self, out: Path | None):
+    def __init__(self, out: Path | None, command: str = "prep shards"):
         self.out, self.defer, self.pending, self.published = out, False, 0, False
+        self.command = command
 
     def handler(self, signum, frame):
         if self.defer:
             self.pending = self.pending or signum
             return
         self.defer = True  # the clean-up that follows runs undisturbed
-        raise Interrupted(signum, self.out)
+        raise Interrupted(signum, self.out, command=self.command)
 
 
 @contextlib.contextmanager
-def stop_on_signals(out: Path | None = None):
+def stop_on_signals(out: Path | None = None, command: str = "prep shards"):
     """Within the block SIGINT and SIGTERM raise Interrupted (in the main thread only:
     elsewhere Python cannot set handlers, and the block runs as it is)."""
-    guard = Guard(out)
+    guard = Guard(out, command)
     if threading.current_thread() is not threading.main_thread():
         yield guard
         return
@@ -62,7 +64,7 @@ def stop_on_signals(out: Path | None = None):
         for s, h in old.items():
             signal.signal(s, h)
     if guard.pending:  # held during the swap or the clean-up: honoured now
-        raise Interrupted(guard.pending, out, guard.published)
+        raise Interrupted(guard.pending, out, guard.published, command)
 
 
 @contextlib.contextmanager

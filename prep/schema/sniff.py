@@ -14,18 +14,34 @@
 
 ``advice(path, kind, command)`` is the one-line fix for giving ``path`` to ``command``
 (``"prep shards"``, ``"prep import-atlas"``, ``"prep import-matrix"``, ``"train"``), or
-None when that is the right command for it. Commands call it where they would otherwise
+None when that is the right command for it. ``broken_link(path)`` says why a symbolic
+link leads nowhere: a target that does not exist, or a loop of links. Commands call it where they would otherwise
 fail with a message about their own format ("not a readable parquet file") and leave the
 user guessing.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 from collections import Counter
 from pathlib import Path
 
 _MAGIC = ((b"PAR1", "parquet"), (b"BZh", "atlas"), (b"\x1f\x8b", "atlas"))
 _SCAN = 200  # files looked at in a folder
+
+
+def broken_link(path: str | Path) -> str:
+    """Why the symbolic link ``path`` leads nowhere, as a phrase: "its target T does not
+    exist", or, when following it comes back round, "a loop of symbolic links: ..."."""
+    target = os.readlink(path)
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return (f"a loop of symbolic links: {path} -> {target} -> … never reaches a "
+                    "file or folder")
+    return f"its target {target} does not exist"
 
 
 def kind(path: str | Path) -> str:

@@ -35,7 +35,6 @@ lives across the batches of one ``iter_validated`` run.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -88,7 +87,7 @@ def find_files(paths: Iterable[str | Path], suffixes: tuple[str, ...], none_foun
                command: str | None = None, kinds: tuple[str, ...] = ()) -> list[Path]:
     """Files named directly, or under folders (recursively) ending in ``suffixes``, sorted.
 
-    Hidden names under a folder are staging areas of interrupted runs (.synth-tmp/), never
+    Hidden names under a folder are staging areas of interrupted runs (.tmp-synth-…/), never
     input. A missing path, or nothing found (``none_found`` says what to do), is InputError.
     A link under a folder whose target is missing is skipped with a warning on stderr
     (its rows are not read, so the run must say so); one named directly is InputError.
@@ -119,13 +118,13 @@ def find_files(paths: Iterable[str | Path], suffixes: tuple[str, ...], none_foun
         elif p.is_file():
             found.add(p)
         elif p.is_symlink():
-            raise InputError(f"{p}: broken symbolic link (its target {os.readlink(p)} does not "
-                             "exist); fix the link or the path")
+            raise InputError(f"{p}: broken symbolic link ({sniff.broken_link(p)}); fix the "
+                             "link or the path")
         else:
             raise InputError(f"{p}: no such file or folder; check the path")
     for f in sorted(broken):
-        print(f"warning: {f}: broken symbolic link (its target {os.readlink(f)} does not exist), "
-              "skipped; fix or remove the link", file=sys.stderr)
+        print(f"warning: {f}: broken symbolic link ({sniff.broken_link(f)}), skipped; fix or "
+              "remove the link", file=sys.stderr)
     if not found:
         for p in map(Path, paths):  # say what the folders hold instead, if it is telling
             hint = sniff.advice(p, sniff.kind(p), command) if command and p.is_dir() else None

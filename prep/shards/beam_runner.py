@@ -60,6 +60,7 @@ from prep.schema.errors import InputError
 from prep.schema.measurements import ARROW_SCHEMA, DTYPES, Measurements, empty, from_arrow, to_arrow
 from prep.schema.splits import default_cutoff, merge_histograms, minute_histogram
 from prep.schema.validate import validated_batches
+from prep.schema.words import count
 
 
 def _import_beam():
@@ -197,7 +198,7 @@ class BeamPasses(Passes):
     def describe(self, n_files: int, rows: int) -> str:
         r = self.beam_runner
         return (f"prep shards (beam, {type(r).__name__ if not isinstance(r, str) else r}): "
-                f"{n_files} input files, {rows:,} rows")
+                f"{count(n_files, 'input file')}, {count(rows, 'row')}")
 
     def timing(self) -> dict:
         return {"runner": "beam", "workers": None, "read_s": None, "peak_rss_mb": None}

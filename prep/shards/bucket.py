@@ -231,3 +231,32 @@ def process_bucket(bucket: int, m: Measurements, cfg: ShardsConfig, out_dir: str
     per_row = np.concatenate(seg_counts) if seg_counts else np.zeros(0, np.uint8)
     return {"bucket": int(bucket), "measurements": int(len(m)), "excluded": excluded,
             "probes": probes, "shards": shards, "segments_per_row": _histogram(per_row)}
+
+
+def kernels_cached() -> bool:
+    """Whether Numba's cache folder (prep/__init__.py names it) holds compiled kernels: on
+    the first run after an install or an edit of prep/ it holds none."""
+    import numba
+
+    d = Path(numba.config.CACHE_DIR or "")
+    return bool(numba.config.CACHE_DIR) and d.is_dir() and any(d.rglob("*.nbi"))
+
+
+def warm_kernels(tmp: str) -> None:
+    """Compile pass 2's kernels (planner, packer, encoder) once, on a tiny bucket of both
+    families, failures and gaps, writing its shards under ``tmp``: Numba caches the
+    machine code, so the workers load it instead of each compiling it under a progress bar."""
+    from dataclasses import fields
+
+    from prep.schema.measurements import Measurements
+
+    n = 400
+    i = np.arange(n)
+    six = i % 3 == 0
+    cols = dict(probe=i % 7 + 1, time=1_767_225_600 + i * 97 + (i > 300) * 200_000,
+                family=np.where(six, 6, 4), src_hi=np.where(six, 0x2001_0db8 << 32, 0),
+                src_lo=0xC000_0200 + i % 7, dst_hi=np.where(six, 0x2001_0db8 << 32, 0),
+                dst_lo=0xC100_0000 + i % 11, rtt=np.where(i % 5 == 0, -1.0, 1.0 + i * 0.37))
+    m = Measurements(**{f.name: np.asarray(cols.get(f.name, i % 200 + 1),  # a value field
+                                           f.metadata["dtype"]) for f in fields(Measurements)})
+    process_bucket(0, m, ShardsConfig(n_buckets=1, test_fraction=0.3), tmp)

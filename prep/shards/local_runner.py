@@ -56,6 +56,7 @@ from prep.schema.errors import InputError
 from prep.schema.measurements import ARROW_SCHEMA, FIELDS, Measurements, from_arrow
 from prep.schema.splits import MinuteHistogram, default_cutoff, minute_histogram
 from prep.schema.validate import validated_batches
+from prep.schema.words import count
 
 # LZ4 halves the spill's CPU in the kernel (page-cache writes are dear on small VMs) and
 # shrinks it 2.8x, for +0.3 s of user time per 10M rows.
@@ -82,7 +83,7 @@ class LocalPasses(Passes):
         self.pool = Pool(self.workers, preload=(__name__,)) if self.workers > 1 else None
 
     def describe(self, n_files: int, rows: int) -> str:
-        return f"{super().describe(n_files, rows)}, {self.workers} workers"
+        return f"{super().describe(n_files, rows)}, {count(self.workers, 'worker')}"
 
     def stop(self, failed: bool) -> None:
         if self.pool:

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from prep.pack import packing
+from prep.schema.words import count
 
 HIST_BIN = 64  # tokens per bar of the length histogram
 
@@ -153,7 +154,7 @@ def from_parquet(paths: list[str], cfg: AnalyzeConfig) -> Contexts:
     _, probe = np.unique(plan.sorted.probe[plan.ctx_start], return_inverse=True)
     return Contexts(plan.ctx_len.astype(np.int64), probe.astype(np.int64),
                     (plan.ctx_start, plan.ctx_end, plan.cost, plan.has_ts, plan.abs_extra),
-                    source=f"{', '.join(map(str, paths))} (parquet, {len(m):,} measurements)")
+                    source=f"{', '.join(map(str, paths))} (parquet, {count(len(m), 'measurement')})")
 
 
 def from_shards(shards_dir: str) -> Contexts:
@@ -170,7 +171,7 @@ def from_shards(shards_dir: str) -> Contexts:
         per_row.append((int(c.sum()), len(c)))
     rows = np.array(per_row, np.int64).reshape(-1, 2)
     lens = np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, np.int64)
-    return Contexts(lens, shard_rows=rows, source=f"shards {shards_dir} ({len(rows):,} rows)")
+    return Contexts(lens, shard_rows=rows, source=f"shards {shards_dir} ({count(len(rows), 'row')})")
 
 
 def load(path: str, cfg: AnalyzeConfig) -> Contexts:

@@ -31,6 +31,7 @@ from prep.schema.errors import InputError
 from prep.schema.manifest import SPLITS
 from prep.schema.measurements import addr_text
 from prep.schema.vocab import VALUE_FIELDS
+from prep.schema.words import count
 from prep.tokens.decode import DecodeError, decode_context
 
 
@@ -122,12 +123,14 @@ def format_row(row: dict) -> str:
     n_real = int((row["segment_ids"] > 0).sum())
     segs = segments(row)
     lines = [f"{row['split']} row {row['row']} ({row['shard']} #{row['record']}): "
-             f"{len(segs)} segments, {n_real} tokens, {len(row['tokens']) - n_real} padding"]
+             f"{count(len(segs), 'segment')}, {count(n_real, 'token')}, "
+             f"{len(row['tokens']) - n_real} padding"]
     for sid, (toks, ms) in enumerate(segs, 1):
         if isinstance(ms, str):
-            lines.append(f"  segment {sid}: {len(toks)} tokens, {ms}")
+            lines.append(f"  segment {sid}: {count(len(toks), 'token')}, {ms}")
             continue
-        lines.append(f"  segment {sid}: {len(ms)} measurements, {len(toks)} tokens")
+        lines.append(f"  segment {sid}: {count(len(ms), 'measurement')}, "
+                     f"{count(len(toks), 'token')}")
         prev = None
         for x in ms:
             if x.time is None:
