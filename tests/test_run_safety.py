@@ -409,3 +409,37 @@ def test_no_intact_checkpoint_is_one_line_and_predict_falls_back(run):
                    "no intact checkpoint (15: no state/; 10: no data/; 5: no data/)",
                    "start a new --run-dir")
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
+# --- deep JSON: one line, not a RecursionError (issue item 10) --------------------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_a_deeply_nested_manifest_or_config_is_one_line(copy, run, tmp_path):
+    (copy / mf.MANIFEST_NAME).write_text(DEEP)
+    where = copy / mf.MANIFEST_NAME
+    one_error_line(prep(["verify", copy]), f"{where}: unreadable manifest (nested too deeply)")
+    one_error_line(fit(["--data", copy, "--run-dir", tmp_path / "new", *FLAGS]),
+                   f"{where}: unreadable manifest (nested too deeply)")
+    assert not (tmp_path / "new").exists()
+    (run / "config.json").write_text(DEEP)
+    want = f"{run / 'config.json'}: missing or unreadable (nested too deeply)"
+    one_error_line(fit(["--run-dir", run, "--resume"]), want)
+    one_error_line(fit(["eval", run]), f"{run / 'config.json'}: unreadable (nested too deeply)")
+    one_error_line(fit(["predict", run, "--src", "192.0.2.7", "--dst", "192.0.2.8"]),
+                   f"{run / 'config.json'}: unreadable (nested too deeply)")
+
+
+# --- --run-dir that is a file, or under one (issue item 11) ----------------------------
+
+@pytest.mark.parametrize("where", ["file", "under-file"])
+def test_a_run_dir_that_is_a_file_is_one_line(shards, tmp_path, where):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    run = f if where == "file" else f / "run"
+    for args in ([], ["--resume"]):
+        r = fit(["--data", shards, "--run-dir", run, *FLAGS, *args])
+        one_error_line(r, f"--run-dir {run}: " + (
+            "a file, not a folder" if where == "file" else f"{f} is a file, not a folder"))
+    assert f.read_text() == "x"

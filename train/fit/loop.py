@@ -179,8 +179,9 @@ def load_run(run_dir: str | os.PathLike) -> dict:
         record = json.loads((d / "config.json").read_text())
         if not isinstance(record.get("train"), dict):
             raise ValueError("no 'train' settings")
-    except (OSError, ValueError, AttributeError) as e:
-        raise InputError(f"{d / 'config.json'}: missing or unreadable ({e}), so the run's "
+    except (OSError, ValueError, AttributeError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else e
+        raise InputError(f"{d / 'config.json'}: missing or unreadable ({why}), so the run's "
                          "settings are unknown; start a new --run-dir") from None
     return record
 
@@ -233,7 +234,7 @@ def _trim_metrics(path: Path, step: int) -> None:
         try:
             if json.loads(line)["step"] <= step:
                 keep.append(line)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             continue  # a torn last line of a killed run
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(x + "\n" for x in keep))
