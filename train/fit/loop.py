@@ -166,9 +166,24 @@ def _pad(a: np.ndarray, n: int) -> np.ndarray:
     return a if len(a) == n else np.concatenate([a, np.zeros((n - len(a),) + a.shape[1:], a.dtype)])
 
 
+def check_run_dir(run_dir: str | os.PathLike) -> None:
+    """InputError (one line) if ``run_dir`` is a file or lies under one (no folder can be
+    made there)."""
+    d = Path(run_dir)
+    fix = "choose another --run-dir"
+    if os.path.lexists(d) and not d.is_dir():
+        raise InputError(f"--run-dir {d}: a file, not a folder; {fix}")
+    for up in d.absolute().parents:
+        if os.path.lexists(up):
+            if not up.is_dir():
+                raise InputError(f"--run-dir {d}: {up} is a file, not a folder; {fix}")
+            break
+
+
 def load_run(run_dir: str | os.PathLike) -> dict:
     """The config.json record of a run that ``resume`` can continue; InputError (one line)
-    if the folder is missing, has no checkpoint, or no readable config.json."""
+    if the folder is missing (or a file), has no checkpoint, or no readable config.json."""
+    check_run_dir(run_dir)
     d = Path(run_dir)
     if not d.is_dir():
         raise InputError(f"{d}: no such run folder; start the run without --resume")
@@ -247,6 +262,7 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
     ``devices``: the mesh (default: all); ``on_step(step)`` runs after each step (tests).
     """
     run_dir = Path(cfg.run_dir)
+    check_run_dir(run_dir)
     saved = load_run(run_dir) if cfg.resume else None
     if not cfg.schedule_steps:  # fixed for the run's life: its own, or this start's --steps
         old = saved["train"] if saved is not None else {}
