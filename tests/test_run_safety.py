@@ -443,3 +443,29 @@ def test_a_run_dir_that_is_a_file_is_one_line(shards, tmp_path, where):
         one_error_line(r, f"--run-dir {run}: " + (
             "a file, not a folder" if where == "file" else f"{f} is a file, not a folder"))
     assert f.read_text() == "x"
+
+
+# --- one trainer per run folder (issue item 8) ------------------------------------------
+
+def test_a_run_that_is_training_is_locked(shards, tmp_path):
+    run = tmp_path / "run"
+    seen = {}
+
+    def second(step):
+        if step == 4:  # checkpoint 2 exists: a resume would find something to take
+            seen["resume"] = fit(["--run-dir", run, "--resume"])
+            seen["again"] = fit(["--data", shards, "--run-dir", run, *FLAGS])
+            seen["files"] = sorted(p.relative_to(run) for p in run.rglob("*"))
+
+    s = train(small(shards, run, steps=6, ckpt_every=2), on_step=second)
+    assert s["step"] == 6 and not s["interrupted"]
+    want = f"{run}: another `train` (pid {os.getpid()}) is training this run"
+    one_error_line(seen["resume"], want, "wait for it to end")
+    one_error_line(seen["again"], want)
+    assert step_dirs(run / "checkpoints") == [2, 4, 6]
+    assert [x["step"] for x in records(run)] == list(range(1, 7))  # one writer only
+    # the lock goes with its holder: the run resumes afterwards
+    r = fit(["--run-dir", run, "--resume", "--steps", "8"])
+    assert r.exit_code == 0, r.output
+    assert "done: step 8" in r.stdout
+    assert not (run / ".lock").exists()  # gone with its holder

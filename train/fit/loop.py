@@ -15,7 +15,9 @@ step (compilation) is left out of the timings. The same numbers go to
 The first Ctrl-C (SIGINT) or SIGTERM (what a scheduler sends) finishes the current step,
 saves a checkpoint (state + data iterator) and returns; a second one aborts at once.
 
-A run is bound to its folder's config.json: ``resume`` takes the newest intact checkpoint
+One trainer per run folder: ``RUN_DIR/.lock`` (RunLock) is held from before the run is
+read to the end; a second `train` on it (a resume, or a new run with the same --run-dir)
+is one line naming the holder's pid. A run is bound to its folder's config.json: ``resume`` takes the newest intact checkpoint
 (skipping damaged ones, named on stderr, and moving them to ``checkpoints-damaged/``) and
 refuses settings that differ from the run's (config.RUN_BINDING) or a dataset whose shard
 digests differ from the run's ``data_fingerprint``. Everything that can refuse a start
@@ -26,6 +28,8 @@ that fails before its first step leaves no folder it made behind.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import json
 import os
 import shutil
@@ -256,13 +260,87 @@ def _trim_metrics(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
+class RunLock:
+    """One trainer per run folder: an exclusive ``flock`` on ``RUN_DIR/.lock`` (holding
+    the trainer's pid), released when it ends, however it ends (the kernel drops it)."""
+
+    NAME = ".lock"
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.fd = run_dir, None
+
+    def acquire(self) -> None:
+        """Take the lock (once); InputError (one line) naming the pid that holds it."""
+        if self.fd is not None:
+            return
+        path = self.run_dir / self.NAME
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise InputError(f"{path}: a symlink, which `train` did not write; move "
+                                     "it away") from None
+                raise
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    holder = f"pid {int(os.pread(fd, 32, 0).decode().strip())}"
+                except (OSError, ValueError):
+                    holder = "pid unknown"
+                os.close(fd)
+                raise InputError(f"{self.run_dir}: another `train` ({holder}) is training "
+                                 "this run; wait for it to end, or stop it (Ctrl-C saves a "
+                                 "checkpoint), then --resume") from None
+            # the holder we waited for may have removed the file (release): lock the one
+            # at the path, not a stale inode
+            try:
+                if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None
+
+    def release(self) -> None:
+        """Remove the lock file (still locked: a trainer that opened it meanwhile sees
+        it gone and takes the one at the path) and unlock."""
+        if self.fd is not None:
+            path = self.run_dir / self.NAME
+            try:
+                if os.path.samestat(os.fstat(self.fd), os.stat(path, follow_symlinks=False)):
+                    path.unlink()
+            except OSError:
+                pass
+            os.close(self.fd)
+            self.fd = None
+
+
 def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
     """Train per ``cfg``; returns a summary (last loss, eval loss, mean throughput, MFU).
 
     ``devices``: the mesh (default: all); ``on_step(step)`` runs after each step (tests).
+    The run folder is locked (RunLock) from before its config is read to the end.
     """
     run_dir = Path(cfg.run_dir)
     check_run_dir(run_dir)
+    lock = RunLock(run_dir)
+    if run_dir.is_dir():  # before reading the run: a live trainer may be writing it
+        lock.acquire()
+    try:
+        return _train(cfg, run_dir, lock, devices, on_step)
+    finally:
+        lock.release()
+
+
+def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step) -> dict:
     saved = load_run(run_dir) if cfg.resume else None
     if not cfg.schedule_steps:  # fixed for the run's life: its own, or this start's --steps
         old = saved["train"] if saved is not None else {}
@@ -308,6 +386,7 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
         eval_sample = EvalSample(cfg, manifest, rows) if cfg.eval_every else None
         # the run starts here: nothing above wrote anything
         run_dir.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
         ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.keep_checkpoints)
         if saved is not None:
             start, state, data_state = ckpt.restore_intact(state)
@@ -333,7 +412,7 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
             ckpt.close()
         if metrics_file is not None:
             metrics_file.close()
-        if created and _never_started(run_dir):
+        if created and lock.held and _never_started(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)  # a start that made no step
 
 
