@@ -284,7 +284,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(shards, tmp_path, monkeypatch)
         signal.signal(signal.SIGTERM, prev)
     assert not isinstance(r.exception, Unhandled)
     assert r.exit_code == 143, r.output
-    assert "SIGTERM: stopping after this step" in r.stderr
+    assert "SIGTERM: stopping at step 6 and saving a checkpoint" in r.stderr
     assert "interrupted: step 6" in r.stdout
     assert step_dirs(run / "checkpoints") == [6]
     assert [x["step"] for x in records(run)] == [5, 6]
@@ -366,12 +366,21 @@ def _truncate_state(p: Path):
             f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
 
 
+def _flip_state(p: Path):
+    """Bits flipped in the middle of the largest array file: it still decodes (to NaNs)."""
+    f = max((p / "state").rglob("*"), key=lambda f: f.stat().st_size if f.is_file() else -1)
+    b = bytearray(f.read_bytes())
+    b[len(b) // 2:len(b) // 2 + 64] = b"\xff" * 64
+    f.write_bytes(bytes(b))
+
+
 DAMAGE = {
     "no-state": (lambda p: shutil.rmtree(p / "state"), "no state/"),
     "no-data": (lambda p: shutil.rmtree(p / "data"), "no data/"),
     "empty": (lambda p: (shutil.rmtree(p), p.mkdir()), "an empty folder"),
     "bad-json": (lambda p: (p / "data" / "metadata").write_text("{bad"), "JSONDecodeError"),
     "truncated": (_truncate_state, "skipping checkpoint 15"),
+    "flipped-bits": (_flip_state, "differs from the one saved with it (its bytes changed)"),
 }
 
 
@@ -386,7 +395,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(run, straight_run, ki
     assert step_dirs(run / "checkpoints") == [10, 15, 20]  # 15 written again
     assert step_dirs(run / "checkpoints-damaged") == [15]  # the damaged one kept aside
     assert [x["step"] for x in records(run)] == list(range(1, 21))  # 11-15 not twice
-    if kind == "no-state":  # it is the uninterrupted run, bit for bit
+    if kind in ("no-state", "flipped-bits"):  # it is the uninterrupted run, bit for bit
         pa, da = final_params(run)
         pb, db = final_params(straight_run)
         assert da == db
@@ -469,3 +478,85 @@ def test_a_run_that_is_training_is_locked(shards, tmp_path):
     assert r.exit_code == 0, r.output
     assert "done: step 8" in r.stdout
     assert not (run / ".lock").exists()  # gone with its holder
+
+
+# --- checksums and non-finite losses (issue item 3) ------------------------------------
+
+def test_a_checkpoint_with_flipped_bits_is_refused_by_eval_and_predict(run):
+    from train.predict import predictor
+
+    _flip_state(run / "checkpoints" / "15")
+    assert predictor.load(run).step == 10  # falls back
+    with pytest.raises(InputError, match="15: damaged checkpoint \\(sha256 of state/.* differs"):
+        predictor.load(run, step=15)
+    digests = json.loads((run / "checkpoints" / "10" / "sha256.json").read_text())
+    assert "data/metadata" in digests and any(k.startswith("state/") for k in digests)
+
+
+def _poisoned_steps(monkeypatch, at: int):
+    """train_step gives NaN parameters and loss from step ``at`` on."""
+    import train.fit.loop as loop
+
+    real = loop.step_lib.compile_steps
+
+    def compile_steps(*a, **kw):
+        train_step, eval_step = real(*a, **kw)
+        calls = [0]
+
+        def poisoned(state, batch):
+            state, metrics = train_step(state, batch)
+            calls[0] += 1
+            if calls[0] >= at:
+                state = dict(state, params=jax.tree.map(lambda x: x * np.nan, state["params"]))
+                metrics = dict(metrics, loss=metrics["loss"] * np.nan)
+            return state, metrics
+        return poisoned, eval_step
+
+    monkeypatch.setattr(loop.step_lib, "compile_steps", compile_steps)
+
+
+@pytest.mark.parametrize("at", [8, 10])  # between checkpoints, and on one
+def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
+        shards, tmp_path, monkeypatch, at):
+    _poisoned_steps(monkeypatch, at)
+    run = tmp_path / "run"
+    r = fit(["--data", shards, "--run-dir", run, *FLAGS[:-1], "5"])  # checkpoints every 5
+    one_error_line(r, f"step {at}: loss nan, gradient norm ",
+                   "not finite; training stopped without saving this state; the last good "
+                   f"checkpoint is step 5 in {run / 'checkpoints'}: resume from it")
+    assert step_dirs(run / "checkpoints") == [5]
+    assert [x["step"] for x in records(run)] == [5]
+    params, _ = final_params(run)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+# --- Ctrl-C stops at the step under way, and says which (issue item 19) ------------------
+
+def test_ctrl_c_stops_at_the_step_it_names_with_at_most_one_step_in_flight(
+        shards, tmp_path, monkeypatch, capsys):
+    import train.fit.loop as loop
+
+    real, outs = loop.step_lib.compile_steps, []
+
+    def compile_steps(*a, **kw):
+        train_step, eval_step = real(*a, **kw)
+
+        def recorded(state, batch):
+            state, metrics = train_step(state, batch)
+            outs.append(metrics["loss"])
+            return state, metrics
+        return recorded, eval_step
+
+    monkeypatch.setattr(loop.step_lib, "compile_steps", compile_steps)
+    in_flight = []
+
+    def check(step):
+        in_flight.append(sum(not x.is_ready() for x in outs[:step - 1]))
+        if step == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    s = train(small(shards, tmp_path / "run", steps=20, log_every=100), on_step=check)
+    assert s["interrupted"] and s["step"] == 6
+    assert "SIGINT: stopping at step 6 and saving a checkpoint" in capsys.readouterr().err
+    assert in_flight == [0] * 6  # every step before the one under way is done
+    assert step_dirs(tmp_path / "run" / "checkpoints") == [6]

@@ -8,16 +8,26 @@ complete, so a checkpoint is never half state, half data. Restoring gives the st
 with the shardings of an abstract template (replicated over the mesh) and the iterator
 state to pass to ``DatasetIterator.set_state``.
 
-A step folder damaged afterwards (a half or its files deleted or truncated, bad JSON, an
-empty folder) fails to restore; ``restore_intact`` then takes the newest step that
-restores, naming each one it skipped and why, and ``set_aside`` moves the damaged ones
-out of the way (so the run can write those steps again).
+Once a save is complete (the next save or ``wait`` waits for it), the sha256 of every
+file of the step goes to ``RUN_DIR/checkpoints/<step>/sha256.json``; a restore checks
+them, so a checkpoint whose bytes changed on disk (flipped bits that still decode, e.g.
+to NaN optimizer moments) is damaged like a truncated one. A step without the file (a
+run killed between the save and its digests, or written by an older version) restores
+with a note that it was not verified.
+
+A step folder damaged afterwards (a half or its files deleted, truncated or changed, bad
+JSON, an empty folder) fails to restore; ``restore_intact`` then takes the newest step
+that restores, naming each one it skipped and why, and ``set_aside`` moves the damaged
+ones out of the way (so the run can write those steps again).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
+import json
+import os
 import shutil
 import sys
 import time
@@ -68,6 +78,24 @@ def _quiet_failed_reads():
         sys.unraisablehook = prev
 
 
+DIGESTS = "sha256.json"
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _digests(step_dir: Path) -> dict[str, str]:
+    """{path relative to the step folder: sha256} of every file of a checkpoint."""
+    return {p.relative_to(step_dir).as_posix(): _file_sha256(p)
+            for p in sorted(step_dir.rglob("*"))
+            if p.is_file() and not p.is_symlink() and p.name not in (DIGESTS, DIGESTS + ".tmp")}
+
+
 class Checkpointer:
     def __init__(self, directory: str | Path, *, max_to_keep: int = 3):
         self.directory = Path(directory).absolute()
@@ -75,17 +103,55 @@ class Checkpointer:
         self.manager = ocp.CheckpointManager(self.directory, options=options,
                                              item_names=("state", "data"))
         self.skipped: list[tuple[int, str]] = []  # (step, why) of restore_intact
+        self.unverified: list[int] = []  # steps restored without digests to check
         self._cached = None  # (step, state, data) found by newest_intact_step
+        self._unsealed: list[int] = []  # saved, digests not yet written
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
     def save(self, step: int, state: dict, data_state: dict) -> None:
-        """Start writing (asynchronously; the arrays are copied first, so training can go on)."""
+        """Start writing (asynchronously; the arrays are copied first, so training can go
+        on) once the previous save is complete and sealed with its digests."""
         if step in self.manager.all_steps():
             return
+        self.wait()
         self.manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
+        self._unsealed.append(step)
+
+    def wait(self) -> None:
+        """Wait for the saves under way, then write their digests (``sha256.json``)."""
+        self.manager.wait_until_finished()
+        for step in self._unsealed:
+            d = self.directory / str(step)
+            if d.is_dir():  # not already dropped by max_to_keep
+                tmp = d / (DIGESTS + ".tmp")
+                tmp.write_text(json.dumps(_digests(d), indent=1, sort_keys=True) + "\n")
+                os.replace(tmp, d / DIGESTS)
+        self._unsealed = []
+
+    def verify(self, step: int) -> str | None:
+        """Why step ``step``'s files are not the ones saved (a digest differs, a file is
+        missing), or None; a step without digests counts as intact and goes to
+        ``self.unverified``."""
+        d = self.directory / str(step)
+        try:
+            saved = json.loads((d / DIGESTS).read_text())
+        except FileNotFoundError:
+            self.unverified.append(step)
+            return None
+        except (OSError, ValueError, RecursionError) as e:
+            return f"{DIGESTS} unreadable ({type(e).__name__})"
+        if not isinstance(saved, dict):
+            return f"{DIGESTS} is not a list of digests"
+        for rel, digest in sorted(saved.items()):
+            f = d / rel
+            if not f.is_file():
+                return f"{rel} missing"
+            if _file_sha256(f) != digest:
+                return f"sha256 of {rel} differs from the one saved with it (its bytes changed)"
+        return None
 
     def _restore(self, step: int, template: dict | None) -> tuple[dict, dict]:
         abstract = None if template is None else jax.tree.map(ocp.utils.to_shape_dtype_struct,
@@ -120,7 +186,10 @@ class Checkpointer:
         if why is None:
             try:
                 with _quiet_failed_reads():
-                    return self._restore(step, template)
+                    state, data = self._restore(step, template)
+                why = self.verify(step)
+                if why is None:
+                    return state, data
             except Exception as e:  # orbax/tensorstore/json: KeyError, ValueError, Exception…
                 why = _why(e)
         raise InputError(f"{self.directory / str(step)}: damaged checkpoint ({why}); pick "
@@ -141,7 +210,13 @@ class Checkpointer:
                 try:
                     with _quiet_failed_reads():
                         state, data = self._restore(step, template)
-                    return step, state, data
+                    why = self.verify(step)
+                    if why is None:
+                        if self.unverified and self.unverified[-1] == step:
+                            log(f"note: checkpoint {step} in {self.directory} has no "
+                                f"{DIGESTS} (an older version wrote it, or the run ended "
+                                "before its digests): restored without checking them")
+                        return step, state, data
                 except Exception as e:  # orbax/tensorstore/json: KeyError, ValueError, …
                     why = _why(e)
             self.skipped.append((step, why))
@@ -174,5 +249,5 @@ class Checkpointer:
         return moved
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
+        self.wait()
         self.manager.close()

@@ -7,17 +7,22 @@ One log line per ``log_every`` steps, e.g.
 with the loss averaged over those steps, real (non-padding) tokens/s, MFU (train.model.model
 counts the FLOPs on real tokens; "-" where the device's peak is unknown, e.g. CPUs) and
 the share of wall time spent waiting for the next batch. The step's outputs stay on the
-device until that line: one host sync per ``log_every`` steps, none per step. The first
-step (compilation) is left out of the timings. The same numbers go to
-``RUN_DIR/metrics.jsonl``, one JSON object per line, with ``eval_loss`` records every
-``eval_every`` steps.
+device until that line, but for one scalar pair: each step waits for the step before it
+and reads its loss and gradient norm, so the host runs at most one step ahead of the
+device. A loss or gradient norm that is not finite stops the run with one line naming
+the step, before any state of that step (or after it) is saved: the last checkpoint
+stays the last good one. The first step (compilation) is left out of the timings. The
+same numbers go to ``RUN_DIR/metrics.jsonl``, one JSON object per line, with
+``eval_loss`` records every ``eval_every`` steps.
 
-The first Ctrl-C (SIGINT) or SIGTERM (what a scheduler sends) finishes the current step,
-saves a checkpoint (state + data iterator) and returns; a second one aborts at once.
+The first Ctrl-C (SIGINT) or SIGTERM (what a scheduler sends) finishes the step under way
+(the device is at most one step behind), names it ("SIGINT: stopping at step N"), saves a
+checkpoint (state + data iterator) and returns; a second one aborts at once.
 
 One trainer per run folder: ``RUN_DIR/.lock`` (RunLock) is held from before the run is
 read to the end; a second `train` on it (a resume, or a new run with the same --run-dir)
-is one line naming the holder's pid. A run is bound to its folder's config.json: ``resume`` takes the newest intact checkpoint
+is one line naming the holder's pid. A run is bound to its folder's config.json:
+``resume`` takes the newest intact checkpoint
 (skipping damaged ones, named on stderr, and moving them to ``checkpoints-damaged/``) and
 refuses settings that differ from the run's (config.RUN_BINDING) or a dataset whose shard
 digests differ from the run's ``data_fingerprint``. Everything that can refuse a start
@@ -31,6 +36,7 @@ import dataclasses
 import errno
 import fcntl
 import json
+import math
 import os
 import shutil
 import signal
@@ -68,9 +74,11 @@ class GracefulStop:
     def _handle(self, signum, _frame):
         if self.requested:
             raise KeyboardInterrupt
-        self.requested, self.signum = True, signum
-        print(f"{signal.Signals(signum).name}: stopping after this step and saving a checkpoint "
-              "(again to abort)", file=sys.stderr, flush=True)
+        self.requested, self.signum = True, signum  # the loop names the step it stops at
+
+    def announce(self, step: int) -> None:
+        print(f"{signal.Signals(self.signum).name}: stopping at step {step} and saving a "
+              "checkpoint (again to abort)", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
         for s, prev in self._prev.items():
@@ -449,6 +457,20 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
         write(rec)
         return rec
 
+    def finite(k: int, metrics: dict) -> None:
+        """InputError (one line) if step ``k``'s loss or gradient norm is not finite (waits
+        for step ``k``); nothing of that state is saved."""
+        loss, norm = (float(x) for x in jax.device_get((metrics["loss"], metrics["grad_norm"])))
+        if math.isfinite(loss) and math.isfinite(norm):
+            return
+        good = ckpt.latest_step()
+        keep = (f"the last good checkpoint is step {good} in {ckpt.directory}: resume from it "
+                "(a lower --lr, or another --seed in a new --run-dir)" if good is not None
+                else "no checkpoint was saved; start again with a lower --lr")
+        raise InputError(f"step {k}: loss {loss:g}, gradient norm {norm:g}, not finite; "
+                         f"training stopped without saving this state; {keep}")
+
+    prev = None  # (step, metrics) of the step before the one under way
     with GracefulStop() as stop:
         while step < cfg.steps and not stop.requested:
             t0 = time.perf_counter()
@@ -456,12 +478,16 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
             wait = time.perf_counter() - t0
             state, metrics = train_step(state, batch)
             step += 1
+            if prev is not None:  # waits for the step before: the host runs at most one
+                finite(*prev)     # step ahead of the device, so a stop is one step away
+            prev = (step, metrics)
             meter.add(metrics, wait, timed=step > start + 1)
             if step == start + 1:  # compilation: start the clock after it
                 jax.block_until_ready(metrics["loss"])
                 meter.t0 = time.perf_counter()
             interval = False
             if step % cfg.log_every == 0 or step == cfg.steps:
+                finite(step, metrics)
                 last = log_line()
                 interval = True
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
@@ -475,6 +501,7 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
                     write({"step": step, **ev})
                 interval = True
             if cfg.ckpt_every and step % cfg.ckpt_every == 0:
+                finite(step, metrics)  # a checkpoint holds finite states only
                 ckpt.save(step, state, it.get_state())
                 interval = True
             if interval:  # keep eval and checkpoint time out of the next timings
@@ -482,11 +509,15 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
             if on_step is not None:
                 on_step(step)
         # a signal from here on aborts (second signal): the checkpoint below is the exit
+        if stop.requested:
+            stop.announce(step)
+        if prev is not None:
+            finite(*prev)
         if meter.pending:  # stopped between log lines: log the steps since the last one
             last = log_line()
         if step > start:
             ckpt.save(step, state, it.get_state())
-        ckpt.manager.wait_until_finished()
+        ckpt.wait()
         signum = stop.signum
     t = meter.totals
     return {"step": step, "loss": last.get("loss"), "eval_loss": eval_loss,
