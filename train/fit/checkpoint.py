@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -53,29 +54,55 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {first[:120]}" if first else type(e).__name__
 
 
-@contextlib.contextmanager
-def _quiet_failed_reads():
-    """Orbax reads a checkpoint's arrays concurrently; when one read fails, the others'
-    coroutines fail after restore() has raised and Python prints each as "Exception
-    ignored in …" (a page of TensorStore spec). The one failure that counts is reported
-    by the caller; these echoes are dropped."""
+def _read_echo(u) -> bool:
+    """An unraisable exception that is the echo of a failed checkpoint read: an Orbax or
+    TensorStore coroutine finalized with its error, or its event loop closed under it."""
+    if isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value):
+        return True
+    if not inspect.iscoroutine(u.object):
+        return False
+    code = getattr(u.object, "cr_code", None)
+    where = f"{getattr(code, 'co_filename', '')} {u.object!r}"
+    tb, frames = u.exc_traceback, []
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    return any(k in x for x in [where, *frames] for k in ("orbax", "tensorstore"))
+
+
+_echo_filter = None  # the unraisablehook installed by the first restore
+
+
+def _drop_read_echoes() -> None:
+    """From now on (the first restore), drop the echoes of failed reads (``_read_echo``): the concurrent reads
+    of a damaged checkpoint can fail after restore() has raised, the last ones after the
+    run has ended, each as "Exception ignored in <coroutine …>" and a page of TensorStore
+    spec. Everything else still reaches the hook that was there."""
+    global _echo_filter
+    if _echo_filter is not None and sys.unraisablehook is _echo_filter:
+        return
     prev = sys.unraisablehook
 
     def hook(u):
-        if "orbax" in repr(u.object) or "coroutine" in repr(u.object) or \
-                isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value):
-            return
-        prev(u)
+        if not _read_echo(u):
+            prev(u)
 
-    sys.unraisablehook = hook
+    _echo_filter = sys.unraisablehook = hook
+
+
+@contextlib.contextmanager
+def _quiet_failed_reads():
+    """Orbax reads a checkpoint's arrays concurrently; when one read fails, the others'
+    coroutines fail after restore() has raised, some only once the run is over. The one
+    failure that counts is reported by the caller; these echoes are dropped, then and
+    later (``_drop_read_echoes``: the filter stays, it passes on everything else)."""
+    _drop_read_echoes()
     try:
         yield
     except BaseException:
         time.sleep(0.05)  # let the other reads' threads finish, then collect them here
         gc.collect()
         raise
-    finally:
-        sys.unraisablehook = prev
 
 
 DIGESTS = "sha256.json"
