@@ -600,3 +600,39 @@ def test_no_echoes_of_a_skipped_checkpoints_reads(run):
     assert p.stdout == "done: step 10\n"
     assert "skipping checkpoint 15" in p.stderr
     assert "Exception ignored" not in p.stderr and "Traceback" not in p.stderr, p.stderr[-3000:]
+
+
+# --- a full disk under the checkpoints: one line, the last good one kept (issue item 9) ---
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (one tiny checkpoint fits, two do not); skipped where mount is not
+    allowed (not root)."""
+    d = tmp_path / "disk"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(d)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", str(d)], capture_output=True)
+
+
+def test_a_full_disk_under_the_checkpoints_stops_the_run_in_one_line(shards, small_disk):
+    run = small_disk / "run"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-m", "train.cli", "--data", str(shards), "--run-dir",
+                        str(run), *FLAGS[:-1], "5"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-3000:]
+    lines = p.stderr.splitlines()
+    assert lines[-1] == (f"error: {run / 'checkpoints'}: checkpoint 10 not saved: no space "
+                         "left on the device; training stopped; the last good "
+                         "checkpoint is step 5: free some space, then resume it with "
+                         f"`train --run-dir {run} --resume`"), p.stderr[-3000:]
+    assert not [x for x in lines if x.startswith("error:")][:-1]
+    assert "Traceback" not in p.stderr and "ERROR" not in p.stderr, p.stderr[-3000:]
+    assert sorted(x.name for x in (run / "checkpoints").iterdir()) == ["5"]  # no *-tmp left
+    # it stops at the first log line or checkpoint that sees the failed save, not at the end
+    assert [x["step"] for x in records(run)] in ([5, 10], [5, 10, 15])

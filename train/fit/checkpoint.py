@@ -15,6 +15,12 @@ to NaN optimizer moments) is damaged like a truncated one. A step without the fi
 run killed between the save and its digests, or written by an older version) restores
 with a note that it was not verified.
 
+A save that fails (a full, read-only or not writable disk; Orbax reports it from its
+background thread at the next ``check``, ``save`` or ``wait``) is one InputError line
+naming the step, what failed and the last good checkpoint; its partial folders
+(``<step>.orbax-checkpoint-tmp*``) are removed and Orbax's pages of log and echoes of
+its other failed writes are dropped.
+
 A step folder damaged afterwards (a half or its files deleted, truncated or changed, bad
 JSON, an empty folder) fails to restore; ``restore_intact`` then takes the newest step
 that restores, naming each one it skipped and why, and ``set_aside`` moves the damaged
@@ -24,10 +30,12 @@ ones out of the way (so the run can write those steps again).
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import hashlib
 import inspect
 import json
+import logging
 import os
 import shutil
 import sys
@@ -37,7 +45,7 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
-from prep.schema.errors import InputError
+from prep.schema.errors import InputError, first_line
 
 
 def step_dirs(directory: str | Path) -> list[int]:
@@ -123,6 +131,40 @@ def _digests(step_dir: Path) -> dict[str, str]:
             if p.is_file() and not p.is_symlink() and p.name not in (DIGESTS, DIGESTS + ".tmp")}
 
 
+_DISK = {  # errno: (what, the fix) of a save that failed for want of a writable disk
+    errno.ENOSPC: ("no space left on the device", "free some space"),
+    errno.EDQUOT: ("disk quota exceeded", "free some space"),
+    errno.EROFS: ("read-only file system", "make it writable"),
+    errno.EACCES: ("permission denied", "make it writable"),
+    errno.EPERM: ("operation not permitted", "make it writable"),
+}
+_DISK_WORDS = {"No space left on device": errno.ENOSPC, "RESOURCE_EXHAUSTED": errno.ENOSPC,
+               "Disk quota exceeded": errno.EDQUOT, "Read-only file system": errno.EROFS,
+               "Permission denied": errno.EACCES}
+
+
+def _save_failure(e: BaseException) -> tuple[str, str]:
+    """(what went wrong, the fix) of a failed save, from the first errno (or TensorStore's
+    words for one) in its chain of exceptions."""
+    seen, x = 0, e
+    while x is not None and seen < 20:
+        code = x.errno if isinstance(x, OSError) else None
+        if code is None:
+            code = next((n for w, n in _DISK_WORDS.items() if w in str(x)), None)
+        if code in _DISK:
+            return _DISK[code]
+        x, seen = x.__cause__ or x.__context__, seen + 1
+    return first_line(e), "see what stopped it"
+
+
+class _DropOrbaxErrors(logging.Filter):
+    """Orbax logs a failed background save as pages of tracebacks (absl ERROR); the
+    Checkpointer reports it as one line instead."""
+
+    def filter(self, record):
+        return not (record.levelno >= logging.ERROR and "orbax" in record.pathname)
+
+
 class Checkpointer:
     def __init__(self, directory: str | Path, *, max_to_keep: int = 3):
         self.directory = Path(directory).absolute()
@@ -133,6 +175,9 @@ class Checkpointer:
         self.unverified: list[int] = []  # steps restored without digests to check
         self._cached = None  # (step, state, data) found by newest_intact_step
         self._unsealed: list[int] = []  # saved, digests not yet written
+        self.failed = False  # a save failed (reported once, as an InputError)
+        self._log_filter = _DropOrbaxErrors()
+        logging.getLogger("absl").addFilter(self._log_filter)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -143,20 +188,64 @@ class Checkpointer:
         if step in self.manager.all_steps():
             return
         self.wait()
-        self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
         self._unsealed.append(step)
+        try:
+            self.manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)),
+                force=True)
+        except Exception as e:  # the part that runs here: folders, metadata
+            raise self._fail(e) from None
+
+    def check(self) -> None:
+        """InputError (one line) if a save under way has failed already."""
+        if self._unsealed and not self.failed:
+            try:
+                self.manager.check_for_errors()
+            except Exception as e:
+                raise self._fail(e) from None
 
     def wait(self) -> None:
-        """Wait for the saves under way, then write their digests (``sha256.json``)."""
-        self.manager.wait_until_finished()
+        """Wait for the saves under way, then write their digests (``sha256.json``);
+        InputError (one line) if one failed (its partial folders are removed)."""
+        if self.failed:
+            return
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:
+            raise self._fail(e) from None
         for step in self._unsealed:
             d = self.directory / str(step)
             if d.is_dir():  # not already dropped by max_to_keep
                 tmp = d / (DIGESTS + ".tmp")
-                tmp.write_text(json.dumps(_digests(d), indent=1, sort_keys=True) + "\n")
-                os.replace(tmp, d / DIGESTS)
+                try:
+                    tmp.write_text(json.dumps(_digests(d), indent=1, sort_keys=True) + "\n")
+                    os.replace(tmp, d / DIGESTS)
+                except OSError as e:  # the checkpoint is whole: kept, without digests
+                    tmp.unlink(missing_ok=True)
+                    raise self._fail(e, drop=False) from None
         self._unsealed = []
+
+    def _fail(self, e: BaseException, drop: bool = True) -> InputError:
+        """A failed save: remove what it left (``<step>.orbax-checkpoint-tmp*``, a
+        ``<step>`` folder it did not finish), stop saving, and say so in one line."""
+        steps, self._unsealed, self.failed = self._unsealed, [], True
+        _drop_read_echoes()  # its other writes fail too, some after the loop has closed
+        for step in steps:
+            for d in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+                shutil.rmtree(d, ignore_errors=True)
+            if drop:
+                shutil.rmtree(self.directory / str(step), ignore_errors=True)
+        with contextlib.suppress(Exception):
+            self.manager.reload()
+        what, fix = _save_failure(e)
+        good = step_dirs(self.directory)
+        keep = (f"the last good checkpoint is step {good[-1]}: {fix}, then resume it with "
+                f"`train --run-dir {self.directory.parent} --resume`" if good else
+                f"no checkpoint was saved: {fix}, then start again")
+        step = steps[-1] if steps else "?"
+        saved = "not saved" if drop else "saved without its digests"
+        return InputError(f"{self.directory}: checkpoint {step} {saved}: {what}; training "
+                          f"stopped; {keep}")
 
     def verify(self, step: int) -> str | None:
         """Why step ``step``'s files are not the ones saved (a digest differs, a file is
@@ -276,5 +365,9 @@ class Checkpointer:
         return moved
 
     def close(self) -> None:
-        self.wait()
-        self.manager.close()
+        try:
+            self.wait()
+        finally:
+            logging.getLogger("absl").removeFilter(self._log_filter)
+            with contextlib.suppress(Exception) if self.failed else contextlib.nullcontext():
+                self.manager.close()

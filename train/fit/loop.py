@@ -489,6 +489,7 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
             if step % cfg.log_every == 0 or step == cfg.steps:
                 finite(step, metrics)
                 last = log_line()
+                ckpt.check()  # a save that failed in the background stops the run here
                 interval = True
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
                 ev = eval_sample(state["params"], eval_step)
