@@ -78,11 +78,11 @@ def _read_echo(u) -> bool:
     return any(k in x for x in [where, *frames] for k in ("orbax", "tensorstore"))
 
 
-_echo_filter = None  # the unraisablehook installed by the first restore
+_echo_filter = None  # the unraisablehook installed by the first Checkpointer
 
 
 def _drop_read_echoes() -> None:
-    """From now on (the first restore), drop the echoes of failed reads (``_read_echo``): the concurrent reads
+    """From now on (the first Checkpointer), drop the echoes of failed reads and writes (``_read_echo``): the concurrent reads
     of a damaged checkpoint can fail after restore() has raised, the last ones after the
     run has ended, each as "Exception ignored in <coroutine …>" and a page of TensorStore
     spec. Everything else still reaches the hook that was there."""
@@ -176,6 +176,7 @@ class Checkpointer:
         self._cached = None  # (step, state, data) found by newest_intact_step
         self._unsealed: list[int] = []  # saved, digests not yet written
         self.failed = False  # a save failed (reported once, as an InputError)
+        _drop_read_echoes()  # a failed save's echoes come from its threads, before we know
         self._log_filter = _DropOrbaxErrors()
         logging.getLogger("absl").addFilter(self._log_filter)
 
