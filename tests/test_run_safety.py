@@ -284,7 +284,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(shards, tmp_path, monkeypatch)
         signal.signal(signal.SIGTERM, prev)
     assert not isinstance(r.exception, Unhandled)
     assert r.exit_code == 143, r.output
-    assert "SIGTERM: stopping after this step" in r.stderr
+    assert "SIGTERM: stopping at step 6 and saving a checkpoint" in r.stderr
     assert "interrupted: step 6" in r.stdout
     assert step_dirs(run / "checkpoints") == [6]
     assert [x["step"] for x in records(run)] == [5, 6]
@@ -366,12 +366,21 @@ def _truncate_state(p: Path):
             f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
 
 
+def _flip_state(p: Path):
+    """Bits flipped in the middle of the largest array file: it still decodes (to NaNs)."""
+    f = max((p / "state").rglob("*"), key=lambda f: f.stat().st_size if f.is_file() else -1)
+    b = bytearray(f.read_bytes())
+    b[len(b) // 2:len(b) // 2 + 64] = b"\xff" * 64
+    f.write_bytes(bytes(b))
+
+
 DAMAGE = {
     "no-state": (lambda p: shutil.rmtree(p / "state"), "no state/"),
     "no-data": (lambda p: shutil.rmtree(p / "data"), "no data/"),
     "empty": (lambda p: (shutil.rmtree(p), p.mkdir()), "an empty folder"),
     "bad-json": (lambda p: (p / "data" / "metadata").write_text("{bad"), "JSONDecodeError"),
     "truncated": (_truncate_state, "skipping checkpoint 15"),
+    "flipped-bits": (_flip_state, "differs from the one saved with it (its bytes changed)"),
 }
 
 
@@ -386,7 +395,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(run, straight_run, ki
     assert step_dirs(run / "checkpoints") == [10, 15, 20]  # 15 written again
     assert step_dirs(run / "checkpoints-damaged") == [15]  # the damaged one kept aside
     assert [x["step"] for x in records(run)] == list(range(1, 21))  # 11-15 not twice
-    if kind == "no-state":  # it is the uninterrupted run, bit for bit
+    if kind in ("no-state", "flipped-bits"):  # it is the uninterrupted run, bit for bit
         pa, da = final_params(run)
         pb, db = final_params(straight_run)
         assert da == db
@@ -409,3 +418,221 @@ def test_no_intact_checkpoint_is_one_line_and_predict_falls_back(run):
                    "no intact checkpoint (15: no state/; 10: no data/; 5: no data/)",
                    "start a new --run-dir")
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
+# --- deep JSON: one line, not a RecursionError (issue item 10) --------------------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_a_deeply_nested_manifest_or_config_is_one_line(copy, run, tmp_path):
+    (copy / mf.MANIFEST_NAME).write_text(DEEP)
+    where = copy / mf.MANIFEST_NAME
+    one_error_line(prep(["verify", copy]), f"{where}: unreadable manifest (nested too deeply)")
+    one_error_line(fit(["--data", copy, "--run-dir", tmp_path / "new", *FLAGS]),
+                   f"{where}: unreadable manifest (nested too deeply)")
+    assert not (tmp_path / "new").exists()
+    (run / "config.json").write_text(DEEP)
+    want = f"{run / 'config.json'}: missing or unreadable (nested too deeply)"
+    one_error_line(fit(["--run-dir", run, "--resume"]), want)
+    one_error_line(fit(["eval", run]), f"{run / 'config.json'}: unreadable (nested too deeply)")
+    one_error_line(fit(["predict", run, "--src", "192.0.2.7", "--dst", "192.0.2.8"]),
+                   f"{run / 'config.json'}: unreadable (nested too deeply)")
+
+
+# --- --run-dir that is a file, or under one (issue item 11) ----------------------------
+
+@pytest.mark.parametrize("where", ["file", "under-file"])
+def test_a_run_dir_that_is_a_file_is_one_line(shards, tmp_path, where):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    run = f if where == "file" else f / "run"
+    for args in ([], ["--resume"]):
+        r = fit(["--data", shards, "--run-dir", run, *FLAGS, *args])
+        one_error_line(r, f"--run-dir {run}: " + (
+            "a file, not a folder" if where == "file" else f"{f} is a file, not a folder"))
+    assert f.read_text() == "x"
+
+
+# --- one trainer per run folder (issue item 8) ------------------------------------------
+
+def test_a_run_that_is_training_is_locked(shards, tmp_path):
+    run = tmp_path / "run"
+    seen = {}
+
+    def second(step):
+        if step == 4:  # checkpoint 2 exists: a resume would find something to take
+            seen["resume"] = fit(["--run-dir", run, "--resume"])
+            seen["again"] = fit(["--data", shards, "--run-dir", run, *FLAGS])
+            seen["files"] = sorted(p.relative_to(run) for p in run.rglob("*"))
+
+    s = train(small(shards, run, steps=6, ckpt_every=2), on_step=second)
+    assert s["step"] == 6 and not s["interrupted"]
+    want = f"{run}: another `train` (pid {os.getpid()}) is training this run"
+    one_error_line(seen["resume"], want, "wait for it to end")
+    one_error_line(seen["again"], want)
+    assert step_dirs(run / "checkpoints") == [2, 4, 6]
+    assert [x["step"] for x in records(run)] == list(range(1, 7))  # one writer only
+    # the lock goes with its holder: the run resumes afterwards
+    r = fit(["--run-dir", run, "--resume", "--steps", "8"])
+    assert r.exit_code == 0, r.output
+    assert "done: step 8" in r.stdout
+    assert not (run / ".lock").exists()  # gone with its holder
+
+
+# --- checksums and non-finite losses (issue item 3) ------------------------------------
+
+def test_a_checkpoint_with_flipped_bits_is_refused_by_eval_and_predict(run):
+    from train.predict import predictor
+
+    _flip_state(run / "checkpoints" / "15")
+    assert predictor.load(run).step == 10  # falls back
+    with pytest.raises(InputError, match="15: damaged checkpoint \\(sha256 of state/.* differs"):
+        predictor.load(run, step=15)
+    digests = json.loads((run / "checkpoints" / "10" / "sha256.json").read_text())
+    assert "data/metadata" in digests and any(k.startswith("state/") for k in digests)
+
+
+def _poisoned_steps(monkeypatch, at: int):
+    """train_step gives NaN parameters and loss from step ``at`` on."""
+    import train.fit.loop as loop
+
+    real = loop.step_lib.compile_steps
+
+    def compile_steps(*a, **kw):
+        train_step, eval_step = real(*a, **kw)
+        calls = [0]
+
+        def poisoned(state, batch):
+            state, metrics = train_step(state, batch)
+            calls[0] += 1
+            if calls[0] >= at:
+                state = dict(state, params=jax.tree.map(lambda x: x * np.nan, state["params"]))
+                metrics = dict(metrics, loss=metrics["loss"] * np.nan)
+            return state, metrics
+        return poisoned, eval_step
+
+    monkeypatch.setattr(loop.step_lib, "compile_steps", compile_steps)
+
+
+@pytest.mark.parametrize("at", [8, 10])  # between checkpoints, and on one
+def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
+        shards, tmp_path, monkeypatch, at):
+    _poisoned_steps(monkeypatch, at)
+    run = tmp_path / "run"
+    r = fit(["--data", shards, "--run-dir", run, *FLAGS[:-1], "5"])  # checkpoints every 5
+    one_error_line(r, f"step {at}: loss nan, gradient norm ",
+                   "not finite; training stopped without saving this state; the last good "
+                   f"checkpoint is step 5 in {run / 'checkpoints'}: resume from it")
+    assert step_dirs(run / "checkpoints") == [5]
+    assert [x["step"] for x in records(run)] == [5]
+    params, _ = final_params(run)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+# --- Ctrl-C stops at the step under way, and says which (issue item 19) ------------------
+
+def test_ctrl_c_stops_at_the_step_it_names_with_at_most_one_step_in_flight(
+        shards, tmp_path, monkeypatch, capsys):
+    import train.fit.loop as loop
+
+    real, outs = loop.step_lib.compile_steps, []
+
+    def compile_steps(*a, **kw):
+        train_step, eval_step = real(*a, **kw)
+
+        def recorded(state, batch):
+            state, metrics = train_step(state, batch)
+            outs.append(metrics["loss"])
+            return state, metrics
+        return recorded, eval_step
+
+    monkeypatch.setattr(loop.step_lib, "compile_steps", compile_steps)
+    in_flight = []
+
+    def check(step):
+        in_flight.append(sum(not x.is_ready() for x in outs[:step - 1]))
+        if step == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    s = train(small(shards, tmp_path / "run", steps=20, log_every=100), on_step=check)
+    assert s["interrupted"] and s["step"] == 6
+    assert "SIGINT: stopping at step 6 and saving a checkpoint" in capsys.readouterr().err
+    assert in_flight == [0] * 6  # every step before the one under way is done
+    assert step_dirs(tmp_path / "run" / "checkpoints") == [6]
+
+
+# --- a skipped checkpoint's late read failures are not echoed (issue item 12) -----------
+
+LATE_ECHO = '''
+import os, sys
+import orbax.checkpoint as ocp
+from train.fit.checkpoint import Checkpointer
+
+ck = Checkpointer(sys.argv[1])
+step, _, _ = ck.restore_intact()
+ck.close()
+
+class Pending:
+    def __await__(self):
+        yield
+
+# one of the skipped checkpoint's concurrent reads, failing only now (a slow disk): Orbax's
+# coroutine is finalized with its TensorStore error, after restore_intact has returned
+ns = {}
+exec(compile("async def read():\\n    try:\\n        await Pending()\\n    finally:\\n"
+             "        raise ValueError('OUT_OF_RANGE: Error reading zarr in OCDBT database')\\n",
+             os.path.join(os.path.dirname(ocp.__file__), "late_read.py"), "exec"),
+     {"Pending": Pending}, ns)
+coro = ns["read"]()
+coro.send(None)
+del coro
+print(f"done: step {step}", flush=True)
+'''
+
+
+def test_no_echoes_of_a_skipped_checkpoints_reads(run):
+    _truncate_state(run / "checkpoints" / "15")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-c", LATE_ECHO, str(run / "checkpoints")], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout == "done: step 10\n"
+    assert "skipping checkpoint 15" in p.stderr
+    assert "Exception ignored" not in p.stderr and "Traceback" not in p.stderr, p.stderr[-3000:]
+
+
+# --- a full disk under the checkpoints: one line, the last good one kept (issue item 9) ---
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (one tiny checkpoint fits, two do not); skipped where mount is not
+    allowed (not root)."""
+    d = tmp_path / "disk"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(d)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", str(d)], capture_output=True)
+
+
+def test_a_full_disk_under_the_checkpoints_stops_the_run_in_one_line(shards, small_disk):
+    run = small_disk / "run"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-m", "train.cli", "--data", str(shards), "--run-dir",
+                        str(run), *FLAGS[:-1], "5"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-3000:]
+    lines = p.stderr.splitlines()
+    assert lines[-1] == (f"error: {run / 'checkpoints'}: checkpoint 10 not saved: no space "
+                         "left on the device; training stopped; the last good "
+                         "checkpoint is step 5: free some space, then resume it with "
+                         f"`train --run-dir {run} --resume`"), p.stderr[-3000:]
+    assert not [x for x in lines if x.startswith("error:")][:-1]
+    assert "Traceback" not in p.stderr and "ERROR" not in p.stderr, p.stderr[-3000:]
+    assert sorted(x.name for x in (run / "checkpoints").iterdir()) == ["5"]  # no *-tmp left
+    # it stops at the first log line or checkpoint that sees the failed save, not at the end
+    assert [x["step"] for x in records(run)] in ([5, 10], [5, 10, 15])

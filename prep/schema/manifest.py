@@ -98,6 +98,8 @@ def load_manifest(shards_dir: str | os.PathLike) -> dict:
         raise InputError(hint or f"{d}: no {MANIFEST_NAME}, so not a finished dataset; {fix}")
     try:
         m = json.loads(path.read_text())
+    except RecursionError:  # e.g. 100,000 nested arrays: no manifest is that deep
+        raise InputError(f"{path}: unreadable manifest (nested too deeply); {fix}") from None
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: unreadable manifest ({e}); {fix}") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT_NAME or not m.get("finished"):

@@ -114,7 +114,12 @@ def _loss_panel(ax, report: dict) -> None:
     metrics_file = Path(report["run_dir"]) / "metrics.jsonl"
     if metrics_file.is_file():
         for line in metrics_file.read_text().splitlines():
-            rec = json.loads(line)
+            try:
+                rec = json.loads(line)
+            except (ValueError, RecursionError):
+                continue  # a torn last line of a killed run
+            if not isinstance(rec, dict) or "step" not in rec:
+                continue
             if "loss" in rec:
                 steps.append(rec["step"])
                 loss.append(rec["loss"])

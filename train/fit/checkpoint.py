@@ -8,16 +8,35 @@ complete, so a checkpoint is never half state, half data. Restoring gives the st
 with the shardings of an abstract template (replicated over the mesh) and the iterator
 state to pass to ``DatasetIterator.set_state``.
 
-A step folder damaged afterwards (a half or its files deleted or truncated, bad JSON, an
-empty folder) fails to restore; ``restore_intact`` then takes the newest step that
-restores, naming each one it skipped and why, and ``set_aside`` moves the damaged ones
-out of the way (so the run can write those steps again).
+Once a save is complete (the next save or ``wait`` waits for it), the sha256 of every
+file of the step goes to ``RUN_DIR/checkpoints/<step>/sha256.json``; a restore checks
+them, so a checkpoint whose bytes changed on disk (flipped bits that still decode, e.g.
+to NaN optimizer moments) is damaged like a truncated one. A step without the file (a
+run killed between the save and its digests, or written by an older version) restores
+with a note that it was not verified.
+
+A save that fails (a full, read-only or not writable disk; Orbax reports it from its
+background thread at the next ``check``, ``save`` or ``wait``) is one InputError line
+naming the step, what failed and the last good checkpoint; its partial folders
+(``<step>.orbax-checkpoint-tmp*``) are removed and Orbax's pages of log and echoes of
+its other failed writes are dropped.
+
+A step folder damaged afterwards (a half or its files deleted, truncated or changed, bad
+JSON, an empty folder) fails to restore; ``restore_intact`` then takes the newest step
+that restores, naming each one it skipped and why, and ``set_aside`` moves the damaged
+ones out of the way (so the run can write those steps again).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
+import hashlib
+import inspect
+import json
+import logging
+import os
 import shutil
 import sys
 import time
@@ -26,7 +45,7 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
-from prep.schema.errors import InputError
+from prep.schema.errors import InputError, first_line
 
 
 def step_dirs(directory: str | Path) -> list[int]:
@@ -43,29 +62,107 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {first[:120]}" if first else type(e).__name__
 
 
-@contextlib.contextmanager
-def _quiet_failed_reads():
-    """Orbax reads a checkpoint's arrays concurrently; when one read fails, the others'
-    coroutines fail after restore() has raised and Python prints each as "Exception
-    ignored in …" (a page of TensorStore spec). The one failure that counts is reported
-    by the caller; these echoes are dropped."""
+def _read_echo(u) -> bool:
+    """An unraisable exception that is the echo of a failed checkpoint read: an Orbax or
+    TensorStore coroutine finalized with its error, or its event loop closed under it."""
+    if isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value):
+        return True
+    if not inspect.iscoroutine(u.object):
+        return False
+    code = getattr(u.object, "cr_code", None)
+    where = f"{getattr(code, 'co_filename', '')} {u.object!r}"
+    tb, frames = u.exc_traceback, []
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    return any(k in x for x in [where, *frames] for k in ("orbax", "tensorstore"))
+
+
+_echo_filter = None  # the unraisablehook installed by the first Checkpointer
+
+
+def _drop_read_echoes() -> None:
+    """From now on (the first Checkpointer), drop the echoes of failed reads and writes (``_read_echo``): the concurrent reads
+    of a damaged checkpoint can fail after restore() has raised, the last ones after the
+    run has ended, each as "Exception ignored in <coroutine …>" and a page of TensorStore
+    spec. Everything else still reaches the hook that was there."""
+    global _echo_filter
+    if _echo_filter is not None and sys.unraisablehook is _echo_filter:
+        return
     prev = sys.unraisablehook
 
     def hook(u):
-        if "orbax" in repr(u.object) or "coroutine" in repr(u.object) or \
-                isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value):
-            return
-        prev(u)
+        if not _read_echo(u):
+            prev(u)
 
-    sys.unraisablehook = hook
+    _echo_filter = sys.unraisablehook = hook
+
+
+@contextlib.contextmanager
+def _quiet_failed_reads():
+    """Orbax reads a checkpoint's arrays concurrently; when one read fails, the others'
+    coroutines fail after restore() has raised, some only once the run is over. The one
+    failure that counts is reported by the caller; these echoes are dropped, then and
+    later (``_drop_read_echoes``: the filter stays, it passes on everything else)."""
+    _drop_read_echoes()
     try:
         yield
     except BaseException:
         time.sleep(0.05)  # let the other reads' threads finish, then collect them here
         gc.collect()
         raise
-    finally:
-        sys.unraisablehook = prev
+
+
+DIGESTS = "sha256.json"
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _digests(step_dir: Path) -> dict[str, str]:
+    """{path relative to the step folder: sha256} of every file of a checkpoint."""
+    return {p.relative_to(step_dir).as_posix(): _file_sha256(p)
+            for p in sorted(step_dir.rglob("*"))
+            if p.is_file() and not p.is_symlink() and p.name not in (DIGESTS, DIGESTS + ".tmp")}
+
+
+_DISK = {  # errno: (what, the fix) of a save that failed for want of a writable disk
+    errno.ENOSPC: ("no space left on the device", "free some space"),
+    errno.EDQUOT: ("disk quota exceeded", "free some space"),
+    errno.EROFS: ("read-only file system", "make it writable"),
+    errno.EACCES: ("permission denied", "make it writable"),
+    errno.EPERM: ("operation not permitted", "make it writable"),
+}
+_DISK_WORDS = {"No space left on device": errno.ENOSPC, "RESOURCE_EXHAUSTED": errno.ENOSPC,
+               "Disk quota exceeded": errno.EDQUOT, "Read-only file system": errno.EROFS,
+               "Permission denied": errno.EACCES}
+
+
+def _save_failure(e: BaseException) -> tuple[str, str]:
+    """(what went wrong, the fix) of a failed save, from the first errno (or TensorStore's
+    words for one) in its chain of exceptions."""
+    seen, x = 0, e
+    while x is not None and seen < 20:
+        code = x.errno if isinstance(x, OSError) else None
+        if code is None:
+            code = next((n for w, n in _DISK_WORDS.items() if w in str(x)), None)
+        if code in _DISK:
+            return _DISK[code]
+        x, seen = x.__cause__ or x.__context__, seen + 1
+    return first_line(e), "see what stopped it"
+
+
+class _DropOrbaxErrors(logging.Filter):
+    """Orbax logs a failed background save as pages of tracebacks (absl ERROR); the
+    Checkpointer reports it as one line instead."""
+
+    def filter(self, record):
+        return not (record.levelno >= logging.ERROR and "orbax" in record.pathname)
 
 
 class Checkpointer:
@@ -75,17 +172,103 @@ class Checkpointer:
         self.manager = ocp.CheckpointManager(self.directory, options=options,
                                              item_names=("state", "data"))
         self.skipped: list[tuple[int, str]] = []  # (step, why) of restore_intact
+        self.unverified: list[int] = []  # steps restored without digests to check
         self._cached = None  # (step, state, data) found by newest_intact_step
+        self._unsealed: list[int] = []  # saved, digests not yet written
+        self.failed = False  # a save failed (reported once, as an InputError)
+        _drop_read_echoes()  # a failed save's echoes come from its threads, before we know
+        self._log_filter = _DropOrbaxErrors()
+        logging.getLogger("absl").addFilter(self._log_filter)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
     def save(self, step: int, state: dict, data_state: dict) -> None:
-        """Start writing (asynchronously; the arrays are copied first, so training can go on)."""
+        """Start writing (asynchronously; the arrays are copied first, so training can go
+        on) once the previous save is complete and sealed with its digests."""
         if step in self.manager.all_steps():
             return
-        self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
+        self.wait()
+        self._unsealed.append(step)
+        try:
+            self.manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)),
+                force=True)
+        except Exception as e:  # the part that runs here: folders, metadata
+            raise self._fail(e) from None
+
+    def check(self) -> None:
+        """InputError (one line) if a save under way has failed already."""
+        if self._unsealed and not self.failed:
+            try:
+                self.manager.check_for_errors()
+            except Exception as e:
+                raise self._fail(e) from None
+
+    def wait(self) -> None:
+        """Wait for the saves under way, then write their digests (``sha256.json``);
+        InputError (one line) if one failed (its partial folders are removed)."""
+        if self.failed:
+            return
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:
+            raise self._fail(e) from None
+        for step in self._unsealed:
+            d = self.directory / str(step)
+            if d.is_dir():  # not already dropped by max_to_keep
+                tmp = d / (DIGESTS + ".tmp")
+                try:
+                    tmp.write_text(json.dumps(_digests(d), indent=1, sort_keys=True) + "\n")
+                    os.replace(tmp, d / DIGESTS)
+                except OSError as e:  # the checkpoint is whole: kept, without digests
+                    tmp.unlink(missing_ok=True)
+                    raise self._fail(e, drop=False) from None
+        self._unsealed = []
+
+    def _fail(self, e: BaseException, drop: bool = True) -> InputError:
+        """A failed save: remove what it left (``<step>.orbax-checkpoint-tmp*``, a
+        ``<step>`` folder it did not finish), stop saving, and say so in one line."""
+        steps, self._unsealed, self.failed = self._unsealed, [], True
+        _drop_read_echoes()  # its other writes fail too, some after the loop has closed
+        for step in steps:
+            for d in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+                shutil.rmtree(d, ignore_errors=True)
+            if drop:
+                shutil.rmtree(self.directory / str(step), ignore_errors=True)
+        with contextlib.suppress(Exception):
+            self.manager.reload()
+        what, fix = _save_failure(e)
+        good = step_dirs(self.directory)
+        keep = (f"the last good checkpoint is step {good[-1]}: {fix}, then resume it with "
+                f"`train --run-dir {self.directory.parent} --resume`" if good else
+                f"no checkpoint was saved: {fix}, then start again")
+        step = steps[-1] if steps else "?"
+        saved = "not saved" if drop else "saved without its digests"
+        return InputError(f"{self.directory}: checkpoint {step} {saved}: {what}; training "
+                          f"stopped; {keep}")
+
+    def verify(self, step: int) -> str | None:
+        """Why step ``step``'s files are not the ones saved (a digest differs, a file is
+        missing), or None; a step without digests counts as intact and goes to
+        ``self.unverified``."""
+        d = self.directory / str(step)
+        try:
+            saved = json.loads((d / DIGESTS).read_text())
+        except FileNotFoundError:
+            self.unverified.append(step)
+            return None
+        except (OSError, ValueError, RecursionError) as e:
+            return f"{DIGESTS} unreadable ({type(e).__name__})"
+        if not isinstance(saved, dict):
+            return f"{DIGESTS} is not a list of digests"
+        for rel, digest in sorted(saved.items()):
+            f = d / rel
+            if not f.is_file():
+                return f"{rel} missing"
+            if _file_sha256(f) != digest:
+                return f"sha256 of {rel} differs from the one saved with it (its bytes changed)"
+        return None
 
     def _restore(self, step: int, template: dict | None) -> tuple[dict, dict]:
         abstract = None if template is None else jax.tree.map(ocp.utils.to_shape_dtype_struct,
@@ -120,7 +303,10 @@ class Checkpointer:
         if why is None:
             try:
                 with _quiet_failed_reads():
-                    return self._restore(step, template)
+                    state, data = self._restore(step, template)
+                why = self.verify(step)
+                if why is None:
+                    return state, data
             except Exception as e:  # orbax/tensorstore/json: KeyError, ValueError, Exception…
                 why = _why(e)
         raise InputError(f"{self.directory / str(step)}: damaged checkpoint ({why}); pick "
@@ -141,7 +327,13 @@ class Checkpointer:
                 try:
                     with _quiet_failed_reads():
                         state, data = self._restore(step, template)
-                    return step, state, data
+                    why = self.verify(step)
+                    if why is None:
+                        if self.unverified and self.unverified[-1] == step:
+                            log(f"note: checkpoint {step} in {self.directory} has no "
+                                f"{DIGESTS} (an older version wrote it, or the run ended "
+                                "before its digests): restored without checking them")
+                        return step, state, data
                 except Exception as e:  # orbax/tensorstore/json: KeyError, ValueError, …
                     why = _why(e)
             self.skipped.append((step, why))
@@ -174,5 +366,9 @@ class Checkpointer:
         return moved
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        try:
+            self.wait()
+        finally:
+            logging.getLogger("absl").removeFilter(self._log_filter)
+            with contextlib.suppress(Exception) if self.failed else contextlib.nullcontext():
+                self.manager.close()

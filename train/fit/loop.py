@@ -7,15 +7,22 @@ One log line per ``log_every`` steps, e.g.
 with the loss averaged over those steps, real (non-padding) tokens/s, MFU (train.model.model
 counts the FLOPs on real tokens; "-" where the device's peak is unknown, e.g. CPUs) and
 the share of wall time spent waiting for the next batch. The step's outputs stay on the
-device until that line: one host sync per ``log_every`` steps, none per step. The first
-step (compilation) is left out of the timings. The same numbers go to
-``RUN_DIR/metrics.jsonl``, one JSON object per line, with ``eval_loss`` records every
-``eval_every`` steps.
+device until that line, but for one scalar pair: each step waits for the step before it
+and reads its loss and gradient norm, so the host runs at most one step ahead of the
+device. A loss or gradient norm that is not finite stops the run with one line naming
+the step, before any state of that step (or after it) is saved: the last checkpoint
+stays the last good one. The first step (compilation) is left out of the timings. The
+same numbers go to ``RUN_DIR/metrics.jsonl``, one JSON object per line, with
+``eval_loss`` records every ``eval_every`` steps.
 
-The first Ctrl-C (SIGINT) or SIGTERM (what a scheduler sends) finishes the current step,
-saves a checkpoint (state + data iterator) and returns; a second one aborts at once.
+The first Ctrl-C (SIGINT) or SIGTERM (what a scheduler sends) finishes the step under way
+(the device is at most one step behind), names it ("SIGINT: stopping at step N"), saves a
+checkpoint (state + data iterator) and returns; a second one aborts at once.
 
-A run is bound to its folder's config.json: ``resume`` takes the newest intact checkpoint
+One trainer per run folder: ``RUN_DIR/.lock`` (RunLock) is held from before the run is
+read to the end; a second `train` on it (a resume, or a new run with the same --run-dir)
+is one line naming the holder's pid. A run is bound to its folder's config.json:
+``resume`` takes the newest intact checkpoint
 (skipping damaged ones, named on stderr, and moving them to ``checkpoints-damaged/``) and
 refuses settings that differ from the run's (config.RUN_BINDING) or a dataset whose shard
 digests differ from the run's ``data_fingerprint``. Everything that can refuse a start
@@ -26,7 +33,10 @@ that fails before its first step leaves no folder it made behind.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import json
+import math
 import os
 import shutil
 import signal
@@ -64,9 +74,11 @@ class GracefulStop:
     def _handle(self, signum, _frame):
         if self.requested:
             raise KeyboardInterrupt
-        self.requested, self.signum = True, signum
-        print(f"{signal.Signals(signum).name}: stopping after this step and saving a checkpoint "
-              "(again to abort)", file=sys.stderr, flush=True)
+        self.requested, self.signum = True, signum  # the loop names the step it stops at
+
+    def announce(self, step: int) -> None:
+        print(f"{signal.Signals(self.signum).name}: stopping at step {step} and saving a "
+              "checkpoint (again to abort)", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
         for s, prev in self._prev.items():
@@ -166,9 +178,24 @@ def _pad(a: np.ndarray, n: int) -> np.ndarray:
     return a if len(a) == n else np.concatenate([a, np.zeros((n - len(a),) + a.shape[1:], a.dtype)])
 
 
+def check_run_dir(run_dir: str | os.PathLike) -> None:
+    """InputError (one line) if ``run_dir`` is a file or lies under one (no folder can be
+    made there)."""
+    d = Path(run_dir)
+    fix = "choose another --run-dir"
+    if os.path.lexists(d) and not d.is_dir():
+        raise InputError(f"--run-dir {d}: a file, not a folder; {fix}")
+    for up in d.absolute().parents:
+        if os.path.lexists(up):
+            if not up.is_dir():
+                raise InputError(f"--run-dir {d}: {up} is a file, not a folder; {fix}")
+            break
+
+
 def load_run(run_dir: str | os.PathLike) -> dict:
     """The config.json record of a run that ``resume`` can continue; InputError (one line)
-    if the folder is missing, has no checkpoint, or no readable config.json."""
+    if the folder is missing (or a file), has no checkpoint, or no readable config.json."""
+    check_run_dir(run_dir)
     d = Path(run_dir)
     if not d.is_dir():
         raise InputError(f"{d}: no such run folder; start the run without --resume")
@@ -179,8 +206,9 @@ def load_run(run_dir: str | os.PathLike) -> dict:
         record = json.loads((d / "config.json").read_text())
         if not isinstance(record.get("train"), dict):
             raise ValueError("no 'train' settings")
-    except (OSError, ValueError, AttributeError) as e:
-        raise InputError(f"{d / 'config.json'}: missing or unreadable ({e}), so the run's "
+    except (OSError, ValueError, AttributeError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else e
+        raise InputError(f"{d / 'config.json'}: missing or unreadable ({why}), so the run's "
                          "settings are unknown; start a new --run-dir") from None
     return record
 
@@ -233,19 +261,94 @@ def _trim_metrics(path: Path, step: int) -> None:
         try:
             if json.loads(line)["step"] <= step:
                 keep.append(line)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             continue  # a torn last line of a killed run
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(x + "\n" for x in keep))
     os.replace(tmp, path)
 
 
+class RunLock:
+    """One trainer per run folder: an exclusive ``flock`` on ``RUN_DIR/.lock`` (holding
+    the trainer's pid), released when it ends, however it ends (the kernel drops it)."""
+
+    NAME = ".lock"
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.fd = run_dir, None
+
+    def acquire(self) -> None:
+        """Take the lock (once); InputError (one line) naming the pid that holds it."""
+        if self.fd is not None:
+            return
+        path = self.run_dir / self.NAME
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise InputError(f"{path}: a symlink, which `train` did not write; move "
+                                     "it away") from None
+                raise
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    holder = f"pid {int(os.pread(fd, 32, 0).decode().strip())}"
+                except (OSError, ValueError):
+                    holder = "pid unknown"
+                os.close(fd)
+                raise InputError(f"{self.run_dir}: another `train` ({holder}) is training "
+                                 "this run; wait for it to end, or stop it (Ctrl-C saves a "
+                                 "checkpoint), then --resume") from None
+            # the holder we waited for may have removed the file (release): lock the one
+            # at the path, not a stale inode
+            try:
+                if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None
+
+    def release(self) -> None:
+        """Remove the lock file (still locked: a trainer that opened it meanwhile sees
+        it gone and takes the one at the path) and unlock."""
+        if self.fd is not None:
+            path = self.run_dir / self.NAME
+            try:
+                if os.path.samestat(os.fstat(self.fd), os.stat(path, follow_symlinks=False)):
+                    path.unlink()
+            except OSError:
+                pass
+            os.close(self.fd)
+            self.fd = None
+
+
 def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
     """Train per ``cfg``; returns a summary (last loss, eval loss, mean throughput, MFU).
 
     ``devices``: the mesh (default: all); ``on_step(step)`` runs after each step (tests).
+    The run folder is locked (RunLock) from before its config is read to the end.
     """
     run_dir = Path(cfg.run_dir)
+    check_run_dir(run_dir)
+    lock = RunLock(run_dir)
+    if run_dir.is_dir():  # before reading the run: a live trainer may be writing it
+        lock.acquire()
+    try:
+        return _train(cfg, run_dir, lock, devices, on_step)
+    finally:
+        lock.release()
+
+
+def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step) -> dict:
     saved = load_run(run_dir) if cfg.resume else None
     if not cfg.schedule_steps:  # fixed for the run's life: its own, or this start's --steps
         old = saved["train"] if saved is not None else {}
@@ -293,6 +396,7 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
         print("config: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()),
               file=sys.stderr)
         run_dir.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
         ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.keep_checkpoints)
         if saved is not None:
             start, state, data_state = ckpt.restore_intact(state)
@@ -318,7 +422,7 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
             ckpt.close()
         if metrics_file is not None:
             metrics_file.close()
-        if created and _never_started(run_dir):
+        if created and lock.held and _never_started(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)  # a start that made no step
 
 
@@ -355,6 +459,20 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
         write(rec)
         return rec
 
+    def finite(k: int, metrics: dict) -> None:
+        """InputError (one line) if step ``k``'s loss or gradient norm is not finite (waits
+        for step ``k``); nothing of that state is saved."""
+        loss, norm = (float(x) for x in jax.device_get((metrics["loss"], metrics["grad_norm"])))
+        if math.isfinite(loss) and math.isfinite(norm):
+            return
+        good = ckpt.latest_step()
+        keep = (f"the last good checkpoint is step {good} in {ckpt.directory}: resume from it "
+                "(a lower --lr, or another --seed in a new --run-dir)" if good is not None
+                else "no checkpoint was saved; start again with a lower --lr")
+        raise InputError(f"step {k}: loss {loss:g}, gradient norm {norm:g}, not finite; "
+                         f"training stopped without saving this state; {keep}")
+
+    prev = None  # (step, metrics) of the step before the one under way
     with GracefulStop() as stop:
         while step < cfg.steps and not stop.requested:
             t0 = time.perf_counter()
@@ -362,13 +480,18 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
             wait = time.perf_counter() - t0
             state, metrics = train_step(state, batch)
             step += 1
+            if prev is not None:  # waits for the step before: the host runs at most one
+                finite(*prev)     # step ahead of the device, so a stop is one step away
+            prev = (step, metrics)
             meter.add(metrics, wait, timed=step > start + 1)
             if step == start + 1:  # compilation: start the clock after it
                 jax.block_until_ready(metrics["loss"])
                 meter.t0 = time.perf_counter()
             interval = False
             if step % cfg.log_every == 0 or step == cfg.steps:
+                finite(step, metrics)
                 last = log_line()
+                ckpt.check()  # a save that failed in the background stops the run here
                 interval = True
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
                 ev = eval_sample(state["params"], eval_step)
@@ -381,6 +504,7 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
                     write({"step": step, **ev})
                 interval = True
             if cfg.ckpt_every and step % cfg.ckpt_every == 0:
+                finite(step, metrics)  # a checkpoint holds finite states only
                 ckpt.save(step, state, it.get_state())
                 interval = True
             if interval:  # keep eval and checkpoint time out of the next timings
@@ -388,11 +512,15 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
             if on_step is not None:
                 on_step(step)
         # a signal from here on aborts (second signal): the checkpoint below is the exit
+        if stop.requested:
+            stop.announce(step)
+        if prev is not None:
+            finite(*prev)
         if meter.pending:  # stopped between log lines: log the steps since the last one
             last = log_line()
         if step > start:
             ckpt.save(step, state, it.get_state())
-        ckpt.manager.wait_until_finished()
+        ckpt.wait()
         signum = stop.signum
     t = meter.totals
     return {"step": step, "loss": last.get("loss"), "eval_loss": eval_loss,

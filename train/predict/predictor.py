@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from prep.schema import vocab as V
-from prep.schema.errors import InputError
+from prep.schema.errors import InputError, first_line
 from prep.schema.measurements import addr_words
 from prep.tokens.reference import addr_block, result_block, timestamp_block, value_block
 from train.model import attention, model
@@ -362,7 +362,18 @@ def run_record(run_dir: str | Path) -> dict:
                          "RUN_DIR, the folder of one run" + (
                              f": {listed} (newest first)" if runs else
                              " `train` wrote, e.g. runs/tiny-20261123-101500"))
-    return json.loads(cfg.read_text())
+    try:
+        record = json.loads(cfg.read_text())
+    except RecursionError:
+        raise InputError(f"{cfg}: unreadable (nested too deeply); not a config.json `train` "
+                         "wrote") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"{cfg}: unreadable ({first_line(e)}); not a config.json `train` "
+                         "wrote") from None
+    if not isinstance(record, dict) or not isinstance(record.get("model"), dict):
+        raise InputError(f"{cfg}: unreadable (no 'model' settings); not a config.json "
+                         "`train` wrote")
+    return record
 
 
 def _is_run(d: Path) -> bool:
