@@ -210,13 +210,20 @@ class OutDir:
 
     # step 8 ---------------------------------------------------------------------------
     def _close(self) -> None:
-        self._guard.defer = True  # a second Ctrl-C must not cut the clean-up short
-        if self.stage is not None:
-            with contextlib.suppress(OSError):
-                remove_owned(self.stage)
-        if self._lock_fd is not None:
-            release(self.path, self._lock_fd, self.made and not self.published)
-            self._lock_fd = None
+        close_claimed(self)
+
+
+def close_claimed(od) -> None:
+    """Step 8 for a claimed folder (an OutDir here, a prep.jobs.parquet_out.ParquetOut):
+    remove its staging folder and release the lock (and the folder, if the run made it and
+    published nothing). A second Ctrl-C does not cut it short."""
+    od._guard.defer = True
+    if od.stage is not None:
+        with contextlib.suppress(OSError):
+            remove_owned(od.stage)
+    if od._lock_fd is not None:
+        release(od.path, od._lock_fd, od.made and not od.published)
+        od._lock_fd = None
 
 
 @contextlib.contextmanager

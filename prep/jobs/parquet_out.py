@@ -37,7 +37,14 @@ import re
 import secrets
 from pathlib import Path
 
-from prep.jobs.outdir import LOCK_NAME, is_owned, lock_folder, make_owned_dir, release, remove_owned
+from prep.jobs.outdir import (
+    LOCK_NAME,
+    close_claimed,
+    is_owned,
+    lock_folder,
+    make_owned_dir,
+    remove_owned,
+)
 from prep.jobs.signals import stop_on_signals
 from prep.schema import sniff
 from prep.schema.errors import InputError, fs_failure
@@ -111,13 +118,7 @@ class ParquetOut:
         self.published = self._guard.published = True
 
     def _close(self) -> None:
-        self._guard.defer = True  # a second Ctrl-C must not cut the clean-up short
-        if self.stage is not None:
-            with contextlib.suppress(OSError):
-                remove_owned(self.stage)
-        if self._lock_fd is not None:
-            release(self.path, self._lock_fd, self.made and not self.published)
-            self._lock_fd = None
+        close_claimed(self)
 
 
 def _finish_publish(out: Path, stage: Path) -> None:

@@ -18,6 +18,7 @@ holds no training rows (``check_not_empty``), then published by prep.jobs.outdir
 
 from __future__ import annotations
 
+import abc
 import concurrent.futures
 import hashlib
 import json
@@ -30,7 +31,6 @@ from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from prep.shards.bucket import ShardsConfig, kernels_cached, resolve_buckets, warm_kernels
 from prep.jobs import outdir
 from prep.jobs.signals import signals_blocked
 from prep.schema import manifest as mf
@@ -39,11 +39,12 @@ from prep.schema.manifest import SPLITS
 from prep.schema.splits import TIME_RULES, format_time
 from prep.schema.validate import format_rejected, list_inputs, open_parquet
 from prep.schema.words import count
+from prep.shards.bucket import ShardsConfig, kernels_cached, resolve_buckets, warm_kernels
 
 UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
 
 
-class Passes:
+class Passes(abc.ABC):
     """A runner's own part of `prep shards`; ``build`` calls, in this order: ``start``,
     ``describe``, ``run``, ``stop`` (always, once ``start`` was called), ``timing``."""
 
@@ -58,12 +59,12 @@ class Passes:
         """The start line, up to its config."""
         return f"{self.says}: {count(n_files, 'input file')}, {count(rows, 'row')}"
 
+    @abc.abstractmethod
     def run(self, od: outdir.OutDir, units: list, rows_total: int, cfg: ShardsConfig,
             t0: float) -> tuple[ShardsConfig, dict, list[dict]]:
         """Both passes, writing the shards into ``od.stage``: the config (with the cutoff
         found, ``found_cutoff``), the read counts (``new_read_counts``) and the per-bucket
         results, ordered by bucket. ``t0``: when the run started (perf_counter)."""
-        raise NotImplementedError
 
     def stop(self, failed: bool) -> None:
         """Stop the workers; ``failed``: the run is raising."""

@@ -299,6 +299,15 @@ class Checkpointer:
             _, state, data = self._cached
             self._cached = None
             return state, data
+        state, data, why = self._restore_checked(step, template)
+        if why is None:
+            return state, data
+        raise InputError(f"{self.directory / str(step)}: damaged checkpoint ({why}); pick "
+                         f"another --step, or resume the run to fall back to an intact one")
+
+    def _restore_checked(self, step: int, template: dict | None):
+        """(state, iterator state, None) of ``step``, restored and checked against its
+        digests, or (None, None, why it is damaged)."""
         why = self.problem(step)
         if why is None:
             try:
@@ -306,11 +315,10 @@ class Checkpointer:
                     state, data = self._restore(step, template)
                 why = self.verify(step)
                 if why is None:
-                    return state, data
-            except Exception as e:  # orbax/tensorstore/json: KeyError, ValueError, Exception…
+                    return state, data, None
+            except Exception as e:  # orbax/tensorstore/json: KeyError, ValueError, …
                 why = _why(e)
-        raise InputError(f"{self.directory / str(step)}: damaged checkpoint ({why}); pick "
-                         f"another --step, or resume the run to fall back to an intact one")
+        return None, None, why
 
     def restore_intact(self, template: dict | None = None, *, log=None) -> tuple[int, dict, dict]:
         """(step, state, iterator state) of the newest checkpoint that restores. Each newer
@@ -322,20 +330,13 @@ class Checkpointer:
             raise InputError(f"{self.directory}: no checkpoint; train (longer) first")
         self.skipped = []
         for step in steps:
-            why = self.problem(step)
+            state, data, why = self._restore_checked(step, template)
             if why is None:
-                try:
-                    with _quiet_failed_reads():
-                        state, data = self._restore(step, template)
-                    why = self.verify(step)
-                    if why is None:
-                        if self.unverified and self.unverified[-1] == step:
-                            log(f"note: checkpoint {step} in {self.directory} has no "
-                                f"{DIGESTS} (an older version wrote it, or the run ended "
-                                "before its digests): restored without checking them")
-                        return step, state, data
-                except Exception as e:  # orbax/tensorstore/json: KeyError, ValueError, …
-                    why = _why(e)
+                if self.unverified and self.unverified[-1] == step:
+                    log(f"note: checkpoint {step} in {self.directory} has no "
+                        f"{DIGESTS} (an older version wrote it, or the run ended "
+                        "before its digests): restored without checking them")
+                return step, state, data
             self.skipped.append((step, why))
             log(f"skipping checkpoint {step} in {self.directory}: {why}")
         raise InputError(f"{self.directory}: no intact checkpoint ("

@@ -32,6 +32,7 @@ that fails before its first step leaves no folder it made behind.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -303,11 +304,9 @@ class RunLock:
                                  "checkpoint), then --resume") from None
             # the holder we waited for may have removed the file (release): lock the one
             # at the path, not a stale inode
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
                     break
-            except FileNotFoundError:
-                pass
             os.close(fd)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -322,11 +321,9 @@ class RunLock:
         it gone and takes the one at the path) and unlock."""
         if self.fd is not None:
             path = self.run_dir / self.NAME
-            try:
+            with contextlib.suppress(OSError):
                 if os.path.samestat(os.fstat(self.fd), os.stat(path, follow_symlinks=False)):
                     path.unlink()
-            except OSError:
-                pass
             os.close(self.fd)
             self.fd = None
 
