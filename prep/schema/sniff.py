@@ -53,8 +53,7 @@ def kind(path: str | Path) -> str:
         if (p / "config.json").is_file() and (p / "checkpoints").is_dir():
             return "run"
         counts = Counter()
-        for i, f in enumerate(x for x in sorted(p.rglob("*")) if x.is_file()
-                              and not any(part.startswith(".") for part in x.relative_to(p).parts)):
+        for i, f in enumerate(_visible_files(p)):
             if i >= _SCAN:
                 break
             counts[kind(f)] += 1
@@ -82,6 +81,17 @@ def kind(path: str | Path) -> str:
     return "unknown"
 
 
+def _visible_files(p: Path) -> list[Path]:
+    """The files under ``p`` (sorted), none under a dot-named folder or dot-named; a folder
+    that cannot be read, or that vanishes during the walk (another program's temporary
+    files), is passed over."""
+    out = []
+    for root, dirs, files in os.walk(p, onerror=lambda e: None):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        out += [Path(root, f) for f in files if not f.startswith(".")]
+    return sorted(x for x in out if x.is_file())
+
+
 def _number(word: bytes) -> bool:
     try:
         float(word)
@@ -97,6 +107,8 @@ def advice(path: str | Path, k: str, command: str) -> str | None:
             "csv": "CSV", "matrix": "latency matrices (one N×N RTT matrix per file)",
             "shards": "a shards folder (the output of `prep shards`)",
             "run": "a training run folder", "empty": "empty", "unknown": "of an unknown format"}
+    if k == "folder:unknown":
+        what["unknown"] = "files of an unknown format"
     holds = f"{path} holds {what.get(base, base)}" if k.startswith("folder:") or base in (
         "parquet", "atlas", "matrix") else f"{path} is {what.get(base, base)}"
     if base == "parquet" and command != "prep shards":
