@@ -113,14 +113,19 @@ def _prep(*args: str) -> subprocess.Popen:
 
 
 def _descendants(pid: int) -> list[int]:
-    kids = []
+    parent = {}
     for d in Path("/proc").glob("[0-9]*"):
         try:
-            if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                kids.append(int(d.name))
-        except (OSError, ValueError, IndexError):
+            parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # gone meanwhile
             continue
-    return kids + [g for k in kids for g in _descendants(k)]
+    out, todo = [], [pid]
+    while todo:
+        at = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == at]
+        out += kids
+        todo += kids
+    return out
 
 
 def _worker_pids(pid: int) -> list[int]:
@@ -143,11 +148,17 @@ def test_a_worker_process_killed_mid_run_is_one_line_not_a_hang(raw, tmp_path):
     p = _prep("shards", str(raw), "--out", str(tmp_path / "out"), "--buckets", "8",
               "--runner", "beam", *(f"--beam-option={o}" for o in TWO_PROCESSES))
     end = time.monotonic() + 120
-    while not (workers := _worker_pids(p.pid)) and time.monotonic() < end and p.poll() is None:
+    while len(workers := _worker_pids(p.pid)) < 2 and time.monotonic() < end \
+            and p.poll() is None:
         time.sleep(0.05)
-    assert workers, "no worker process started"
+    assert len(workers) == 2, "the worker processes did not start"
     os.kill(workers[0], signal.SIGKILL)
-    _, err = p.communicate(timeout=60)  # not a hang
+    try:
+        _, err = p.communicate(timeout=60)  # not a hang
+    finally:
+        for pid in (p.pid, workers[1]):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
     assert p.returncode == 2
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: a Beam worker process exited mid-run (killed by signal "
@@ -156,7 +167,14 @@ def test_a_worker_process_killed_mid_run_is_one_line_not_a_hang(raw, tmp_path):
     log = Path(last.rsplit("the workers' log: ", 1)[1])
     log.unlink()
     assert not (tmp_path / "out").exists()  # the run removed the folder it made
-    assert _worker_pids(p.pid) == []
+    assert not _alive(workers[1])  # the run stopped its other worker before it ended
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_a_damaged_file_read_by_a_worker_process_is_one_line(tmp_path):
