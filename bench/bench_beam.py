@@ -10,6 +10,10 @@ Two pairs, each the same data, config and worker count, timed from call to retur
   fixed cost of starting the workers (each imports Beam and loads the Numba kernels), which
   the 2M-row figure includes.
 
+``beam.cpu_ratio_vs_local``: the first pair in CPU seconds (both run in this process), which
+other programs on a shared machine disturb far less than the wall time. (Not for the second
+pair: the local pool's workers are children of a fork server, whose CPU time never reaches
+this process.)
 ``*_identical_shards`` is 1.0 when every shard file and the manifest (timing fields aside)
 equal the local runner's.
 """
@@ -17,6 +21,7 @@ equal the local runner's.
 from __future__ import annotations
 
 import json
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -37,10 +42,17 @@ def _same(a: Path, b: Path) -> float:
     return float(files(a) == files(b) and manifest(a) == manifest(b))
 
 
-def _timed(fn, *args, **kw) -> float:
-    t = time.perf_counter()
+def _cpu_s() -> float:
+    """CPU seconds of this process and its ended children."""
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def _timed(fn, *args, **kw) -> tuple[float, float]:
+    """Wall and CPU seconds of ``fn(*args, **kw)``."""
+    t, c = time.perf_counter(), _cpu_s()
     fn(*args, **kw)
-    return time.perf_counter() - t
+    return time.perf_counter() - t, _cpu_s() - c
 
 
 def run() -> dict[str, float]:
@@ -60,17 +72,20 @@ def run() -> dict[str, float]:
         synth(SynthConfig(out=raw, rows=ROWS, probes=2000, days=1, seed=2))
         synth(SynthConfig(out=small, rows=2_000, probes=20, days=1, seed=2))
         warm_kernels(str(d))  # the Numba cache, so no run below compiles
-        local1 = _timed(run_shards, [raw], str(d / "local1"), cfg, workers=1, progress=False)
-        beam1 = _timed(run_beam, [raw], str(d / "beam1"), cfg, progress=False)
-        local2 = _timed(run_shards, [raw], str(d / "local2"), cfg, workers=2, progress=False)
-        mp2 = _timed(run_beam, [raw], str(d / "mp2"), cfg, beam_options_kv=TWO_PROCESSES,
-                     progress=False)
-        startup = _timed(run_beam, [small], str(d / "mp2-small"), cfg,
-                         beam_options_kv=TWO_PROCESSES, progress=False)
+        local1, local1_cpu = _timed(run_shards, [raw], str(d / "local1"), cfg, workers=1,
+                                    progress=False)
+        beam1, beam1_cpu = _timed(run_beam, [raw], str(d / "beam1"), cfg, progress=False)
+        local2, _ = _timed(run_shards, [raw], str(d / "local2"), cfg, workers=2,
+                                    progress=False)
+        mp2, _ = _timed(run_beam, [raw], str(d / "mp2"), cfg,
+                              beam_options_kv=TWO_PROCESSES, progress=False)
+        startup, _ = _timed(run_beam, [small], str(d / "mp2-small"), cfg,
+                            beam_options_kv=TWO_PROCESSES, progress=False)
         same1, same2 = _same(d / "local1", d / "beam1"), _same(d / "local2", d / "mp2")
     return {"beam.measurements_per_s": ROWS / beam1,
             "beam.local_1worker_measurements_per_s": ROWS / local1,
             "beam.slowdown_vs_local": beam1 / local1,
+            "beam.cpu_ratio_vs_local": beam1_cpu / local1_cpu,
             "beam.identical_shards": same1,
             "beam.mp2_measurements_per_s": ROWS / mp2,
             "beam.local_2workers_measurements_per_s": ROWS / local2,
