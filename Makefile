@@ -16,7 +16,7 @@ DAYS ?= 2
 SEED ?= 0
 WORKERS ?= 2
 
-.PHONY: setup shards test bench bench-gpu gpu-check clean
+.PHONY: setup shards test bench bench-gpu gpu-check wheel clean
 
 setup: $(STAMP)
 
@@ -51,6 +51,10 @@ bench-gpu: setup
 # shards of the built-in data; bench/results/gpu-<device>.json. On a CPU: says what it skips.
 gpu-check: setup
 	$(BIN)/python -m bench.gpu_check
+
+# This package as a wheel, for Beam workers on a cluster (README, "Beam on a cluster")
+wheel: setup
+	$(BIN)/python -m pip wheel -q --no-deps -w dist .
 
 clean:
 	rm -rf data shards runs

@@ -1,10 +1,58 @@
-"""Beam runner (in-process FnApiRunner) beside the local runner on the same 1M measurements."""
+"""`prep shards --runner beam` beside the local runner on the same 2M measurements: what the
+engine costs.
+
+Two pairs, each the same data, config and worker count, timed from call to return:
+
+- Beam's FnApiRunner in this process vs the local runner with one worker (``beam.*``);
+- Beam's FnApiRunner with 2 worker processes (``direct_running_mode=multi_processing``,
+  what a cluster runner does, on this machine) vs the local runner with 2 processes
+  (``beam.mp2_*``). ``beam.mp2_startup_s`` is the same Beam run on 2,000 measurements: the
+  fixed cost of starting the workers (each imports Beam and loads the Numba kernels), which
+  the 2M-row figure includes.
+
+``beam.cpu_ratio_vs_local``: the first pair in CPU seconds (both run in this process), which
+other programs on a shared machine disturb far less than the wall time. (Not for the second
+pair: the local pool's workers are children of a fork server, whose CPU time never reaches
+this process.)
+``*_identical_shards`` is 1.0 when every shard file and the manifest (timing fields aside)
+equal the local runner's.
+"""
 
 from __future__ import annotations
 
+import json
+import resource
 import tempfile
 import time
 from pathlib import Path
+
+ROWS = 2_000_000
+TWO_PROCESSES = ("direct_running_mode=multi_processing", "direct_num_workers=2")
+
+
+def _same(a: Path, b: Path) -> float:
+    """1.0 when both datasets hold the same shard bytes and the same manifest records."""
+    def files(d):
+        return {p.relative_to(d): p.read_bytes() for p in d.rglob("*.array_record")}
+
+    def manifest(d):
+        m = json.loads((d / "manifest.json").read_text())
+        return {k: v for k, v in m.items() if k not in ("elapsed_s", "timing")}
+
+    return float(files(a) == files(b) and manifest(a) == manifest(b))
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its ended children."""
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def _timed(fn, *args, **kw) -> tuple[float, float]:
+    """Wall and CPU seconds of ``fn(*args, **kw)``."""
+    t, c = time.perf_counter(), _cpu_s()
+    fn(*args, **kw)
+    return time.perf_counter() - t, _cpu_s() - c
 
 
 def run() -> dict[str, float]:
@@ -14,24 +62,33 @@ def run() -> dict[str, float]:
         return {}
     from prep.ingest.synth import SynthConfig, synth
     from prep.shards.beam_runner import run_beam
-    from prep.shards.bucket import ShardsConfig
+    from prep.shards.bucket import ShardsConfig, warm_kernels
     from prep.shards.local_runner import run_shards
 
-    rows = 1_000_000
     cfg = ShardsConfig()
-    with tempfile.TemporaryDirectory() as d:
-        raw = str(Path(d) / "raw")
-        synth(SynthConfig(out=raw, rows=rows, probes=1000, days=1, seed=2))
-        run_shards([raw], str(Path(d) / "warm"), cfg, workers=1, progress=False)  # Numba cache
-        t = time.perf_counter()
-        run_shards([raw], str(Path(d) / "local"), cfg, workers=1, progress=False)
-        local = time.perf_counter() - t
-        t = time.perf_counter()
-        run_beam([raw], str(Path(d) / "beam"), cfg, progress=False)
-        beam = time.perf_counter() - t
-        same = all((Path(d) / "local" / p.relative_to(Path(d) / "beam")).read_bytes() == p.read_bytes()
-                   for p in (Path(d) / "beam").rglob("*.array_record"))
-    return {"beam.measurements_per_s": rows / beam,
-            "beam.local_1worker_measurements_per_s": rows / local,
-            "beam.slowdown_vs_local": beam / local,
-            "beam.identical_shards": float(same)}
+    with tempfile.TemporaryDirectory() as t:
+        d = Path(t)
+        raw, small = str(d / "raw"), str(d / "small")
+        synth(SynthConfig(out=raw, rows=ROWS, probes=2000, days=1, seed=2))
+        synth(SynthConfig(out=small, rows=2_000, probes=20, days=1, seed=2))
+        warm_kernels(str(d))  # the Numba cache, so no run below compiles
+        local1, local1_cpu = _timed(run_shards, [raw], str(d / "local1"), cfg, workers=1,
+                                    progress=False)
+        beam1, beam1_cpu = _timed(run_beam, [raw], str(d / "beam1"), cfg, progress=False)
+        local2, _ = _timed(run_shards, [raw], str(d / "local2"), cfg, workers=2,
+                                    progress=False)
+        mp2, _ = _timed(run_beam, [raw], str(d / "mp2"), cfg,
+                              beam_options_kv=TWO_PROCESSES, progress=False)
+        startup, _ = _timed(run_beam, [small], str(d / "mp2-small"), cfg,
+                            beam_options_kv=TWO_PROCESSES, progress=False)
+        same1, same2 = _same(d / "local1", d / "beam1"), _same(d / "local2", d / "mp2")
+    return {"beam.measurements_per_s": ROWS / beam1,
+            "beam.local_1worker_measurements_per_s": ROWS / local1,
+            "beam.slowdown_vs_local": beam1 / local1,
+            "beam.cpu_ratio_vs_local": beam1_cpu / local1_cpu,
+            "beam.identical_shards": same1,
+            "beam.mp2_measurements_per_s": ROWS / mp2,
+            "beam.local_2workers_measurements_per_s": ROWS / local2,
+            "beam.mp2_slowdown_vs_local_2workers": mp2 / local2,
+            "beam.mp2_startup_s": startup,
+            "beam.mp2_identical_shards": same2}

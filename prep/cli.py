@@ -197,7 +197,8 @@ def import_matrix(inputs, out, interval, unit, start, overwrite, as_json, quiet)
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--out", required=True, help="Folder for train/, test/ and manifest.json.")
 @click.option("--workers", default=0, show_default="0: one per core", type=click.IntRange(0),
-              help="Processes; never changes the output bytes.")
+              help="Processes (--runner local; for Beam's, --beam-option "
+                   "direct_num_workers=N); never changes the output bytes.")
 @click.option("--seed", default=0, show_default=True, help="Seeds the encoding and the cuts.")
 @click.option("--test-fraction", default=0.1, show_default=True, type=click.FloatRange(0, 1),
               help="Share of probes held out for test (--split probe, time+probe); with a "
@@ -231,7 +232,10 @@ def import_matrix(inputs, out, interval, unit, start, overwrite, as_json, quiet)
 @click.option("--runner", type=click.Choice(["local", "beam"]), default="local", show_default=True,
               help="local: a process pool; beam: Apache Beam (same bytes; needs ping-pack[beam]).")
 @click.option("--beam-option", "beam_options", multiple=True, metavar="KEY=VALUE",
-              help="Beam pipeline option, repeatable (runner=DataflowRunner, project=…).")
+              help="Beam pipeline option, repeatable: direct_running_mode=multi_processing "
+                   "with direct_num_workers=N runs N worker processes here; runner="
+                   "DataflowRunner with project=…, region=…, temp_location=gs://…, "
+                   "extra_package=dist/ping_pack-….whl runs on Dataflow (README).")
 @click.option("--overwrite", is_flag=True,
               help="Replace the dataset already in --out; it stays intact until the new one "
                    "is complete.")
@@ -243,8 +247,10 @@ def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row
     """Validate, tokenize and pack INPUT parquet files or folders into shards in --out.
 
     \b
-    Example:
+    Examples:
       prep shards data/atlas --out shards --split time --test-from 2026-01-02
+      prep shards data/raw --out shards --runner beam \\
+          --beam-option direct_running_mode=multi_processing --beam-option direct_num_workers=2
     """
     import signal
 

@@ -9,8 +9,8 @@ The pipeline is the local runner's two passes with Beam doing the shuffle:
    ``<stage>/read/unit-<n>.json``. Elements are ints and bytes with Beam's own coders: no pickle
    of data.
 3. ``GroupByKey``: a bucket's pieces meet on one worker (memory bounded by the bucket).
-4. ``ParDo(BucketFn)``: the very ``prep.shards.bucket.process_bucket`` the local pool calls, writing
-   that bucket's shards under names derived from the bucket (temp, then rename) and its
+4. ``ParDo(BucketFn)``: the very ``prep.shards.bucket.process_bucket`` the local pool calls,
+   writing that bucket's shards under names derived from the bucket (temp, then rename) and its
    result to ``<stage>/results/bucket-<b>.json``. ``setup`` warms the Numba kernels once
    per worker. Beam's file sinks are not used: their shard assignment is random.
 
@@ -19,11 +19,16 @@ any bucket is written: ``read_unit`` then also emits, on the tagged output ``min
 unit's per-minute histogram as ``(minute, count)`` pairs; ``CombinePerKey(sum)`` and
 ``ToList`` gather them into one list, ``resolve_cutoff`` turns it into the cutoff (the
 local runner's very rule, ``prep.schema.splits.default_cutoff``) and records it in
-``<stage>/cutoff.json`` for the manifest (a shared folder, as for the shards), and ``BucketFn`` takes it as a singleton side
-input, so every bucket uses the same resolved config as the local runner would.
+``<stage>/cutoff.json`` for the manifest (a shared folder, as for the shards), and
+``BucketFn`` takes it as a singleton side input, so every bucket uses the same resolved
+config as the local runner would.
 
-This module holds only that pipeline and the reading back of its JSON files
-(``BeamPasses``); the frame around it is the local runner's very one
+This module is the driver's side: the pipeline built and run, its JSON files read back
+(``BeamPasses``), a failed pipeline turned into one line (``pipeline_error``). What runs on
+the workers is prep.shards.beam_worker: module-level functions and a DoFn that Beam
+pickles by reference, elements of JSON text, ints and bytes, and ``Stage``, the one place
+where the staging folder is reached, so no worker needs anything from the driver's memory.
+The frame around the pipeline is the local runner's very one
 (``prep.shards.dataset.build``: the inputs listed and hashed, the start line, the manifest
 built and the staging folder published by prep.jobs.outdir: lock, ``--overwrite``, the
 swap), so both give byte-identical shards and the same manifest (timing fields aside).
@@ -31,23 +36,42 @@ A failed pipeline publishes nothing: its staging folder
 ``<out>/.tmp-beam-<pid>-<token>`` is removed (or, if the driver was killed, by the next
 run), and a dataset already in ``<out>`` stays as it was.
 
-Runners: the default is Beam's in-process ``FnApiRunner`` (pinned: Beam's default local
-runner would try to download a binary at run time). ``--beam-option runner=...`` picks
-another (Dataflow, Flink, Spark); then ``--out`` must be a folder every worker can write,
-e.g. a shared filesystem mount, since ArrayRecord writes local paths.
+Failures are one line (``pipeline_error``): a worker's InputError as the worker said it,
+else the last line of its error. With worker processes here (multi_processing), the
+pipeline runs on a helper thread (``run_watched``): Beam's local runner would wait for ever
+for a worker process that died, and the workers' stderr (start-up chatter, tracebacks) goes
+to a log file that the error line names; ``--beam-option default_sdk_harness_log_level=INFO``
+shows it all on stderr instead.
+
+Runners: the default is Beam's ``FnApiRunner`` (pinned: Beam's default local runner,
+Prism, would download a binary at run time), in this process; with
+``--beam-option direct_running_mode=multi_processing --beam-option direct_num_workers=N`` it
+runs the workers as N separate Python processes (``tests/test_beam.py`` holds their shards
+to the local runner's). ``--beam-option runner=...`` picks another (Dataflow, Flink,
+Spark); then ``--out`` must be a folder every worker can write, e.g. a shared filesystem
+mount, since ArrayRecord writes local paths, and the workers need this package installed
+(README, "Beam on a cluster").
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
-from dataclasses import replace
+import re
+import signal
+import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-
-from prep.shards.bucket import ShardsConfig, bucket_of, process_bucket
+from prep.jobs.signals import signals_blocked
+from prep.schema.errors import InputError
+from prep.schema.measurements import empty
+from prep.schema.words import count
+from prep.shards.bucket import ShardsConfig, process_bucket
 from prep.shards.dataset import (
     Passes,
     add_read_counts,
@@ -55,12 +79,8 @@ from prep.shards.dataset import (
     config_to_json,
     needs_cutoff,
     new_read_counts,
+    own_rss_mb,
 )
-from prep.schema.errors import InputError
-from prep.schema.measurements import ARROW_SCHEMA, DTYPES, Measurements, empty, from_arrow, to_arrow
-from prep.schema.splits import default_cutoff, merge_histograms, minute_histogram
-from prep.schema.validate import validated_batches
-from prep.schema.words import count
 
 
 def _import_beam():
@@ -72,109 +92,46 @@ def _import_beam():
     return beam
 
 
-def _to_ipc(m: Measurements) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, ARROW_SCHEMA) as w:
-        w.write_batch(to_arrow(m))
-    return sink.getvalue().to_pybytes()
-
-
-def _from_ipc(blobs) -> Measurements:
-    tables = [pa.ipc.open_stream(pa.py_buffer(b)).read_all() for b in blobs]
-    return from_arrow(pa.concat_tables(tables) if tables else None)
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, sort_keys=True))
-    os.replace(tmp, path)  # a retried bundle rewrites the same file: idempotent
-
-
-def read_unit(task: str, stage: str, n_buckets: int, with_minutes: bool = False):
-    """Validate one unit; yield (bucket, IPC bytes) per batch and bucket; record its counts.
-    With ``with_minutes``, also its per-minute histogram on the tagged output ``minutes``."""
-    unit, parts = json.loads(task)
-    counts = new_read_counts()
-    hists = []
-    for path, row_groups in parts:
-        for batch in validated_batches(path, row_groups):
-            m = batch.measurements
-            add_read_counts(counts, batch.counts())
-            if with_minutes:
-                hists.append(minute_histogram(m.time))
-            b = bucket_of(m.probe, n_buckets)
-            for bucket in np.unique(b):
-                yield int(bucket), _to_ipc(m.take(np.flatnonzero(b == bucket)))
-    if with_minutes:
-        beam = _import_beam()
-        for minute, n in zip(*(a.tolist() for a in merge_histograms(hists))):
-            yield beam.pvalue.TaggedOutput("minutes", (minute, n))
-    _write_json(Path(stage) / "read" / f"unit-{unit:06d}.json", counts)
-
-
-def resolve_cutoff(pairs, test_fraction: float, stage: str) -> int:
-    """The default cutoff from all units' (minute, count) pairs; recorded for the driver."""
-    pairs = sorted(pairs)
-    cutoff = default_cutoff([p[0] for p in pairs], [p[1] for p in pairs], test_fraction)
-    _write_json(Path(stage) / "cutoff.json", {"test_from": cutoff})
-    return cutoff
-
-
-def _bucket_fn(beam):
-    class BucketFn(beam.DoFn):
-        def __init__(self, cfg_json: str, stage: str):
-            self.cfg_json, self.stage = cfg_json, stage
-
-        def setup(self):
-            from prep.shards.dataset import config_from_dict
-
-            self.cfg = config_from_dict(json.loads(self.cfg_json))
-            _warm_up(self.cfg)
-
-        def process(self, element, cutoff=None):
-            bucket, blobs = element
-            cfg = self.cfg if cutoff is None else replace(self.cfg, test_from=int(cutoff))
-            result = process_bucket(bucket, _from_ipc(blobs), cfg, self.stage)
-            _write_json(Path(self.stage) / "results" / f"bucket-{bucket:05d}.json", result)
-            yield bucket
-
-    return BucketFn
-
-
-def _warm_up(cfg: ShardsConfig) -> None:
-    """Compile (or load from cache) the Numba kernels once per worker, not per bundle."""
-    import tempfile
-
-    cfg = replace(cfg, split="probe", test_from=None)  # the kernels do not depend on the split
-    m = Measurements(**{k: np.zeros(2, dt) for k, dt in DTYPES.items()} | {
-        "probe": np.ones(2, np.uint64), "time": np.array([0, 60], np.int64),
-        "family": np.full(2, 4, np.uint8), "src_lo": np.ones(2, np.uint64),
-        "dst_lo": np.full(2, 2, np.uint64), "rtt": np.array([1.0, -1.0])})
-    with tempfile.TemporaryDirectory() as d:
-        process_bucket(0, m, cfg, d)
-
-
 def beam_options(pairs: list[str]):
     """PipelineOptions and runner from KEY=VALUE pairs (``runner`` picks the runner)."""
     beam = _import_beam()
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    flags, runner = [], None
+    flags, runner, keys = [], None, set()
     for p in pairs:
         key, sep, value = p.partition("=")
         if not sep or not key:
             raise InputError(f"--beam-option {p!r}: expected KEY=VALUE, e.g. runner=DataflowRunner")
+        keys.add(key)
         if key == "runner":
             runner = value
         else:
             flags.append(f"--{key}={value}")
+    if runner is None and "default_sdk_harness_log_level" not in keys:
+        # worker processes (multi_processing) would log a dozen INFO lines each, and a
+        # failure as a traceback, which the run says in one line (pipeline_error)
+        flags.append("--default_sdk_harness_log_level=CRITICAL")
+    options = PipelineOptions(flags)
     if runner is None:
-        # Pinned: the default DirectRunner may pick the Prism runner, which downloads a binary.
-        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+        runner = _local_runner(options)
+    return beam, options, runner
 
-        runner = FnApiRunner()
-    return beam, PipelineOptions(flags), runner
+
+def _local_runner(options):
+    """Beam's FnApiRunner, pinned: the default DirectRunner may pick the Prism runner, which
+    downloads a binary. Its worker processes (multi_processing) get the harness log level,
+    which the FnApiRunner by itself does not hand them (they get no pipeline options)."""
+    from apache_beam.options.pipeline_options import WorkerOptions
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from apache_beam.runners.portability.fn_api_runner.fn_runner import ExtendedProvisionInfo
+    from google.protobuf import struct_pb2
+
+    given = struct_pb2.Struct()  # strings only: a Struct holds every number as a float
+    given.update({"default_sdk_harness_log_level":
+                  options.view_as(WorkerOptions).default_sdk_harness_log_level})
+    return FnApiRunner(provision_info=ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(
+        retrieval_token="unused-retrieval-token", pipeline_options=given)))
 
 
 def run_beam(inputs: list[str], out: str, cfg: ShardsConfig, *, beam_options_kv=(),
@@ -194,26 +151,95 @@ class BeamPasses(Passes):
 
     def __init__(self, beam, options, beam_runner):
         self.beam, self.options, self.beam_runner = beam, options, beam_runner
+        self.workers: set[str] = set()  # host:pid of every process that read a unit or a bucket
+        self.rss_read, self.rss_buckets = [], []
+
+    def local_mode(self) -> str | None:
+        """Beam's local runner's mode (in_memory, multi_threading, multi_processing), or
+        None for another runner."""
+        from apache_beam.options.pipeline_options import DirectOptions
+
+        if isinstance(self.beam_runner, str):
+            return None
+        return self.options.view_as(DirectOptions).direct_running_mode or "in_memory"
+
+    def runner_name(self) -> str:
+        """The runner, and for Beam's local runner its mode and workers."""
+        from apache_beam.options.pipeline_options import DirectOptions
+
+        mode = self.local_mode()
+        if mode is None:
+            return self.beam_runner
+        n = self.options.view_as(DirectOptions).direct_num_workers or os.cpu_count()  # 0: all
+        return f"{type(self.beam_runner).__name__}, {mode}" + (
+            f", {count(n, 'worker')}" if mode != "in_memory" else "")
 
     def describe(self, n_files: int, rows: int) -> str:
-        r = self.beam_runner
-        return (f"prep shards (beam, {type(r).__name__ if not isinstance(r, str) else r}): "
+        return (f"prep shards (beam, {self.runner_name()}): "
                 f"{count(n_files, 'input file')}, {count(rows, 'row')}")
 
     def timing(self) -> dict:
-        return {"runner": "beam", "workers": None, "read_s": None, "peak_rss_mb": None}
+        # the passes overlap in a pipeline: no read_s; per worker process, the largest
+        return {"runner": "beam", "beam_runner": self.runner_name(),
+                "workers": len(self.workers), "read_s": None,
+                "peak_rss_mb": {"main": own_rss_mb(), "read": max(self.rss_read, default=0.0),
+                                "buckets": max(self.rss_buckets, default=0.0)}}
 
     def run(self, od, units: list, rows_total: int, cfg: ShardsConfig,
             t0: float) -> tuple[ShardsConfig, dict, list[dict]]:
-        beam, stage = self.beam, od.stage
+        from apache_beam.options.pipeline_options import WorkerOptions
+
+        from prep.shards.beam_worker import Stage
+
+        stage = Stage(str(od.stage))
+        pipeline = functools.partial(self._pipeline, units, cfg, stage.location)
+        log = None
+        if self.local_mode() == "multi_processing" and self.options.view_as(
+                WorkerOptions).default_sdk_harness_log_level == "CRITICAL":  # not asked for
+            log = Path(tempfile.gettempdir()) / f"prep-beam-workers-{os.getpid()}.log"
+        try:
+            run_watched(pipeline, log) if self.local_mode() == "multi_processing" else pipeline()
+        except InputError as e:
+            raise InputError(f"{e}{_see(log)}") from None
+        except Exception as e:  # a worker's error reaches here as text, with its traceback
+            raise InputError(pipeline_error(e, od.path) + _see(log)) from None
+        except BaseException:
+            _remove(log)
+            raise
+        _remove(log)
+        if needs_cutoff(cfg):
+            cfg = self.found_cutoff(cfg, stage.read_json("cutoff.json")["test_from"])
+
+        read = new_read_counts()
+        for r in stage.read_jsons("read", "unit-*.json"):
+            add_read_counts(read, r)
+            self.workers.add(r["worker"])
+            self.rss_read.append(r["peak_rss_mb"])
+        results = {}
+        for r in stage.read_jsons("results", "bucket-*.json"):
+            self.workers.add(r.pop("worker"))
+            self.rss_buckets.append(r.pop("peak_rss_mb"))
+            results[r["bucket"]] = r
+        for b in range(cfg.n_buckets):  # a bucket no row hashed to never reached a worker
+            if b not in results:
+                with stage.shard_dir() as d:  # writes no file: no measurements
+                    results[b] = process_bucket(b, empty(), cfg, d)
+        if read["rows_in"] != rows_total:
+            raise InputError(f"{od.path}: the pipeline read {read['rows_in']:,} of {rows_total:,} "
+                             "rows; re-run `prep shards`")
+        return cfg, read, [results[b] for b in sorted(results)]
+
+    def _pipeline(self, units: list, cfg: ShardsConfig, stage: str) -> None:
+        """The pipeline of the module docstring, run to its end."""
+        from prep.shards.beam_worker import BucketFn, read_unit, resolve_cutoff
+
+        beam = self.beam
         tasks = [json.dumps([i, parts]) for i, parts in enumerate(units)]
-        BucketFn = _bucket_fn(beam)
         want_cutoff = needs_cutoff(cfg)
         with beam.Pipeline(runner=self.beam_runner, options=self.options) as p:
             routed = (p
                       | "units" >> beam.Create(tasks)
-                      | "read+route" >> beam.FlatMap(read_unit, str(stage), cfg.n_buckets,
-                                                     want_cutoff)
+                      | "read+route" >> beam.FlatMap(read_unit, stage, cfg.n_buckets, want_cutoff)
                           .with_output_types(tuple[int, bytes])  # the main output's coders
                           .with_outputs("minutes", main="rows"))
             side = []
@@ -221,26 +247,151 @@ class BeamPasses(Passes):
                 cutoff = (routed.minutes
                           | "minutes" >> beam.CombinePerKey(sum)
                           | "all minutes" >> beam.combiners.ToList()
-                          | "cutoff" >> beam.Map(resolve_cutoff, cfg.test_fraction, str(stage)))
+                          | "cutoff" >> beam.Map(resolve_cutoff, cfg.test_fraction, stage))
                 side = [beam.pvalue.AsSingleton(cutoff)]
             _ = (routed.rows
                  | "by bucket" >> beam.GroupByKey()
-                 | "bucket" >> beam.ParDo(BucketFn(config_to_json(cfg), str(stage)), *side))
-        if want_cutoff:
-            cutoff = json.loads((stage / "cutoff.json").read_text())["test_from"]
-            cfg = self.found_cutoff(cfg, cutoff)
+                 | "bucket" >> beam.ParDo(BucketFn(config_to_json(cfg), stage), *side))
 
-        read = new_read_counts()
-        for f in sorted((stage / "read").glob("unit-*.json")):
-            add_read_counts(read, json.loads(f.read_text()))
-        results = {}
-        for f in sorted((stage / "results").glob("bucket-*.json")):
-            r = json.loads(f.read_text())
-            results[r["bucket"]] = r
-        for b in range(cfg.n_buckets):  # a bucket no row hashed to never reached a worker
-            if b not in results:
-                results[b] = process_bucket(b, empty(), cfg, str(stage))
-        if read["rows_in"] != rows_total:
-            raise InputError(f"{od.path}: the pipeline read {read['rows_in']:,} of {rows_total:,} "
-                             "rows; re-run `prep shards`")
-        return cfg, read, [results[b] for b in sorted(results)]
+
+def pipeline_error(e: Exception, out) -> str:
+    """One line for a failed pipeline: a worker's own InputError as it said it (it names the
+    file and the fix), else the last line of what the worker raised."""
+    text = str(e)
+    said = re.findall(r"InputError: (.+?)(?: \[while running '[^']*'\])?$", text, re.MULTILINE)
+    if said:
+        return f"{said[-1]} (on a Beam worker; nothing was published)"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(e).__name__]
+    return (f"{out}: the Beam pipeline failed: {lines[-1]}; nothing was published; fix that "
+            "and re-run `prep shards`")
+
+
+class WorkerDied(InputError):
+    """A worker process of Beam's local runner (multi_processing) exited mid-run."""
+
+
+def _see(log: Path | None) -> str:
+    return f"; the workers' log: {log}" if log is not None and log.exists() else ""
+
+
+def _remove(log: Path | None) -> None:
+    if log is not None:
+        log.unlink(missing_ok=True)
+
+
+def run_watched(pipeline, log: Path | None = None) -> None:
+    """Run ``pipeline()`` on a helper thread while this (main) thread waits in short steps;
+    with ``log``, what the worker processes (and Beam here) write on stderr goes to that
+    file: a worker prints each failure as a traceback, which the run says in one line.
+
+    Beam's FnApiRunner waits without end for a worker process that died (killed by the OOM
+    killer, say): its bundle's reply never comes, and the only trace is an exception in
+    the thread that started the process. Here that exception ends the run (``WorkerDied``),
+    and SIGINT/SIGTERM reach the main thread whatever Beam waits on (the helper thread and
+    the threads it starts block them). Either way the worker processes this process
+    started are stopped before the error goes up, so none writes into a folder being
+    removed."""
+    died: list[str] = []
+    stopping = threading.Event()
+    old_hook = threading.excepthook
+
+    def hook(args):
+        if "Worker subprocess exited with return code" in str(args.exc_value):
+            died.append(str(args.exc_value))
+        elif not stopping.is_set() and args.exc_type.__name__ != "RpcError":
+            old_hook(args)
+        # a gRPC stream closed under Beam's threads: a worker's death, said once by the above
+
+    # the same echo, as a log line of the runner's data plane
+    quiet = logging.getLogger("apache_beam.runners.worker.data_plane")
+    quiet_level = quiet.level
+
+    box: dict = {}
+
+    def target():
+        try:
+            pipeline()
+        except BaseException as e:  # handed to the main thread, which raises it
+            box["error"] = e
+
+    threading.excepthook = hook
+    quiet.setLevel(logging.CRITICAL)
+    saved = None
+    if log is not None:  # workers started meanwhile inherit this stderr
+        sys.stderr.flush()
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        saved = os.dup(2)
+        os.dup2(fd, 2)
+        os.close(fd)
+    try:
+        with signals_blocked():
+            t = threading.Thread(target=target, name="beam-pipeline", daemon=True)
+            t.start()
+        while t.is_alive():
+            t.join(0.2)
+            if died:
+                code = int(died[0].rsplit(" ", 1)[-1])
+                raise WorkerDied(
+                    f"a Beam worker process exited mid-run ({_exit_cause(code)}); nothing "
+                    "was published; re-run `prep shards`, with more --buckets if it ran "
+                    "out of memory")
+    except BaseException:
+        stopping.set()
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+        _stop_worker_processes()
+        raise
+    finally:
+        if saved is not None:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        if not stopping.is_set():  # else Beam's threads still have errors to echo
+            threading.excepthook = old_hook
+            quiet.setLevel(quiet_level)
+    if "error" in box:
+        raise box["error"]
+
+
+def _exit_cause(code: int) -> str:
+    if code < 0 or code > 128:
+        n = -code if code < 0 else code - 128
+        with_name = signal.Signals(n).name if n in signal.Signals._value2member_map_ else n
+        return f"killed by signal {with_name}" + (", e.g. by the OOM killer" if n == 9 else "")
+    return f"exit code {code}"
+
+
+def _stop_worker_processes(timeout: float = 5.0) -> None:
+    """SIGKILL the SDK worker processes this process started (Beam starts each as
+    ``/bin/sh -c python -m apache_beam.runners.worker.sdk_worker_main``), and their children;
+    wait until they are gone. Linux (/proc); elsewhere nothing is found."""
+    pids = _children(os.getpid(), "sdk_worker_main")
+    pids += [c for p in pids for c in _children(p)]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+
+
+def _children(parent: int, marker: str = "") -> list[int]:
+    out = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (d / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == parent and marker.encode() in (d / "cmdline").read_bytes():
+                out.append(int(d.name))
+        except (OSError, ValueError, IndexError):  # gone meanwhile, or not ours to read
+            continue
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has stopped; its parent reaps it

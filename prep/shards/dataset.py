@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import math
+import resource
 import sys
 import tempfile
 import threading
@@ -362,3 +364,14 @@ def file_info(p: Path, stop: threading.Event | None = None) -> dict:
                 break  # the run failed: the caller no longer waits for this
             h.update(chunk)
     return {"name": str(p), "size": p.stat().st_size, "sha256": h.hexdigest()}
+
+
+def own_rss_mb() -> float:
+    """This process's peak RSS. VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the
+    parent across exec, so a big parent (a benchmark harness) would show up as ours."""
+    with contextlib.suppress(OSError):  # not Linux: fall back to getrusage below
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

@@ -28,9 +28,7 @@ the file or bucket it was on, the workers stop with the run and die with the dri
 
 from __future__ import annotations
 
-import contextlib
 import json
-import resource
 import shutil
 import sys
 import time
@@ -40,6 +38,13 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
+from prep.jobs import outdir
+from prep.jobs.pool import Pool, WorkerDied
+from prep.schema.errors import InputError
+from prep.schema.measurements import ARROW_SCHEMA, FIELDS, Measurements, from_arrow
+from prep.schema.splits import MinuteHistogram, default_cutoff, minute_histogram
+from prep.schema.validate import validated_batches
+from prep.schema.words import count
 from prep.shards.bucket import ShardsConfig, bucket_of, process_bucket
 from prep.shards.dataset import (
     Passes,
@@ -49,14 +54,8 @@ from prep.shards.dataset import (
     config_to_json,
     needs_cutoff,
     new_read_counts,
+    own_rss_mb,
 )
-from prep.jobs import outdir
-from prep.jobs.pool import Pool, WorkerDied
-from prep.schema.errors import InputError
-from prep.schema.measurements import ARROW_SCHEMA, FIELDS, Measurements, from_arrow
-from prep.schema.splits import MinuteHistogram, default_cutoff, minute_histogram
-from prep.schema.validate import validated_batches
-from prep.schema.words import count
 
 # LZ4 halves the spill's CPU in the kernel (page-cache writes are dear on small VMs) and
 # shrinks it 2.8x, for +0.3 s of user time per 10M rows.
@@ -93,7 +92,7 @@ class LocalPasses(Passes):
         # Per process (the largest), as each pass ended; each worker process serves both
         # passes, so the second includes the first.
         return {"workers": self.workers, "read_s": round(self.read_s, 3),
-                "peak_rss_mb": {"main": _own_rss_mb(), "read": max(self.rss_read),
+                "peak_rss_mb": {"main": own_rss_mb(), "read": max(self.rss_read),
                                 "buckets": max(self.rss_buckets, default=0.0)}}
 
     def run(self, od: outdir.OutDir, units: list, rows_total: int, cfg: ShardsConfig,
@@ -115,7 +114,7 @@ class LocalPasses(Passes):
         minutes = MinuteHistogram()
         tasks = [(i, parts, str(stage), cfg.n_buckets, want_cutoff)
                  for i, parts in enumerate(units)]
-        self.rss_read = [_own_rss_mb()]
+        self.rss_read = [own_rss_mb()]
         with tqdm(total=rows_total, unit="meas", unit_scale=True, desc="read + route",
                   disable=not self.progress, file=sys.stderr) as bar:
             labels = [", ".join(p for p, _ in parts) for parts in units]
@@ -193,7 +192,7 @@ def _spill_unit(task) -> dict:
     finally:
         for w in writers.values():
             w.close()
-    result = read | {"peak_rss_mb": _own_rss_mb()}
+    result = read | {"peak_rss_mb": own_rss_mb()}
     if want_minutes:  # plain lists: pool results stay plain data
         result["minutes"] = [a.tolist() for a in minutes.result()]
     return result
@@ -219,15 +218,4 @@ def _bucket_task(task) -> dict:
     m = load_bucket(Path(stage), bucket)
     shutil.rmtree(Path(stage) / "spill" / f"b{bucket:05d}", ignore_errors=True)
     result = process_bucket(bucket, m, cfg, stage)
-    return result | {"peak_rss_mb": _own_rss_mb()}
-
-
-def _own_rss_mb() -> float:
-    """This process's peak RSS. VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the
-    parent across exec, so a big parent (a benchmark harness) would show up as ours."""
-    with contextlib.suppress(OSError):  # not Linux: fall back to getrusage below
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return result | {"peak_rss_mb": own_rss_mb()}

@@ -1,0 +1,156 @@
+"""What the Beam pipeline of `prep shards --runner beam` runs on its workers.
+
+A worker gets nothing from the driver's memory: everything it needs travels in the
+pipeline or is read from files it can read. The steps are module-level functions and one
+DoFn class, which Beam pickles by reference (module and name), so a worker runs the code of
+*its own* installed ``prep`` (the same wheel as the driver's: README, "Beam on a cluster"),
+never a copy of the driver's objects. The elements are JSON text, ints and Arrow IPC bytes:
+
+- a read task: ``'[unit, [[path, [row group, …]], …]]'`` (JSON; prep.shards.dataset.read_units);
+- the config: ``ShardsConfig`` as JSON (prep.shards.dataset.config_to_json), a DoFn argument;
+- the staging folder's location, a string, opened with ``Stage`` on the worker;
+- a time split's cutoff: an int, as a side input.
+
+``Stage`` is the one place the workers (and the driver, reading back) touch the run's
+output: the shards (``shard_dir``), each unit's read counts, each bucket's result and the
+cutoff (``write_json``, ``read_jsons``). Today it is a local folder, which on a cluster
+must be a mount every worker and the driver see; an object-store stage (``s3://``,
+``gs://``) goes in here, without touching the pipeline: ``shard_dir`` would hand out a local
+temporary folder and upload what was written in it on exit.
+
+Each worker also puts its identity (``host:pid``) and peak RSS in the JSON it writes, so
+the driver can say how many processes did the work (the manifest's ``timing``).
+
+This module imports Apache Beam at the top: prep.shards.beam_runner imports it only once
+Beam is known to be installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from prep.schema.measurements import ARROW_SCHEMA, DTYPES, Measurements, from_arrow, to_arrow
+from prep.schema.splits import default_cutoff, merge_histograms, minute_histogram
+from prep.schema.validate import validated_batches
+from prep.shards.bucket import ShardsConfig, bucket_of, process_bucket
+from prep.shards.dataset import add_read_counts, config_from_dict, new_read_counts, own_rss_mb
+
+
+class Stage:
+    """The run's staging folder, as workers and the driver reach it (the module docstring)."""
+
+    def __init__(self, location: str):
+        self.location = location
+        self.path = Path(location)
+
+    def write_json(self, name: str, obj: dict) -> None:
+        """``name`` (e.g. ``results/bucket-00003.json``) written whole: temp, then rename, so a
+        retried bundle rewrites the same file and a reader never sees half of one."""
+        path = self.path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(obj, sort_keys=True))
+        os.replace(tmp, path)
+
+    def read_json(self, name: str) -> dict:
+        return json.loads((self.path / name).read_text())
+
+    def read_jsons(self, folder: str, pattern: str) -> list[dict]:
+        """Every ``folder/pattern`` file, by name."""
+        return [json.loads(f.read_text()) for f in sorted((self.path / folder).glob(pattern))]
+
+    @contextlib.contextmanager
+    def shard_dir(self):
+        """The local folder ``process_bucket`` writes its ``train/`` and ``test/`` shards
+        under: the staging folder itself."""
+        yield str(self.path)
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def to_ipc(m: Measurements) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, ARROW_SCHEMA) as w:
+        w.write_batch(to_arrow(m))
+    return sink.getvalue().to_pybytes()
+
+
+def from_ipc(blobs) -> Measurements:
+    tables = [pa.ipc.open_stream(pa.py_buffer(b)).read_all() for b in blobs]
+    return from_arrow(pa.concat_tables(tables) if tables else None)
+
+
+def read_unit(task: str, stage: str, n_buckets: int, with_minutes: bool = False):
+    """Validate one unit; yield (bucket, IPC bytes) per batch and bucket; record its counts
+    in ``read/unit-<n>.json``. With ``with_minutes``, also its per-minute histogram on the
+    tagged output ``minutes``."""
+    unit, parts = json.loads(task)
+    counts = new_read_counts()
+    hists = []
+    for path, row_groups in parts:
+        for batch in validated_batches(path, row_groups):
+            m = batch.measurements
+            add_read_counts(counts, batch.counts())
+            if with_minutes:
+                hists.append(minute_histogram(m.time))
+            b = bucket_of(m.probe, n_buckets)
+            for bucket in np.unique(b):
+                yield int(bucket), to_ipc(m.take(np.flatnonzero(b == bucket)))
+    if with_minutes:
+        for minute, n in zip(*(a.tolist() for a in merge_histograms(hists))):
+            yield beam.pvalue.TaggedOutput("minutes", (minute, n))
+    Stage(stage).write_json(f"read/unit-{unit:06d}.json", counts | {
+        "worker": worker_id(), "peak_rss_mb": own_rss_mb()})
+
+
+def resolve_cutoff(pairs, test_fraction: float, stage: str) -> int:
+    """The default cutoff from all units' (minute, count) pairs; recorded for the driver."""
+    pairs = sorted(pairs)
+    cutoff = default_cutoff([p[0] for p in pairs], [p[1] for p in pairs], test_fraction)
+    Stage(stage).write_json("cutoff.json", {"test_from": cutoff})
+    return cutoff
+
+
+class BucketFn(beam.DoFn):
+    """One bucket's pieces → prep.shards.bucket.process_bucket → its shards and its result
+    in ``results/bucket-<b>.json``."""
+
+    def __init__(self, cfg_json: str, stage: str):
+        self.cfg_json, self.stage = cfg_json, stage
+
+    def setup(self):
+        self.cfg = config_from_dict(json.loads(self.cfg_json))
+        warm_up(self.cfg)
+
+    def process(self, element, cutoff=None):
+        bucket, blobs = element
+        cfg = self.cfg if cutoff is None else replace(self.cfg, test_from=int(cutoff))
+        stage = Stage(self.stage)
+        with stage.shard_dir() as d:
+            result = process_bucket(bucket, from_ipc(blobs), cfg, d)
+        stage.write_json(f"results/bucket-{bucket:05d}.json", result | {
+            "worker": worker_id(), "peak_rss_mb": own_rss_mb()})
+        yield bucket
+
+
+def warm_up(cfg: ShardsConfig) -> None:
+    """Compile (or load from Numba's cache) the kernels once per worker, not per bundle."""
+    cfg = replace(cfg, split="probe", test_from=None)  # the kernels do not depend on the split
+    m = Measurements(**{k: np.zeros(2, dt) for k, dt in DTYPES.items()} | {
+        "probe": np.ones(2, np.uint64), "time": np.array([0, 60], np.int64),
+        "family": np.full(2, 4, np.uint8), "src_lo": np.ones(2, np.uint64),
+        "dst_lo": np.full(2, 2, np.uint64), "rtt": np.array([1.0, -1.0])})
+    with tempfile.TemporaryDirectory() as d:
+        process_bucket(0, m, cfg, d)
