@@ -106,8 +106,11 @@ def import_atlas(inputs, out, per_packet, source, errors, workers, strict, overw
     from prep.ingest.atlas import AtlasConfig
     from prep.ingest.atlas import import_atlas as run
 
+    from prep.schema.storage import is_remote
+
     summary = _interruptible(run, AtlasConfig(
-        inputs=tuple(Path(p) for p in inputs), out=Path(out), per_packet=per_packet,
+        inputs=tuple(p if is_remote(p) else Path(p) for p in inputs),
+        out=out if is_remote(out) else Path(out), per_packet=per_packet,
         strict=strict, source=source, errors=errors, workers=workers, overwrite=overwrite), "prep import-atlas")
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
@@ -307,11 +310,14 @@ def verify(shards_dir, workers):
     Example:
       prep verify shards
     """
+    from prep.schema.cache import local_dataset
     from prep.tools.verify import verify_dir
 
-    problems = verify_dir(shards_dir, workers=_workers(workers))
+    # a bucket's dataset: its local copy, with what it holds as it is (verify says what differs)
+    local = local_dataset(shards_dir, strict=False)
+    problems = verify_dir(local, workers=_workers(workers))
     for p in problems:
-        click.echo(p)
+        click.echo(p if str(local) == shards_dir else p.replace(str(local), shards_dir.rstrip("/")))
     if problems:
         from prep.schema.words import count
 
@@ -336,10 +342,12 @@ def inspect(shards_dir, split, rows_range, as_json):
     Example:
       prep inspect shards --split test --rows 0:2
     """
+    from prep.schema.cache import local_dataset
     from prep.tools.inspect_rows import format_row, iter_rows, parse_range, row_json
 
     start, stop = parse_range(rows_range)
-    for row in iter_rows(shards_dir, split=split, start=start, stop=stop):
+    local = local_dataset(shards_dir, splits=[split] if split else None)
+    for row in iter_rows(local, split=split, start=start, stop=stop):
         click.echo(row_json(row) if as_json else format_row(row))
 
 

@@ -164,6 +164,7 @@ def fit(data, run_dir, resume, distributed, device, **flags):
     check_backend(device)  # before anything asks jax for devices
     import jax  # after click parsed the flags: --help stays fast
 
+    from prep.schema.storage import is_remote
     from train.fit.config import TrainConfig, defaults_for
     from train.fit.loop import load_run, train
 
@@ -180,7 +181,7 @@ def fit(data, run_dir, resume, distributed, device, **flags):
         settings = {k: v for k, v in saved.items() if k in fields}
         if data is None:
             data = saved.get("data", "shards")
-            if not Path(data).is_dir():
+            if not is_remote(data) and not Path(data).is_dir():
                 _fail(f"--resume: the run's dataset {data} (its config.json) is not there "
                       f"from {Path.cwd()}; pass --data where it is now")
     else:
