@@ -111,18 +111,17 @@ def _surely_dead(owner: dict) -> bool:
             and pid != os.getpid() and not pid_alive(pid))
 
 
-def _remove_tree(loc: Remote, rels: list[str]) -> None:
+def _remove_tree(loc: Remote) -> None:
     """Our objects under ``loc``, the marker last: a kill half-way leaves it recognisable."""
-    storage.delete([loc.child(r) for r in rels if r != MARKER])
-    storage.delete([loc.child(MARKER)])
+    storage.delete_tree(loc, last=MARKER)
 
 
 def _leftovers(loc: Remote, trees: dict[str, list[str]], what: str) -> None:
     """Remove the dead ones of our unlisted trees; name the others on stderr."""
-    for top, rels in sorted(trees.items()):
+    for top in sorted(trees):
         owner = _owner(loc.child(top))
         if _surely_dead(owner):
-            _remove_tree(loc.child(top), rels)
+            _remove_tree(loc.child(top))
         else:
             print(f"note: {loc}/{top}/ is {what} of a run on {owner.get('host', '?')} "
                   f"(pid {owner.get('pid', '?')}, started {owner.get('started', '?')}); left "
@@ -139,13 +138,18 @@ def _by_top(files: dict[str, int]) -> dict[str, list[str]]:
 
 
 @contextlib.contextmanager
-def _claimed(loc: Remote, claim, command: str, **kw):
+def _claimed(loc: Remote, claim, **kw):
     """The local staging claim for ``loc``; its Interrupted names ``loc``, not the stage."""
+    local = _local_for(loc)
     try:
-        with claim(_local_for(loc), overwrite=True, **kw) as od:
-            yield od
+        try:
+            with claim(local, overwrite=True, **kw) as od:
+                yield od
+        finally:
+            with contextlib.suppress(OSError):  # nothing is ever published there
+                local.rmdir()
     except Interrupted as e:
-        raise Interrupted(e.signum, loc.uri, e.published, command) from None
+        raise Interrupted(e.signum, loc.uri, e.published, e.command) from None
     except InputError as e:
         if str(e).startswith(str(staging_root())):
             raise InputError(f"{e} (the local staging of {loc}: set TMPDIR to a disk with "
@@ -226,24 +230,22 @@ class RemoteDataset:
                              "pass --overwrite to replace it, or use another --out")
         storage.write_bytes(self.loc.child(MANIFEST_NAME), body)
         self.published = self._local.guard.published = True
-        keep = {e["path"] for sp in new["splits"].values() for e in sp["shards"]}
-        gone = sorted(listed - keep)
-        for top in sorted({p.split("/")[0] for p in gone if GEN.fullmatch(p.split("/")[0])}):
-            storage.write_bytes(self.loc.child(top).child(MARKER), _marker("old", self._token))
-        storage.delete([self.loc.child(p) for p in gone])
-        for top in sorted({p.split("/")[0] for p in gone if GEN.fullmatch(p.split("/")[0])}):
-            storage.delete([self.loc.child(top).child(MARKER)])
-        strays = [rel for rel in storage.list_files(self.loc)
-                  if rel.split("/")[0] in SPLITS and rel not in keep]
-        storage.delete([self.loc.child(r) for r in strays])
+        # the replaced dataset: its generation marked old (any later run may remove it),
+        # then removed; shards in train/, test/ (a local dataset copied up) removed too
+        tops = sorted({p.split("/")[0] for p in listed if p.split("/")[0] != self.gen})
+        for top in tops:
+            if GEN.fullmatch(top):
+                storage.write_bytes(self.loc.child(top).child(MARKER), _marker("old", self._token))
+                _remove_tree(self.loc.child(top))
+        for split in SPLITS:
+            storage.delete_tree(self.loc.child(split))
 
     def _abandon(self) -> None:
         """Remove this run's unpublished generation (what a failed upload left)."""
         if self.gen is None or self.published:
             return
-        gen = self.loc.child(self.gen)
         with contextlib.suppress(InputError):
-            _remove_tree(gen, list(storage.list_files(gen)))
+            _remove_tree(self.loc.child(self.gen))
 
 
 @contextlib.contextmanager
@@ -252,7 +254,7 @@ def claim_dataset(out: str, *, overwrite: bool = False, runner: str = "shards",
     """prep.jobs.outdir.claim for a bucket: yields a RemoteDataset (``.stage``, ``.publish``).
     A run that fails or is interrupted removes what it uploaded; the old dataset stays."""
     loc = Remote.parse(out)
-    with _claimed(loc, outdir.claim, "prep shards", runner=runner) as local:
+    with _claimed(loc, outdir.claim, runner=runner) as local:
         od = RemoteDataset(loc, local, overwrite, progress)
         try:
             od._open()
@@ -293,7 +295,7 @@ class RemoteParquet:
         for top, rels in sorted(trees.items()):
             if PUBLISH in rels:  # killed while publishing: finish it
                 self._finish(loc.child(top))
-                _remove_tree(loc.child(top), list(storage.list_files(loc.child(top))))
+                _remove_tree(loc.child(top))
         _leftovers(loc, {t: r for t, r in trees.items() if PUBLISH not in r}, "the upload")
         self.old = sorted(r for r in storage.list_files(loc) if "/" not in r)
         if self.old and not self.overwrite:
@@ -323,21 +325,21 @@ class RemoteParquet:
         storage.write_bytes(self.up.child(PUBLISH), json.dumps(plan).encode())
         self._finish(self.up)
         self.published = self._local.guard.published = True
-        _remove_tree(self.up, list(storage.list_files(self.up)))
+        _remove_tree(self.up)
 
     def _abandon(self) -> None:
         if self.up is None or self.published:
             return
         with contextlib.suppress(InputError):
             if PUBLISH not in storage.list_files(self.up):
-                _remove_tree(self.up, list(storage.list_files(self.up)))
+                _remove_tree(self.up)
 
 
 @contextlib.contextmanager
 def claim_parquet(out: str, *, command: str, runner: str, overwrite: bool = False):
     """prep.jobs.parquet_out.claim for a bucket: yields a RemoteParquet."""
     loc = Remote.parse(out)
-    with _claimed(loc, parquet_out.claim, command, command=command, runner=runner) as local:
+    with _claimed(loc, parquet_out.claim, command=command, runner=runner) as local:
         od = RemoteParquet(loc, local, command, runner, overwrite)
         try:
             od._open()

@@ -201,6 +201,19 @@ def delete(locs: list[Remote]) -> None:
         list(pool.map(one, locs))
 
 
+def delete_tree(loc: Remote, last: str | None = None) -> None:
+    """Remove everything under the prefix ``loc``: the object ``last`` (a marker) after all
+    the others, then the empty "directory" objects pyarrow leaves behind."""
+    import pyarrow.fs as pafs
+
+    files = list_files(loc)
+    delete([loc.child(r) for r in files if r != last])
+    fs = filesystem(loc.scheme)
+    with errors(loc, "removing it"), contextlib.suppress(FileNotFoundError):
+        if fs.get_file_info(loc.path).type == pafs.FileType.Directory:
+            fs.delete_dir(loc.path)
+
+
 def copy(src: Remote, dst: Remote) -> None:
     """Copy an object within the storage (no bytes pass through here)."""
     fs = filesystem(src.scheme)
