@@ -74,7 +74,8 @@ def synth(out, rows, probes, days, seed, overwrite):
 
 @main.command("import-atlas")
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for the parquet output.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Folder (or s3://BUCKET/PREFIX) for the parquet output.")
 @click.option("--per-packet", is_flag=True, help="One row per packet instead of one per result.")
 @click.option("--source", type=click.Choice(["public", "local"]), default="public", show_default=True,
               help="src_addr: public = the probe's public address (`from`, else `src_addr`); "
@@ -198,7 +199,8 @@ def import_matrix(inputs, out, interval, unit, start, overwrite, as_json, quiet)
 
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--out", required=True, help="Folder for train/, test/ and manifest.json.")
+@click.option("--out", required=True, help="Folder (or s3://BUCKET/PREFIX: written locally, "
+              "uploaded, manifest.json last) for train/, test/ and manifest.json.")
 @click.option("--workers", default=0, show_default="0: one per core", type=click.IntRange(0),
               help="Processes; never changes the output bytes.")
 @click.option("--seed", default=0, show_default=True, help="Seeds the encoding and the cuts.")
@@ -246,8 +248,9 @@ def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row
     """Validate, tokenize and pack INPUT parquet files or folders into shards in --out.
 
     \b
-    Example:
+    Examples:
       prep shards data/atlas --out shards --split time --test-from 2026-01-02
+      prep shards s3://bucket/atlas --out s3://bucket/shards   # AWS_* settings, see README
     """
     import signal
 
@@ -307,8 +310,9 @@ def verify(shards_dir, workers):
     """Check a shards folder against its manifest; list the problems (exit 1) or exit 0.
 
     \b
-    Example:
+    Examples:
       prep verify shards
+      prep verify s3://bucket/shards   # through the local cache (README: object storage)
     """
     from prep.schema.cache import local_dataset
     from prep.tools.verify import verify_dir

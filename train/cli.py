@@ -102,8 +102,9 @@ def main():
               "`train predict RUN_DIR --src A --dst B` (RTT and P(failed) of one ping); "
               "`train --help` lists the commands.")
 @click.option("--data", type=click.Path(), default=None,
-              help="A shards folder written by `prep shards` [default: shards; with --resume, "
-                   "the run's own].")
+              help="A shards folder written by `prep shards`, or s3://BUCKET/PREFIX (copied to "
+                   "a local cache checked by sha256) [default: shards; with --resume, the "
+                   "run's own].")
 @click.option("--run-dir", type=click.Path(), default=None,
               help="Checkpoints and metrics.jsonl [default: runs/<model>-<time>].")
 @click.option("--resume", is_flag=True, help="Continue the run in --run-dir (or the newest).")

@@ -1,7 +1,8 @@
 """A dataset as both runners of `prep shards` build it: the frame around their passes.
 
 ``build`` is the one run of `prep shards`: it lists the inputs, claims the output folder
-(prep.jobs.outdir), hashes the inputs on a helper thread, cuts them into read units
+(prep.jobs.outdir; prep.jobs.remote_out for ``--out s3://…``, and inputs in a bucket are
+downloaded into its staging folder, prep.schema.storage), hashes the inputs on a helper thread, cuts them into read units
 (``read_units``), resolves the bucket count, prints the start line, calls the runner's
 ``Passes`` (prep.shards.local_runner's process pool, prep.shards.beam_runner's pipeline) and
 ends with ``finish``. A runner brings only its passes: pass 1 (read, validate, route to
