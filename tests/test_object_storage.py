@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -232,6 +233,30 @@ def test_killed_upload_leaves_no_manifest_and_the_old_dataset(s3, env, raw, loca
     tops = {k.split("/")[0] for k in keys} - {"manifest.json"}
     assert len(tops) == 1 and left[0] not in tops and not any(k.startswith("train/") for k in keys)
     assert prep("verify", uri).exit_code == 0
+
+
+def test_sigterm_mid_upload_removes_it_and_keeps_the_old_dataset(s3, env, raw, local):
+    uri = f"s3://{BUCKET}/term/ds"
+    put_folder(local, uri)
+    old = {k: remote_bytes(s3, f"term/ds/{k}") for k in dataset_keys(s3, "term/ds")}
+    slow = ("import time, prep.schema.storage as st\nreal = st.upload\n"
+            "def upload(*a, **k):\n    real(*a, **k); time.sleep(0.5)\nst.upload = upload\n")
+    code = slow + "from prep.cli import main\nmain(sys.argv[1:])"
+    proc = subprocess.Popen([sys.executable, "-c", "import sys\n" + code, "shards", str(raw),
+                             "--out", uri, *SHARDS, "--overwrite"], stderr=subprocess.PIPE,
+                            text=True, env=os.environ | env | {"PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 120
+    while not any(k.endswith(".array_record") and GEN.fullmatch(k.split("/")[0])
+                  for k in dataset_keys(s3, "term/ds")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no upload seen"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert err.strip().splitlines()[-1] == (f"error: prep shards: stopped by SIGTERM; the "
+                                            f"unfinished output was removed and {uri} holds "
+                                            "what it held before")
+    assert {k: remote_bytes(s3, f"term/ds/{k}") for k in dataset_keys(s3, "term/ds")} == old
 
 
 def test_failed_upload_is_one_line_and_removes_what_it_uploaded(s3, env, raw, local,
