@@ -74,7 +74,8 @@ def synth(out, rows, probes, days, seed, overwrite):
 
 @main.command("import-atlas")
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for the parquet output.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Folder (or s3://BUCKET/PREFIX) for the parquet output.")
 @click.option("--per-packet", is_flag=True, help="One row per packet instead of one per result.")
 @click.option("--source", type=click.Choice(["public", "local"]), default="public", show_default=True,
               help="src_addr: public = the probe's public address (`from`, else `src_addr`); "
@@ -106,8 +107,11 @@ def import_atlas(inputs, out, per_packet, source, errors, workers, strict, overw
     from prep.ingest.atlas import AtlasConfig
     from prep.ingest.atlas import import_atlas as run
 
+    from prep.schema.storage import is_remote
+
     summary = _interruptible(run, AtlasConfig(
-        inputs=tuple(Path(p) for p in inputs), out=Path(out), per_packet=per_packet,
+        inputs=tuple(p if is_remote(p) else Path(p) for p in inputs),
+        out=out if is_remote(out) else Path(out), per_packet=per_packet,
         strict=strict, source=source, errors=errors, workers=workers, overwrite=overwrite), "prep import-atlas")
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
@@ -195,7 +199,8 @@ def import_matrix(inputs, out, interval, unit, start, overwrite, as_json, quiet)
 
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--out", required=True, help="Folder for train/, test/ and manifest.json.")
+@click.option("--out", required=True, help="Folder (or s3://BUCKET/PREFIX: written locally, "
+              "uploaded, manifest.json last) for train/, test/ and manifest.json.")
 @click.option("--workers", default=0, show_default="0: one per core", type=click.IntRange(0),
               help="Processes (--runner local; for Beam's, --beam-option "
                    "direct_num_workers=N); never changes the output bytes.")
@@ -251,6 +256,7 @@ def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row
       prep shards data/atlas --out shards --split time --test-from 2026-01-02
       prep shards data/raw --out shards --runner beam \\
           --beam-option direct_running_mode=multi_processing --beam-option direct_num_workers=2
+      prep shards s3://bucket/atlas --out s3://bucket/shards   # AWS_* settings, see README
     """
     import signal
 
@@ -310,14 +316,18 @@ def verify(shards_dir, workers):
     """Check a shards folder against its manifest; list the problems (exit 1) or exit 0.
 
     \b
-    Example:
+    Examples:
       prep verify shards
+      prep verify s3://bucket/shards   # through the local cache (README: object storage)
     """
+    from prep.schema.cache import local_dataset
     from prep.tools.verify import verify_dir
 
-    problems = verify_dir(shards_dir, workers=_workers(workers))
+    # a bucket's dataset: its local copy, with what it holds as it is (verify says what differs)
+    local = local_dataset(shards_dir, strict=False)
+    problems = verify_dir(local, workers=_workers(workers))
     for p in problems:
-        click.echo(p)
+        click.echo(p if str(local) == shards_dir else p.replace(str(local), shards_dir.rstrip("/")))
     if problems:
         from prep.schema.words import count
 
@@ -342,10 +352,12 @@ def inspect(shards_dir, split, rows_range, as_json):
     Example:
       prep inspect shards --split test --rows 0:2
     """
+    from prep.schema.cache import local_dataset
     from prep.tools.inspect_rows import format_row, iter_rows, parse_range, row_json
 
     start, stop = parse_range(rows_range)
-    for row in iter_rows(shards_dir, split=split, start=start, stop=stop):
+    local = local_dataset(shards_dir, splits=[split] if split else None)
+    for row in iter_rows(local, split=split, start=start, stop=stop):
         click.echo(row_json(row) if as_json else format_row(row))
 
 

@@ -102,8 +102,9 @@ def main():
               "`train predict RUN_DIR --src A --dst B` (RTT and P(failed) of one ping); "
               "`train --help` lists the commands.")
 @click.option("--data", type=click.Path(), default=None,
-              help="A shards folder written by `prep shards` [default: shards; with --resume, "
-                   "the run's own].")
+              help="A shards folder written by `prep shards`, or s3://BUCKET/PREFIX (copied to "
+                   "a local cache checked by sha256) [default: shards; with --resume, the "
+                   "run's own].")
 @click.option("--run-dir", type=click.Path(), default=None,
               help="Checkpoints and metrics.jsonl [default: runs/<model>-<time>].")
 @click.option("--resume", is_flag=True, help="Continue the run in --run-dir (or the newest).")
@@ -164,6 +165,7 @@ def fit(data, run_dir, resume, distributed, device, **flags):
     check_backend(device)  # before anything asks jax for devices
     import jax  # after click parsed the flags: --help stays fast
 
+    from prep.schema.storage import is_remote
     from train.fit.config import TrainConfig, defaults_for
     from train.fit.loop import load_run, train
 
@@ -180,7 +182,7 @@ def fit(data, run_dir, resume, distributed, device, **flags):
         settings = {k: v for k, v in saved.items() if k in fields}
         if data is None:
             data = saved.get("data", "shards")
-            if not Path(data).is_dir():
+            if not is_remote(data) and not Path(data).is_dir():
                 _fail(f"--resume: the run's dataset {data} (its config.json) is not there "
                       f"from {Path.cwd()}; pass --data where it is now")
     else:

@@ -93,8 +93,9 @@ from prep.ingest import atlas_read
 from prep.ingest.atlas_json import MALFORMED, Fast
 from prep.ingest.atlas_read import read_results
 from prep.ingest.atlas_rows import SCHEMA, Mode, Rows, convert, convert_fast
-from prep.jobs import parquet_out
+from prep.jobs import parquet_out, remote_out
 from prep.jobs.pool import Pool, WorkerDied, cores
+from prep.schema import storage
 from prep.schema.errors import InputError, first_line, fs_failure
 from prep.schema.validate import find_files, format_rejected, validate_rows
 from prep.schema.words import count
@@ -109,8 +110,8 @@ _FAST = True  # the msgspec path (tests turn it off to compare with the stdlib p
 
 @dataclass(frozen=True)
 class AtlasConfig:
-    inputs: tuple[Path, ...]  # files or folders
-    out: Path  # output folder: one parquet file per input file
+    inputs: tuple[Path | str, ...]  # files or folders; s3:// or gs:// objects or prefixes (str)
+    out: Path | str  # output folder (or s3:// / gs:// prefix): one parquet file per input file
     per_packet: bool = False  # one row per packet instead of one per result
     strict: bool = False  # a malformed JSON line is an InputError, not a rejected row
     source: str = "public"  # src_addr: "public" (from, else src_addr) or "local" (src_addr, else from)
@@ -261,19 +262,25 @@ def import_atlas(cfg: AtlasConfig) -> dict:
     if cfg.source not in SOURCES or cfg.errors not in ERRORS:
         raise ValueError(f"source must be one of {SOURCES} and errors one of {ERRORS}")
     t0 = time.perf_counter()
-    files = list_atlas_inputs(cfg.inputs)
-    names = _output_names(files)
-    workers = cfg.workers if cfg.workers > 0 else cores()
-    procs = min(workers, len(files))
-    threads = max(1, workers // procs)  # decompression threads of a .bz2 file
+    remote = storage.remote_inputs([str(p) for p in cfg.inputs], SUFFIXES, "prep import-atlas")
+    local = [p for p in cfg.inputs if not storage.is_remote(str(p))]
+    files = list_atlas_inputs(local) if local or not remote else []
     results_read = rows_in = rows_written = logged = 0
     rejected: Counter = Counter()
     log: list[str] = []
-    with parquet_out.claim(cfg.out, command="prep import-atlas", runner="import",
-                           overwrite=cfg.overwrite) as od:
+    claim = remote_out.claim_parquet if storage.is_remote(str(cfg.out)) else parquet_out.claim
+    with claim(str(cfg.out), command="prep import-atlas", runner="import",
+               overwrite=cfg.overwrite) as od:
+        if remote:  # into the staging folder: removed with it, whatever happens
+            files = sorted(files + list_atlas_inputs(storage.download_inputs(
+                remote, od.stage / ".inputs", progress=sys.stderr.isatty())))
+        names = _output_names(files)
+        workers = cfg.workers if cfg.workers > 0 else cores()
+        procs = min(workers, len(files))
+        threads = max(1, workers // procs)  # decompression threads of a .bz2 file
         tasks = [(path, od.stage / name, cfg, atlas_read.CHUNK, _FAST, threads)  # CHUNK, _FAST: tests set them
                  for path, name in zip(files, names)]
-        with _tasks_run(procs, tasks, Path(cfg.out)) as results, contextlib.ExitStack() as stack:
+        with _tasks_run(procs, tasks, cfg.out) as results, contextlib.ExitStack() as stack:
             # a bar only on a terminal: tqdm starts a thread even when disabled, and a
             # later run in this process would then start its workers by a fork server
             bar = stack.enter_context(tqdm(total=len(files), unit=" files", desc="import-atlas",
@@ -292,7 +299,7 @@ def import_atlas(cfg: AtlasConfig) -> dict:
         if logged > MAX_LOGGED:
             print(f"... and {logged - MAX_LOGGED:,} more malformed JSON lines", file=sys.stderr)
         if not rows_written:  # a finished-looking empty dataset is worse than an error
-            raise InputError(_nothing_written(files, results_read, rejected, Path(cfg.out)))
+            raise InputError(_nothing_written(files, results_read, rejected, cfg.out))
         od.publish(names)
     elapsed = time.perf_counter() - t0
     summary = {"files": len(files), "results_read": results_read, "rows_in": rows_in,

@@ -1,7 +1,7 @@
 """The machinery a command that writes runs on: the output folder (claim, stage, publish,
-replace), the signals that stop a run, and the one worker pool of `prep shards`,
-`prep verify` and `prep import-atlas`.
+replace; on a bucket too), the signals that stop a run, and the one worker pool of
+`prep shards`, `prep verify` and `prep import-atlas`.
 
-Owns: outdir, signals, pool.
+Owns: outdir, parquet_out, remote_out, signals, pool.
 Imports: prep.schema only.
 """

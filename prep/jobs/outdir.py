@@ -185,14 +185,7 @@ class OutDir:
         from prep.schema import manifest as mf
 
         stage = self.stage
-        for split in SPLITS:
-            (stage / split).mkdir(exist_ok=True)
-        listed = {s["path"] for split in SPLITS
-                  for s in manifest["splits"][split]["shards"]}
-        staged = {f"{split}/{f.name}" for split in SPLITS for f in (stage / split).iterdir()}
-        if staged != listed:  # a bug, never a user's mistake: stop before any swap
-            raise RuntimeError(f"{stage}: staged shards {sorted(staged ^ listed)[:3]} do not "
-                               "match the manifest")
+        check_staged(stage, manifest)
         mf.write_manifest(stage, manifest)
         self._guard.defer = True  # SIGINT/SIGTERM wait for the end of the swap
         old = self.path / f".old-{os.getpid()}-{self._token}"
@@ -208,9 +201,28 @@ class OutDir:
         with contextlib.suppress(OSError):
             remove_owned(old)
 
+    @property
+    def guard(self) -> Guard:
+        """The run's signal guard: set ``guard.defer`` to hold SIGINT/SIGTERM a while."""
+        return self._guard
+
     # step 8 ---------------------------------------------------------------------------
     def _close(self) -> None:
         close_claimed(self)
+
+
+def check_staged(stage: Path, manifest: dict) -> list[str]:
+    """The staged shards (``split/name``) if they are exactly those the manifest lists;
+    RuntimeError otherwise (a bug, never a user's mistake: it stops a run before it
+    publishes anything)."""
+    for split in SPLITS:
+        (stage / split).mkdir(exist_ok=True)
+    listed = {s["path"] for split in SPLITS for s in manifest["splits"][split]["shards"]}
+    staged = {f"{split}/{f.name}" for split in SPLITS for f in (stage / split).iterdir()}
+    if staged != listed:
+        raise RuntimeError(f"{stage}: staged shards {sorted(staged ^ listed)[:3]} do not "
+                           "match the manifest")
+    return sorted(staged)
 
 
 def close_claimed(od) -> None:

@@ -117,6 +117,11 @@ class ParquetOut:
         _finish_publish(self.path, self.stage)
         self.published = self._guard.published = True
 
+    @property
+    def guard(self):
+        """The run's signal guard: set ``guard.defer`` to hold SIGINT/SIGTERM a while."""
+        return self._guard
+
     def _close(self) -> None:
         close_claimed(self)
 

@@ -1,7 +1,8 @@
 """A dataset as both runners of `prep shards` build it: the frame around their passes.
 
 ``build`` is the one run of `prep shards`: it lists the inputs, claims the output folder
-(prep.jobs.outdir), hashes the inputs on a helper thread, cuts them into read units
+(prep.jobs.outdir; prep.jobs.remote_out for ``--out s3://…``, and inputs in a bucket are
+downloaded into its staging folder, prep.schema.storage), hashes the inputs on a helper thread, cuts them into read units
 (``read_units``), resolves the bucket count, prints the start line, calls the runner's
 ``Passes`` (prep.shards.local_runner's process pool, prep.shards.beam_runner's pipeline) and
 ends with ``finish``. A runner brings only its passes: pass 1 (read, validate, route to
@@ -33,9 +34,10 @@ from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from prep.jobs import outdir
+from prep.jobs import outdir, remote_out
 from prep.jobs.signals import signals_blocked
 from prep.schema import manifest as mf
+from prep.schema import storage
 from prep.schema.errors import InputError
 from prep.schema.manifest import SPLITS
 from prep.schema.splits import TIME_RULES, format_time
@@ -91,8 +93,22 @@ def build(inputs: list[str], out: str, cfg: ShardsConfig, passes: Passes, *,
     the manifest). A dataset already in ``out`` is replaced only with ``overwrite``
     (prep.jobs.outdir)."""
     t0 = time.perf_counter()
-    paths = list_inputs(inputs)
-    with outdir.claim(Path(out), overwrite=overwrite, runner=passes.runner) as od:
+    # Inputs in a bucket are listed here (a wrong path or credentials fail before --out is
+    # touched) and downloaded into the run's staging folder once it is claimed.
+    remote = storage.remote_inputs(inputs, (".parquet",), "prep shards")
+    local = [p for p in inputs if not storage.is_remote(p)]
+    paths = list_inputs(local) if local or not remote else []
+    progress = getattr(passes, "progress", True)
+    if storage.is_remote(out):
+        claimed = remote_out.claim_dataset(out, overwrite=overwrite, runner=passes.runner,
+                                           progress=progress)
+    else:
+        claimed = outdir.claim(Path(out), overwrite=overwrite, runner=passes.runner)
+    with claimed as od:
+        names: dict[Path, str] = {}
+        if remote:
+            names = storage.download_inputs(remote, od.stage / "inputs", progress=progress)
+            paths = sorted(paths + list_inputs(list(names)))
         hasher, stop_hashing, started, failed = None, threading.Event(), False, True
         try:
             # Workers and the hashing thread start before Arrow starts threads of its own,
@@ -101,7 +117,8 @@ def build(inputs: list[str], out: str, cfg: ShardsConfig, passes: Passes, *,
                 started = True
                 passes.start()
                 hasher = concurrent.futures.ThreadPoolExecutor(1)
-                inputs_info = hasher.submit(lambda: [file_info(p, stop_hashing) for p in paths])
+                inputs_info = hasher.submit(lambda: [file_info(p, stop_hashing, names.get(p))
+                                                     for p in paths])
             units, rows_total = read_units(paths)
             cfg = resolve_buckets(cfg, rows_total)
             print(f"{passes.describe(len(paths), rows_total)}; config {config_to_json(cfg)}",
@@ -356,14 +373,16 @@ def config_from_dict(d: dict) -> ShardsConfig:
     return ShardsConfig(**d)
 
 
-def file_info(p: Path, stop: threading.Event | None = None) -> dict:
+def file_info(p: Path, stop: threading.Event | None = None, name: str | None = None) -> dict:
+    """An input's identity for the manifest; ``name``: what to call it (a downloaded
+    input's URI), else its path."""
     h = hashlib.sha256()
     with open(p, "rb") as f:
         while chunk := f.read(1 << 22):
             if stop is not None and stop.is_set():
                 break  # the run failed: the caller no longer waits for this
             h.update(chunk)
-    return {"name": str(p), "size": p.stat().st_size, "sha256": h.hexdigest()}
+    return {"name": name or str(p), "size": p.stat().st_size, "sha256": h.hexdigest()}
 
 
 def own_rss_mb() -> float:

@@ -54,7 +54,7 @@ from prep.tokens import rowdecode
 from train.eval import baselines, context_baselines, registry
 from train.eval import metrics as EM
 from train.eval.report import write_report
-from train.fit.reader import dataset_fingerprint, read_split
+from train.fit.reader import dataset_fingerprint, local_copy, read_split
 from train.model import model
 from train.predict import predictor as P
 
@@ -169,7 +169,8 @@ def _load(cfg: EvalConfig):
     warnings so far, and how the run trained."""
     pred = P.load(cfg.run_dir, step=cfg.step, batch_size=cfg.batch_size)
     record = P.run_record(cfg.run_dir)
-    data = cfg.data or record.get("train", {}).get("data", "shards")
+    # a bucket's dataset (s3://, gs://): its local copy, checked by sha256
+    data = local_copy(cfg.data or record.get("train", {}).get("data", "shards"))
     manifest = manifest_lib.load_manifest(data)
     if manifest["row_len"] != pred.row_len:
         raise InputError(f"{data}: rows of {manifest['row_len']} tokens, the model reads "

@@ -133,11 +133,11 @@ class EvalSample:
     """A fixed, seeded sample of ``cfg.eval_rows`` test rows, read once, with the role of
     every target (prep.tokens.rowdecode); each eval runs the current parameters over all of it."""
 
-    def __init__(self, cfg: TrainConfig, manifest: dict, rows_sharding):
+    def __init__(self, cfg: TrainConfig, data: Path, manifest: dict, rows_sharding):
         from prep.schema.rows import RowFormatError
         from prep.tokens import rowdecode
 
-        tok, seg = reader.read_split(cfg.data, manifest, "test", sha256=False)  # checked at start
+        tok, seg = reader.read_split(data, manifest, "test", sha256=False)  # checked at start
         pick = np.random.default_rng([cfg.seed, 0xE7A1]).permutation(len(tok))[:cfg.eval_rows]
         tok, seg = tok[np.sort(pick)], seg[np.sort(pick)]
         try:  # the roles themselves are read on the device (train.model.model.loss_by_role)
@@ -359,16 +359,17 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step) -> 
         step_lib.role_weights(cfg.loss_weights)
     except ValueError as e:
         raise InputError(str(e)) from None
-    manifest = reader.open_shards(cfg.data)
+    splits = ["train"] + (["test"] if cfg.eval_every else [])
+    data = reader.local_copy(cfg.data, splits)  # a bucket's dataset: its checked local copy
+    manifest = reader.open_shards(data)
     fingerprint = reader.dataset_fingerprint(manifest)
     notes = check_resume(saved, cfg, fingerprint) if saved is not None else []
-    reader.require_rows(cfg.data, manifest, "train",
+    reader.require_rows(data, manifest, "train",
                         "rebuild the dataset with `prep shards` from more measurements")
     if cfg.eval_every:
-        reader.require_rows(cfg.data, manifest, "test", "pass --eval-every 0 to train without "
+        reader.require_rows(data, manifest, "test", "pass --eval-every 0 to train without "
                             "in-training eval, or rebuild with `prep shards --test-fraction` above 0")
-    reader.check_data(cfg.data, manifest, ["train"] + (["test"] if cfg.eval_every else []),
-                      check=cfg.data_check)
+    reader.check_data(data, manifest, splits, check=cfg.data_check)
     mcfg = model_config(cfg.model, seq_len=manifest["row_len"])
     impl = attention.resolve(cfg.attention)
     # max_segments sizes cuDNN's per-row segment tables; the JAX wrapper treats a table
@@ -382,13 +383,13 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step) -> 
                          f"devices; use a multiple of {mesh.size}")
     state = step_lib.init_state(mcfg, step_lib.make_optimizer(cfg, mcfg), cfg.seed, rep)
     it = iter(reader.to_device(reader.batches(
-        cfg.data, "train", batch_size=cfg.batch_size // jax.process_count(), seed=cfg.seed,
+        data, "train", batch_size=cfg.batch_size // jax.process_count(), seed=cfg.seed,
         num_workers=cfg.num_workers, manifest=manifest), rows))
     ckpt = metrics_file = None
     created = not run_dir.exists()
     start = 0
     try:
-        eval_sample = EvalSample(cfg, manifest, rows) if cfg.eval_every else None
+        eval_sample = EvalSample(cfg, data, manifest, rows) if cfg.eval_every else None
         # the run starts here: nothing above wrote anything (nor printed the config)
         print("config: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()),
               file=sys.stderr)

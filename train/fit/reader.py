@@ -32,9 +32,17 @@ from absl import flags as absl_flags
 from array_record.python.array_record_data_source import ArrayRecordDataSource
 from array_record.python.array_record_module import ArrayRecordReader
 
+from prep.schema import cache
 from prep.schema import manifest as manifest_lib
 from prep.schema import rows as rows_lib
 from prep.schema.errors import InputError
+
+
+def local_copy(data: str | os.PathLike, splits=None) -> Path:
+    """The folder to read ``data`` from: itself, or for a bucket path (``s3://``, ``gs://``)
+    its local copy of the shards of ``splits``, each checked by the manifest's sha256
+    (prep.schema.cache: where it is, how big, when it is reused)."""
+    return cache.local_dataset(os.fspath(data), splits=splits)
 
 
 def open_shards(shards_dir: str | os.PathLike) -> dict:

@@ -1,0 +1,356 @@
+"""Object storage (s3://) against a local S3-compatible server with its IAM checks on
+(moto's standalone server on 127.0.0.1, bench/s3_server.py): a round trip equal byte for
+byte to the local run, the cache checked by sha256, a killed or failed upload leaving the
+old dataset, --overwrite and foreign objects as a local --out, wrong credentials and an
+unreachable endpoint as one line."""
+
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from bench import s3_server
+from bench import synthetic_shards as synthetic
+from prep.cli import main
+from prep.ingest.synth import SynthConfig, synth
+from prep.jobs.remote_out import GEN
+from prep.schema import cache, storage
+from prep.schema import manifest as mf
+from prep.schema.errors import InputError
+from prep.schema.storage import Remote
+from prep.shards.bucket import ShardsConfig
+from prep.shards.local_runner import run_shards
+
+REPO = Path(__file__).resolve().parent.parent
+BUCKET = "pp-test"
+SHARDS = ("--quiet", "--workers", "1", "--buckets", "4", "--seed", "5")
+
+pytestmark = pytest.mark.skipif(s3_server.available() is not None,
+                                reason=str(s3_server.available()))
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with s3_server.S3Server() as server:
+        server.make_bucket(BUCKET)
+        yield server
+
+
+@pytest.fixture
+def env(s3, tmp_path, monkeypatch):
+    """This process reads the server's settings, and a cache of its own."""
+    for k, v in s3.env(PING_PACK_CACHE=str(tmp_path / "cache")).items():
+        monkeypatch.setenv(k, v)
+    return s3.env(PING_PACK_CACHE=str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("s3") / "raw"
+    synth(SynthConfig(out=out, rows=20_000, probes=100, days=1, seed=3))
+    return out
+
+
+@pytest.fixture(scope="module")
+def local(raw) -> Path:
+    """The local run the bucket's must equal."""
+    out = raw.parent / "local"
+    run_shards([str(raw)], str(out), ShardsConfig(seed=5, n_buckets=4), workers=1,
+               progress=False)
+    return out
+
+
+def put_folder(folder: Path, uri: str, *, manifest_last: bool = True) -> None:
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    files.sort(key=lambda p: manifest_last and p.name == mf.MANIFEST_NAME)
+    for p in files:
+        storage.upload(p, Remote.parse(uri).child(str(p.relative_to(folder))))
+
+
+def prep(*args, env=None):
+    return CliRunner().invoke(main, list(args), env=env)
+
+
+def prep_proc(*args, env, patch: str = "") -> subprocess.CompletedProcess:
+    """`prep` in a process of its own (after ``patch``), with the environment ``env``."""
+    code = "import os, signal, sys\n" + patch + "\nfrom prep.cli import main\nmain(sys.argv[1:])"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=180, env=os.environ | env | {"PYTHONPATH": str(REPO)})
+
+
+def remote_bytes(s3, key: str) -> bytes:
+    return s3.client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+
+def dataset_keys(s3, prefix: str) -> list[str]:
+    """The objects under ``prefix`` (not the empty "folder/" ones pyarrow leaves)."""
+    return [k[len(prefix) + 1:] for k in s3.keys(BUCKET, prefix + "/") if not k.endswith("/")]
+
+
+def comparable(m: dict) -> dict:
+    """A manifest without what differs between two runs of the same build: the time it
+    took, where the inputs were read from, and the generation its shard paths lead into."""
+    m = json.loads(json.dumps(m))
+    m.pop("elapsed_s", None)
+    m.pop("timing", None)
+    for i in m["inputs"]:
+        i["name"] = i["name"].rsplit("/", 1)[-1]
+    for sp in m["splits"].values():
+        for e in sp["shards"]:
+            e["path"] = e["path"].split("/", 1)[1] if GEN.fullmatch(e["path"].split("/")[0]) else e["path"]
+    return m
+
+
+def test_round_trip_equals_the_local_run_byte_for_byte(s3, env, raw, local):
+    put_folder(raw, f"s3://{BUCKET}/rt/raw")
+    storage.write_bytes(Remote.parse(f"s3://{BUCKET}/rt/raw/.tmp-import-1-aaaaaaaaaaaa/x.parquet"),
+                        b"not parquet: a hidden staging area, never an input")
+    r = prep("shards", f"s3://{BUCKET}/rt/raw", "--out", f"s3://{BUCKET}/rt/ds", *SHARDS)
+    assert r.exit_code == 0, r.output
+
+    keys = dataset_keys(s3, "rt/ds")
+    gen = keys[0].split("/")[0]
+    assert GEN.fullmatch(gen)
+    want = sorted(str(p.relative_to(local)) for p in local.rglob("*.array_record"))
+    assert len(want) == 8  # 4 buckets x 2 splits
+    assert keys == sorted([f"{gen}/.ping-pack-owner", "manifest.json"]
+                          + [f"{gen}/{w}" for w in want])
+    for w in want:
+        assert remote_bytes(s3, f"rt/ds/{gen}/{w}") == (local / w).read_bytes(), w
+    remote_m = json.loads(remote_bytes(s3, "rt/ds/manifest.json"))
+    local_m = json.loads((local / mf.MANIFEST_NAME).read_text())
+    assert comparable(remote_m) == comparable(local_m)
+    assert [i["name"] for i in remote_m["inputs"]][0] == f"s3://{BUCKET}/rt/raw/2026-01-01T00.parquet"
+    assert len(remote_m["inputs"]) == 24  # the hidden staging object was not read
+
+    r = prep("verify", f"s3://{BUCKET}/rt/ds")
+    assert r.exit_code == 0 and f"s3://{BUCKET}/rt/ds: ok" in r.output, r.output
+
+    # train's reader over the cache: the very batches of the local dataset
+    from train.fit import reader
+
+    d = reader.local_copy(f"s3://{BUCKET}/rt/ds", ["train"])
+    assert d.parent.parent == Path(env["PING_PACK_CACHE"])
+    mine, theirs = (iter(reader.batches(x, "train", batch_size=8, seed=1)) for x in (d, local))
+    for _ in range(3):
+        a, b = next(mine), next(theirs)
+        assert np.array_equal(a["tokens"], b["tokens"])
+        assert np.array_equal(a["segment_ids"], b["segment_ids"])
+
+
+def test_cache_reuses_checked_shards_and_catches_damage(s3, env, local, capfd):
+    uri = f"s3://{BUCKET}/cache/ds"
+    put_folder(local, uri)
+    d = cache.local_dataset(uri)
+    assert "8 downloaded, 0 reused" in capfd.readouterr().err
+    shard = next(d.glob("train/*.array_record"))
+    assert shard.read_bytes() == (local / "train" / shard.name).read_bytes()
+    assert (d / mf.MANIFEST_NAME).read_bytes() == (local / mf.MANIFEST_NAME).read_bytes()
+
+    cache.local_dataset(uri)
+    assert "0 downloaded, 8 reused" in capfd.readouterr().err
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF
+    shard.write_bytes(bytes(data))  # damaged in the cache: downloaded again
+    cache.local_dataset(uri)
+    assert "1 downloaded, 7 reused" in capfd.readouterr().err
+    assert shard.read_bytes() == (local / "train" / shard.name).read_bytes()
+
+    # damaged in the bucket (a checked copy is reused as it is: this one is not there any
+    # more): train's copy refuses it, naming the shard; verify lists it
+    storage.write_bytes(Remote.parse(f"{uri}/train/{shard.name}"), bytes(data))
+    shard.unlink()
+    with pytest.raises(InputError, match=rf"{uri}/train/{shard.name}: sha256 differs"):
+        cache.local_dataset(uri)
+    r = prep("verify", uri)
+    assert r.exit_code == 1
+    assert f"{uri}/train/{shard.name}: sha256" in r.output
+
+
+def test_a_dataset_needs_overwrite_and_foreign_objects_are_refused(s3, env, raw):
+    uri = f"s3://{BUCKET}/ow/ds"
+    assert prep("shards", str(raw), "--out", uri, *SHARDS).exit_code == 0
+    before = remote_bytes(s3, "ow/ds/manifest.json")
+    r = prep("shards", str(raw), "--out", uri, *SHARDS)
+    assert r.exit_code == 2
+    assert r.output.strip() == (f"error: {uri}: holds a finished dataset (manifest.json); pass "
+                                "--overwrite to replace it (the old one stays intact until "
+                                "the new one is complete), or use another --out")
+    r = prep("shards", str(raw), "--out", uri, *SHARDS[:-1], "6", "--overwrite")
+    assert r.exit_code == 0, r.output
+    after = dataset_keys(s3, "ow/ds")
+    assert remote_bytes(s3, "ow/ds/manifest.json") != before
+    assert len({k.split("/")[0] for k in after if k != "manifest.json"}) == 1, after  # old one gone
+
+    storage.write_bytes(Remote.parse(f"s3://{BUCKET}/ow/other/notes.txt"), b"mine")
+    r = prep("shards", str(raw), "--out", f"s3://{BUCKET}/ow/other", *SHARDS)
+    assert r.exit_code == 2
+    assert "holds notes.txt, which `prep shards` did not write" in r.output
+    assert dataset_keys(s3, "ow/other") == ["notes.txt"]
+
+
+# a `prep shards` that dies (SIGKILL) once its third shard is uploaded
+KILL_MID_UPLOAD = """
+import itertools, prep.schema.storage as st
+real, calls = st.upload, itertools.count(1)
+def upload(*a, **k):
+    mine = next(calls)  # uploads run on several threads
+    real(*a, **k)
+    if mine == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+st.upload = upload
+"""
+
+
+def test_killed_upload_leaves_no_manifest_and_the_old_dataset(s3, env, raw, local):
+    uri = f"s3://{BUCKET}/kill/ds"
+    put_folder(local, uri)  # the old dataset (in the layout of a local folder copied up)
+    old = {k: remote_bytes(s3, f"kill/ds/{k}") for k in dataset_keys(s3, "kill/ds")}
+
+    r = prep_proc("shards", str(raw), "--out", uri, *SHARDS[:-1], "6", "--overwrite",
+                  env=env, patch=KILL_MID_UPLOAD)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    keys = dataset_keys(s3, "kill/ds")
+    left = sorted({k.split("/")[0] for k in keys} - {k.split("/")[0] for k in old})
+    assert len(left) == 1 and GEN.fullmatch(left[0])  # the killed run's generation...
+    assert sum(k.startswith(left[0]) and k.endswith(".array_record") for k in keys) >= 3
+    assert {k: remote_bytes(s3, f"kill/ds/{k}") for k in old} == old  # ...and the old dataset
+    assert prep("verify", uri).exit_code == 0
+
+    # the next run (this host, the killed pid gone) removes the leftover and publishes
+    r = prep("shards", str(raw), "--out", uri, *SHARDS[:-1], "6", "--overwrite")
+    assert r.exit_code == 0, r.output
+    keys = dataset_keys(s3, "kill/ds")
+    tops = {k.split("/")[0] for k in keys} - {"manifest.json"}
+    assert len(tops) == 1 and left[0] not in tops and not any(k.startswith("train/") for k in keys)
+    assert prep("verify", uri).exit_code == 0
+
+
+def test_sigterm_mid_upload_removes_it_and_keeps_the_old_dataset(s3, env, raw, local):
+    uri = f"s3://{BUCKET}/term/ds"
+    put_folder(local, uri)
+    old = {k: remote_bytes(s3, f"term/ds/{k}") for k in dataset_keys(s3, "term/ds")}
+    slow = ("import time, prep.schema.storage as st\nreal = st.upload\n"
+            "def upload(*a, **k):\n    real(*a, **k); time.sleep(0.5)\nst.upload = upload\n")
+    code = slow + "from prep.cli import main\nmain(sys.argv[1:])"
+    proc = subprocess.Popen([sys.executable, "-c", "import sys\n" + code, "shards", str(raw),
+                             "--out", uri, *SHARDS, "--overwrite"], stderr=subprocess.PIPE,
+                            text=True, env=os.environ | env | {"PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 120
+    while not any(k.endswith(".array_record") and GEN.fullmatch(k.split("/")[0])
+                  for k in dataset_keys(s3, "term/ds")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no upload seen"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert err.strip().splitlines()[-1] == (f"error: prep shards: stopped by SIGTERM; the "
+                                            f"unfinished output was removed and {uri} holds "
+                                            "what it held before")
+    assert {k: remote_bytes(s3, f"term/ds/{k}") for k in dataset_keys(s3, "term/ds")} == old
+
+
+def test_failed_upload_is_one_line_and_removes_what_it_uploaded(s3, env, raw, local,
+                                                                 monkeypatch):
+    uri = f"s3://{BUCKET}/fail/ds"
+    put_folder(local, uri)
+    old = dataset_keys(s3, "fail/ds")
+    real, calls = storage.upload, itertools.count(1)
+
+    def upload(src, loc, *a):
+        if next(calls) == 3:
+            raise storage.failure(OSError("AWS Error NETWORK_CONNECTION during "
+                                          "UploadPart operation: curlCode: 56, Failure when "
+                                          "receiving data from the peer"), loc, "uploading to it")
+        return real(src, loc, *a)
+
+    monkeypatch.setattr(storage, "upload", upload)
+    r = prep("shards", str(raw), "--out", uri, *SHARDS, "--overwrite")
+    assert r.exit_code == 2
+    start, error = r.output.strip().splitlines()  # the start line, then one line: the error
+    assert start.startswith("prep shards: 24 input files")
+    assert error.startswith(f"error: {uri}/g") and "cannot reach the storage endpoint" in error
+    assert dataset_keys(s3, "fail/ds") == old  # nothing of the failed run stays
+
+
+def test_wrong_credentials_and_unreachable_endpoint_are_one_line(s3, env, tmp_path):
+    uri = f"s3://{BUCKET}/creds"
+    bad = env | {"AWS_SECRET_ACCESS_KEY": "wrong" + env["AWS_SECRET_ACCESS_KEY"][5:]}
+    r = prep_proc("shards", f"{uri}/raw", "--out", str(tmp_path / "out"), env=bad)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (f"error: {uri}/raw: access denied while listing it (access "
+                        "denied); check the credentials (AWS_ACCESS_KEY_ID and "
+                        "AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws/credentials), that "
+                        "they may do this, and that the bucket exists\n")
+    assert not (tmp_path / "out").exists()
+
+    r = prep_proc("verify", f"{uri}/ds", env=env | {"AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG0"})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith(f"error: {uri}/ds/manifest.json: access denied")
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    r = subprocess.run([sys.executable, "-m", "train.cli", "--data", f"{uri}/ds",
+                        "--run-dir", str(tmp_path / "run"), "--device", "cpu"],
+                       capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                       env=os.environ | env | {"AWS_ENDPOINT_URL": closed,
+                                               "PYTHONPATH": str(REPO)})
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"error: {uri}/ds/manifest.json: cannot reach the storage "
+                               f"endpoint {closed} while reading it")
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_on_a_bucket_equals_training_on_the_folder(s3, env, tmp_path):
+    from train.fit.checkpoint import Checkpointer
+    from train.fit.config import TrainConfig
+    from train.fit.loop import train
+
+    d = tmp_path / "shards"
+    synthetic.write_shards(d, {"train": synthetic.counting_rows(32, 64, seed=0),
+                               "test": synthetic.counting_rows(8, 64, seed=1)})
+    uri = f"s3://{BUCKET}/train/ds"
+    put_folder(d, uri)
+    params = []
+    for data, run in ((uri, tmp_path / "run-s3"), (str(d), tmp_path / "run-local")):
+        train(TrainConfig(data=data, run_dir=str(run), steps=3, batch_size=4, warmup=1,
+                          log_every=1, eval_every=2, eval_rows=4, ckpt_every=0))
+        ck = Checkpointer(run / "checkpoints")
+        params.append(ck.restore(ck.latest_step())[0]["params"])
+        ck.close()
+    assert json.loads((tmp_path / "run-s3" / "config.json").read_text())["train"]["data"] == uri
+    import jax
+
+    same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), *params)
+    assert all(jax.tree.leaves(same))
+
+
+def test_import_atlas_reads_and_writes_a_bucket(s3, env, atlas_dir, tmp_path):
+    files = sorted(atlas_dir.rglob("*.json"))[:3]
+    for f in files:
+        storage.upload(f, Remote.parse(f"s3://{BUCKET}/atlas/in/{f.name}"))
+    r = prep("import-atlas", *map(str, files), "--out", str(tmp_path / "atlas"), "--workers", "1")
+    assert r.exit_code == 0, r.output
+    uri = f"s3://{BUCKET}/atlas/out"
+    r = prep("import-atlas", f"s3://{BUCKET}/atlas/in", "--out", uri, "--workers", "1")
+    assert r.exit_code == 0, r.output
+    names = sorted(p.name for p in (tmp_path / "atlas").glob("*.parquet"))
+    assert dataset_keys(s3, "atlas/out") == names
+    for n in names:
+        assert remote_bytes(s3, f"atlas/out/{n}") == (tmp_path / "atlas" / n).read_bytes()
+    r = prep("import-atlas", f"s3://{BUCKET}/atlas/in", "--out", uri, "--workers", "1")
+    assert r.exit_code == 2 and "pass --overwrite to replace them" in r.output
+    r = prep("shards", uri, "--out", f"s3://{BUCKET}/atlas/ds", "--quiet", "--workers", "1")
+    assert r.exit_code == 0, r.output
+    assert prep("inspect", f"s3://{BUCKET}/atlas/ds", "--rows", "0:1").exit_code == 0
