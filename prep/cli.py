@@ -106,7 +106,6 @@ def import_atlas(inputs, out, per_packet, source, errors, workers, strict, overw
 
     from prep.ingest.atlas import AtlasConfig
     from prep.ingest.atlas import import_atlas as run
-
     from prep.schema.storage import is_remote
 
     summary = _interruptible(run, AtlasConfig(
