@@ -149,7 +149,7 @@ def main():
 @click.option("--distributed", is_flag=True,
               help="One of several processes (hosts) training one model: jax.distributed "
                    "with the flags below, else what it finds (SLURM, Open MPI, Kubernetes, "
-                   "Cloud TPU); README: train on several hosts.")
+                   "Cloud TPU). README: `train --distributed`.")
 @click.option("--coordinator", metavar="HOST:PORT", default=None,
               help="With --distributed: process 0's address and a free port every process "
                    "reaches [default: $JAX_COORDINATOR_ADDRESS, else detected].")
@@ -177,8 +177,8 @@ def fit(data, run_dir, resume, distributed, coordinator, num_processes, process_
       train --data shards-256 --model small   # the CPU recipe (docs/learning.md)
       train --data shards/ --model base --steps 20000 --run-dir runs/base1
       train --resume                          # continue the newest run under runs/
-      train --distributed --coordinator 10.0.0.1:5555 --num-processes 2 --process-id 0 \
-            --data /shared/shards --run-dir /shared/runs/x    # and --process-id 1 on host 2
+      train --distributed --coordinator 10.0.0.1:5555 --num-processes 2 --process-id 0 ...
+                           # host 1; host 2 the same with --process-id 1 (README)
     """
     from train.fit import multihost
 
@@ -206,6 +206,9 @@ def fit(data, run_dir, resume, distributed, coordinator, num_processes, process_
         multihost.leave(2, str(e), together=True)
     except SystemExit as e:
         multihost.leave(e.code if isinstance(e.code, int) else 2, together=True)
+    except KeyboardInterrupt:  # a second signal: abort, no checkpoint
+        multihost.leave(130, f"{hosts.who}: aborted by a second signal before its checkpoint; "
+                             "the other processes stop too")
     except Exception as e:
         if multihost.lost_peer(e):
             multihost.leave(2, multihost.lost_message(hosts, multihost.short_reason(e)))

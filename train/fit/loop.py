@@ -28,6 +28,11 @@ refuses settings that differ from the run's (config.RUN_BINDING) or a dataset wh
 digests differ from the run's ``data_fingerprint``. Everything that can refuse a start
 (dataset, shards, settings, batch size) is checked before the run folder is made; a start
 that fails before its first step leaves no folder it made behind.
+
+On several processes (`train --distributed`, train.fit.multihost) every process runs this
+loop in step; process 0 alone takes the lock, logs, and writes config.json and
+metrics.jsonl, a refusal of its own reaching them all; a signal on any one stops every
+one after the same step (multihost.StopVote), with one checkpoint.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ import threading
 
 from prep.schema.errors import InputError
 
-CHILD_ENV = "PING_PACK_TRAINER"  # set in the supervised trainer's environment
+CHILD_ENV = "PING_PACK_TRAINER"  # the supervisor's pid, in the trainer's environment
 KEY = "ping-pack"  # prefix of this program's keys in the coordinator's key-value store
 
 
@@ -284,15 +284,16 @@ _CPP_LOG = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
 
 
 def supervised() -> bool:
-    """True in the trainer that ``supervise`` started."""
-    return os.environ.get(CHILD_ENV) == "1"
-
-
-def _die_with_parent() -> None:  # in the child, before exec
-    try:
+    """True in the trainer that ``supervise`` started; from then on it dies with its
+    supervisor (Linux: PR_SET_PDEATHSIG), so killing `train` kills the trainer too."""
+    parent = os.environ.get(CHILD_ENV, "")
+    if not parent.isdigit():
+        return False
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    if os.getppid() != int(parent):  # it died before that
+        os._exit(2)
+    return True
 
 
 def _fatal_reason(text: str, hosts: Hosts) -> str:
@@ -309,11 +310,14 @@ def _fatal_reason(text: str, hosts: Hosts) -> str:
 
 def _pass_stdout(pipe) -> None:
     """The trainer's stdout, but for Gloo's "[Gloo] Rank 0 is connected to 1 peer ranks"."""
-    out = sys.stdout.buffer
     for line in iter(pipe.readline, b""):
         if not line.startswith(b"[Gloo] "):
-            out.write(line)
-            out.flush()
+            out = getattr(sys.stdout, "buffer", None)
+            if out is None:
+                sys.stdout.write(line.decode(errors="replace"))
+            else:
+                out.write(line)
+            sys.stdout.flush()
 
 
 def supervise(hosts: Hosts, args: list[str]) -> int:
@@ -327,12 +331,10 @@ def supervise(hosts: Hosts, args: list[str]) -> int:
         argv = [sys.executable, *sys.orig_argv[1:]]
     else:
         argv = [sys.executable, "-m", "train.cli", *args]
-    env = dict(os.environ, **{CHILD_ENV: "1", "PYTHONUNBUFFERED": "1"})
+    env = dict(os.environ, **{CHILD_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"})
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # XLA's info/warning/error log: fatal only
-    # preexec_fn is safe here: no thread of this process runs yet (the relay starts after)
     child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             start_new_session=True,
-                             preexec_fn=_die_with_parent)  # noqa: PLW1509
+                             start_new_session=True)
     relay = threading.Thread(target=_pass_stdout, args=(child.stdout,), daemon=True)
     relay.start()
 
@@ -365,6 +367,9 @@ def supervise(hosts: Hosts, args: list[str]) -> int:
         code = child.wait()
         relay.join(timeout=10)
     finally:
+        child.stderr.close()
+        if not relay.is_alive():
+            child.stdout.close()
         for s, h in previous.items():
             signal.signal(s, h)
     if said_error:  # the trainer said why (and may have been aborted on its way out)
