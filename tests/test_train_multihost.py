@@ -195,10 +195,17 @@ def test_a_process_that_dies_or_hangs_stops_the_other_with_one_line(shards, cach
     procs = launch(["--data", str(shards), "--run-dir", str(tmp_path / "run"), *FLAGS,
                     "--steps", "100000", "--eval-every", "0", "--ckpt-every", "0"], cache,
                    heartbeat=heartbeat)
+    seen = ""
     try:
-        for line in procs[0].stdout:  # training, both of them
-            if re.match(r"step +[2-9]/", line):
-                break
+        if sig == signal.SIGKILL:  # training, both of them
+            for line in procs[0].stdout:
+                if re.match(r"step +[2-9]/", line):
+                    break
+        else:  # a hang is a hang from the start: both set up, before compiling the step
+            for line in procs[0].stderr:
+                seen += line
+                if line.startswith("model tiny:"):
+                    break
         trainer = _children(procs[victim].pid)[0]  # the `train` process runs the trainer
         os.kill(trainer, sig)
         t0 = time.monotonic()
@@ -208,6 +215,7 @@ def test_a_process_that_dies_or_hangs_stops_the_other_with_one_line(shards, cach
         if sig == signal.SIGSTOP:
             os.kill(trainer, signal.SIGKILL)
         results = finish(procs, timeout=60)
+        results[0] = (results[0][0], results[0][1], seen + results[0][2])
     finally:
         for p in procs:
             if p.poll() is None:

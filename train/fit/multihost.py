@@ -39,7 +39,7 @@ import threading
 
 from prep.schema.errors import InputError
 
-CHILD_ENV = "PING_PACK_TRAINER"  # the supervisor's pid, in the trainer's environment
+CHILD_ENV = "PING_PACK_TRAINER"  # "PID:FD" (the supervisor, its log pipe) for the trainer
 KEY = "ping-pack"  # prefix of this program's keys in the coordinator's key-value store
 
 
@@ -168,10 +168,6 @@ _WAIT_MS = 300_000  # how long an exchange waits for the other processes (--join
 _joined = False  # jax.distributed.initialize succeeded
 
 
-def _timeout_ms() -> int:
-    return _WAIT_MS
-
-
 def check_all(name: str, error: str | None) -> None:
     """Raise on every process when ``error`` (a refusal, or None) is set on any: the
     process's own, else "process P: ERROR" of the first process that had one. ``name``
@@ -183,7 +179,7 @@ def check_all(name: str, error: str | None) -> None:
         return
     client, me = _client(), index()
     client.key_value_set(f"{KEY}/{name}/{me}", "!" + error if error else "ok")
-    said = [client.blocking_key_value_get(f"{KEY}/{name}/{p}", _timeout_ms()) for p in range(n)]
+    said = [client.blocking_key_value_get(f"{KEY}/{name}/{p}", _WAIT_MS) for p in range(n)]
     if error:
         raise InputError(error)
     for p, v in enumerate(said):
@@ -199,7 +195,7 @@ def sync(name: str) -> None:
     global _barriers
     if count() > 1:
         _barriers += 1
-        _client().wait_at_barrier(f"{KEY}/{name}/{_barriers}", _timeout_ms())
+        _client().wait_at_barrier(f"{KEY}/{name}/{_barriers}", _WAIT_MS)
 
 
 class StopVote:
@@ -243,7 +239,7 @@ def leave(code: int, error: str | None = None, *, together: bool = False) -> Non
         with contextlib.suppress(Exception):
             f.flush()
     if error is not None:
-        os.write(2, f"error: {error}\n".encode())
+        os.write(sys.stderr.fileno(), f"error: {error}\n".encode())
     if together and _joined:
         with contextlib.suppress(Exception):  # gone already, or not leaving: go on
             _client().wait_at_barrier(f"{KEY}/leave", 5000)
@@ -278,27 +274,35 @@ def lost_message(hosts: Hosts, detail: str = "") -> str:
 
 # ---- the supervisor (the `train` process the user started; no jax in it) -----------------
 
-# absl/glog FATAL (the client aborts after it), where it starts in a line
-_FATAL = re.compile(r"F\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
-_CPP_LOG = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
+# a line of XLA's C++ log (absl/glog: severity, date, time, thread, file:line); F = fatal,
+# after which the coordination client aborts the process
+_CPP_LOG = re.compile(rb"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
 
 
 def supervised() -> bool:
-    """True in the trainer that ``supervise`` started; from then on it dies with its
-    supervisor (Linux: PR_SET_PDEATHSIG), so killing `train` kills the trainer too."""
-    parent = os.environ.get(CHILD_ENV, "")
-    if not parent.isdigit():
+    """True in the trainer that ``supervise`` started. From then on it dies with its
+    supervisor (Linux: PR_SET_PDEATHSIG), so killing `train` kills the trainer too, and
+    what is written to file descriptor 2 (XLA's C++ log) goes to the supervisor's filter
+    while Python's ``sys.stderr`` keeps the stderr pipe of its own."""
+    parent, _, log_fd = os.environ.get(CHILD_ENV, "").partition(":")
+    if not (parent.isdigit() and log_fd.isdigit()):
         return False
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != int(parent):  # it died before that
         os._exit(2)
+    if sys.stderr is not None and sys.stderr.fileno() == 2:  # once
+        sys.stderr.flush()
+        sys.stderr = os.fdopen(os.dup(2), "w", buffering=1, errors="backslashreplace")
+        os.dup2(int(log_fd), 2)
+        os.close(int(log_fd))
     return True
 
 
 def _fatal_reason(text: str, hosts: Hosts) -> str:
     if "Failed to send RPC to coordination service" in text or "Socket closed" in text:
-        return f"the coordinator {hosts.coordinator or ''} (process 0) is gone".replace("  ", " ")
+        return f"the coordinator{' ' + hosts.coordinator if hosts.coordinator else ''} " \
+               "(process 0) is gone"
     m = re.search(r"following tasks are unhealthy[^\n]*\n\s*([\d,\s]+)", text)
     if m:
         ids = ", ".join(x for x in re.split(r"[\s,]+", m.group(1)) if x)
@@ -308,82 +312,98 @@ def _fatal_reason(text: str, hosts: Hosts) -> str:
     return "the coordination service reported a failed process"
 
 
+def _write(stream, data: bytes) -> None:
+    out = getattr(stream, "buffer", None)
+    if out is None:
+        stream.write(data.decode(errors="replace"))
+    else:
+        out.write(data)
+    stream.flush()
+
+
 def _pass_stdout(pipe) -> None:
     """The trainer's stdout, but for Gloo's "[Gloo] Rank 0 is connected to 1 peer ranks"."""
     for line in iter(pipe.readline, b""):
         if not line.startswith(b"[Gloo] "):
-            out = getattr(sys.stdout, "buffer", None)
-            if out is None:
-                sys.stdout.write(line.decode(errors="replace"))
-            else:
-                out.write(line)
-            sys.stdout.flush()
+            _write(sys.stdout, line)
+
+
+def _filter_log(fd: int, fatal: list[bytes], show_log: bool) -> None:
+    """XLA's C++ log from the trainer's file descriptor 2: a message (one write, its
+    continuation lines included) is dropped unless ``show_log``; a fatal one and all
+    after it (the abort's stack trace) go to ``fatal``. Lines from other writers (a
+    worker process's) pass."""
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        while chunk := pipe.read(1 << 16):
+            in_log = False
+            for line in chunk.splitlines(keepends=True):
+                m = _CPP_LOG.match(line)
+                if fatal or (m and line[:1] == b"F"):
+                    fatal.append(line)
+                    continue
+                in_log = in_log or bool(m)
+                if show_log or not in_log:
+                    _write(sys.stderr, line)
 
 
 def supervise(hosts: Hosts, args: list[str]) -> int:
     """Run this same command as the trainer, ``CHILD_ENV`` set, and return its exit code:
     this program again (``sys.orig_argv``) when ``args`` (what `train` was given) are its
-    command line, else `python -m train.cli ARGS` (`train` called from Python). Its output passes through but for XLA's and Gloo's own log, and
-    its abort by jax's coordination client (a peer is gone) becomes one line and exit 2.
-    SIGINT and SIGTERM go to it (once each: it runs in a session of its own, out of reach
-    of the terminal's Ctrl-C)."""
+    command line, else `python -m train.cli ARGS` (`train` called from Python).
+
+    Its output passes through, but for Gloo's greeting and XLA's own C++ log (shown with
+    ``TF_CPP_MIN_LOG_LEVEL=0``); the abort by jax's coordination client (a peer is
+    gone) becomes one line and exit 2. SIGINT and SIGTERM go to it (once each: it runs in
+    a session of its own, out of reach of the terminal's Ctrl-C)."""
     if sys.argv[1:] == args:
         argv = [sys.executable, *sys.orig_argv[1:]]
     else:
         argv = [sys.executable, "-m", "train.cli", *args]
-    env = dict(os.environ, **{CHILD_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"})
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # XLA's info/warning/error log: fatal only
+    log_r, log_w = os.pipe()
+    env = dict(os.environ, **{CHILD_ENV: f"{os.getpid()}:{log_w}", "PYTHONUNBUFFERED": "1"})
     child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             start_new_session=True)
-    relay = threading.Thread(target=_pass_stdout, args=(child.stdout,), daemon=True)
-    relay.start()
+                             pass_fds=(log_w,), start_new_session=True)
+    os.close(log_w)
+    fatal: list[bytes] = []
+    relays = [threading.Thread(target=_pass_stdout, args=(child.stdout,), daemon=True),
+              threading.Thread(target=_filter_log, daemon=True,
+                               args=(log_r, fatal, os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0"))]
+    for t in relays:
+        t.start()
 
     def forward(signum, _frame):
         if child.poll() is None:
             child.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    fatal, said_error = [], False
-
-    def show(line: str) -> None:
-        sys.stderr.write(line)
-        sys.stderr.flush()
-
+    said_error = False
     try:
-        for raw in iter(child.stderr.readline, b""):
-            line = raw.decode(errors="replace")
-            m = None if fatal else _FATAL.search(line)
-            if m:  # the client's abort: its message and stack trace, dropped
-                if line[:m.start()].strip():
-                    show(line[:m.start()] + "\n")
-                fatal.append(line[m.start():])
-            elif line.startswith("error: "):  # the trainer's own word, even beside the abort
-                said_error = True
-                show(line)
-            elif fatal:
-                fatal.append(line)
-            elif not _CPP_LOG.match(line):
-                show(line)
+        for line in iter(child.stderr.readline, b""):  # the trainer's Python stderr
+            said_error = said_error or line.startswith(b"error: ")
+            _write(sys.stderr, line)
         code = child.wait()
-        relay.join(timeout=10)
+        for t in relays:
+            t.join(timeout=10)
     finally:
         child.stderr.close()
-        if not relay.is_alive():
+        if not relays[0].is_alive():
             child.stdout.close()
         for s, h in previous.items():
             signal.signal(s, h)
+    fatal = b"".join(fatal).decode(errors="replace")
     if said_error:  # the trainer said why (and may have been aborted on its way out)
         return code if code > 0 else 2
     if code >= 0 and not fatal:
         return code
-    if fatal and "RegisterTask" in "".join(fatal):  # aborted in jax.distributed.initialize
+    if "RegisterTask" in fatal:  # aborted in jax.distributed.initialize
         print(f"error: {join_message(hosts, 'no coordinator answered')}", file=sys.stderr)
     elif fatal:
-        print(f"error: {lost_message(hosts, _fatal_reason(''.join(fatal), hosts))}",
-              file=sys.stderr)
+        print(f"error: {lost_message(hosts, _fatal_reason(fatal, hosts))}", file=sys.stderr)
     else:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ \
-            else f"signal {-code}"
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
         print(f"error: {hosts.who}: the trainer (pid {child.pid}) was killed by {name}; the "
               "other processes stop too. Resume from the last checkpoint: the same `train "
               "--distributed ... --resume` on every host", file=sys.stderr)
