@@ -6,6 +6,7 @@ Usage:
     train --data shards/ --run-dir runs/exp1 --log-every 10 --eval-every 200
     train --resume                                # continue the newest run under runs/
     train --data shards/ --run-dir runs/exp1 --resume
+    train --distributed --coordinator 10.0.0.1:5555 --num-processes 2 --process-id 0 ...
     train eval runs/exp1 --plot eval.png          # the model vs RTT baselines on the test split
     train eval runs/exp1 --max-queries 5000       # exactly 5,000 queries: eval/step-<S>-q5000.json
     train predict runs/exp1 --src 192.0.2.7 --dst 193.0.14.129 --time 2026-01-02T12:00:00Z
@@ -60,6 +61,7 @@ class _Train(click.Group):
     one line on stderr and exit code 2."""
 
     def parse_args(self, ctx, args):
+        ctx.meta["train.args"] = list(args)  # as given: `train --distributed` runs them again
         if not args or (args[0] not in self.commands
                         and args[0] not in ("--version", *ctx.help_option_names)):
             args = ["fit", *args]
@@ -146,11 +148,28 @@ def main():
               default=None, help="How the shards are held to the manifest at start: record "
               "counts and sizes, or also every sha256 [default: auto = sha256 up to 2 GiB].")
 @click.option("--distributed", is_flag=True,
-              help="Call jax.distributed.initialize() first (multi-host).")
+              help="One of several processes (hosts) training one model: jax.distributed "
+                   "with the flags below, else what it finds (SLURM, Open MPI, Kubernetes, "
+                   "Cloud TPU). README: `train --distributed`.")
+@click.option("--coordinator", metavar="HOST:PORT", default=None,
+              help="With --distributed: process 0's address and a free port every process "
+                   "reaches [default: $JAX_COORDINATOR_ADDRESS, else detected].")
+@click.option("--num-processes", type=int, default=None,
+              help="With --distributed: how many processes [default: $JAX_NUM_PROCESSES, "
+                   "else detected].")
+@click.option("--process-id", type=int, default=None,
+              help="With --distributed: this one's, 0..N-1; 0 logs and writes the run's "
+                   "files [default: $JAX_PROCESS_ID, else detected].")
+@click.option("--join-timeout", type=int, default=300, show_default=True,
+              help="With --distributed: seconds to wait for every process to join.")
+@click.option("--heartbeat-timeout", type=int, default=100, show_default=True,
+              help="With --distributed: seconds without word from a process before the "
+                   "others stop with an error.")
 @click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto",
               show_default=True, help="auto: the GPU when jax has one (an NVIDIA GPU that jax "
               "cannot use is an error naming the install); cpu: the CPU on purpose.")
-def fit(data, run_dir, resume, distributed, device, **flags):
+def fit(data, run_dir, resume, distributed, coordinator, num_processes, process_id,
+        join_timeout, heartbeat_timeout, device, **flags):
     """Train on the packed rows of --data; `train ARGS` is `train fit ARGS` (see README: train).
 
     \b
@@ -159,18 +178,60 @@ def fit(data, run_dir, resume, distributed, device, **flags):
       train --data shards-256 --model small   # the CPU recipe (docs/learning.md)
       train --data shards/ --model base --steps 20000 --run-dir runs/base1
       train --resume                          # continue the newest run under runs/
+      train --distributed --coordinator 10.0.0.1:5555 --num-processes 2 --process-id 0 ...
+                           # host 1; host 2 the same with --process-id 1 (README)
     """
+    from train.fit import multihost
+
+    if not distributed:
+        if coordinator is not None or num_processes is not None or process_id is not None:
+            raise InputError("--coordinator, --num-processes and --process-id go with "
+                             "--distributed")
+        code = _fit(data, run_dir, resume, device, flags)
+        if code:
+            sys.exit(code)  # 130 after SIGINT (Ctrl-C), 143 after SIGTERM
+        return
+    hosts = multihost.resolve(coordinator=coordinator, num_processes=num_processes,
+                              process_id=process_id, join_timeout=join_timeout,
+                              heartbeat_timeout=heartbeat_timeout)
+    if not multihost.supervised():  # the trainer runs under this process (multihost.supervise)
+        sys.exit(multihost.supervise(hosts, click.get_current_context().meta["train.args"]))
+    try:  # the trainer: every way out but success skips jax's shutdown barrier (leave)
+        from train.fit.device import use_cpu
+
+        if device == "cpu":
+            use_cpu()
+        multihost.initialize(hosts)
+        code = _fit(data, run_dir, resume, device, flags, hosts)
+    except (InputError, RowFormatError) as e:  # most are met by every process alike
+        multihost.leave(2, str(e), together=True)
+    except SystemExit as e:
+        multihost.leave(e.code if isinstance(e.code, int) else 2, together=True)
+    except KeyboardInterrupt:  # a second signal: abort, no checkpoint
+        multihost.leave(130, f"{hosts.who}: aborted by a second signal before its checkpoint; "
+                             "the other processes stop too")
+    except Exception as e:
+        if multihost.lost_peer(e):
+            multihost.leave(2, multihost.lost_message(hosts, multihost.short_reason(e)))
+        import traceback
+
+        traceback.print_exc()
+        multihost.leave(1)
+    if code:
+        sys.exit(code)  # interrupted: every process stopped at the same step, all exit
+
+
+def _fit(data, run_dir, resume, device, flags, hosts=None) -> int:
+    """`train fit` after the multi-host setup: the exit code (0, or 130/143 after a signal)."""
     from train.fit.device import check_backend
 
-    check_backend(device)  # before anything asks jax for devices
+    check_backend(device)  # before anything asks jax for devices (after jax.distributed)
     import jax  # after click parsed the flags: --help stays fast
 
     from prep.schema.storage import is_remote
     from train.fit.config import TrainConfig, defaults_for
     from train.fit.loop import load_run, train
 
-    if distributed:
-        jax.distributed.initialize()
     given = {k: v for k, v in flags.items() if v is not None}
     if resume:  # the run's own settings and data, unless given (train() refuses conflicts)
         if run_dir is None:
@@ -194,14 +255,18 @@ def fit(data, run_dir, resume, distributed, device, **flags):
         run_dir = RUNS / f"{settings['model']}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = TrainConfig(data=data, run_dir=str(run_dir), resume=resume, **settings)
     s = train(cfg)  # prints the config line once the run starts (nothing before it is made)
+    if jax.process_index() > 0:  # process 0 logs; the others say only how they ended
+        click.echo(f"{hosts.who if hosts else 'process'}: "
+                   f"{'interrupted' if s['interrupted'] else 'done'} at step {s['step']:,}; "
+                   f"process 0 logs the run", err=True)
+        return s["exit_code"]
     tps = f"{s['tokens_per_s']:,.0f} tok/s" if s["tokens_per_s"] else "-"
     mfu = f"{100 * s['mfu']:.1f}%" if s["mfu"] is not None else "-"
     ev = f"{s['eval_loss']:.4f}" if s["eval_loss"] is not None else "-"
     loss = f"{s['loss']:.4f}" if s["loss"] is not None else "-"
     print(f"{'interrupted' if s['interrupted'] else 'done'}: step {s['step']:,} | loss {loss} | "
           f"eval loss {ev} | {tps} | mfu {mfu} | checkpoint and metrics.jsonl in {s['run_dir']}")
-    if s["interrupted"]:
-        sys.exit(s["exit_code"])  # 130 after SIGINT (Ctrl-C), 143 after SIGTERM
+    return s["exit_code"]  # 130 after SIGINT (Ctrl-C), 143 after SIGTERM
 
 
 @main.command("eval", short_help="The model of a run against RTT baselines on the test split.")

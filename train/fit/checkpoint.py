@@ -25,6 +25,10 @@ A step folder damaged afterwards (a half or its files deleted, truncated or chan
 JSON, an empty folder) fails to restore; ``restore_intact`` then takes the newest step
 that restores, naming each one it skipped and why, and ``set_aside`` moves the damaged
 ones out of the way (so the run can write those steps again).
+
+With several processes (train.fit.multihost) every process saves and restores through
+Orbax (each its own shards, process 0 the metadata), in a folder they all see; process 0
+alone writes the digests, removes what a failed save left and sets damaged steps aside.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from prep.schema.errors import InputError, first_line
+from train.fit import multihost
 
 
 def step_dirs(directory: str | Path) -> list[int]:
@@ -214,7 +219,7 @@ class Checkpointer:
             self.manager.wait_until_finished()
         except Exception as e:
             raise self._fail(e) from None
-        for step in self._unsealed:
+        for step in self._unsealed if multihost.is_primary() else ():
             d = self.directory / str(step)
             if d.is_dir():  # not already dropped by max_to_keep
                 tmp = d / (DIGESTS + ".tmp")
@@ -231,7 +236,7 @@ class Checkpointer:
         ``<step>`` folder it did not finish), stop saving, and say so in one line."""
         steps, self._unsealed, self.failed = self._unsealed, [], True
         _drop_read_echoes()  # its other writes fail too, some after the loop has closed
-        for step in steps:
+        for step in steps if multihost.is_primary() else ():
             for d in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
                 shutil.rmtree(d, ignore_errors=True)
             if drop:
@@ -271,8 +276,14 @@ class Checkpointer:
         return None
 
     def _restore(self, step: int, template: dict | None) -> tuple[dict, dict]:
-        abstract = None if template is None else jax.tree.map(ocp.utils.to_shape_dtype_struct,
-                                                              template)
+        if template is None:  # as saved, on this process's first device (a run saved from
+            # several devices or hosts restores on one: Orbax would refuse its topology)
+            one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            saved = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
+            abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),
+                                    saved)
+        else:
+            abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
         out = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
         if not isinstance(out["data"], dict):
@@ -293,8 +304,8 @@ class Checkpointer:
         return None
 
     def restore(self, step: int, template: dict | None = None) -> tuple[dict, dict]:
-        """(state shaped and sharded like ``template`` (or as saved), iterator state) of
-        ``step``; InputError (one line) if that checkpoint is damaged."""
+        """(state shaped and sharded like ``template`` (or as saved, on one device),
+        iterator state) of ``step``; InputError (one line) if that checkpoint is damaged."""
         if self._cached is not None and self._cached[0] == step and template is None:
             _, state, data = self._cached
             self._cached = None
@@ -324,7 +335,9 @@ class Checkpointer:
         """(step, state, iterator state) of the newest checkpoint that restores. Each newer
         one skipped goes to ``self.skipped`` and is named on stderr (or to ``log``) with the
         reason; InputError (one line) if there is none or none is intact."""
-        log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        if log is None:  # process 0 speaks for all (they all see the same folder)
+            log = (lambda msg: print(msg, file=sys.stderr, flush=True)) \
+                if multihost.is_primary() else (lambda msg: None)
         steps = sorted(self.manager.all_steps(), reverse=True)
         if not steps:
             raise InputError(f"{self.directory}: no checkpoint; train (longer) first")
@@ -353,7 +366,8 @@ class Checkpointer:
         """Move these steps' folders to ``dest/<step>`` (out of Orbax's sight, so the run
         can save those steps again); where they went."""
         dest, moved = Path(dest), []
-        for step in steps:
+        multihost.sync("set-aside")  # no process still reading them
+        for step in steps if multihost.is_primary() else ():
             src = self.directory / str(step)
             if not src.exists():
                 continue
@@ -363,6 +377,7 @@ class Checkpointer:
                 target, k = dest / f"{step}.{k}", k + 1
             shutil.move(str(src), str(target))
             moved.append(target)
+        multihost.sync("set-aside-done")
         self.manager.reload()
         return moved
 

@@ -28,6 +28,11 @@ refuses settings that differ from the run's (config.RUN_BINDING) or a dataset wh
 digests differ from the run's ``data_fingerprint``. Everything that can refuse a start
 (dataset, shards, settings, batch size) is checked before the run folder is made; a start
 that fails before its first step leaves no folder it made behind.
+
+On several processes (`train --distributed`, train.fit.multihost) every process runs this
+loop in step; process 0 alone takes the lock, logs, and writes config.json and
+metrics.jsonl, a refusal of its own reaching them all; a signal on any one stops every
+one after the same step (multihost.StopVote), with one checkpoint.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ import jax
 import numpy as np
 
 from prep.schema.errors import InputError
-from train.fit import reader
+from train.fit import multihost, reader
 from train.fit import step as step_lib
 from train.fit.checkpoint import Checkpointer, step_dirs
 from train.fit.config import RUN_BINDING, TrainConfig, flag
@@ -77,9 +82,12 @@ class GracefulStop:
             raise KeyboardInterrupt
         self.requested, self.signum = True, signum  # the loop names the step it stops at
 
-    def announce(self, step: int) -> None:
-        print(f"{signal.Signals(self.signum).name}: stopping at step {step} and saving a "
-              "checkpoint (again to abort)", file=sys.stderr, flush=True)
+    def announce(self, step: int, signum: int | None = None) -> None:
+        """Say where the run stops (``signum``: the signal that stopped it, on whichever
+        process it came; this one's by default)."""
+        again = " (again to abort)" if self.requested else ""
+        print(f"{signal.Signals(signum or self.signum).name}: stopping at step {step} and "
+              f"saving a checkpoint{again}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
         for s, prev in self._prev.items():
@@ -146,10 +154,11 @@ class EvalSample:
         except RowFormatError:  # rows that are not measurements (synthetic test shards)
             self.roles_known = False
         self.n_rows, self.sharding = len(tok), rows_sharding
-        # this process's share, padded to whole batches (padding rows count nothing)
-        pi, pc = jax.process_index(), jax.process_count()
-        self.batch = max(1, cfg.batch_size // pc)
-        self.arrays = [a[pi::pc] for a in (tok, seg)]
+        # global batches of cfg.batch_size rows, this process's contiguous part of each (as
+        # the train batches), the last padded (padding rows count nothing)
+        self.pi, self.pc = jax.process_index(), jax.process_count()
+        self.batch = max(1, cfg.batch_size // self.pc)
+        self.arrays = [tok, seg]
 
     def __call__(self, params, eval_step) -> dict | None:
         from prep.tokens.rowdecode import ROLES
@@ -158,8 +167,9 @@ class EvalSample:
             return None
         total = count = 0
         tok, seg = self.arrays
-        for r0 in range(0, max(len(tok), 1), self.batch):
-            part = {k: _pad(a[r0:r0 + self.batch], self.batch) for k, a in
+        for r0 in range(0, max(len(tok), 1), self.batch * self.pc):
+            lo = r0 + self.pi * self.batch
+            part = {k: _pad(a[lo:lo + self.batch], self.batch) for k, a in
                     zip(("tokens", "segment_ids"), (tok, seg))}
             batch = {k: jax.make_array_from_process_local_data(self.sharding, v)
                      for k, v in part.items()}
@@ -332,13 +342,20 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
     """Train per ``cfg``; returns a summary (last loss, eval loss, mean throughput, MFU).
 
     ``devices``: the mesh (default: all); ``on_step(step)`` runs after each step (tests).
-    The run folder is locked (RunLock) from before its config is read to the end.
+    The run folder is locked (RunLock) from before its config is read to the end, by
+    process 0 of a run on several processes (train.fit.multihost), whose refusal stops
+    them all.
     """
     run_dir = Path(cfg.run_dir)
     check_run_dir(run_dir)
     lock = RunLock(run_dir)
-    if run_dir.is_dir():  # before reading the run: a live trainer may be writing it
-        lock.acquire()
+    refused = None
+    if multihost.is_primary() and run_dir.is_dir():  # before reading the run: a live
+        try:                                         # trainer may be writing it
+            lock.acquire()
+        except InputError as e:
+            refused = str(e)
+    multihost.check_all("lock", refused)
     try:
         return _train(cfg, run_dir, lock, devices, on_step)
     finally:
@@ -386,32 +403,41 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step) -> 
         data, "train", batch_size=cfg.batch_size // jax.process_count(), seed=cfg.seed,
         num_workers=cfg.num_workers, manifest=manifest), rows))
     ckpt = metrics_file = None
+    primary = multihost.is_primary()  # writes the run folder's own files, and logs
+    say = (lambda msg: print(msg, file=sys.stderr)) if primary else (lambda msg: None)
     created = not run_dir.exists()
     start = 0
     try:
         eval_sample = EvalSample(cfg, data, manifest, rows) if cfg.eval_every else None
         # the run starts here: nothing above wrote anything (nor printed the config)
-        print("config: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()),
-              file=sys.stderr)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        lock.acquire()
+        say("config: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()))
+        refused = None
+        if primary:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                lock.acquire()
+            except InputError as e:
+                refused = str(e)
+        multihost.check_all("start", refused)  # and the folder is there for every process
         ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.keep_checkpoints)
         if saved is not None:
             start, state, data_state = ckpt.restore_intact(state)
             if ckpt.skipped:
                 moved = ckpt.set_aside([s for s, _ in ckpt.skipped], run_dir / "checkpoints-damaged")
-                print(f"moved the damaged checkpoints to {', '.join(map(str, moved))}",
-                      file=sys.stderr)
+                say(f"moved the damaged checkpoints to {', '.join(map(str, moved))}")
             it.set_state(data_state)
-            _trim_metrics(run_dir / "metrics.jsonl", start)
-            print(f"resumed {run_dir} at step {start}", file=sys.stderr)
+            if primary:
+                _trim_metrics(run_dir / "metrics.jsonl", start)
+            say(f"resumed {run_dir} at step {start}")
             for n in notes:
-                print(f"note: {n}", file=sys.stderr)
-        _write_json(run_dir / "config.json", {
-            "train": dataclasses.asdict(cfg), "model": dataclasses.asdict(mcfg),
-            "data_fingerprint": fingerprint, "attention": impl,
-            "devices": [str(d) for d in mesh.devices.flat], "jax": jax.__version__})
-        metrics_file = open(run_dir / "metrics.jsonl", "a" if saved is not None else "w")
+                say(f"note: {n}")
+        if primary:
+            _write_json(run_dir / "config.json", {
+                "train": dataclasses.asdict(cfg), "model": dataclasses.asdict(mcfg),
+                "data_fingerprint": fingerprint, "attention": impl,
+                "devices": [str(d) for d in mesh.devices.flat],
+                "processes": jax.process_count(), "jax": jax.__version__})
+            metrics_file = open(run_dir / "metrics.jsonl", "a" if saved is not None else "w")
         return _run(cfg, mcfg, att, mesh, state, it, ckpt, metrics_file, eval_sample, start,
                     on_step)
     finally:
@@ -420,7 +446,7 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step) -> 
             ckpt.close()
         if metrics_file is not None:
             metrics_file.close()
-        if created and lock.held and _never_started(run_dir):
+        if primary and created and lock.held and _never_started(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)  # a start that made no step
 
 
@@ -438,22 +464,26 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
     train_step, eval_step = step_lib.compile_steps(mesh, mcfg, cfg, att)
     peak = step_lib.peak_flops()
     flops_of = lambda tok, ctx: model.train_flops(mcfg, tok, ctx)
-    print(f"model {cfg.model}: {model.count_params(state['params']):,} parameters, "
-          f"{mcfg.n_layers} layers, d_model {mcfg.d_model}, seq {mcfg.seq_len} | attention "
-          f"{att.implementation} | {mesh.size} x {mesh.devices.flat[0].device_kind} | batch {cfg.batch_size} "
-          f"| {cfg.compute_dtype}", file=sys.stderr)
+    primary = metrics_file is not None  # process 0 logs (train.fit.multihost)
+    log = print if primary else (lambda *a, **k: None)
+    hosts = f" on {jax.process_count()} processes" if jax.process_count() > 1 else ""
+    log(f"model {cfg.model}: {model.count_params(state['params']):,} parameters, "
+        f"{mcfg.n_layers} layers, d_model {mcfg.d_model}, seq {mcfg.seq_len} | attention "
+        f"{att.implementation} | {mesh.size} x {mesh.devices.flat[0].device_kind}{hosts} | "
+        f"batch {cfg.batch_size} | {cfg.compute_dtype}", file=sys.stderr)
 
     meter, step, last, eval_loss = Meter(), start, {}, None
 
     def write(rec):
-        metrics_file.write(json.dumps(rec) + "\n")
-        metrics_file.flush()
+        if primary:
+            metrics_file.write(json.dumps(rec) + "\n")
+            metrics_file.flush()
 
     def log_line():
         rec = {"step": step, **meter.flush(flops_of)}
         if "flops_per_s" in rec:
             rec["mfu"] = rec["flops_per_s"] / (peak * mesh.size) if peak else None
-        print(_fmt(rec, cfg.steps), flush=True)
+        log(_fmt(rec, cfg.steps), flush=True)
         write(rec)
         return rec
 
@@ -471,8 +501,12 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
                          f"training stopped without saving this state; {keep}")
 
     prev = None  # (step, metrics) of the step before the one under way
+    vote = multihost.StopVote()  # a signal on any process stops all after the same step
     with GracefulStop() as stop:
-        while step < cfg.steps and not stop.requested:
+        while step < cfg.steps:
+            target = vote.target_for(step, stop.requested, stop.signum)
+            if target is not None and step >= target:
+                break
             t0 = time.perf_counter()
             batch = next(it)
             wait = time.perf_counter() - t0
@@ -497,8 +531,8 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
                     eval_loss = ev["eval_loss"]
                     roles = " | ".join(f"{k} {v:.3f}" for k, v in
                                        ev.get("eval_loss_by_role", {}).items())
-                    print(f"step {step} | eval loss {eval_loss:.4f} on {ev['eval_rows']:,} "
-                          f"test rows" + (f" | {roles}" if roles else ""), flush=True)
+                    log(f"step {step} | eval loss {eval_loss:.4f} on {ev['eval_rows']:,} "
+                        f"test rows" + (f" | {roles}" if roles else ""), flush=True)
                     write({"step": step, **ev})
                 interval = True
             if cfg.ckpt_every and step % cfg.ckpt_every == 0:
@@ -510,8 +544,8 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
             if on_step is not None:
                 on_step(step)
         # a signal from here on aborts (second signal): the checkpoint below is the exit
-        if stop.requested:
-            stop.announce(step)
+        if vote.target_for(step, stop.requested, stop.signum) is not None and primary:
+            stop.announce(step, vote.signum)
         if prev is not None:
             finite(*prev)
         if meter.pending:  # stopped between log lines: log the steps since the last one
@@ -519,7 +553,7 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
         if step > start:
             ckpt.save(step, state, it.get_state())
         ckpt.wait()
-        signum = stop.signum
+        signum = vote.signum
     t = meter.totals
     return {"step": step, "loss": last.get("loss"), "eval_loss": eval_loss,
             "interrupted": signum is not None,

@@ -3,7 +3,8 @@
     MapDataset.range(batches per epoch)
       .repeat()                               (train only) epochs without end
       .map_with_index(EpochKeys)              int64[B] record keys: a seeded global shuffle
-                                              per epoch, this process's slice of it
+                                              per epoch, this process's slice of each
+                                              global batch
       .map(RowReader)                         one batched ArrayRecordDataSource read per
                                               shard + one np.frombuffer
       .to_iter_dataset() [.mp_prefetch(k)]    optional worker processes
@@ -196,21 +197,25 @@ class EpochKeys:
     """Batch number -> its record keys (int64[batch_size]) for one process.
 
     Batch i is batch ``i % per_epoch`` of epoch ``i // per_epoch``; an epoch is a seeded
-    permutation of all rows (``shuffle``) or file order, of which this process takes every
-    ``process_count``-th row. A permutation is computed once per epoch in numpy (4-8 bytes
-    a row) because Grain's per-element shuffle costs ~8 us a row, as much as the read.
+    permutation of all rows (``shuffle``) or file order, cut into global batches of
+    ``batch_size * process_count`` rows, of which process p takes the p-th contiguous
+    ``batch_size``. That is the slice of the global batch its devices hold in the mesh
+    (devices are ordered by process), so the global batches, and the run, do not depend
+    on how many processes read them: 2 processes of 1 device see what 1 process of 2
+    devices sees. A permutation is computed once per epoch in numpy (4-8 bytes a row)
+    because Grain's per-element shuffle costs ~8 us a row, as much as the read.
     """
 
     def __init__(self, n_rows: int, *, batch_size: int, seed: int, shuffle: bool,
                  process_index: int, process_count: int):
         self.n_rows, self.batch_size, self.seed, self.shuffle = n_rows, batch_size, seed, shuffle
         self.pi, self.pc = process_index, process_count
-        self.per_epoch = (n_rows // process_count) // batch_size
+        self.per_epoch = n_rows // (batch_size * process_count)
 
     def __call__(self, i: int, _=None) -> np.ndarray:
         epoch, b = divmod(int(i), self.per_epoch)
-        mine = self._order(epoch)[self.pi::self.pc]
-        return mine[b * self.batch_size:(b + 1) * self.batch_size]
+        first = (b * self.pc + self.pi) * self.batch_size
+        return self._order(epoch)[first:first + self.batch_size]
 
     @functools.lru_cache(maxsize=2)
     def _order(self, epoch: int) -> np.ndarray:
@@ -229,7 +234,7 @@ def key_batches(n_rows: int, *, batch_size: int, seed: int, train: bool = True,
     ds = grain.MapDataset.range(keys.per_epoch)
     if train:
         if keys.per_epoch == 0:
-            raise InputError(f"{n_rows} rows make no batch of {batch_size} per process; "
+            raise InputError(f"{n_rows} rows make no batch of {batch_size * keys.pc} rows; "
                              "use a smaller --batch-size or more data")
         ds = ds.repeat()
     # map_with_index: the index after repeat() counts epochs, the element does not
