@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from prep.schema import rows
+from prep.schema import rows, vocab
 from train.model import arch, attention, model
 from train.model.arch import MODELS
 
@@ -226,3 +226,26 @@ def test_probe_logits_equal_the_row_with_that_token_written(params):
         t[p + 1], s[p + 1] = x, segs[p]  # at 28 that overwrites padding: extend segment 3
         want = model.forward(params, t[None], s[None], CFG)[0, p + 1]
         np.testing.assert_allclose(probe_logits[0, m], want, rtol=2e-5, atol=2e-5)
+
+
+def test_measurement_index_and_the_copied_source_bytes():
+    """measurement_index restarts per segment; copied_src counts exactly the source-byte
+    targets of the measurements after each segment's first."""
+    V = vocab
+    B = V.BYTE_OFFSET
+    m1 = [V.MEASUREMENT_START, V.SRC_IPV4, B + 1, B + 2, B + 3, B + 4, V.DST_IPV4, B + 9, B + 9, B + 9, B + 9, V.FAILED]
+    m2 = [V.MEASUREMENT_START, V.DST_IPV4, B + 9, B + 9, B + 9, B + 8, V.SRC_IPV4, B + 1, B + 2, B + 3, B + 4, V.FAILED]
+    tokens = np.zeros(64, np.int32)
+    segs = np.zeros(64, np.int32)
+    row = m1 + m2 + m1 + m2 + m2  # segment 1: m1 m2; segment 2: m1 m2 m2
+    tokens[:len(row)] = row
+    segs[:24], segs[24:60] = 1, 2
+    idx = np.asarray(model.measurement_index(jnp.asarray(tokens[None]), jnp.asarray(segs[None])))[0]
+    np.testing.assert_array_equal(idx, np.repeat([0, 1, 0, 1, 2, -1], [12, 12, 12, 12, 12, 4]))
+    cfg = dataclasses.replace(CFG, seq_len=64)
+    p = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    out = model.loss_by_role(p, tokens[None], segs[None], cfg, copied_src=True)
+    assert len(out) == 6
+    assert float(out[5][0]) == 3 * 4  # three later measurements, four source bytes each
+    src = vocab.ROLES.index("src")
+    assert float(out[2][src]) == 5 * 4  # every source byte follows a token of its segment

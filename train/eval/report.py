@@ -52,7 +52,13 @@ def format_report(r: dict) -> str:
         roles = " | ".join(f"{k} {v['loss']:.3f} ({100 * v['accuracy']:.1f} %)"
                            for k, v in lo["by_role"].items())
         lines += [f"next-token loss {lo['loss']:.4f}, accuracy {100 * lo['accuracy']:.1f} % "
-                  f"over {lo['tokens']:,} targets in {lo['rows']:,} test rows", f"  by role: {roles}", ""]
+                  f"over {lo['tokens']:,} targets in {lo['rows']:,} test rows", f"  by role: {roles}"]
+        cs = lo.get("copied_src")
+        if cs:
+            lines.append(f"  source bytes after a context's first measurement (a copy of one in "
+                         f"front): {cs['loss']:.3f} ({100 * cs['accuracy']:.1f} %) over "
+                         f"{cs['tokens']:,} targets")
+        lines.append("")
     lines += _main_table(r["rtt"])
     scored = {k: m for k, m in r["rtt"].items() if not fell_back(m)}
     lines += ["", "median relative error [95 % interval] by stratum"]

@@ -216,19 +216,43 @@ N_ROLES = len(vocab.ROLES) + 1  # prep.schema.vocab.ROLES (7, then one per value
 
 
 def loss_by_role(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
-                 attention: attn.AttentionConfig = attn.AttentionConfig()):
+                 attention: attn.AttentionConfig = attn.AttentionConfig(), *,
+                 copied_src: bool = False):
     """(cross-entropy sum, right-guess count, target count), each float32[N_ROLES] by the
     role of the token each position predicts (``target_roles``): the one place the loss is
     split by role, for the training objective (``loss_sum``), the eval during training
-    (train.fit.step.eval_step) and `train eval` (train.eval.evaluate)."""
+    (train.fit.step.eval_step) and `train eval` (train.eval.evaluate).
+
+    ``copied_src``: also the same three sums (float32[1] each) over the source bytes of every
+    measurement after its context's first, which repeat an address already in the context
+    (a probe's source): how well the model copies."""
+    tokens, segment_ids = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     ce, logits, targets, mask = token_losses(params, tokens, segment_ids, cfg, attention)
-    roles = target_roles(tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)).ravel()
+    roles = target_roles(tokens, segment_ids).ravel()
     right = (jnp.argmax(logits, axis=-1) == targets) & mask
 
     def by_role(x):
         return jax.ops.segment_sum(x.astype(jnp.float32).ravel(), roles, N_ROLES)
 
-    return by_role(jnp.where(mask, ce, 0.0)), by_role(right), by_role(mask)
+    sums = (by_role(jnp.where(mask, ce, 0.0)), by_role(right), by_role(mask))
+    if not copied_src:
+        return sums
+    # the target t + 1 is a source byte and lies past the segment's first measurement
+    later = measurement_index(tokens, segment_ids) >= 1
+    later = jnp.concatenate([later[:, 1:], jnp.zeros_like(later[:, :1])], axis=1)
+    sel = mask & later & (roles.reshape(mask.shape) == vocab.ROLES.index("src"))
+    copied = tuple(jnp.where(sel, x, 0).astype(jnp.float32).sum()[None]
+                   for x in (ce, right, sel))
+    return sums + copied
+
+
+def measurement_index(tokens: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """int32[B, T]: each token's measurement within its segment (0 for the first, which starts
+    at the segment's first token); -1 on padding."""
+    meas = jnp.cumsum((tokens == vocab.MEASUREMENT_START) & (segment_ids > 0), axis=1,
+                      dtype=jnp.int32)  # numbered along the row
+    first = jax.lax.cummax(jnp.where(positions(segment_ids) == 0, meas, 0), axis=1)
+    return jnp.where(segment_ids > 0, meas - first, -1)
 
 
 def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
