@@ -10,7 +10,7 @@ wait. Without a GPU it runs the tiny config on the CPU so the script itself stay
 says so, and writes ``bench/results/gpu-cpu-tiny.json`` (not a GPU result).
 
     python -m bench.gpu                       # synthetic 1024-token rows
-    python -m bench.gpu --data shards/ --steps 300 --batch-size 64
+    python -m bench.gpu --data shards/ --steps 300 --batch-size 32
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 from bench import synthetic_shards as synthetic
 from bench.run import RESULTS, machine
 from prep.schema import vocab
-from train.fit.config import TrainConfig
+from train.fit.config import GPU_ROWS, TrainConfig
 from train.fit.loop import train
 
 
@@ -45,12 +45,18 @@ def _synthetic_shards(d: Path, rows: int) -> Path:
     return d
 
 
+def device_name() -> str:
+    """The first device's kind as a file-name part: 'nvidia-h100-80gb-hbm3'."""
+    return re.sub(r"[^a-z0-9]+", "-", jax.devices()[0].device_kind.lower()).strip("-")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", help="a shards folder (default: synthetic rows)")
     p.add_argument("--steps", type=int, help="default: 300 on a GPU, 30 on a CPU")
-    p.add_argument("--batch-size", type=int, help="rows per step (default 64 per GPU)")
+    p.add_argument("--batch-size", type=int, help="rows per step (default: train's, 48 per GPU)")
     p.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn"])
+    p.add_argument("--out", help="the JSON's path [bench/results/gpu-<device>.json]")
     args = p.parse_args(argv)
 
     from prep.schema.errors import InputError
@@ -63,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     n = jax.device_count()
     if gpu:
-        settings = dict(model="base", steps=args.steps or 300, batch_size=args.batch_size or 64 * n,
+        settings = dict(model="base", steps=args.steps or 300, batch_size=args.batch_size or GPU_ROWS * n,
                         compute_dtype="bfloat16", log_every=25, lr=6e-4, warmup=50)
-        name = re.sub(r"[^a-z0-9]+", "-", jax.devices()[0].device_kind.lower()).strip("-")
+        name = device_name()
     else:
         print("[bench-gpu] no GPU here: running the tiny config on the CPU to exercise the "
               "script; these are not GPU numbers", file=sys.stderr)
@@ -91,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     out = {"machine": machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "gpu": gpu,
            "config": {**settings, "attention": summary["attention"], "data": args.data or "synthetic"},
            "metrics": metrics}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"gpu-{name}.json"
+    path = Path(args.out) if args.out else RESULTS / f"gpu-{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
     for k, v in metrics.items():
         print(f"{k:<24} {'-' if v is None else f'{v:,.4g}'}")

@@ -85,25 +85,28 @@ def main(argv: list[str] | None = None) -> int:
     train_s = time.perf_counter() - t0
     record = json.loads((Path(run_dir) / "config.json").read_text())
     row_len = record["model"]["seq_len"]
+    device = jax.devices()[0].device_kind
+    path = Path(args.out or RESULTS / f"learning-{re.sub(r'[^A-Za-z0-9]+', '-', device).strip('-').lower()}-{args.model}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     points = []
-    for step in sorted(step_dirs(Path(run_dir) / "checkpoints")):
+    saved = sorted(step_dirs(Path(run_dir) / "checkpoints"))
+    for step in saved[-1:] + saved[:-1]:  # the last first: a run cut short keeps its end
         report, _ = evaluate(EvalConfig(run_dir=run_dir, step=step, max_queries=args.queries),
                              progress=False)
-        points.append(curve_point(report, step * cfg.batch_size * row_len))
-        m = points[-1]
-        print(f"[learning] step {step:,} ({points[-1]['tokens'] / 1e6:.1f}M row tokens): model "
+        m = curve_point(report, step * cfg.batch_size * row_len)
+        points = sorted(points + [m], key=lambda q: q["step"])
+        print(f"[learning] step {step:,} ({m['tokens'] / 1e6:.1f}M row tokens): model "
               f"{m['model']['all']:.3f} | no context {m['model_no_context']['all']:.3f} | "
               f"context_last {m['context_last']['all']:.3f} | context_median "
               f"{m['context_median']['all']:.3f}", file=sys.stderr, flush=True)
-    device = jax.devices()[0].device_kind
-    out = {"machine": machine(), "device": device, "config": record, "train_s": round(train_s, 1),
-           "tokens_per_s": summary["tokens_per_s"], "mfu": summary["mfu"],
-           "queries": report["queries"], "queries_with_rtt": report["queries_with_rtt"],
-           "n_by_stratum": {s: v["n_rtt"] for s, v in report["rtt"]["model"]["by_stratum"].items()},
-           "points": points}
-    path = Path(args.out or RESULTS / f"learning-{re.sub(r'[^A-Za-z0-9]+', '-', device).strip('-').lower()}-{args.model}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+        out = {"machine": machine(), "device": device, "config": record,
+               "train_s": round(train_s, 1), "tokens_per_s": summary["tokens_per_s"],
+               "mfu": summary["mfu"], "queries": report["queries"],
+               "queries_with_rtt": report["queries_with_rtt"],
+               "n_by_stratum": {s: v["n_rtt"] for s, v in report["rtt"]["model"]["by_stratum"].items()},
+               "points": points}
+        # after every point: a run cut short keeps the points it scored
+        path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"[learning] wrote {path}", file=sys.stderr)
     if args.plot:
         plot(out, args.plot)

@@ -239,8 +239,11 @@ def test_sigterm_mid_upload_removes_it_and_keeps_the_old_dataset(s3, env, raw, l
     uri = f"s3://{BUCKET}/term/ds"
     put_folder(local, uri)
     old = {k: remote_bytes(s3, f"term/ds/{k}") for k in dataset_keys(s3, "term/ds")}
-    slow = ("import time, prep.schema.storage as st\nreal = st.upload\n"
-            "def upload(*a, **k):\n    real(*a, **k); time.sleep(0.5)\nst.upload = upload\n")
+    # each upload, once done, waits until the run tells it to stop (up to 60 s): the run is
+    # still uploading when the signal comes, however late a loaded machine delivers it
+    slow = ("import prep.schema.storage as st\nreal = st.upload\n"
+            "def upload(local, loc, bar=None, stop=None):\n"
+            "    real(local, loc, bar, stop); stop.wait(60)\nst.upload = upload\n")
     code = slow + "from prep.cli import main\nmain(sys.argv[1:])"
     proc = subprocess.Popen([sys.executable, "-c", "import sys\n" + code, "shards", str(raw),
                              "--out", uri, *SHARDS, "--overwrite"], stderr=subprocess.PIPE,

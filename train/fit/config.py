@@ -69,13 +69,19 @@ SMALL_CPU = dict(model="small", steps=800, batch_size=32, lr=3e-3, warmup=50,
                  eval_every=200, eval_rows=64, ckpt_every=200)
 
 
+# Rows of 1024 tokens per GPU for the base model. Measured on one H200 (make gpu-check,
+# bench/results/gpu-nvidia-h200-batch.json): 48 rows peak at 46 GiB and train at 338k real
+# tokens/s; 64 rows ran at 225k (a step 2x as long for 1.33x the rows); 128 do not fit.
+GPU_ROWS = 48
+
+
 def defaults_for(platform: str, n_devices: int = 1, *, model: str | None = None) -> dict:
     """What `train --data shards/` does with no other flags, per platform (and, where
     ``model`` has a recipe of its own there, per model)."""
     if model == "small" and platform != "gpu":
         return dict(SMALL_CPU)
-    if platform == "gpu":  # 64 rows of 1024 tokens per GPU fit an 80 GB H100 without remat
-        return dict(model="base", steps=5000, batch_size=64 * n_devices, lr=6e-4, warmup=200,
+    if platform == "gpu":
+        return dict(model="base", steps=5000, batch_size=GPU_ROWS * n_devices, lr=6e-4, warmup=200,
                     compute_dtype="bfloat16", log_every=50, eval_every=500, eval_rows=1024, ckpt_every=1000)
     # a CPU: the tiny model for about a minute, loss visibly falling. Small batches: the
     # XLA attention over 1024-token rows costs ~0.3 s per row on a laptop core
