@@ -14,7 +14,7 @@ STEPS = 300
 def test_small_recipe_reads_its_context(builtin_shards, tmp_path):
     run = tmp_path / "run"
     cfg = TrainConfig(**dict(SMALL_CPU, data=str(builtin_shards), run_dir=str(run),
-                             steps=STEPS, batch_size=16, warmup=30, eval_every=0,
+                             steps=STEPS, batch_size=8, warmup=30, eval_every=0,
                              ckpt_every=0, log_every=100))
     train(cfg)
     losses = [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").open()) if "loss" in r]
@@ -27,6 +27,8 @@ def test_small_recipe_reads_its_context(builtin_shards, tmp_path):
     assert pic["model"]["median_rel"] < MARGIN * pic["model_no_context"]["median_rel"]
 
 
-# measured on 2026-11-25 (2 cores): loss 1.81 at step 300; pair_in_context (n = 335)
-# model 0.421, model alone 0.685, context_last 0.016
-LOSS_BELOW, MARGIN = 2.2, 0.75
+# measured on 2026-11-26 (2 cores, 35 s of training): loss 1.78 at step 300 of 8 rows;
+# pair_in_context (n = 335) model 0.091, model alone 0.680, context_last 0.016. (Batch 16,
+# the test until then: 0.421 against 0.685 in twice the time; 150 steps of 16 rows: 0.679,
+# not reading its context yet. docs/learning.md §5: smaller batches, more updates per token.)
+LOSS_BELOW, MARGIN = 2.0, 0.4

@@ -1,6 +1,7 @@
 """Judging a trained model against every predictor that had the same information: the
 train-fit and context baselines, the metrics and strata, the report and its figure.
 
-Owns: evaluate, baselines, context_baselines, coord_kernels, metrics, report, plot.
+Owns: evaluate, registry (every predictor's name, label, kind, fallback), baselines,
+context_baselines, coord_kernels, metrics, report, plot.
 Imports: train.predict, train.fit, train.model, prep.schema and prep.tokens.
 """
