@@ -254,10 +254,10 @@ def _close_row(f, p, rows, r, cap, k):
 @njit(cache=True)
 def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
     """What the donors kept, in order, into new rows from n_rows on. A run stops before a
-    measurement that would leave the row a rest that cannot be filled; that one is passed
-    over (up to SKIP_MAX a row) for a later row or a closing set, and a row that cannot
-    take the next measurement is closed (``_close_row``). A second pass lays what the first
-    passed over. Returns (k, n_rows)."""
+    measurement that would turn a rest that can be filled into one that cannot; that one is
+    passed over (up to SKIP_MAX a row) for a later row or a closing set, and a row that
+    cannot take the next measurement is closed (``_close_row``). A second pass lays what
+    the first passed over (and the scarce sizes). Returns (k, n_rows)."""
     cum, used, scarce, ok, st = f.cum, f.used, f.scarce, f.ok, f.st
     gap, nseg, rfirst, rlast = rows
     ps, pe, pnext = p.ps, p.pe, p.pnext
@@ -281,7 +281,8 @@ def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
                             continue  # the closing may have taken measurement a
                         if st[0] != 0:
                             rest_table(f)
-                        if cap == 0 and rest > 1 and not closable(ok, rest):
+                        if cap == 0 and rest > 1 and not closable(ok, rest) and \
+                                closable(ok, gap[r]):
                             if pass_ == 0 and skips < SKIP_MAX:
                                 skips += 1
                                 a += 1  # passed over: a later row or a closing set takes it
@@ -301,7 +302,8 @@ def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
                     while (m < pe[q] and not used[m] and cum[m + 1] - cum[a] <= gap[r]
                            and (pass_ > 0 or not scarce_at(cum, scarce, m))):
                         rest = gap[r] - (cum[m + 1] - cum[a])
-                        if cap == 0 and rest > 1 and not closable(ok, rest):
+                        if cap == 0 and rest > 1 and not closable(ok, rest) and \
+                                closable(ok, gap[r] - (cum[m] - cum[a])):
                             break
                         m += 1
                     k = place(f, p, rows, r, a, m, k)
