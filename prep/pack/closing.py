@@ -29,7 +29,7 @@ from numba import njit
 from prep.pack.supply import INF, cheapest_fills, slack_target
 from prep.tokens.costs import SMALLEST_BODY
 
-WINDOW_MAX = 64  # donor windows are listed up to this many tokens; sizes are counted to it
+WINDOW_MAX = 160  # donor windows are listed up to this many tokens; sizes are counted to it
 CLOSE_MAX = 160  # gaps up to this many tokens may be closed by a set of single measurements
 PRICE_K = 1 << 10  # a size's price: 1 + PRICE_K x its demand // (its measurements left + 1)
 
