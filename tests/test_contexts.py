@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prep.pack import planner_kernels as kernels
 from prep.pack.contexts import ContextConfig, epoch_seed, piece_lengths, plan_contexts, sort_order
 from prep.schema import vocab as V
 from prep.schema.measurements import Measurements
@@ -56,14 +57,43 @@ def test_one_measurement_probe_and_a_long_probe():
     plan = plan_contexts(make(rows), FULL, seed=1)
     assert plan.ctx_start[0] == 0 and plan.ctx_end[0] == 1 and plan.ctx_len[0] == 14 + 9
     # IPv6 pings 240 s apart cost 38 + 2 tokens, the first of each context 38 + 9:
-    # 1 + 24 fit in 1024 tokens (47 + 24 * 40 = 1007), but that leaves a 17-token gap that
-    # no untimestamped piece fills to 1 (16 is no sum of 12, 14, 36, 38), so each context
-    # gives its last measurement back: 24 measurements, 967 tokens, a 57-token gap (56 = 14 * 4)
-    assert plan.ctx_end[1:].tolist() == list(range(25, 1001, 24)) + [1001]
-    assert plan.ctx_len[1:].tolist() == [967] * 41 + [47 + 15 * 40]
+    # 1 + 24 fit in 1024 tokens (47 + 24 * 40 = 1007). In full mode no measurement is free,
+    # so nothing could fill the 17-token gap that leaves: no context gives any back
+    assert plan.ctx_end[1:].tolist() == list(range(26, 1002, 25))
+    assert plan.ctx_len[1:].tolist() == [1007] * 40
     toks, off = kernel.encode_plan(plan, 1)
     assert all(int(toks[off[c]:off[c + 1]].tolist().count(V.TIMESTAMP_ABS)) == 1
                for c in range(len(off) - 1))
+
+
+def cut_with_supply(rows, rate):
+    """Context ends of ``rows`` (full mode) cut with a budget of ``rate`` / UNIT of each body
+    (14, 38, 12, 36 tokens) a context, up to 16 contexts' worth."""
+    m = make(rows)
+    s = m.take(sort_order(m))
+    limits = kernels.CutLimits(1024, 0, 86_400, 0, np.uint64(1 << 32), np.uint64(1 << 32))
+    rate = np.array(rate, np.int64)
+    supply = kernels.Supply(np.array([14, 38, 12, 36], np.int64), rate, 16 * rate)
+    return kernels.cut_contexts(s.arrays(), kernels.history_index(s.probe), np.uint64(1),
+                                limits, supply)
+
+
+def test_a_context_gives_back_what_the_free_bodies_can_fill():
+    rows = pings(range(0, 240 * 200, 240), probe=2, fam=6)  # 47 + 40 + 40 + ... tokens
+    u = costs.UNIT
+    # every body at hand: the 17-token gap of 1 + 24 measurements has no fill, one given
+    # back leaves 57 (56 = 4 x 14): 24 measurements, 967 tokens
+    start, _, length, *_ = cut_with_supply(rows, [4 * u] * 4)
+    assert start.tolist()[:3] == [0, 24, 48] and length.tolist()[:2] == [967, 967]
+    # IPv6 bodies only (IPv4 data absent): 57, 97, 137, 177 have no fill of 36s and 38s,
+    # 217 has (216 = 6 x 36): five given back, 20 measurements, 807 tokens
+    start, _, length, *_ = cut_with_supply(rows, [0, 4 * u, 0, 4 * u])
+    assert start.tolist()[:3] == [0, 20, 40] and length.tolist()[:2] == [807, 807]
+    # few IPv4 bodies: the first contexts spend them (one back, 4 x 14), and once their
+    # budget runs low a 14 is priced above 160 tokens of back-off: five back
+    start, _, length, *_ = cut_with_supply(rows, [u // 4, 4 * u, 0, 4 * u])
+    ends = length.tolist()
+    assert ends[0] == 967 and 807 in ends and set(ends[:-1]) <= {967, 807}
 
 
 def test_max_measurements_gap_and_span_cut():

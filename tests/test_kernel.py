@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prep.pack.contexts import ContextConfig, mode_thresholds, plan_contexts
+from prep.pack.contexts import ContextConfig, free_supply, mode_thresholds, plan_contexts
 from prep.schema import vocab as V
 from prep.schema.measurements import DTYPES, FIELDS, Measurements, addr_words
 from prep.tokens import kernel, reference
@@ -59,7 +59,8 @@ def assert_matches_reference(m: Measurements, cfg: ContextConfig, seed: int, pie
     ref_plan = reference.plan_reference(
         rows_of(plan.sorted), row_len=cfg.row_len, max_measurements=cfg.max_measurements,
         max_gap_s=cfg.max_gap_s, max_span_s=cfg.max_span_s,
-        thresholds=mode_thresholds(cfg.mode_weights), seed=seed)
+        thresholds=mode_thresholds(cfg.mode_weights), seed=seed,
+        supply=free_supply(plan.sorted, cfg.row_len, mode_thresholds(cfg.mode_weights)[1])[:3])
     assert plan.ctx_start.tolist() == [c["start"] for c in ref_plan]
     assert plan.ctx_end.tolist() == [c["end"] for c in ref_plan]
     assert plan.ctx_mode.tolist() == [c["mode"] for c in ref_plan]

@@ -35,9 +35,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from prep.pack import planner_kernels as kernels
+from prep.pack import supply
 from prep.schema.hashing import MASK, mix64
 from prep.schema.measurements import FIELDS, Measurements
-from prep.tokens.costs import MAX_MEASUREMENT, piece_lengths_kernel
+from prep.tokens.costs import MAX_MEASUREMENT, body, piece_lengths_kernel
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,18 @@ def sort_order(m: Measurements) -> np.ndarray:
     return order
 
 
+def free_supply(s: Measurements, row_len: int, t_partial: int) -> kernels.Supply:
+    """The planner's budget of free bodies (prep.pack.supply.budget) for the measurements
+    ``s``: their bodies counted, a share 1 - t_partial / 2**32 of them in none mode."""
+    failed = s.rtt < 0
+    sizes, counts = [], []
+    for family, fail in ((4, False), (6, False), (4, True), (6, True)):
+        sizes.append(body(family, fail))
+        counts.append(int(np.count_nonzero((s.family == family) & (failed == fail))))
+    rate, cap = supply.budget(sizes, counts, ((1 << 32) - t_partial) / 2**32, row_len)
+    return kernels.Supply(np.array(sizes, np.int64), rate, cap)
+
+
 def plan_contexts(m: Measurements, cfg: ContextConfig, seed: int) -> Plan:
     """Sort ``m``, cut it into contexts and fix every measurement's token cost."""
     s = m.take(sort_order(m))
@@ -126,7 +139,8 @@ def plan_contexts(m: Measurements, cfg: ContextConfig, seed: int) -> Plan:
                                np.uint64(min(t_full, (1 << 64) - 1)),
                                np.uint64(min(t_partial, (1 << 64) - 1)))
     ctx_start, ctx_mode, ctx_len, cost, has_ts, abs_extra = kernels.cut_contexts(
-        s.arrays(), hist, np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF), limits)
+        s.arrays(), hist, np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF), limits,
+        free_supply(s, cfg.row_len, t_partial))
     ctx_end = np.empty_like(ctx_start)
     ctx_end[:-1] = ctx_start[1:]
     ctx_end[-1] = n

@@ -3,10 +3,16 @@
 A row is free when no piece of it has a timestamp that a cut would make absolute
 (none-mode contexts): cutting it costs nothing. Free rows, least full first, become donors
 one at a time as the rows to fill (all others, in row order) need them; each window
-[x, y) of a donor's pieces of up to WINDOW_MAX tokens is listed by length. A gap takes a
-window of exactly its size, else one less, else the longest whose rest is ``fillable``; a
-long gap takes a long run of the opened donors. What the donors keep is laid into new
-rows, each closed the same way before the next one opens.
+[x, y) of a donor's pieces of up to WINDOW_MAX tokens is listed by length, and each of its
+measurements by size. A gap takes a window of exactly its size, else one less, else the
+cheapest set of single measurements that fills it (prep.pack.closing: sizes priced by
+their demand over their supply, so the scarce small bodies go to the gaps that only they
+fill), else the longest window whose rest can still be filled; a long gap first takes a
+long run of the opened donors that leaves such a rest. What the donors keep is laid into
+new rows in order: a run stops before a measurement that would leave the row a rest with
+no fill (it is passed over, for a later row or a closing set), and a row that cannot take
+the next measurement is closed by single measurements that keep its rest fillable, then
+a closing set. Windows and runs pass over measurements of a scarce size.
 
 Also the packer's working arrays, which steps 3-5 share and this step grows: ``Pieces``
 and ``Rows``, namedtuples of arrays (immutable: a grown array comes in a new tuple).
@@ -19,24 +25,30 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from prep.pack.closing import (
+    CLOSE_MAX,
+    WINDOW_MAX,
+    Fill,
+    closable,
+    close_gap,
+    demand,
+    fresh,
+    place,
+    refresh_quota,
+    rest_table,
+    scarce_at,
+    step,
+)
 from prep.tokens.costs import SMALLEST_BODY, fillable
 
-WINDOW_MAX = 64  # donor windows are listed up to this many tokens
 DONORS_PER_ROW = 2  # at most this many donors are opened for one row's gap
+SKIP_MAX = 16  # measurements a new row may pass over (``_lay_kept``)
 
 # Piece j: measurements [ps[j], pe[j]) in row pr[j]; pnext[j] the next piece of its row
 # (slot order, -1 last); alive[j] false once its row became a donor. In creation order.
 Pieces = namedtuple("Pieces", "ps pe pr pnext alive")
 # Row r: gap[r] tokens free, nseg[r] pieces, rfirst[r] / rlast[r] its first and last piece.
 Rows = namedtuple("Rows", "gap nseg rfirst rlast")
-# This step's own: cum (cost prefix sums), used (measurements taken from donors) and the
-# donors' windows by length, stacks in flat arrays: head[l] the window of l tokens listed
-# last, window w = [wx[w], wy[w]), wn[w] the one listed before it (-1: none).
-Fill = namedtuple("Fill", "cum used head wx wy wn")
-# An array read out of a tuple argument costs Numba an incref/decref pair (atomic) where it
-# is not pruned: the functions below take the fields they use into locals once, up front,
-# and the helpers run per window or placement are inlined by Numba (inline="always");
-# called as functions they made this step ~15 % slower.
 
 
 @njit(cache=True)
@@ -56,33 +68,16 @@ def _grown(p, rows, n_pieces, n_rows):
 
 
 @njit(cache=True, inline="always")
-def _place(f, p, rows, r, a, b, k):
-    """Free measurements [a, b) become piece k, the last of row r (a cut costs nothing);
-    returns k + 1. The arrays have room (``fill_gaps`` makes it up front)."""
-    used, cum = f.used, f.cum
-    gap, nseg, rfirst, rlast = rows
-    ps, pe, pr, pnext, alive = p
-    for i in range(a, b):  # not used[a:b] = True: a slice is a view, refcounted
-        used[i] = True
-    gap[r] -= cum[b] - cum[a]
-    nseg[r] += 1
-    ps[k], pe[k], pr[k], pnext[k], alive[k] = a, b, r, -1, True
-    if rlast[r] >= 0:
-        pnext[rlast[r]] = k
-    else:
-        rfirst[r] = k
-    rlast[r] = k
-    return k + 1
-
-
-@njit(cache=True, inline="always")
 def _find_window(f, g, exact, last):
     """(x, y, length) of a listed window with no used measurement for a gap of ``g``: exactly
-    g tokens, else g - 1, else (``exact``) the longest whose rest is ``fillable`` (not on a
+    g tokens, else g - 1, else (``exact``) the longest whose rest can be filled (not on a
     row's ``last`` slot), else (not ``exact``) the longest that fits; (-1, -1, 0) if none."""
-    head, wx, wy, wn, used = f.head, f.wx, f.wy, f.wn, f.used
+    head, wx, wy, wn, used, rest_ok = f.head, f.wx, f.wy, f.wn, f.used, f.ok
+    if exact and g > 2:
+        fresh(f)
     for want in range(min(g, WINDOW_MAX), 0, -1):
-        if exact and want < g - 1 and (last or g - want < SMALLEST_BODY or not fillable(g - want)):
+        if exact and want < g - 1 and (last or g - want < SMALLEST_BODY
+                                       or not closable(rest_ok, g - want)):
             continue
         while head[want] >= 0:  # drop windows that lost a measurement
             w = head[want]
@@ -99,10 +94,12 @@ def _find_window(f, g, exact, last):
 
 @njit(cache=True)
 def _free_rows(cum, has_ts, abs_extra, p, rows, n0):
-    """(free[r] for the first n0 rows, the measurements in free rows, the cheapest of them):
-    a row is free when no measurement of it has a timestamp that a cut would make absolute."""
+    """(free[r] for the first n0 rows, the measurements in free rows, the cheapest of them,
+    left[c]: how many of them cost c tokens): a row is free when no measurement of it has a
+    timestamp that a cut would make absolute."""
     ps, pe, pnext, rfirst = p.ps, p.pe, p.pnext, rows.rfirst
     free = np.zeros(n0, np.bool_)
+    left = np.zeros(WINDOW_MAX + 1, np.int64)
     m_free = 0
     cheapest = WINDOW_MAX
     for r in range(n0):
@@ -120,53 +117,72 @@ def _free_rows(cum, has_ts, abs_extra, p, rows, n0):
         if free[r]:
             m_free += m
             cheapest = min(cheapest, c)
-    return free, m_free, cheapest
+            q = rfirst[r]
+            while q >= 0:
+                for i in range(ps[q], pe[q]):
+                    if cum[i + 1] - cum[i] <= WINDOW_MAX:
+                        left[cum[i + 1] - cum[i]] += 1
+                q = pnext[q]
+    return free, m_free, cheapest, left
 
 
 @njit(cache=True)
-def _open_donor(f, p, rows, d, nw):
-    """Row d becomes a donor: its pieces leave it (windows or new rows take them) and every
-    window of them up to WINDOW_MAX tokens is listed, from index nw on; returns the new nw."""
+def _open_donor(f, p, rows, d, nw, ns):
+    """Row d becomes a donor: its pieces leave it (windows or new rows take them), every
+    window of them up to WINDOW_MAX tokens is listed, from index nw on, and every measurement
+    by size, from index ns on; returns the new (nw, ns)."""
     cum, head, wx, wy, wn = f.cum, f.head, f.wx, f.wy, f.wn
+    shead, sx, sn, avail, st, scarce = f.shead, f.sx, f.sn, f.avail, f.st, f.scarce
     ps, pe, pnext, alive = p.ps, p.pe, p.pnext, p.alive
     q = rows.rfirst[d]
     while q >= 0:
         alive[q] = False
         for x in range(ps[q], pe[q]):
+            c = cum[x + 1] - cum[x]
+            if c <= WINDOW_MAX:
+                sx[ns], sn[ns] = x, shead[c]
+                shead[c] = ns
+                ns += 1
+                avail[c] += 1
+                if avail[c] == 1:
+                    st[0] = 1
             for y in range(x + 1, pe[q] + 1):
                 wl = cum[y] - cum[x]
-                if wl > WINDOW_MAX:
+                if wl > WINDOW_MAX or (y > x + 1 and (scarce_at(cum, scarce, x)
+                                                         or scarce_at(cum, scarce, y - 1))):
                     break
                 wx[nw], wy[nw], wn[nw] = x, y, head[wl]
                 head[wl] = nw
                 nw += 1
         q = pnext[q]
-    return nw
+    return nw, ns
 
 
 @njit(cache=True)
 def _long_run(f, p, rows, donors, nd, g, cur, cq, ca):
     """A long gap of ``g`` takes a long run: the next unused run [a, m) of the opened donors
     (donors[:nd]), read on from donor cur, piece cq (-1: its first), measurement ca, that
-    fills g exactly or leaves a ``fillable`` rest. Returns (a, m, cur, cq, ca), a = -1 when
-    none: the donors are spent, or the run at hand cannot leave a fillable rest here."""
-    cum, used = f.cum, f.used
+    fills g exactly or leaves a rest that can be filled. Returns (a, m, cur, cq, ca), a = -1
+    when none: the donors are spent, or the run at hand cannot leave such a rest here."""
+    cum, used, scarce, ok = f.cum, f.used, f.scarce, f.ok
     ps, pe, pnext, rfirst = p.ps, p.pe, p.pnext, rows.rfirst
+    fresh(f)
     while cur < nd:
         q = cq if cq >= 0 else rfirst[donors[cur]]
         a = max(ca, ps[q])
-        while a < pe[q] and used[a]:
+        while a < pe[q] and (used[a] or scarce_at(cum, scarce, a)):
             a += 1
         m = a
-        while m < pe[q] and not used[m] and cum[m + 1] - cum[a] <= g:
+        while m < pe[q] and not used[m] and not scarce_at(cum, scarce, m) and \
+                cum[m + 1] - cum[a] <= g:
             m += 1
         while m > a and cum[m] - cum[a] != g and not (
-                g - (cum[m] - cum[a]) >= SMALLEST_BODY and fillable(g - (cum[m] - cum[a]))):
+                g - (cum[m] - cum[a]) >= SMALLEST_BODY and closable(ok, g - (cum[m] - cum[a]))):
             m -= 1
         if m > a:
             return a, m, cur, q, m
         if a < pe[q] and not used[a] and cum[a + 1] - cum[a] <= g:
-            break  # this run cannot leave a fillable rest here: use windows
+            break  # this run cannot leave a rest that can be filled here: use windows
         cq, ca = pnext[q], 0  # the piece is spent: next piece, next donor
         if cq < 0:
             cur += 1
@@ -178,7 +194,7 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
     """Fills the gaps of the rows in ``order`` from the front, opening donors from its end
     (free rows) as they are needed; returns (k, the donors opened, listed in donors)."""
     gap, nseg = rows.gap, rows.nseg
-    nd = nw = 0
+    nd = nw = ns = 0
     ti, dj = 0, order.shape[0] - 1
     cur, cq, ca = 0, -1, 0  # long gaps: donor, piece and measurement to take runs from
     while ti <= dj:
@@ -192,6 +208,11 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
                 wa, wb, cur, cq, ca = _long_run(f, p, rows, donors, nd, g, cur, cq, ca)
             if wa < 0:
                 wa, wb, _ = _find_window(f, g, True, cap > 0 and nseg[t] == cap - 1)
+                if cap == 0 and (wa < 0 or g - (f.cum[wb] - f.cum[wa]) > 1):
+                    k2 = close_gap(f, p, rows, t, k)  # no window fills it: single measurements
+                    if k2 >= 0:
+                        k = k2
+                        continue
             if wa < 0 and fillable(g) and opened < DONORS_PER_ROW and ti <= dj and \
                     free[order[dj]]:
                 opened += 1  # open the next donor and look again
@@ -199,60 +220,95 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
                 dj -= 1
                 donors[nd] = d
                 nd += 1
-                nw = _open_donor(f, p, rows, d, nw)
+                nw, ns = _open_donor(f, p, rows, d, nw, ns)
                 continue
             if wa < 0:  # nothing fills it: the longest window that fits
                 wa, wb, _ = _find_window(f, g, False, False)
             if wa < 0:
                 break
-            k = _place(f, p, rows, t, wa, wb, k)
+            k = place(f, p, rows, t, wa, wb, k)
     return k, nd
 
 
 @njit(cache=True)
 def _close_row(f, p, rows, r, cap, k):
-    """Closes row r with windows while its gap takes one; returns k."""
+    """Closes row r: without a cap, single measurements that keep its rest fillable until a
+    set of them closes it; then (or with a cap) windows while its gap takes one. Returns k."""
     gap, nseg = rows.gap, rows.nseg
+    while cap == 0 and gap[r] >= SMALLEST_BODY:
+        k2 = close_gap(f, p, rows, r, k)
+        if k2 >= 0:
+            return k2
+        k2 = step(f, p, rows, r, k)
+        if k2 < 0:
+            break
+        k = k2
     while gap[r] >= SMALLEST_BODY and (cap == 0 or nseg[r] < cap):
         wa, wb, _ = _find_window(f, gap[r], True, cap > 0 and nseg[r] == cap - 1)
         if wa < 0:
             break
-        k = _place(f, p, rows, r, wa, wb, k)
+        k = place(f, p, rows, r, wa, wb, k)
     return k
 
 
 @njit(cache=True)
 def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
-    """What the donors kept, in order, into new rows from n_rows on; a row that cannot take
-    the next measurement is first closed with windows from what is still to come. Returns
-    (k, n_rows)."""
-    cum, used = f.cum, f.used
+    """What the donors kept, in order, into new rows from n_rows on. A run stops before a
+    measurement that would turn a rest that can be filled into one that cannot; that one is
+    passed over (up to SKIP_MAX a row) for a later row or a closing set, and a row that
+    cannot take the next measurement is closed (``_close_row``). A second pass lays what
+    the first passed over (and the scarce sizes). Returns (k, n_rows)."""
+    cum, used, scarce, ok, st = f.cum, f.used, f.scarce, f.ok, f.st
     gap, nseg, rfirst, rlast = rows
     ps, pe, pnext = p.ps, p.pe, p.pnext
     r = -1
-    for d in donors:
-        q = rfirst[d]
-        while q >= 0:
-            a = ps[q]
-            while a < pe[q]:
-                if used[a]:
-                    a += 1
-                    continue
-                c = cum[a + 1] - cum[a]
-                if r >= 0 and (gap[r] < c or (cap > 0 and nseg[r] >= cap)):
-                    k = _close_row(f, p, rows, r, cap, k)
-                    r = -1
-                    continue  # the windows may have taken measurement a
-                if r < 0:
-                    r = n_rows
-                    n_rows += 1
-                    gap[r], nseg[r], rfirst[r], rlast[r] = row_len, 0, -1, -1
-                m = a
-                while m < pe[q] and not used[m] and cum[m + 1] - cum[a] <= gap[r]:
-                    m += 1
-                k = _place(f, p, rows, r, a, m, k)
-                a = m
-            q = pnext[q]
+    skips = 0
+    for pass_ in range(2):
+        for d in donors:
+            q = rfirst[d]
+            while q >= 0:
+                a = ps[q]
+                while a < pe[q]:
+                    if used[a] or (pass_ == 0 and scarce_at(cum, scarce, a)):
+                        a += 1
+                        continue
+                    c = cum[a + 1] - cum[a]
+                    if r >= 0:
+                        rest = gap[r] - c
+                        if rest < 0 or (cap > 0 and nseg[r] >= cap):
+                            k = _close_row(f, p, rows, r, cap, k)
+                            r = -1
+                            continue  # the closing may have taken measurement a
+                        if st[0] != 0:
+                            rest_table(f)
+                        if cap == 0 and rest > 1 and not closable(ok, rest) and \
+                                closable(ok, gap[r]):
+                            if pass_ == 0 and skips < SKIP_MAX:
+                                skips += 1
+                                a += 1  # passed over: a later row or a closing set takes it
+                                continue
+                            k = _close_row(f, p, rows, r, cap, k)
+                            r = -1
+                            continue
+                    if r < 0:
+                        r = n_rows
+                        n_rows += 1
+                        gap[r], nseg[r], rfirst[r], rlast[r] = row_len, 0, -1, -1
+                        skips = 0
+                        refresh_quota(f, row_len)
+                    m = a + 1
+                    if st[0] != 0:
+                        rest_table(f)
+                    while (m < pe[q] and not used[m] and cum[m + 1] - cum[a] <= gap[r]
+                           and (pass_ > 0 or not scarce_at(cum, scarce, m))):
+                        rest = gap[r] - (cum[m + 1] - cum[a])
+                        if cap == 0 and rest > 1 and not closable(ok, rest) and \
+                                closable(ok, gap[r] - (cum[m] - cum[a])):
+                            break
+                        m += 1
+                    k = place(f, p, rows, r, a, m, k)
+                    a = m
+                q = pnext[q]
     return k, n_rows
 
 
@@ -261,11 +317,14 @@ def fill_gaps(cum, has_ts, abs_extra, row_len, cap, p, rows, k, n_rows):
     """Step 4 on pieces p[:k] in rows[:n_rows]: returns (p, rows, k, n_rows), the arrays
     grown. Donor rows stay, their pieces no longer alive."""
     n0 = n_rows
-    free, m_free, cheapest = _free_rows(cum, has_ts, abs_extra, p, rows, n0)
+    free, m_free, cheapest, left = _free_rows(cum, has_ts, abs_extra, p, rows, n0)
     fill = row_len - rows.gap[:n0]
     fr = np.nonzero(free)[0]
     fr = fr[np.argsort(-fill[fr], kind="mergesort")]
     order = np.concatenate((np.nonzero(~free)[0], fr))  # fill from the front, donors from the end
+    dem, scarce = demand(rows.gap[:n0], free, left)
+    if cap > 0:
+        scarce[:] = False  # under a cap on pieces, single measurements would fill rows up
     # Room for all that can come, allocated once: an array reassigned inside the loops
     # would cost Numba an atomic incref/decref pair per pass (once 2/3 of this step's time),
     # and np.empty's pages are only mapped where written. Every piece and every new row
@@ -273,9 +332,19 @@ def fill_gaps(cum, has_ts, abs_extra, row_len, cap, p, rows, k, n_rows):
     # spans at most WINDOW_MAX // (its cheapest measurement) of them.
     p, rows = _grown(p, rows, k + m_free + 1, n_rows + m_free + 1)
     n_win = m_free * (WINDOW_MAX // max(cheapest, 1)) + 1
+    n_items = (WINDOW_MAX + 1) * 8
     f = Fill(cum, np.zeros(cum.shape[0], np.bool_), np.full(WINDOW_MAX + 1, -1, np.int64),
-             np.empty(n_win, np.int64), np.empty(n_win, np.int64), np.empty(n_win, np.int64))
+             np.empty(n_win, np.int64), np.empty(n_win, np.int64), np.empty(n_win, np.int64),
+             np.full(WINDOW_MAX + 1, -1, np.int64), np.empty(m_free + 1, np.int64),
+             np.empty(m_free + 1, np.int64), np.zeros(WINDOW_MAX + 1, np.int64), left, dem,
+             scarce, row_len // np.maximum(np.arange(WINDOW_MAX + 1), 1),
+             np.zeros(row_len // 64 + 1, np.uint64), np.ones(1, np.int64),
+             np.empty(CLOSE_MAX + 1, np.int64), np.empty(CLOSE_MAX + 1, np.int64),
+             np.zeros(WINDOW_MAX + 1, np.int64), np.zeros((n_items, CLOSE_MAX + 1), np.bool_),
+             np.empty(n_items, np.int64), np.empty(n_items, np.int64),
+             np.empty(n_items, np.int64))
     donors = np.empty(fr.shape[0], np.int64)
     k, nd = _fill_rows(f, p, rows, order, free, donors, cap, k)
+    f.st[0] = 1  # from here on the rest table counts at most quota[c] of each size
     k, n_rows = _lay_kept(f, p, rows, donors[:nd], row_len, cap, k, n_rows)
     return p, rows, k, n_rows

@@ -19,17 +19,22 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from prep.pack.supply import INF, cheapest_fills, slack_target
 from prep.tokens.costs import (
     BACKOFF,
     BASE4,
     BASE6,
     DELTA4_LIMIT,
+    MAX_MEASUREMENT,
+    PRICE_FREE,
+    PRICE_MAX,
+    PRICE_STEPS,
     RESULT_FAILED,
     RESULT_OK,
     TS_ABS,
     TS_DELTA1,
     TS_DELTA4,
-    fillable,
+    UNIT,
 )
 from prep.tokens.draws import (
     MODE_FULL,
@@ -50,6 +55,9 @@ DROP_SPAN = 3_435_973_837  # 0.8 * 2**32
 # What ends a context (``cut_contexts``): row_len, max_meas, max_gap and max_span as ints (0
 # turns a limit off), t_full and t_partial the mode thresholds as uint64 (prep.pack.contexts).
 CutLimits = namedtuple("CutLimits", "row_len max_meas max_gap max_span t_full t_partial")
+# The free bodies the packer will have (prep.pack.supply.budget): body b is size[b] tokens;
+# each context the row length ends earns rate[b] / UNIT of it, up to cap[b] / UNIT.
+Supply = namedtuple("Supply", "size rate cap")
 
 
 @njit(cache=True, inline="always")
@@ -122,22 +130,51 @@ def history_index(probe):
 
 
 @njit(cache=True, nogil=True)
-def cut_contexts(cols, hist, seed, limits):
+def body_price(budget, cap):
+    """A body's price in tokens of back-off: 0 while its budget is at least PRICE_FREE
+    sixteenths full, rising in PRICE_STEPS steps to PRICE_MAX as it empties; INF for a
+    body the data has none of."""
+    if cap <= 0:
+        return INF
+    knee = cap * PRICE_FREE // 16
+    if knee <= 0 or budget <= 0:
+        return PRICE_MAX
+    if budget >= knee:
+        return 0
+    return PRICE_MAX * ((PRICE_STEPS * (knee - budget) + knee - 1) // knee) // PRICE_STEPS
+
+
+@njit(cache=True, nogil=True)
+def cut_contexts(cols, hist, seed, limits, supply):
     """Contexts of one sorted bucket: (ctx_start, ctx_mode, ctx_len, cost, has_ts, abs_extra).
 
-    ``cols``: its ``prep.schema.measurements.Columns``; ``limits``: a ``CutLimits``.
+    ``cols``: its ``prep.schema.measurements.Columns``; ``limits``: a ``CutLimits``;
+    ``supply``: a ``Supply``.
 
     A measurement costs START + two address blocks (5 or 17 tokens each) + its result
     (FAILED 1, RTT 3) + its timestamp block. A context ends before the measurement that would change the probe, overflow
     ``row_len`` tokens, exceed ``max_meas`` measurements, follow a gap > ``max_gap`` s or
     reach > ``max_span`` s past the context's first measurement (0 turns a limit off).
-    A context ended by the row length gives back up to ``BACKOFF`` last measurements to the
-    next one until its row's gap is ``fillable`` by the packer (cut points are free).
+
+    A context ended by the row length may give up to ``BACKOFF`` last measurements to the
+    next one (cut points are free): it ends where (tokens given back) + (the price of the
+    cheapest bodies that fill its row's gap) is least, the first such end on a tie. Each
+    body's price follows its budget (``body_price``): each such context earns every body
+    its rate and spends the bodies of its fill, so a body the free rows hold few of (IPv4
+    bodies on IPv6 data) goes to the gaps that need it most. A none-mode context, whose row
+    the packer may cut anyway, ends at the first end whose gap has any fill and spends
+    nothing. No end with a fill: it keeps all it holds.
     """
     probe, time, family, rtt = cols.probe, cols.time, cols.family, cols.rtt
     row_len, max_meas, max_gap, max_span = (limits.row_len, limits.max_meas, limits.max_gap,
                                             limits.max_span)
     t_full, t_partial = limits.t_full, limits.t_partial
+    size, rate, cap = supply
+    nb = size.shape[0]
+    budget = cap.copy()
+    price = np.full(nb, -1, np.int64)
+    top = (BACKOFF + 1) * MAX_MEASUREMENT + 1  # the widest gap a full context can leave
+    fcost, fvia = np.empty(top + 1, np.int64), np.empty(top + 1, np.int64)
     n = len(probe)
     ctx_start = np.empty(n, np.int64)
     ctx_mode = np.empty(n, np.uint8)
@@ -186,12 +223,35 @@ def cut_contexts(cols, hist, seed, limits):
                 prev = time[j]
             j += 1
         if full:
-            back = 0
-            while (back < BACKOFF and j - 1 > i
-                   and not fillable(row_len - length)):
-                j -= 1  # a gap nothing fits: leave the last measurement to the next context
+            changed = False
+            for b in range(nb):
+                budget[b] = min(budget[b] + rate[b], cap[b])
+                pb = body_price(budget[b], cap[b])
+                if pb != price[b]:
+                    price[b], changed = pb, True
+            if changed:
+                cheapest_fills(size, price, top, fcost, fvia)
+            free_mode = mode == MODE_NONE
+            best, best_score, best_t = j, -1, -1
+            jj, ln = j, length
+            for _ in range(BACKOFF + 1):
+                t = slack_target(fcost, row_len - ln) if row_len - ln <= top else -1
+                if t >= 0 and fcost[t] < INF:
+                    sc = length - ln + (0 if free_mode else fcost[t])
+                    if best_score < 0 or sc < best_score:
+                        best, best_score, best_t = jj, sc, t
+                if jj - 1 <= i or (best_score >= 0 and length - ln >= best_score):
+                    break  # no shorter end can score better
+                jj -= 1
+                ln -= cost[jj]
+            while j > best:
+                j -= 1  # leave the last measurement to the next context
                 length -= cost[j]
-                back += 1
+            if not free_mode:
+                t = best_t
+                while t > 0:  # spend the fill's bodies
+                    budget[fvia[t]] -= UNIT
+                    t -= size[fvia[t]]
         ctx_start[k] = i
         ctx_mode[k] = mode
         ctx_len[k] = length

@@ -58,23 +58,24 @@ FAILED_BODIES = (body(4, True), body(6, True))  # 12, 36: about 1 in 6
 SMALLEST_BODY = min(FAILED_BODIES)  # the smallest piece there is: a gap below it stays empty
 MAX_MEASUREMENT = BASE6 + RESULT_OK + TS_ABS  # 47: IPv6, a reply, an absolute timestamp
 
-BACKOFF = 3  # the planner may end a context up to this many measurements early (fillable)
+BACKOFF = 10  # the planner may end a context up to this many measurements early
+# The planner's prices (prep.pack.planner_kernels.body_price): a body is worth PRICE_MAX
+# tokens of back-off once its budget is spent, 0 while the budget is at least PRICE_FREE
+# sixteenths full, PRICE_STEPS steps between; budgets count UNIT a body.
+PRICE_MAX, PRICE_FREE, PRICE_STEPS, UNIT = 200, 12, 16, 1024
 GAP_TABLE = 4096  # gaps from here on count as fillable (rows are 1024 tokens by default)
 
 
 def _fillable_table() -> np.ndarray:
-    """FILLABLE[g]: the gap g, or g - 1, is a sum of successful bodies plus at most one
-    failed body (a gap may end at 1: with even bodies, an odd gap always does)."""
+    """FILLABLE[g]: the gap g, or g - 1, is a sum of bodies, any number of each (a gap may
+    end at 1: with even bodies, an odd gap always does)."""
     made = np.zeros(GAP_TABLE + 1, bool)
     made[0] = True
-    for a in OK_BODIES:  # unbounded knapsack over the successful bodies
+    for a in OK_BODIES + FAILED_BODIES:  # unbounded knapsack
         for t in range(a, GAP_TABLE + 1):
             made[t] |= made[t - a]
-    one_failed = made.copy()
-    for e in FAILED_BODIES:
-        one_failed[e:] |= made[:-e]
-    fill = one_failed.copy()
-    fill[1:] |= one_failed[:-1]
+    fill = made.copy()
+    fill[1:] |= made[:-1]
     return fill[:GAP_TABLE]
 
 

@@ -24,10 +24,18 @@ import math
 from prep.schema import vocab as V
 from prep.schema.hashing import GOLDEN, MASK, mix64
 from prep.schema.measurements import FIELDS
-from prep.tokens import costs
-from prep.tokens.costs import BACKOFF, TS_ABS, TS_DELTA1, TS_DELTA4, body
-
-fillable = costs.fillable.py_func  # the planner's rule, run as plain Python
+from prep.tokens.costs import (
+    BACKOFF,
+    MAX_MEASUREMENT,
+    PRICE_FREE,
+    PRICE_MAX,
+    PRICE_STEPS,
+    TS_ABS,
+    TS_DELTA1,
+    TS_DELTA4,
+    UNIT,
+    body,
+)
 
 STREAM_MODE, STREAM_FRAC, STREAM_DROP, STREAM_FIELD, STREAM_SHUFFLE = 1, 2, 3, 4, 5
 MODE_FULL, MODE_PARTIAL, MODE_NONE = 0, 1, 2
@@ -80,9 +88,45 @@ def rtt_code(ms: float) -> tuple[int, int]:
     return e, int(math.floor(us / 2.0 ** e + 0.5))
 
 
+def body_price(budget: int, cap: int) -> float:
+    """The planner's price of a body, in tokens of back-off (``inf``: the data has none)."""
+    if cap <= 0:
+        return math.inf
+    knee = cap * PRICE_FREE // 16
+    if knee <= 0 or budget <= 0:
+        return PRICE_MAX
+    if budget >= knee:
+        return 0
+    return PRICE_MAX * ((PRICE_STEPS * (knee - budget) + knee - 1) // knee) // PRICE_STEPS
+
+
+def cheapest_fill(sizes: list[int], prices: list[float], gap: int) -> tuple[float, list[int]]:
+    """(price, bodies) of the cheapest bodies that fill ``gap``, or gap - 1 where that is
+    cheaper; bodies as indices into ``sizes``, the last one first; (inf, []) if none does.
+    A sum's cheapest way ends with the first body that gives its least price."""
+    best: list[tuple[float, int]] = [(0, -1)]
+    for t in range(1, gap + 1):
+        c, v = math.inf, -1
+        for b, s in enumerate(sizes):
+            if s <= t and best[t - s][0] + prices[b] < c:
+                c, v = best[t - s][0] + prices[b], b
+        best.append((c, v))
+    t = gap - 1 if gap >= 1 and best[gap - 1][0] < best[gap][0] else gap
+    bodies = []
+    u = t
+    while u > 0 and best[u][1] >= 0:
+        bodies.append(best[u][1])
+        u -= sizes[best[u][1]]
+    return best[t][0], bodies
+
+
 def plan_reference(rows: list[tuple], *, row_len: int, max_measurements: int, max_gap_s: int,
-                   max_span_s: int, thresholds: tuple[int, int], seed: int) -> list[dict]:
-    """Contexts of sorted ``rows``: dicts with start, end, mode, has_ts, cost, abs_extra."""
+                   max_span_s: int, thresholds: tuple[int, int], seed: int,
+                   supply: tuple[list[int], list[int], list[int]]) -> list[dict]:
+    """Contexts of sorted ``rows``: dicts with start, end, mode, has_ts, cost, abs_extra.
+    ``supply``: (sizes, rates, caps) of the free bodies (prep.pack.contexts.free_supply)."""
+    sizes, rates, caps = (list(map(int, x)) for x in supply)
+    budgets = list(caps)
     contexts = []
     hist = []
     for i, r in enumerate(rows):
@@ -111,12 +155,31 @@ def plan_reference(rows: list[tuple], *, row_len: int, max_measurements: int, ma
                 prev = rows[j][TIME]
             j += 1
         full = j < len(rows) and rows[j][PROBE] == probe and sum(ctx["cost"]) + c > row_len
-        back = 0  # leave a gap that untimestamped pieces can fill (prep.tokens.costs.fillable)
-        while full and back < BACKOFF and j - 1 > i and not fillable(row_len - sum(ctx["cost"])):
-            j -= 1
-            for key in ("has_ts", "cost", "abs_extra"):
-                ctx[key].pop()
-            back += 1
+        if full:  # give back the measurements whose loss and fill price least (cut_contexts)
+            budgets = [min(b + r, cap) for b, r, cap in zip(budgets, rates, caps)]
+            prices = [body_price(b, cap) for b, cap in zip(budgets, caps)]
+            top = (BACKOFF + 1) * MAX_MEASUREMENT + 1
+            length = sum(ctx["cost"])
+            best = None  # (score, measurements given back, bodies of the fill)
+            for back in range(min(BACKOFF, len(ctx["cost"]) - 1) + 1):
+                given = sum(ctx["cost"][len(ctx["cost"]) - back:]) if back else 0
+                if best is not None and given >= best[0]:
+                    break
+                if row_len - (length - given) > top:
+                    continue
+                price, bodies = cheapest_fill(sizes, prices, row_len - (length - given))
+                if price < math.inf:
+                    score = given + (0 if mode == MODE_NONE else price)
+                    if best is None or score < best[0]:
+                        best = (score, back, bodies)
+            if best is not None:
+                for _ in range(best[1]):
+                    j -= 1
+                    for key in ("has_ts", "cost", "abs_extra"):
+                        ctx[key].pop()
+                if mode != MODE_NONE:
+                    for b in best[2]:
+                        budgets[b] -= UNIT
         ctx["end"] = j
         contexts.append(ctx)
         i = j

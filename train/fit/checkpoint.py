@@ -19,7 +19,8 @@ A save that fails (a full, read-only or not writable disk; Orbax reports it from
 background thread at the next ``check``, ``save`` or ``wait``) is one InputError line
 naming the step, what failed and the last good checkpoint; its partial folders
 (``<step>.orbax-checkpoint-tmp*``) are removed and Orbax's pages of log and echoes of
-its other failed writes are dropped.
+its other failed writes are dropped (unraisable coroutines; asyncio's "Task exception was
+never retrieved", which can come after the run has stopped).
 
 A step folder damaged afterwards (a half or its files deleted, truncated or changed, bad
 JSON, an empty folder) fails to restore; ``restore_intact`` then takes the newest step
@@ -103,6 +104,41 @@ def _drop_read_echoes() -> None:
     _echo_filter = sys.unraisablehook = hook
 
 
+def _orbax_task_echo(record: logging.LogRecord) -> bool:
+    """A log record of asyncio's for an Orbax or TensorStore task or future that failed and
+    was never awaited ("Task exception was never retrieved"), by its text or its frames."""
+    text = record.getMessage()
+    if "exception was never retrieved" not in text:
+        return False
+    frames, tb = [], record.exc_info[2] if record.exc_info else None
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    return any(k in x for x in [text, *frames] for k in ("orbax", "tensorstore"))
+
+
+class _DropTaskEchoes(logging.Filter):
+    """When one write of a save fails, Orbax gives up the others; those failing later are
+    tasks nobody awaits, which asyncio logs when they are collected, after the run has
+    stopped (a page of traceback under "Task exception was never retrieved"). The save's
+    failure is reported once, as the Checkpointer's one line: the echoes are dropped, and
+    every other record of asyncio's passes."""
+
+    def filter(self, record):
+        return not _orbax_task_echo(record)
+
+
+_task_filter = _DropTaskEchoes()
+
+
+def _drop_task_echoes() -> None:
+    """From now on (the first Checkpointer), for the life of the process: the echoes come
+    from tasks collected at any time, up to the interpreter's exit."""
+    log = logging.getLogger("asyncio")
+    if _task_filter not in log.filters:
+        log.addFilter(_task_filter)
+
+
 @contextlib.contextmanager
 def _quiet_failed_reads():
     """Orbax reads a checkpoint's arrays concurrently; when one read fails, the others'
@@ -182,6 +218,7 @@ class Checkpointer:
         self._unsealed: list[int] = []  # saved, digests not yet written
         self.failed = False  # a save failed (reported once, as an InputError)
         _drop_read_echoes()  # a failed save's echoes come from its threads, before we know
+        _drop_task_echoes()
         self._log_filter = _DropOrbaxErrors()
         logging.getLogger("absl").addFilter(self._log_filter)
 
