@@ -67,6 +67,7 @@ import threading
 import time
 from pathlib import Path
 
+from prep.jobs.remote_out import RemoteDataset
 from prep.jobs.signals import signals_blocked
 from prep.schema.errors import InputError
 from prep.schema.measurements import empty
@@ -148,6 +149,7 @@ class BeamPasses(Passes):
 
     runner = "beam"
     says = "prep shards (beam)"
+    reads_buckets = True  # a worker reads an s3:// input's row groups itself
 
     def __init__(self, beam, options, beam_runner):
         self.beam, self.options, self.beam_runner = beam, options, beam_runner
@@ -191,7 +193,9 @@ class BeamPasses(Passes):
 
         from prep.shards.beam_worker import Stage
 
-        stage = Stage(str(od.stage))
+        # --out on a bucket: the workers stage straight into the run's new generation there
+        stage = Stage.at(od.stage_in_bucket() if isinstance(od, RemoteDataset)
+                         else str(od.stage))
         pipeline = functools.partial(self._pipeline, units, cfg, stage.location)
         log = None
         if self.local_mode() == "multi_processing" and self.options.view_as(
@@ -227,6 +231,7 @@ class BeamPasses(Passes):
         if read["rows_in"] != rows_total:
             raise InputError(f"{od.path}: the pipeline read {read['rows_in']:,} of {rows_total:,} "
                              "rows; re-run `prep shards`")
+        stage.clear_records()
         return cfg, read, [results[b] for b in sorted(results)]
 
     def _pipeline(self, units: list, cfg: ShardsConfig, stage: str) -> None:
