@@ -7,16 +7,25 @@ DoFn class, which Beam pickles by reference (module and name), so a worker runs 
 never a copy of the driver's objects. The elements are JSON text, ints and Arrow IPC bytes:
 
 - a read task: ``'[unit, [[path, [row group, …]], …]]'`` (JSON; prep.shards.dataset.read_units);
+  a path may be a bucket's (``s3://…``): the worker reads those row groups from the bucket
+  itself (prep.schema.validate.open_parquet, ranged reads), nothing is downloaded first;
 - the config: ``ShardsConfig`` as JSON (prep.shards.dataset.config_to_json), a DoFn argument;
-- the staging folder's location, a string, opened with ``Stage`` on the worker;
+- the staging location, a string, opened with ``Stage.at`` on the worker;
 - a time split's cutoff: an int, as a side input.
 
 ``Stage`` is the one place the workers (and the driver, reading back) touch the run's
 output: the shards (``shard_dir``), each unit's read counts, each bucket's result and the
-cutoff (``write_json``, ``read_jsons``). Today it is a local folder, which on a cluster
-must be a mount every worker and the driver see; an object-store stage (``s3://``,
-``gs://``) goes in here, without touching the pipeline: ``shard_dir`` would hand out a local
-temporary folder and upload what was written in it on exit.
+cutoff (``write_json``, ``read_jsons``). Two kinds, picked by the location:
+
+- ``FolderStage``: the staging folder of a local ``--out`` (prep.jobs.outdir), which on a
+  cluster must be a mount every worker and the driver see;
+- ``BucketStage``: with ``--out s3://…`` (or ``gs://``), the run's new generation prefix in
+  the bucket (prep.jobs.remote_out, ``stage_in_bucket``: made by the driver, marker first).
+  ``shard_dir`` hands out a local temporary folder on the worker and uploads what
+  ``process_bucket`` wrote there; the JSON results are objects beside the shards, which
+  the driver reads and removes before it writes the manifest. A worker reaches the bucket
+  with its own settings (AWS_ENDPOINT_URL, the credentials' chain: prep.schema.storage),
+  so it needs no disk shared with the driver: what Dataflow, Flink and Spark workers have.
 
 Each worker also puts its identity (``host:pid``) and peak RSS in the JSON it writes, so
 the driver can say how many processes did the work (the manifest's ``timing``).
