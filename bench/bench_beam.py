@@ -10,18 +10,26 @@ Two pairs, each the same data, config and worker count, timed from call to retur
   fixed cost of starting the workers (each imports Beam and loads the Numba kernels), which
   the 2M-row figure includes.
 
+- with a local S3-compatible server (moto's on 127.0.0.1, bench/s3_server.py; skipped
+  without it), the second pair again with ``--out s3://…`` (``beam.*_to_bucket_*``): the
+  local runner stages on this disk and uploads at the end; Beam's worker processes write
+  their shards into the bucket themselves (prep.shards.beam_worker.BucketStage).
+  ``beam.mp2_to_bucket_vs_folder``: what writing into the bucket costs Beam.
+
 ``beam.cpu_ratio_vs_local``: the first pair in CPU seconds (both run in this process), which
 other programs on a shared machine disturb far less than the wall time. (Not for the second
 pair: the local pool's workers are children of a fork server, whose CPU time never reaches
 this process.)
-``*_identical_shards`` is 1.0 when every shard file and the manifest (timing fields aside)
-equal the local runner's.
+``*_identical_shards`` is 1.0 when every shard file and the manifest (timing fields aside;
+for a bucket, the generation prefix of the shard paths too) equal the local runner's.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import resource
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,6 +48,54 @@ def _same(a: Path, b: Path) -> float:
         return {k: v for k, v in m.items() if k not in ("elapsed_s", "timing")}
 
     return float(files(a) == files(b) and manifest(a) == manifest(b))
+
+
+def _same_in_bucket(folder: Path, uri: str) -> float:
+    """``_same`` for the dataset at ``uri``: its shards read from the bucket."""
+    from prep.schema import storage
+    from prep.schema.storage import Remote
+
+    loc = Remote.parse(uri)
+    m = json.loads(storage.read_bytes(loc.child("manifest.json")))
+    want = json.loads((folder / "manifest.json").read_text())
+    paths = [e["path"] for sp in m["splits"].values() for e in sp["shards"]]
+    for sp in m["splits"].values():
+        for e in sp["shards"]:
+            e["path"] = e["path"].split("/", 1)[1]  # g<time>-<token>/train/… -> train/…
+    same = all(storage.read_bytes(loc.child(p)) == (folder / p.split("/", 1)[1]).read_bytes()
+               for p in paths)
+    drop = ("elapsed_s", "timing")
+    return float(same and len(paths) == len(list(folder.rglob("*.array_record")))
+                 and {k: v for k, v in m.items() if k not in drop}
+                 == {k: v for k, v in want.items() if k not in drop})
+
+
+def _to_bucket(raw: str, cfg, d: Path) -> dict[str, float]:
+    """The 2-process pair with ``--out`` on a bucket of a local S3 server."""
+    from bench import s3_server
+    from prep.shards.beam_runner import run_beam
+    from prep.shards.local_runner import run_shards
+
+    if s3_server.available() is not None:
+        print(f"[bench] beam to a bucket skipped: {s3_server.available()}", file=sys.stderr)
+        return {}
+    saved = dict(os.environ)
+    with s3_server.S3Server() as s3:
+        s3.make_bucket("bench")
+        os.environ.update(s3.env())
+        try:
+            local, _ = _timed(run_shards, [raw], "s3://bench/local2", cfg, workers=2,
+                              progress=False)
+            mp2, _ = _timed(run_beam, [raw], "s3://bench/mp2", cfg,
+                            beam_options_kv=TWO_PROCESSES, progress=False)
+            same = _same_in_bucket(d / "local2", "s3://bench/mp2")
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+    return {"beam.local_2workers_to_bucket_measurements_per_s": ROWS / local,
+            "beam.mp2_to_bucket_measurements_per_s": ROWS / mp2,
+            "beam.mp2_to_bucket_slowdown_vs_local_to_bucket": mp2 / local,
+            "beam.mp2_to_bucket_identical_shards": same}
 
 
 def _cpu_s() -> float:
@@ -82,7 +138,11 @@ def run() -> dict[str, float]:
         startup, _ = _timed(run_beam, [small], str(d / "mp2-small"), cfg,
                             beam_options_kv=TWO_PROCESSES, progress=False)
         same1, same2 = _same(d / "local1", d / "beam1"), _same(d / "local2", d / "mp2")
-    return {"beam.measurements_per_s": ROWS / beam1,
+        bucket = _to_bucket(raw, cfg, d)
+    if bucket:
+        bucket["beam.mp2_to_bucket_vs_folder"] = (
+            ROWS / bucket["beam.mp2_to_bucket_measurements_per_s"]) / mp2
+    return bucket | {"beam.measurements_per_s": ROWS / beam1,
             "beam.local_1worker_measurements_per_s": ROWS / local1,
             "beam.slowdown_vs_local": beam1 / local1,
             "beam.cpu_ratio_vs_local": beam1_cpu / local1_cpu,

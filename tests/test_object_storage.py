@@ -2,15 +2,19 @@
 (moto's standalone server on 127.0.0.1, bench/s3_server.py): a round trip equal byte for
 byte to the local run, the cache checked by sha256, a killed or failed upload leaving the
 old dataset, --overwrite and foreign objects as a local --out, wrong credentials and an
-unreachable endpoint as one line."""
+unreachable endpoint as one line; the Beam runner's worker processes reading the inputs from
+the bucket and writing the shards into it (never on the driver's disk), byte for byte the
+local run, and a worker's failed upload or death leaving the old dataset."""
 
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -357,3 +361,163 @@ def test_import_atlas_reads_and_writes_a_bucket(s3, env, atlas_dir, tmp_path):
     r = prep("shards", uri, "--out", f"s3://{BUCKET}/atlas/ds", "--quiet", "--workers", "1")
     assert r.exit_code == 0, r.output
     assert prep("inspect", f"s3://{BUCKET}/atlas/ds", "--rows", "0:1").exit_code == 0
+
+
+# Beam with --out on a bucket: its workers write into the bucket and read the inputs there,
+# sharing no disk with the driver (Dataflow, Flink, Spark), here as 2 worker processes.
+TWO_PROCESSES = ["direct_running_mode=multi_processing", "direct_num_workers=2"]
+
+
+def test_beam_workers_write_into_the_bucket_and_equal_the_local_run(s3, env, raw, local,
+                                                                     tmp_path, monkeypatch):
+    pytest.importorskip("apache_beam")
+    import prep.shards.dataset
+    from prep.jobs import remote_out
+    from prep.shards import beam_runner, beam_worker
+
+    put_folder(raw, f"s3://{BUCKET}/bw/raw")  # the inputs: in the bucket only
+    uri = f"s3://{BUCKET}/bw/ds"
+    driver_tmp = tmp_path / "driver-tmp"
+    driver_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(driver_tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    monkeypatch.setattr(prep.shards.dataset, "UNIT_ROWS", 5_000)  # the read spread too
+
+    def refused(*a, **k):
+        raise AssertionError("the driver downloaded the inputs")
+
+    monkeypatch.setattr(storage, "download_inputs", refused)
+    seen = {}  # what the bucket and the driver's staging held at two moments
+
+    def driver_files() -> list[str]:
+        return sorted(str(p.relative_to(driver_tmp)) for p in driver_tmp.rglob("*")
+                      if p.is_file())
+
+    real_clear = beam_worker.BucketStage.clear_records
+
+    def clear_records(stage):  # the pipeline has ended; the driver has read the results
+        seen["after pipeline"] = (dataset_keys(s3, "bw/ds"), driver_files())
+        real_clear(stage)
+
+    real_publish = remote_out.RemoteDataset.publish
+
+    def publish(od, manifest):
+        seen["before manifest"] = (dataset_keys(s3, "bw/ds"), driver_files())
+        real_publish(od, manifest)
+
+    monkeypatch.setattr(beam_worker.BucketStage, "clear_records", clear_records)
+    monkeypatch.setattr(remote_out.RemoteDataset, "publish", publish)
+    passes = beam_runner.BeamPasses(*beam_runner.beam_options(TWO_PROCESSES))
+    beam_runner.build([f"s3://{BUCKET}/bw/raw"], uri, ShardsConfig(seed=5, n_buckets=4), passes)
+
+    want = sorted(str(p.relative_to(local)) for p in local.rglob("*.array_record"))
+    assert len(want) == 8
+    keys, local_files = seen["after pipeline"]
+    gen = keys[0].split("/")[0]
+    assert GEN.fullmatch(gen)
+    # the workers' shards and results, in the run's generation in the bucket...
+    assert sorted(k for k in keys if k.endswith(".array_record")) == [f"{gen}/{w}" for w in want]
+    assert sorted(k.split("/", 2)[1] for k in keys if k.endswith(".json")) == (
+        ["read"] * 5 + ["results"] * 4)  # 20,000 rows in units of 5,000; 4 buckets
+    assert "manifest.json" not in keys
+    # ...and nothing on the driver's disk but its own lock and marker: no shard, no input
+    assert local_files and all(f.startswith("ping-pack-out/") and f.endswith(
+        (".lock", ".ping-pack-owner")) for f in local_files), local_files
+    keys, local_files = seen["before manifest"]  # the results removed; still no manifest
+    assert keys == sorted([f"{gen}/.ping-pack-owner"] + [f"{gen}/{w}" for w in want])
+    # two processes did the reading and the buckets, and neither was this one
+    assert len(passes.workers) == 2
+    assert f"{socket.gethostname()}:{os.getpid()}" not in passes.workers
+
+    # the published dataset: the local run's, byte for byte
+    assert dataset_keys(s3, "bw/ds") == sorted(["manifest.json", f"{gen}/.ping-pack-owner"]
+                                               + [f"{gen}/{w}" for w in want])
+    for w in want:
+        assert remote_bytes(s3, f"bw/ds/{gen}/{w}") == (local / w).read_bytes(), w
+    remote_m = json.loads(remote_bytes(s3, "bw/ds/manifest.json"))
+    assert comparable(remote_m) == comparable(json.loads((local / mf.MANIFEST_NAME).read_text()))
+    assert remote_m["inputs"][0]["name"] == f"s3://{BUCKET}/bw/raw/2026-01-01T00.parquet"
+    assert remote_m["timing"]["beam_runner"] == "FnApiRunner, multi_processing, 2 workers"
+    assert not (driver_tmp / "ping-pack-out").exists() or not any(
+        (driver_tmp / "ping-pack-out").iterdir())  # the local staging is gone
+
+
+# run in each Beam worker process (sitecustomize): a shard upload that fails, or a worker
+# that dies (SIGKILL) once its first shard is in the bucket
+WORKER_HOOK = """
+import os, signal
+import prep.schema.storage as st
+real = st.upload
+def upload(local, loc, *a):
+    if os.environ["HOOK"] == "kill":
+        real(local, loc, *a)
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise st.failure(OSError("AWS Error NETWORK_CONNECTION during UploadPart operation: "
+                             "curlCode: 56, Failure when receiving data from the peer"),
+                     loc, "uploading to it")
+st.upload = upload
+"""
+
+
+@pytest.mark.parametrize("hook", ["fail", "kill"])
+def test_a_beam_worker_failing_or_killed_leaves_no_manifest_and_the_old_dataset(
+        s3, env, raw, local, tmp_path, monkeypatch, hook):
+    pytest.importorskip("apache_beam")
+    from prep.jobs import remote_out
+    from prep.shards import beam_runner
+
+    uri = f"s3://{BUCKET}/bf-{hook}/ds"
+    put_folder(local, uri)  # the old dataset
+    old = {k: remote_bytes(s3, f"bf-{hook}/ds/{k}") for k in dataset_keys(s3, f"bf-{hook}/ds")}
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(WORKER_HOOK)
+    monkeypatch.setenv("PYTHONPATH", f"{hooks}{os.pathsep}{REPO}")  # the workers' only
+    monkeypatch.setenv("HOOK", hook)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the workers' log goes
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    removed = []  # what the failed run removed from the bucket: its generation
+    real_remove = remote_out._remove_tree
+
+    def remove_tree(loc):
+        removed.append((loc.key.rsplit("/", 1)[-1], sorted(storage.list_files(loc))))
+        real_remove(loc)
+
+    monkeypatch.setattr(remote_out, "_remove_tree", remove_tree)
+    passes = beam_runner.BeamPasses(*beam_runner.beam_options(
+        TWO_PROCESSES[:1] + ["direct_num_workers=1"]))  # one worker process: it fails first
+    with pytest.raises(InputError) as e:
+        beam_runner.build([str(raw)], uri, ShardsConfig(seed=6, n_buckets=4), passes,
+                          overwrite=True)
+    line, log = str(e.value).rsplit("; the workers' log: ", 1)
+    assert Path(log).parent == tmp_path and "\n" not in line
+    if hook == "fail":  # the worker's own line, naming the object it could not upload
+        assert re.fullmatch(
+            rf"{uri}/g\d{{8}}T\d{{6}}Z-[0-9a-f]{{12}}/t[a-z]+/shard-b0000\d-e0\.array_record: "
+            rf"cannot reach the storage endpoint {s3.url} while uploading to it \(AWS Error "
+            r"NETWORK_CONNECTION .*\); check AWS_ENDPOINT_URL, the network and that the server "
+            r"runs \(on a Beam worker; nothing was published\)", line), line
+    else:
+        assert line == ("a Beam worker process exited mid-run (killed by signal SIGKILL, e.g. "
+                        "by the OOM killer); nothing was published; re-run `prep shards`, with "
+                        "more --buckets if it ran out of memory")
+    [(gen, held)] = removed
+    assert GEN.fullmatch(gen) and ".ping-pack-owner" in held
+    if hook == "kill":  # the worker's first shards (uploaded at once) had reached the bucket
+        assert 1 <= sum(h.endswith(".array_record") for h in held) <= 2, held
+    assert {k: remote_bytes(s3, f"bf-{hook}/ds/{k}")
+            for k in dataset_keys(s3, f"bf-{hook}/ds")} == old  # nothing else stays
+
+
+def test_a_generation_written_after_its_run_gave_up_is_named_and_left(s3, env, raw):
+    # a cluster's workers may outlive their driver and write into a generation that the
+    # driver's failed run had already removed (marker and all)
+    uri = f"s3://{BUCKET}/late/ds"
+    late = "g20260101T000000Z-0123456789ab/train/shard-b00000-e0.array_record"
+    storage.write_bytes(Remote.parse(f"{uri}/{late}"), b"a late shard")
+    r = prep("shards", str(raw), "--out", uri, *SHARDS)
+    assert r.exit_code == 0, r.output
+    assert (f"note: {uri}/g20260101T000000Z-0123456789ab/ has no owner marker: what the "
+            "workers of a Beam job wrote after its run had given up; left alone") in r.output
+    assert late in dataset_keys(s3, "late/ds") and "manifest.json" in dataset_keys(s3, "late/ds")
+    assert prep("verify", uri).exit_code == 0

@@ -26,14 +26,23 @@ last, reads the same. A run, step by step:
    surely dead (marked ``old``, or written by a process of this host that is gone), named
    on stderr and left otherwise (a run on another machine may be writing it).
 3. The runner builds the dataset in the staging folder (as for a local ``--out``).
-4. Publish: upload every shard into a new generation (its marker first). Then, with
-   SIGINT/SIGTERM held: read ``manifest.json`` again (a dataset that appeared meanwhile
-   is refused without ``--overwrite``, and the generation removed), PUT the new manifest
-   (the switch: a reader sees the old dataset or the new one, whole), mark the replaced
-   generation ``old`` and remove what the old manifest listed and the new one does not.
+   A runner whose workers share no disk with this process (Beam: Dataflow, Flink, Spark)
+   stages in the bucket instead (``stage_in_bucket``): the new generation is made now,
+   marker first, and the workers write their shards straight into it (and their small
+   JSON results beside them, which the runner reads and removes before step 4).
+4. Publish: upload every shard into a new generation (its marker first), or, staged there
+   by the workers, check that the generation holds exactly the shards the manifest lists.
+   Then, with SIGINT/SIGTERM held: read ``manifest.json`` again (a dataset that appeared
+   meanwhile is refused without ``--overwrite``, and the generation removed), PUT the new
+   manifest (the switch: a reader sees the old dataset or the new one, whole), mark the
+   replaced generation ``old`` and remove what the old manifest listed and the new one
+   does not.
 
 A kill before the PUT leaves the old dataset (or none) as it was and a generation that no
-manifest lists (removed by the next run, on this machine); after it, the new dataset. Two
+manifest lists (removed by the next run, on this machine); after it, the new dataset. A
+cluster's workers may outlive a killed driver (a Dataflow job is not cancelled with it) and
+write into a generation already removed: such a prefix, named like a generation but with
+no marker, is named on stderr and left alone, never taken for a dataset nor refused. Two
 runs on different machines into one prefix at once each upload their own generation; the
 manifest that lands last wins, whole (``--overwrite`` is checked again just before the PUT,
 leaving only milliseconds of race). A reader that loaded the old manifest just before the
@@ -165,6 +174,7 @@ class RemoteDataset:
         self.loc, self.path, self.stage = loc, loc.uri, local.stage
         self.overwrite, self.progress, self.published = overwrite, progress, False
         self._local, self._token, self.gen = local, secrets.token_hex(6), None
+        self._in_bucket: Remote | None = None  # the generation, when workers stage there
 
     def _read_prefix(self) -> tuple[dict | None, set[str]]:
         """The prefix's manifest (or None) and the paths it lists."""
@@ -188,9 +198,16 @@ class RemoteDataset:
         self.old, listed = self._read_prefix()
         gens, stray = {}, False
         for top, rels in _by_top(files).items():
+            unlisted = not any(f"{top}/{r}" in listed for r in rels)
             if GEN.fullmatch(top) and MARKER in rels:
-                if not any(f"{top}/{r}" in listed for r in rels):
+                if unlisted:
                     gens[top] = rels
+                continue
+            if GEN.fullmatch(top) and unlisted:
+                # written after its run removed it: a cluster's workers outlive their driver
+                print(f"note: {loc}/{top}/ has no owner marker: what the workers of a Beam "
+                      "job wrote after its run had given up; left alone: remove it once that "
+                      "job has ended (cancel it if it still runs)", file=sys.stderr)
                 continue
             for rel in rels:
                 if not (top in SPLITS and SHARD_FILE.fullmatch(rel)):
@@ -209,15 +226,44 @@ class RemoteDataset:
                              "one stays intact until the new one is complete), or use "
                              "another --out")
 
-    def publish(self, manifest: dict) -> None:
-        """Upload the staged shards into a new generation and switch the manifest to it."""
-        staged = outdir.check_staged(self.stage, manifest)
+    def _new_generation(self) -> Remote:
+        """This run's generation prefix, its marker written first."""
         self.gen = f"g{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{self._token}"
         gen = self.loc.child(self.gen)
         storage.write_bytes(gen.child(MARKER), _marker("staging", self._token))
-        jobs = [(self.stage / rel, gen.child(rel)) for rel in staged]
-        storage.transfer(jobs, storage.upload, desc="upload",
-                         total=sum(p.stat().st_size for p, _ in jobs), progress=self.progress)
+        return gen
+
+    def stage_in_bucket(self) -> str:
+        """The run's staging location in the bucket, for workers that share no disk with
+        this process (the Beam runner): this run's generation prefix, made now (marker
+        first). The workers write their shards (``train/``, ``test/``) and their small
+        results there; before ``publish`` the runner removes the results, so the
+        generation holds what a published one holds. A failed or interrupted run removes
+        it, as it removes an upload of its own."""
+        if self._in_bucket is None:
+            self._in_bucket = self._new_generation()
+        return self._in_bucket.uri
+
+    def _staged_in_bucket(self, manifest: dict) -> None:
+        """What the workers wrote into the generation is exactly what ``manifest`` lists;
+        RuntimeError otherwise (a bug: it stops the run before it publishes anything)."""
+        staged = {r for r in storage.list_files(self._in_bucket) if r != MARKER}
+        listed = {e["path"] for sp in manifest["splits"].values() for e in sp["shards"]}
+        if staged != listed:
+            raise RuntimeError(f"{self._in_bucket}: staged objects {sorted(staged ^ listed)[:3]} "
+                               "do not match the manifest")
+
+    def publish(self, manifest: dict) -> None:
+        """Upload the staged shards into a new generation (or, staged there by the workers
+        already, check them) and switch the manifest to it."""
+        if self._in_bucket is not None:
+            self._staged_in_bucket(manifest)
+        else:
+            staged = outdir.check_staged(self.stage, manifest)
+            gen = self._new_generation()
+            jobs = [(self.stage / rel, gen.child(rel)) for rel in staged]
+            storage.transfer(jobs, storage.upload, desc="upload", progress=self.progress,
+                             total=sum(p.stat().st_size for p, _ in jobs))
         new = json.loads(json.dumps(manifest))
         for sp in new["splits"].values():
             for e in sp["shards"]:

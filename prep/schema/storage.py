@@ -2,10 +2,11 @@
 
 Everything that touches a bucket goes through this module, on pyarrow's filesystems
 (``pyarrow.fs.S3FileSystem``; ``gs://`` through ``pyarrow.fs.FileSystem.from_uri``, same
-code, not tested here). The commands never read a bucket in place: inputs are downloaded
-into the run's local staging folder (``download_inputs``), outputs are written locally and
-uploaded (prep.jobs.remote_out), datasets are read from a local cache checked by sha256
-(prep.schema.cache). So the pool's workers, ArrayRecord and Grain see local files only.
+code, not tested here). The local runner's commands never read a bucket in place: inputs
+are downloaded into the run's local staging folder (``download_inputs``), outputs are
+written locally and uploaded (prep.jobs.remote_out), datasets are read from a local cache
+checked by sha256 (prep.schema.cache). So the pool's workers, ArrayRecord and Grain see
+local files only.
 
 Where the bucket is and who may read it, from the standard AWS settings, as the AWS CLI
 reads them:
@@ -19,10 +20,13 @@ reads them:
 A storage failure is one line (InputError, exit 2) naming the URI and the fix: wrong
 credentials, an endpoint that cannot be reached, no such bucket (``failure``).
 
-For an engine whose workers see only the bucket (the Beam runner on Dataflow, Flink,
-Spark), the same calls do a worker's part: ``download`` an input object to a local file,
-``upload`` a finished shard to its place, ``write_bytes`` a small result; ``is_remote``
-tells a bucket path from a local one.
+The Beam runner is the exception, because its workers may share no disk with the driver
+(Dataflow, Flink, Spark): there the same calls do a worker's part, from the worker's own
+environment: ``open_input_file`` reads an input's row groups in place (ranged GETs),
+``upload`` puts a finished shard into the run's generation prefix, ``write_bytes`` and
+``read_bytes`` carry the small JSON results (prep.shards.beam_worker.BucketStage); the
+driver hashes inputs it never downloads with ``digest``. ``is_remote`` tells a bucket path
+from a local one.
 """
 
 from __future__ import annotations
@@ -116,6 +120,14 @@ def filesystem(scheme: str):
 
 def failure(e: BaseException, where, doing: str) -> InputError:
     """A storage error as one line: what went wrong with ``where`` and what to do."""
+    return known_failure(e, where, doing) or InputError(
+        f"{where}: storage error while {doing} ({first_line(e)[:200]})")
+
+
+def known_failure(e: BaseException, where, doing: str) -> InputError | None:
+    """``failure``'s line when ``e`` is a storage failure it knows (access, network, no
+    such bucket), else None: an error reading a bucket's object may also be the object's
+    own damage, which the caller names."""
     text = str(e)
     if any(w in text for w in ("ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH",
                                "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
@@ -136,7 +148,7 @@ def failure(e: BaseException, where, doing: str) -> InputError:
     if any(w in text for w in ("NO_SUCH_BUCKET", "NoSuchBucket")) or (
             "Bucket" in text and "not found" in text):
         return InputError(f"{where}: no such bucket; create it, or check the name")
-    return InputError(f"{where}: storage error while {doing} ({first_line(e)[:200]})")
+    return None
 
 
 @contextlib.contextmanager
@@ -176,6 +188,28 @@ def read_bytes(loc: Remote) -> bytes | None:
             return None
         with fs.open_input_stream(loc.path) as f:
             return f.read()
+
+
+def open_input_file(loc: Remote):
+    """The object as a seekable pyarrow file: a parquet reader fetches its footer and the
+    row groups it reads by ranged GETs, never the whole object."""
+    fs = filesystem(loc.scheme)
+    with errors(loc, "opening it"):
+        return fs.open_input_file(loc.path)
+
+
+def digest(loc: Remote, stop: threading.Event | None = None) -> tuple[int, str]:
+    """The object's size and sha256, streamed (nothing is kept); on ``stop``, what was read
+    so far (the caller no longer waits for it)."""
+    fs = filesystem(loc.scheme)
+    h, n = hashlib.sha256(), 0
+    with errors(loc, "reading it"), fs.open_input_stream(loc.path) as src:
+        while chunk := src.read(CHUNK):
+            if stop is not None and stop.is_set():
+                break
+            h.update(chunk)
+            n += len(chunk)
+    return n, h.hexdigest()
 
 
 def write_bytes(loc: Remote, data: bytes) -> None:

@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from prep.schema import storage
 from prep.schema.errors import InputError, first_line
 from prep.schema.measurements import DTYPES, Measurements, addr_words, empty, stable_key
 from prep.schema.vocab import VALUE_FIELDS
@@ -294,12 +295,15 @@ def validate_table(table: pa.Table, *, source: str) -> tuple[Measurements, dict[
 
 
 def open_parquet(path: str | Path) -> pq.ParquetFile:
-    """The file, its columns and their types checked up front (InputError naming it if not)."""
+    """The file, its columns and their types checked up front (InputError naming it if not).
+    A bucket path (``s3://…``) is read in place, by ranged reads (prep.schema.storage)."""
     try:
-        pf = pq.ParquetFile(path)
+        if storage.is_remote(path):
+            pf = pq.ParquetFile(storage.open_input_file(storage.Remote.parse(path)))
+        else:
+            pf = pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as e:
-        raise InputError(f"{path}: not a readable parquet file ({first_line(e)}); "
-                         "re-create or remove it") from None
+        raise _unreadable(e, path, "not a readable parquet file") from None
     _resolve_columns(pf.schema_arrow, str(path))
     return pf
 
@@ -327,8 +331,14 @@ def validated_batches(path: str | Path, row_groups: list[int] | None = None, *,
                                            _cache=_ADDR_CACHE)
             yield Batch(source=str(path), rows_in=rb.num_rows, measurements=m, rejected=rejected)
     except (OSError, pa.ArrowException) as e:
-        raise InputError(f"{path}: damaged or truncated parquet ({first_line(e)}); "
-                         "re-create or remove it") from None
+        raise _unreadable(e, path, "damaged or truncated parquet") from None
+
+
+def _unreadable(e: BaseException, path, what: str) -> InputError:
+    """The file's own fault, or for a bucket path the storage's (access, network)."""
+    if storage.is_remote(path) and (known := storage.known_failure(e, path, "reading it")):
+        return known
+    return InputError(f"{path}: {what} ({first_line(e)}); re-create or remove it")
 
 
 def iter_validated(paths: Iterable[str | Path], *, batch_rows: int = 1 << 20) -> Iterator[Batch]:

@@ -19,7 +19,7 @@ any bucket is written: ``read_unit`` then also emits, on the tagged output ``min
 unit's per-minute histogram as ``(minute, count)`` pairs; ``CombinePerKey(sum)`` and
 ``ToList`` gather them into one list, ``resolve_cutoff`` turns it into the cutoff (the
 local runner's very rule, ``prep.schema.splits.default_cutoff``) and records it in
-``<stage>/cutoff.json`` for the manifest (a shared folder, as for the shards), and
+``<stage>/cutoff.json`` for the manifest (in the staging location, as the shards), and
 ``BucketFn`` takes it as a singleton side input, so every bucket uses the same resolved
 config as the local runner would.
 
@@ -27,7 +27,7 @@ This module is the driver's side: the pipeline built and run, its JSON files rea
 (``BeamPasses``), a failed pipeline turned into one line (``pipeline_error``). What runs on
 the workers is prep.shards.beam_worker: module-level functions and a DoFn that Beam
 pickles by reference, elements of JSON text, ints and bytes, and ``Stage``, the one place
-where the staging folder is reached, so no worker needs anything from the driver's memory.
+where the staging location is reached, so no worker needs anything from the driver's memory.
 The frame around the pipeline is the local runner's very one
 (``prep.shards.dataset.build``: the inputs listed and hashed, the start line, the manifest
 built and the staging folder published by prep.jobs.outdir: lock, ``--overwrite``, the
@@ -35,6 +35,18 @@ swap), so both give byte-identical shards and the same manifest (timing fields a
 A failed pipeline publishes nothing: its staging folder
 ``<out>/.tmp-beam-<pid>-<token>`` is removed (or, if the driver was killed, by the next
 run), and a dataset already in ``<out>`` stays as it was.
+
+With ``--out s3://…`` the staging location is in the bucket, not on the driver's disk: the
+run's new generation prefix ``<out>/g<time>-<token>/`` (prep.jobs.remote_out: its owner
+marker written first, by the driver, before the pipeline starts). The workers write their
+shards and JSON results there (``BucketStage``); the driver reads the results, removes
+them, checks that the generation holds exactly the shards the manifest lists and writes
+``manifest.json`` last, as for any bucket ``--out`` (the old dataset intact until that
+PUT, ``--overwrite`` checked again just before it). A failed or interrupted run removes
+the generation with what the workers had uploaded; a killed driver's is removed by the
+next run on this machine. Inputs in a bucket are never downloaded by the driver
+(``reads_buckets``): it reads their footers to cut units and hashes them for the manifest
+as they stream by; the workers read their row groups from the bucket.
 
 Failures are one line (``pipeline_error``): a worker's InputError as the worker said it,
 else the last line of its error. With worker processes here (multi_processing), the
@@ -47,10 +59,10 @@ Runners: the default is Beam's ``FnApiRunner`` (pinned: Beam's default local run
 Prism, would download a binary at run time), in this process; with
 ``--beam-option direct_running_mode=multi_processing --beam-option direct_num_workers=N`` it
 runs the workers as N separate Python processes (``tests/test_beam.py`` holds their shards
-to the local runner's). ``--beam-option runner=...`` picks another (Dataflow, Flink,
-Spark); then ``--out`` must be a folder every worker can write, e.g. a shared filesystem
-mount, since ArrayRecord writes local paths, and the workers need this package installed
-(README, "Beam on a cluster").
+to the local runner's, writing a local folder and a bucket). ``--beam-option
+runner=...`` picks another (Dataflow, Flink, Spark); then ``--out`` must be a bucket path
+(or a folder every worker can write, e.g. a shared filesystem mount), the inputs too, and
+the workers need this package installed (README, "Beam on a cluster").
 """
 
 from __future__ import annotations
@@ -67,6 +79,7 @@ import threading
 import time
 from pathlib import Path
 
+from prep.jobs.remote_out import RemoteDataset
 from prep.jobs.signals import signals_blocked
 from prep.schema.errors import InputError
 from prep.schema.measurements import empty
@@ -148,6 +161,7 @@ class BeamPasses(Passes):
 
     runner = "beam"
     says = "prep shards (beam)"
+    reads_buckets = True  # a worker reads an s3:// input's row groups itself
 
     def __init__(self, beam, options, beam_runner):
         self.beam, self.options, self.beam_runner = beam, options, beam_runner
@@ -191,7 +205,9 @@ class BeamPasses(Passes):
 
         from prep.shards.beam_worker import Stage
 
-        stage = Stage(str(od.stage))
+        # --out on a bucket: the workers stage straight into the run's new generation there
+        stage = Stage.at(od.stage_in_bucket() if isinstance(od, RemoteDataset)
+                         else str(od.stage))
         pipeline = functools.partial(self._pipeline, units, cfg, stage.location)
         log = None
         if self.local_mode() == "multi_processing" and self.options.view_as(
@@ -227,6 +243,7 @@ class BeamPasses(Passes):
         if read["rows_in"] != rows_total:
             raise InputError(f"{od.path}: the pipeline read {read['rows_in']:,} of {rows_total:,} "
                              "rows; re-run `prep shards`")
+        stage.clear_records()
         return cfg, read, [results[b] for b in sorted(results)]
 
     def _pipeline(self, units: list, cfg: ShardsConfig, stage: str) -> None:

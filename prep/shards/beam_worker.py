@@ -7,16 +7,25 @@ DoFn class, which Beam pickles by reference (module and name), so a worker runs 
 never a copy of the driver's objects. The elements are JSON text, ints and Arrow IPC bytes:
 
 - a read task: ``'[unit, [[path, [row group, …]], …]]'`` (JSON; prep.shards.dataset.read_units);
+  a path may be a bucket's (``s3://…``): the worker reads those row groups from the bucket
+  itself (prep.schema.validate.open_parquet, ranged reads), nothing is downloaded first;
 - the config: ``ShardsConfig`` as JSON (prep.shards.dataset.config_to_json), a DoFn argument;
-- the staging folder's location, a string, opened with ``Stage`` on the worker;
+- the staging location, a string, opened with ``Stage.at`` on the worker;
 - a time split's cutoff: an int, as a side input.
 
 ``Stage`` is the one place the workers (and the driver, reading back) touch the run's
 output: the shards (``shard_dir``), each unit's read counts, each bucket's result and the
-cutoff (``write_json``, ``read_jsons``). Today it is a local folder, which on a cluster
-must be a mount every worker and the driver see; an object-store stage (``s3://``,
-``gs://``) goes in here, without touching the pipeline: ``shard_dir`` would hand out a local
-temporary folder and upload what was written in it on exit.
+cutoff (``write_json``, ``read_jsons``). Two kinds, picked by the location:
+
+- ``FolderStage``: the staging folder of a local ``--out`` (prep.jobs.outdir), which on a
+  cluster must be a mount every worker and the driver see;
+- ``BucketStage``: with ``--out s3://…`` (or ``gs://``), the run's new generation prefix in
+  the bucket (prep.jobs.remote_out, ``stage_in_bucket``: made by the driver, marker first).
+  ``shard_dir`` hands out a local temporary folder on the worker and uploads what
+  ``process_bucket`` wrote there; the JSON results are objects beside the shards, which
+  the driver reads and removes before it writes the manifest. A worker reaches the bucket
+  with its own settings (AWS_ENDPOINT_URL, the credentials' chain: prep.schema.storage),
+  so it needs no disk shared with the driver: what Dataflow, Flink and Spark workers have.
 
 Each worker also puts its identity (``host:pid``) and peak RSS in the JSON it writes, so
 the driver can say how many processes did the work (the manifest's ``timing``).
@@ -27,7 +36,9 @@ Beam is known to be installed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import fnmatch
 import json
 import os
 import socket
@@ -39,6 +50,8 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
+from prep.schema import storage
+from prep.schema.errors import InputError
 from prep.schema.measurements import ARROW_SCHEMA, DTYPES, Measurements, from_arrow, to_arrow
 from prep.schema.splits import default_cutoff, merge_histograms, minute_histogram
 from prep.schema.validate import validated_batches
@@ -47,16 +60,50 @@ from prep.shards.dataset import add_read_counts, config_from_dict, new_read_coun
 
 
 class Stage:
-    """The run's staging folder, as workers and the driver reach it (the module docstring)."""
+    """The run's staging location, as workers and the driver reach it (the module
+    docstring): a folder (``FolderStage``) or a bucket prefix (``BucketStage``), picked by
+    ``Stage.at`` from the location's text, on whichever process opens it."""
+
+    RECORDS = ("read", "results")  # the folders of the workers' JSON results
 
     def __init__(self, location: str):
         self.location = location
+
+    @staticmethod
+    def at(location: str) -> Stage:
+        return BucketStage(location) if storage.is_remote(location) else FolderStage(location)
+
+    def write_json(self, name: str, obj: dict) -> None:
+        """``name`` (e.g. ``results/bucket-00003.json``) written whole, so a retried bundle
+        rewrites the same file and a reader never sees half of one."""
+        raise NotImplementedError
+
+    def read_json(self, name: str) -> dict:
+        raise NotImplementedError
+
+    def read_jsons(self, folder: str, pattern: str) -> list[dict]:
+        """Every ``folder/pattern`` file, by name."""
+        raise NotImplementedError
+
+    def shard_dir(self):
+        """A context manager: the local folder ``process_bucket`` writes its ``train/`` and
+        ``test/`` shards under, in their place once the block ends without an error."""
+        raise NotImplementedError
+
+    def clear_records(self) -> None:
+        """Remove the JSON results (the driver, once it has read them)."""
+
+
+class FolderStage(Stage):
+    """A folder: the staging folder of prep.jobs.outdir, on a disk every worker and the
+    driver see (this machine, or a shared mount)."""
+
+    def __init__(self, location: str):
+        super().__init__(location)
         self.path = Path(location)
 
     def write_json(self, name: str, obj: dict) -> None:
-        """``name`` (e.g. ``results/bucket-00003.json``) written whole: temp, then rename, so a
-        retried bundle rewrites the same file and a reader never sees half of one."""
-        path = self.path / name
+        path = self.path / name  # temp, then rename
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(obj, sort_keys=True))
@@ -66,14 +113,58 @@ class Stage:
         return json.loads((self.path / name).read_text())
 
     def read_jsons(self, folder: str, pattern: str) -> list[dict]:
-        """Every ``folder/pattern`` file, by name."""
         return [json.loads(f.read_text()) for f in sorted((self.path / folder).glob(pattern))]
 
     @contextlib.contextmanager
     def shard_dir(self):
-        """The local folder ``process_bucket`` writes its ``train/`` and ``test/`` shards
-        under: the staging folder itself."""
-        yield str(self.path)
+        yield str(self.path)  # the staging folder itself: shards are written temp, renamed
+
+    # clear_records: nothing to do; the staging folder goes as a whole
+
+
+class BucketStage(Stage):
+    """A bucket prefix: the run's generation prefix (prep.jobs.remote_out, ``stage_in_bucket``),
+    reached through prep.schema.storage with this process's own settings (AWS_ENDPOINT_URL,
+    the credentials' chain), so a worker needs no disk shared with the driver.
+
+    A JSON result is one PUT (an object is visible only once whole); shards are written
+    into a local temporary folder on the worker and uploaded to ``<prefix>/train/…``,
+    ``<prefix>/test/…`` when ``process_bucket`` has returned; the folder is removed either
+    way. A retried bundle writes the same names again, with the same bytes."""
+
+    def __init__(self, location: str):
+        super().__init__(location)
+        self.loc = storage.Remote.parse(location)
+
+    def write_json(self, name: str, obj: dict) -> None:
+        storage.write_bytes(self.loc.child(name), json.dumps(obj, sort_keys=True).encode())
+
+    def read_json(self, name: str) -> dict:
+        data = storage.read_bytes(self.loc.child(name))
+        if data is None:
+            raise InputError(f"{self.loc.child(name)}: missing; a Beam worker did not write "
+                             "it (or it was removed meanwhile); re-run `prep shards`")
+        return json.loads(data)
+
+    def read_jsons(self, folder: str, pattern: str) -> list[dict]:
+        names = sorted(r for r in storage.list_files(self.loc.child(folder))
+                       if "/" not in r and fnmatch.fnmatchcase(r, pattern))
+        with concurrent.futures.ThreadPoolExecutor(storage.THREADS) as pool:
+            return list(pool.map(lambda n: self.read_json(f"{folder}/{n}"), names))
+
+    @contextlib.contextmanager
+    def shard_dir(self):
+        with tempfile.TemporaryDirectory(prefix="prep-beam-shards-") as d:
+            yield d
+            files = sorted(p for p in Path(d).rglob("*") if p.is_file())
+            storage.transfer([(p, self.loc.child(p.relative_to(d).as_posix())) for p in files],
+                             storage.upload, total=sum(p.stat().st_size for p in files),
+                             desc="upload", progress=False)
+
+    def clear_records(self) -> None:
+        for folder in self.RECORDS:
+            storage.delete_tree(self.loc.child(folder))
+        storage.delete([self.loc.child("cutoff.json")])
 
 
 def worker_id() -> str:
@@ -111,7 +202,7 @@ def read_unit(task: str, stage: str, n_buckets: int, with_minutes: bool = False)
     if with_minutes:
         for minute, n in zip(*(a.tolist() for a in merge_histograms(hists))):
             yield beam.pvalue.TaggedOutput("minutes", (minute, n))
-    Stage(stage).write_json(f"read/unit-{unit:06d}.json", counts | {
+    Stage.at(stage).write_json(f"read/unit-{unit:06d}.json", counts | {
         "worker": worker_id(), "peak_rss_mb": own_rss_mb()})
 
 
@@ -119,7 +210,7 @@ def resolve_cutoff(pairs, test_fraction: float, stage: str) -> int:
     """The default cutoff from all units' (minute, count) pairs; recorded for the driver."""
     pairs = sorted(pairs)
     cutoff = default_cutoff([p[0] for p in pairs], [p[1] for p in pairs], test_fraction)
-    Stage(stage).write_json("cutoff.json", {"test_from": cutoff})
+    Stage.at(stage).write_json("cutoff.json", {"test_from": cutoff})
     return cutoff
 
 
@@ -137,7 +228,7 @@ class BucketFn(beam.DoFn):
     def process(self, element, cutoff=None):
         bucket, blobs = element
         cfg = self.cfg if cutoff is None else replace(self.cfg, test_from=int(cutoff))
-        stage = Stage(self.stage)
+        stage = Stage.at(self.stage)
         with stage.shard_dir() as d:
             result = process_bucket(bucket, from_ipc(blobs), cfg, d)
         stage.write_json(f"results/bucket-{bucket:05d}.json", result | {

@@ -1,8 +1,10 @@
 """A dataset as both runners of `prep shards` build it: the frame around their passes.
 
 ``build`` is the one run of `prep shards`: it lists the inputs, claims the output folder
-(prep.jobs.outdir; prep.jobs.remote_out for ``--out s3://…``, and inputs in a bucket are
-downloaded into its staging folder, prep.schema.storage), hashes the inputs on a helper thread, cuts them into read units
+(prep.jobs.outdir; prep.jobs.remote_out for ``--out s3://…``; inputs in a bucket are
+downloaded into its staging folder, prep.schema.storage, unless the runner's workers read
+them in place, ``Passes.reads_buckets``), hashes the inputs on a helper thread, cuts them
+into read units
 (``read_units``), resolves the bucket count, prints the start line, calls the runner's
 ``Passes`` (prep.shards.local_runner's process pool, prep.shards.beam_runner's pipeline) and
 ends with ``finish``. A runner brings only its passes: pass 1 (read, validate, route to
@@ -32,7 +34,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import asdict, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from prep.jobs import outdir, remote_out
 from prep.jobs.signals import signals_blocked
@@ -54,6 +56,9 @@ class Passes(abc.ABC):
 
     runner = "shards"  # prep.jobs.outdir.claim's runner (its staging folder's name)
     says = "prep shards"  # how the run's lines on stderr start
+    # Whether the workers read bucket inputs (``s3://…``) in place; else ``build``
+    # downloads them into the staging folder first, as the local pool needs.
+    reads_buckets = False
 
     def start(self) -> None:
         """Start workers, if any: SIGINT/SIGTERM are blocked, no input has been read (so
@@ -105,10 +110,15 @@ def build(inputs: list[str], out: str, cfg: ShardsConfig, passes: Passes, *,
     else:
         claimed = outdir.claim(Path(out), overwrite=overwrite, runner=passes.runner)
     with claimed as od:
-        names: dict[Path, str] = {}
-        if remote:
+        names: dict = {}
+        if remote and passes.reads_buckets:  # the workers read the objects themselves
+            names = {loc.uri: loc.uri for loc, _ in remote}
+            paths = paths + list(names)
+        elif remote:
             names = storage.download_inputs(remote, od.stage / "inputs", progress=progress)
-            paths = sorted(paths + list_inputs(list(names)))
+            paths = paths + list_inputs(list(names))
+        # in the order of the names the manifest gives them, whichever runner reads them
+        paths = sorted(paths, key=lambda p: PurePosixPath(names.get(p, str(p))))
         hasher, stop_hashing, started, failed = None, threading.Event(), False, True
         try:
             # Workers and the hashing thread start before Arrow starts threads of its own,
@@ -373,9 +383,12 @@ def config_from_dict(d: dict) -> ShardsConfig:
     return ShardsConfig(**d)
 
 
-def file_info(p: Path, stop: threading.Event | None = None, name: str | None = None) -> dict:
+def file_info(p: Path | str, stop: threading.Event | None = None, name: str | None = None) -> dict:
     """An input's identity for the manifest; ``name``: what to call it (a downloaded
-    input's URI), else its path."""
+    input's URI), else its path. A bucket path is hashed as it streams from the bucket."""
+    if storage.is_remote(p):
+        size, sha = storage.digest(storage.Remote.parse(p), stop)
+        return {"name": p, "size": size, "sha256": sha}
     h = hashlib.sha256()
     with open(p, "rb") as f:
         while chunk := f.read(1 << 22):
