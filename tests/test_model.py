@@ -218,13 +218,16 @@ def test_probe_logits_equal_the_row_with_that_token_written(params):
     cases = [(4, 17), (9, 200), (15, 3), (28, 99), (28, 5)]  # (prev, token): seg 1 mid/end, seg 2, seg 3 end
     p_prev = jnp.array([[p for p, _ in cases]], jnp.int32)
     p_tok = jnp.array([[x for _, x in cases]], jnp.int32)
-    row_logits, probe_logits = model.forward(params, tokens[None], segs[None], CFG,
-                                             probes=(p_tok, p_prev))
-    np.testing.assert_array_equal(row_logits, model.forward(params, tokens[None], segs[None], CFG))
+    # jitted, as the predictor runs it: one compile each (eagerly, every call compiles its
+    # layer scan anew, 18 s of this test on 2 cores)
+    fwd = jax.jit(lambda p, t, s: model.forward(p, t, s, CFG))
+    probed = jax.jit(lambda p, t, s, pr: model.forward(p, t, s, CFG, probes=pr))
+    row_logits, probe_logits = probed(params, tokens[None], segs[None], (p_tok, p_prev))
+    np.testing.assert_array_equal(row_logits, fwd(params, tokens[None], segs[None]))
     for m, (p, x) in enumerate(cases):
         t, s = tokens.copy(), segs.copy()
         t[p + 1], s[p + 1] = x, segs[p]  # at 28 that overwrites padding: extend segment 3
-        want = model.forward(params, t[None], s[None], CFG)[0, p + 1]
+        want = fwd(params, t[None], s[None])[0, p + 1]
         np.testing.assert_allclose(probe_logits[0, m], want, rtol=2e-5, atol=2e-5)
 
 
@@ -244,7 +247,8 @@ def test_measurement_index_and_the_copied_source_bytes():
     np.testing.assert_array_equal(idx, np.repeat([0, 1, 0, 1, 2, -1], [12, 12, 12, 12, 12, 4]))
     cfg = dataclasses.replace(CFG, seq_len=64)
     p = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
-    out = model.loss_by_role(p, tokens[None], segs[None], cfg, copied_src=True)
+    out = jax.jit(lambda p, t, s: model.loss_by_role(p, t, s, cfg, copied_src=True))(
+        p, tokens[None], segs[None])  # jitted, as `train eval` runs it: one compile
     assert len(out) == 6
     assert float(out[5][0]) == 3 * 4  # three later measurements, four source bytes each
     src = vocab.ROLES.index("src")

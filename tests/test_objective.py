@@ -44,7 +44,7 @@ def test_device_roles_equal_rowdecode_on_real_rows(builtin_shards):
     tok, seg = read_split(builtin_shards, load_manifest(builtin_shards), "test")
     assert len(tok) >= 5
     host = rowdecode.token_roles(tok, seg)
-    dev = np.asarray(model.token_roles(jnp.asarray(tok), jnp.asarray(seg)))
+    dev = np.asarray(jax.jit(model.token_roles)(tok, seg))  # as the jitted loss runs it
     np.testing.assert_array_equal(dev, host)
 
 
@@ -64,12 +64,16 @@ def test_weighted_objective_is_the_weighted_mean():
     cfg = dataclasses.replace(arch.MODELS["tiny"], seq_len=len(ROW))
     params = model.init_params(cfg, 0)
     batch = {"tokens": jnp.asarray([ROW]), "segment_ids": jnp.ones((1, len(ROW)), jnp.int32)}
-    ce, _, _, mask = model.token_losses(params, batch["tokens"], batch["segment_ids"], cfg)
+    # jitted, as the train step runs them (eagerly, each compiles its layer scan and every
+    # other operation on its own)
+    ce, _, _, mask = jax.jit(lambda p, t, s: model.token_losses(p, t, s, cfg))(
+        params, batch["tokens"], batch["segment_ids"])
     ce = np.asarray(ce)[0, :-1]  # 15 counted targets: ROW[1:]
-    total, count, plain = model.loss_sum(params, batch, cfg)
+    total, count, plain = jax.jit(lambda p, b: model.loss_sum(p, b, cfg))(params, batch)
     assert int(count) == 15 and np.isclose(float(plain), ce.mean(), rtol=1e-6)
     w = step_lib.role_weights("rtt=10,src=0")
-    total_w, count_w, obj = model.loss_sum(params, batch, cfg, role_weights=w)
+    total_w, count_w, obj = jax.jit(lambda p, b: model.loss_sum(p, b, cfg, role_weights=w))(
+        params, batch)
     tw = np.array([w[r] for r in ROLES[1:]])
     assert float(total_w) == float(total) and int(count_w) == 15
     assert np.isclose(float(obj), (tw * ce).sum() / tw.sum(), rtol=1e-6)
@@ -84,12 +88,15 @@ def test_grammar_embedding_probes_equal_writing_the_token():
     assert {"role_embed", "index_embed"} <= set(params)
     tok = jnp.asarray([ROW])
     seg = jnp.ones_like(tok)
+    # jitted, as the predictor runs it: one compile each (eagerly, every call compiles its
+    # layer scan anew, 20 s of this test on 2 cores)
+    fwd = jax.jit(lambda p, t, s: model.forward(p, t, s, cfg))
+    probed = jax.jit(lambda p, t, s, pr: model.forward(p, t, s, cfg, probes=pr))
     for prev, probe in [(12, B + 0x33), (11, B + 0x70), (5, V.DST_IPV4), (9, B + 7)]:
-        _, lp = model.forward(params, tok, seg, cfg,
-                              probes=(jnp.asarray([[probe]]), jnp.asarray([[prev]])))
+        _, lp = probed(params, tok, seg, (jnp.asarray([[probe]]), jnp.asarray([[prev]])))
         written = np.array(ROW)
         written[prev + 1] = probe
-        full = model.forward(params, jnp.asarray([written]), seg, cfg)
+        full = fwd(params, jnp.asarray([written]), seg)
         np.testing.assert_allclose(np.asarray(lp)[0, 0], np.asarray(full)[0, prev + 1],
                                    atol=2e-5)
 

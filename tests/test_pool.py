@@ -45,6 +45,25 @@ def test_imap_keeps_the_task_order_whatever_order_they_start_in():
         assert sorted(pool.imap_unordered(_square, [5, 6])) == [25, 36]
 
 
+def test_a_pool_that_fails_before_its_first_task_closes_at_once():
+    """Under a fork server (this process runs a thread) workers start with the first task:
+    a run that fails before it (bad input, a foreign file in --out) has none to wait for,
+    and closed 10 s late (multiprocessing.connection.wait([]) sleeps its whole timeout)."""
+    import threading
+
+    hold = threading.Event()
+    thread = threading.Thread(target=hold.wait)
+    thread.start()
+    try:
+        pool = Pool(2)
+    finally:
+        hold.set()
+        thread.join()
+    t0 = time.monotonic()
+    pool.close(failed=True)
+    assert time.monotonic() - t0 < 2
+
+
 @pytest.mark.parametrize("how, words, oom", [
     ("kill", "was killed by SIGKILL while on b.json, most likely by the kernel's out-of-memory", True),
     ("term", "was stopped by SIGTERM while on b.json", False),

@@ -123,7 +123,7 @@ class Pool:
     def _death(self) -> WorkerDied:
         """What happened to the worker that broke the pool."""
         procs = list(self._procs.values())
-        multiprocessing.connection.wait([p.sentinel for p in procs], timeout=5)
+        _wait([p.sentinel for p in procs], 5)
         deadline = time.monotonic() + 2
         while True:  # the executor's thread may be reaping them right now: None until then
             codes = [(p.pid, p.exitcode) for p in procs]
@@ -167,14 +167,22 @@ class Pool:
                     p.terminate()
             # The caller removes what they wrote next: wait until no worker writes.
             alive = [p.sentinel for p in procs]
-            multiprocessing.connection.wait(alive, timeout=5)
+            _wait(alive, 5)
             for p in procs:
                 with contextlib.suppress(Exception):
                     if p.exitcode is None:
                         p.kill()
-            multiprocessing.connection.wait(alive, timeout=5)
+            _wait(alive, 5)
         finally:
             shutil.rmtree(self._labels, ignore_errors=True)
+
+
+def _wait(sentinels: list, timeout: float) -> None:
+    """multiprocessing.connection.wait, but at once when there is nothing to wait for: on
+    an empty list it sleeps the whole timeout (a fork server's pool that failed before it
+    started a worker took 10 s to close)."""
+    if sentinels:
+        multiprocessing.connection.wait(sentinels, timeout=timeout)
 
 
 def _labelled(fn, task, label: str, labels: str):

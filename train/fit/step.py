@@ -122,7 +122,11 @@ OPT_FIELDS = ("steps", "lr", "min_lr_ratio", "warmup", "weight_decay", "b1", "b2
 
 def compile_steps(mesh: Mesh, mcfg: ModelConfig, cfg: TrainConfig, attention: AttentionConfig):
     """(train_step(state, batch) -> (state, metrics), eval_step(params, batch) -> (sums, counts) by role)."""
-    opt_cfg = TrainConfig(**{f: getattr(cfg, f) for f in OPT_FIELDS})
+    # --steps counts only through the schedule's span: a resume that runs on past it (the
+    # same span) is the same step
+    span = cfg.schedule_steps or cfg.steps
+    opt_cfg = TrainConfig(**{f: getattr(cfg, f) for f in OPT_FIELDS}
+                          | {"steps": span, "schedule_steps": span})
     return _compile_steps(mesh, mcfg, opt_cfg, attention)
 
 
