@@ -4,6 +4,7 @@ the current token and reads the token after it (an induction head) predicts the 
 half; the first half is noise. With several segments per row and positions restarting in
 each, a mask or position bug shows as a copy accuracy far below the bar."""
 
+import jax
 import numpy as np
 
 from train.fit import step as step_lib
@@ -43,10 +44,15 @@ def copy_rows(rng, n_rows: int):
     return tok, seg, repeat
 
 
+# jitted, as the predictor runs it: compiled once for both calls (eagerly, each compiled
+# the layer scan anew)
+_forward = jax.jit(lambda params, tok, seg: model.forward(params, tok, seg, COPY))
+
+
 def copy_accuracy(params, rng, n_rows: int = 64) -> tuple[float, float]:
     """(argmax accuracy on the targets a copy can get right, how many there were)."""
     tok, seg, repeat = copy_rows(rng, n_rows)
-    logits = model.forward(params, tok, seg, COPY)
+    logits = _forward(params, tok, seg)
     hit = np.asarray(logits.argmax(-1)) == np.concatenate([tok[:, 1:], tok[:, :1]], axis=1)
     return float(hit[repeat].mean()), int(repeat.sum())
 

@@ -290,14 +290,27 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(shards, tmp_path, monkeypatch)
     assert [x["step"] for x in records(run)] == [5, 6]
 
 
-def test_sigterm_from_outside_to_the_train_command(shards, tmp_path):
+@pytest.fixture(scope="module")
+def xla_cache(tmp_path_factory):
+    """A persistent compilation cache for the `train` processes below: the step compiled
+    by the first (FLAGS' settings, a schedule of 20 steps) is loaded by the next."""
+    return tmp_path_factory.mktemp("xla-cache")
+
+
+def _env(xla_cache):
+    return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
+                JAX_COMPILATION_CACHE_DIR=str(xla_cache),
+                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+
+
+def test_sigterm_from_outside_to_the_train_command(shards, tmp_path, xla_cache):
     run = tmp_path / "run"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     proc = subprocess.Popen(
         [sys.executable, "-m", "train.cli", "--data", str(shards), "--run-dir", str(run),
-         "--model", "tiny", "--steps", "100000", "--batch-size", "4", "--log-every", "1",
-         "--eval-every", "0", "--ckpt-every", "0"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--model", "tiny", "--steps", "100000", "--schedule-steps", "20", "--batch-size", "4",
+         "--lr", "3e-3", "--warmup", "3", "--log-every", "1", "--eval-every", "0",
+         "--ckpt-every", "0"],
+        cwd=REPO, env=_env(xla_cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None:
@@ -466,7 +479,8 @@ def test_a_run_that_is_training_is_locked(shards, tmp_path):
             seen["again"] = fit(["--data", shards, "--run-dir", run, *FLAGS])
             seen["files"] = sorted(p.relative_to(run) for p in run.rglob("*"))
 
-    s = train(small(shards, run, steps=6, ckpt_every=2), on_step=second)
+    # the schedule of small()'s 20 steps: the step compiled for the runs above, not another
+    s = train(small(shards, run, steps=6, schedule_steps=20, ckpt_every=2), on_step=second)
     assert s["step"] == 6 and not s["interrupted"]
     want = f"{run}: another `train` (pid {os.getpid()}) is training this run"
     one_error_line(seen["resume"], want, "wait for it to end")
@@ -661,12 +675,12 @@ def small_disk(tmp_path):
 # An Orbax write task that fails after the run has stopped is echoed by asyncio ("Task
 # exception was never retrieved", in about 1 of 3 runs before the Checkpointer dropped it:
 # test_no_echoes_of_a_failed_saves_abandoned_writes).
-def test_a_full_disk_under_the_checkpoints_stops_the_run_in_one_line(shards, small_disk):
+def test_a_full_disk_under_the_checkpoints_stops_the_run_in_one_line(shards, small_disk,
+                                                                    xla_cache):
     run = small_disk / "run"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     p = subprocess.run([sys.executable, "-m", "train.cli", "--data", str(shards), "--run-dir",
-                        str(run), *FLAGS[:-1], "5"], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=300)
+                        str(run), *FLAGS[:-1], "5"], cwd=REPO, env=_env(xla_cache),
+                       capture_output=True, text=True, timeout=300)
     assert p.returncode == 2, p.stderr[-3000:]
     lines = p.stderr.splitlines()
     assert lines[-1] == (f"error: {run / 'checkpoints'}: checkpoint 10 not saved: no space "

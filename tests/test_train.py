@@ -105,8 +105,14 @@ DP_SCRIPT = textwrap.dedent("""
 """)
 
 
+# XLA's CPU compiler without its costly LLVM passes (as tests/test_train_multihost.py): a
+# third of the compile time; both runs compared use the same flags, and the sharding under
+# test is decided before those passes
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
 def test_data_parallel_on_4_cpu_devices_matches_1(shards, tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4 " + FAST_COMPILE,
                JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", DP_SCRIPT, str(shards), str(tmp_path)],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
