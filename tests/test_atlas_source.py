@@ -6,8 +6,6 @@ import collections
 import ipaddress
 import json
 import random
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -16,7 +14,6 @@ from click.testing import CliRunner
 from prep.cli import main
 from prep.ingest import atlas, atlas_read
 
-PREP = [sys.executable, "-c", "from prep.cli import main; main()"]
 COUNTS = ("files", "results_read", "rows_in", "rows_written", "rejected", "per_packet", "source",
           "errors")  # the summary but its timings
 MEAN_52543 = (664.750625 + 187.372292) / 2  # its duplicate reply left out
@@ -116,18 +113,16 @@ def test_local_errors_are_counted_apart_from_timeouts(atlas_dir, tmp_path):
 def test_shards_read_the_public_source(atlas_dir, tmp_path):
     run(atlas_dir / "api", atlas_dir / "dump", "--out", tmp_path / "pq")
     srcs = collections.Counter(r["src_addr"] for r in table(tmp_path / "pq"))
-    p = subprocess.run([*PREP, "shards", str(tmp_path / "pq"), "--out", str(tmp_path / "shards"),
-                        "--workers", "1", "--json", "--quiet"], capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
+    # in this process, as run() above (three `prep` processes took 4 s more to start)
+    p = CliRunner().invoke(main, ["shards", str(tmp_path / "pq"), "--out", str(tmp_path / "shards"),
+                                  "--workers", "1", "--json", "--quiet"])
+    assert p.exit_code == 0, p.output[-2000:]
     s = json.loads(p.stdout.strip().splitlines()[-1])
     assert (s["measurements_in"], s["measurements_tokenized"]) == (7592, 7592)
-    p = subprocess.run([*PREP, "verify", str(tmp_path / "shards"), "--workers", "1"],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    p = subprocess.run([*PREP, "inspect", str(tmp_path / "shards"), "--json"],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
+    p = CliRunner().invoke(main, ["verify", str(tmp_path / "shards"), "--workers", "1"])
+    assert p.exit_code == 0, p.output[-2000:]
+    p = CliRunner().invoke(main, ["inspect", str(tmp_path / "shards"), "--json"])
+    assert p.exit_code == 0, p.output[-2000:]
     decoded = collections.Counter(m["src"] for line in p.stdout.splitlines()
                                   for seg in json.loads(line)["segments"] for m in seg)
     assert decoded == srcs
