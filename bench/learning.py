@@ -36,7 +36,9 @@ def curve_point(report: dict, tokens: int) -> dict:
     point = {"step": report["step"], "tokens": tokens,
              "loss_by_role": {k: v["loss"] for k, v in report["loss"]["by_role"].items()},
              "loss": report["loss"]["loss"],
-             "copied_src_accuracy": (report["loss"].get("copied_src") or {}).get("accuracy")}
+             "copied_src_accuracy": (report["loss"].get("copied_src") or {}).get("accuracy"),
+             "copyable_src_accuracy":
+                 (report["loss"].get("copyable_src") or {}).get("accuracy")}
     for name in keep:
         m = rtt[name]
         point[name] = {"all": m["median_rel"], "ci": m["median_rel_ci"],

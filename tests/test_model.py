@@ -231,6 +231,33 @@ def test_probe_logits_equal_the_row_with_that_token_written(params):
         np.testing.assert_allclose(probe_logits[0, m], want, rtol=2e-5, atol=2e-5)
 
 
+def test_copyable_source_bytes_are_those_whose_address_stands_earlier_in_the_context():
+    """copyable_src counts a later measurement's source bytes only where an earlier
+    measurement of the same segment has that whole source address: not a new address (a
+    dual-stack probe's first IPv6 source), not one shown only in another segment."""
+    V = vocab
+    B = V.BYTE_OFFSET
+
+    def m(src, dst=(9, 9, 9, 9)):
+        return [V.MEASUREMENT_START, V.DST_IPV4, *[B + x for x in dst],
+                V.SRC_IPV4, *[B + x for x in src], V.FAILED]
+
+    a, b, c = (1, 2, 3, 4), (1, 2, 3, 5), (4, 3, 2, 1)  # b differs from a in one byte
+    seg1 = m(a) + m(b) + m(b) + m(a)  # later: b new, b seen, a seen
+    seg2 = m(c) + m(a) + m(c)  # later: a (seen only in segment 1), c seen
+    row = seg1 + seg2
+    tokens, segs = np.zeros(96, np.int32), np.zeros(96, np.int32)
+    tokens[:len(row)] = row
+    segs[:len(seg1)], segs[len(seg1):len(row)] = 1, 2
+    cfg = dataclasses.replace(CFG, seq_len=96)
+    p = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    out = jax.jit(lambda p, t, s: model.loss_by_role(p, t, s, cfg, copied_src=True))(
+        p, tokens[None], segs[None])
+    assert float(out[5][0]) == 5 * 4  # every later measurement's source bytes
+    assert float(out[8][0]) == 3 * 4  # b seen, a seen (segment 1); c seen (segment 2)
+    assert float(out[7][0]) <= float(out[4][0])  # right guesses among them, at most all
+
+
 def test_measurement_index_and_the_copied_source_bytes():
     """measurement_index restarts per segment; copied_src counts exactly the source-byte
     targets of the measurements after each segment's first."""
@@ -249,7 +276,9 @@ def test_measurement_index_and_the_copied_source_bytes():
     p = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     out = jax.jit(lambda p, t, s: model.loss_by_role(p, t, s, cfg, copied_src=True))(
         p, tokens[None], segs[None])  # jitted, as `train eval` runs it: one compile
-    assert len(out) == 6
+    assert len(out) == 9
     assert float(out[5][0]) == 3 * 4  # three later measurements, four source bytes each
+    # all three repeat the source of their segment's first measurement
+    assert float(out[8][0]) == 3 * 4
     src = vocab.ROLES.index("src")
     assert float(out[2][src]) == 5 * 4  # every source byte follows a token of its segment

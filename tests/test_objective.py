@@ -80,25 +80,90 @@ def test_weighted_objective_is_the_weighted_mean():
     assert tw.sum() == 4 * 0 + 2 * 10 + 9  # src bytes off, two RTT bytes x10, nine others
 
 
-def test_grammar_embedding_probes_equal_writing_the_token():
+# ROW again to the same destination (another RTT), then to another one: the second's result
+# and RTT come before its destination here, the third's after
+ROW2 = (ROW
+        + [V.MEASUREMENT_START, V.RTT_START, B + 0x69, B + 0x05, V.SRC_IPV4, B + 10, B + 0,
+           B + 0, B + 1, V.DST_IPV4, B + 193, B + 0, B + 14, B + 129]
+        + [V.MEASUREMENT_START, V.SRC_IPV4, B + 10, B + 0, B + 0, B + 1, V.DST_IPV4, B + 193,
+           B + 0, B + 14, B + 130, V.RTT_START, B + 0x40, B + 0x01])
+
+
+def test_same_destination_marks_the_earlier_measurements_to_it():
+    """From the last byte of a measurement's destination on, its tokens match every token of
+    the earlier measurements of their segment with that destination, and nothing else."""
+    n1, n2 = len(ROW), len(ROW2) - len(ROW) - 14  # the first two measurements' lengths
+    row = ROW2 + ROW2[:n1] + ROW2[:n1]  # segment 2: ROW twice
+    seg = [1] * len(ROW2) + [2] * (2 * n1)
+    m, _ = model.same_destination(jnp.asarray([row]), jnp.asarray([seg]))
+    m = np.asarray(m)[0, 0]
+    second = slice(n1, n1 + n2)
+    want = np.zeros_like(m)
+    # measurement 2 names 193.0.14.129 at its last token (its destination is last)
+    want[n1 + n2 - 1, :n1] = True
+    # measurement 3 (193.0.14.130) matches nothing; segment 2's second ROW matches its first
+    s2 = len(ROW2)
+    want[s2 + n1 + 10:s2 + 2 * n1, s2:s2 + n1] = True  # from its last dst byte (index 10) on
+    np.testing.assert_array_equal(m, want)
+    assert not m[second][:n2 - 1].any()  # before its destination is whole: no match
+
+
+@pytest.mark.parametrize("extra", [{}, {"match_dst": 4.0, "byte_features": 7}],
+                         ids=["grammar", "grammar+match_dst+byte_features"])
+def test_grammar_embedding_probes_equal_writing_the_token(extra):
     """A probe (train.predict.predictor's second RTT byte) gets the role and index the token would
-    get written into the row: the same logits."""
-    cfg = dataclasses.replace(arch.MODELS["tiny"], seq_len=len(ROW), grammar_embed=True)
+    get written into the row, and the same destination match: the same logits."""
+    row = ROW2 if extra else ROW
+    cfg = dataclasses.replace(arch.MODELS["tiny"], seq_len=len(row), grammar_embed=True, **extra)
     params = jax.tree.map(lambda x: 20 * x, model.init_params(cfg, 1))  # far from uniform
     assert {"role_embed", "index_embed"} <= set(params)
-    tok = jnp.asarray([ROW])
+    tok = jnp.asarray([row])
     seg = jnp.ones_like(tok)
     # jitted, as the predictor runs it: one compile each (eagerly, every call compiles its
     # layer scan anew, 20 s of this test on 2 cores)
     fwd = jax.jit(lambda p, t, s: model.forward(p, t, s, cfg))
     probed = jax.jit(lambda p, t, s, pr: model.forward(p, t, s, cfg, probes=pr))
-    for prev, probe in [(12, B + 0x33), (11, B + 0x70), (5, V.DST_IPV4), (9, B + 7)]:
-        _, lp = probed(params, tok, seg, (jnp.asarray([[probe]]), jnp.asarray([[prev]])))
-        written = np.array(ROW)
+    places = [(12, B + 0x33), (11, B + 0x70), (5, V.DST_IPV4), (9, B + 7)]
+    if extra:  # the third measurement's RTT (its destination before it), a destination byte
+        places += [(len(row) - 2, B + 0x11), (len(row) - 3, B + 0x41), (len(row) - 5, B + 129)]
+    prevs, probes = (jnp.asarray([[x[k] for x in places]]) for k in (0, 1))
+    _, lp = probed(params, tok, seg, (probes, prevs))
+    for k, (prev, probe) in enumerate(places):
+        written = np.array(row)
         written[prev + 1] = probe
         full = fwd(params, jnp.asarray([written]), seg)
-        np.testing.assert_allclose(np.asarray(lp)[0, 0], np.asarray(full)[0, prev + 1],
-                                   atol=2e-5)
+        np.testing.assert_allclose(np.asarray(lp)[0, k], np.asarray(full)[0, prev + 1],
+                                   rtol=2e-5, atol=5e-5)
+
+
+def test_a_model_with_a_score_bias_runs_the_xla_attention():
+    """match_dst adds a bias to the scores, which the cuDNN kernel does not take: auto picks
+    XLA, an explicit cudnn is one line naming the way out."""
+    from prep.schema.errors import InputError
+    from train.model import attention
+
+    assert attention.resolve("auto", bias=True) == "xla"
+    with pytest.raises(InputError, match="match_dst .* use --attention xla"):
+        attention.resolve("cudnn", bias=True)
+
+
+def test_byte_waves_are_a_reparameterization_of_the_byte_rows():
+    """byte_features changes only the byte rows of the embedding and the byte columns of the
+    head, by the learned mix of fixed waves; the first wave rises over 0..255."""
+    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=16, byte_features=3)
+    p = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    w = model.byte_waves(3)
+    assert w.shape == (256, 6) and np.all(np.diff(w[:, 0]) < 0)  # cos(2 pi v / 512) falls
+    embed, head = model.tables(p, cfg)
+    lo, hi = V.BYTE_OFFSET, V.BYTE_OFFSET + 256
+    np.testing.assert_array_equal(np.asarray(embed)[:lo], np.asarray(p["embed"])[:lo])
+    np.testing.assert_array_equal(np.asarray(head)[:, hi:], np.asarray(p["head"])[:, hi:])
+    np.testing.assert_allclose(np.asarray(embed)[lo:hi] - np.asarray(p["embed"])[lo:hi],
+                               w @ np.asarray(p["wave_in"]), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(head)[:, lo:hi] - np.asarray(p["head"])[:, lo:hi],
+                               np.asarray(p["wave_out"]) @ w.T, atol=1e-6)
+    assert arch.n_params(cfg) == arch.n_params(dataclasses.replace(cfg, byte_features=0)) + (
+        2 * 6 * 64)
 
 
 def _lr_at(run, step):

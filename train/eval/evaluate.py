@@ -314,13 +314,13 @@ def token_loss_by_role(pred: P.Predictor, tok, seg, *, progress: bool = True) ->
     (train.model.model.loss_by_role, as in training)."""
     fn = _compiled_loss(pred.mcfg, pred.attention)
     s_loss, s_right, s_n = (np.zeros(model.N_ROLES) for _ in range(3))
-    c_loss = c_right = c_n = 0.0
+    c_sums = np.zeros(6)  # copied_src's loss, right, n; then copyable_src's
     bs = pred.batch_size
     for r0 in tqdm(range(0, len(tok), bs), unit="batch", desc="loss by role",
                    disable=not progress, file=sys.stderr):
         t, s = P.pad_rows(tok[r0:r0 + bs], bs), P.pad_rows(seg[r0:r0 + bs], bs)
-        loss, right, n, cl, cr, cn = fn(pred.params, t.astype(np.int32), s.astype(np.int32))
-        c_loss, c_right, c_n = c_loss + float(cl[0]), c_right + float(cr[0]), c_n + float(cn[0])
+        loss, right, n, *copied = fn(pred.params, t.astype(np.int32), s.astype(np.int32))
+        c_sums += np.array([float(x[0]) for x in copied])
         s_loss += np.asarray(loss, np.float64)
         s_right += np.asarray(right, np.float64)
         s_n += np.asarray(n, np.float64)
@@ -332,9 +332,11 @@ def token_loss_by_role(pred: P.Predictor, tok, seg, *, progress: bool = True) ->
                                              "accuracy": float(s_right[k] / s_n[k]),
                                              "tokens": int(s_n[k])}
                         for k in range(1, len(rowdecode.ROLES)) if s_n[k]},
-            # the source bytes after a context's first measurement: copies of one in front
-            "copied_src": {"loss": c_loss / c_n, "accuracy": c_right / c_n, "tokens": int(c_n)}
-            if c_n else None}
+            # the source bytes after a context's first measurement: mostly copies of one in
+            # front; and those whose address is in front (train.model.model.loss_by_role)
+            **{name: {"loss": cl / cn, "accuracy": cr / cn, "tokens": int(cn)} if cn else None
+               for name, (cl, cr, cn) in (("copied_src", c_sums[:3]),
+                                          ("copyable_src", c_sums[3:]))}}
 
 
 @functools.lru_cache(maxsize=4)

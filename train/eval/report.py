@@ -58,6 +58,11 @@ def format_report(r: dict) -> str:
             lines.append(f"  source bytes after a context's first measurement (a copy of one in "
                          f"front): {cs['loss']:.3f} ({100 * cs['accuracy']:.1f} %) over "
                          f"{cs['tokens']:,} targets")
+        ca = lo.get("copyable_src")
+        if ca:
+            lines.append(f"  of them, those whose address is in front (a dual-stack probe's "
+                         f"first source of a family is not): {ca['loss']:.3f} "
+                         f"({100 * ca['accuracy']:.1f} %) over {ca['tokens']:,} targets")
         lines.append("")
     lines += _main_table(r["rtt"])
     scored = {k: m for k, m in r["rtt"].items() if not fell_back(m)}

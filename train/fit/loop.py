@@ -388,7 +388,7 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step) -> 
                             "in-training eval, or rebuild with `prep shards --test-fraction` above 0")
     reader.check_data(data, manifest, splits, check=cfg.data_check)
     mcfg = model_config(cfg.model, seq_len=manifest["row_len"])
-    impl = attention.resolve(cfg.attention)
+    impl = attention.resolve(cfg.attention, bias=bool(mcfg.match_dst))
     # max_segments sizes cuDNN's per-row segment tables; the JAX wrapper treats a table
     # of one segment as "not packed", so it is at least 2
     att = AttentionConfig(impl, max_segments=max(2, reader.max_segments(manifest)),

@@ -40,6 +40,18 @@ class ModelConfig:
     # std of the initial weights (GPT-2's 0.02; residual projections / sqrt(2 n_layers)).
     # Narrow models learn to copy much sooner from a larger one (tests/test_copy.py)
     init_std: float = 0.02
+    # smooth functions of a byte's value: the embedding of BYTE_v, and the head's logit for
+    # it, each gain a learned mix of 2 * byte_features fixed waves of v (periods 512, 256,
+    # ..., ``byte_waves``), so "an RTT byte near the earlier one" is a few parameters, not a
+    # relation among 256 unrelated symbols learned one pair at a time. 0: off. The function
+    # class is unchanged (the tables could hold it); only what is cheap to learn changes.
+    byte_features: int = 0
+    # head 0 of every layer gets this bias (times a learned gain per layer, starting at 1)
+    # on keys of earlier measurements whose destination is the one the query's measurement
+    # has named so far (train.model.model.same_destination): "the earlier pings to this
+    # destination" is given, as the grammar is; the head learns what to read there. 0: off.
+    # XLA attention only (the cuDNN kernel takes no bias).
+    match_dst: float = 0.0
 
 
 MODELS = {
@@ -87,11 +99,17 @@ def param_specs(cfg: ModelConfig) -> dict:
     out_std = std / (2 * L) ** 0.5  # GPT-2: residual projections scaled by depth
     grammar = ({"role_embed": Param((len(vocab.ROLES), D), std),
                 "index_embed": Param((N_INDEX, D), std)} if cfg.grammar_embed else {})
+    K2 = 2 * cfg.byte_features
+    # each wave mix starts as large as one embedding row (about sqrt(K2 / 2) waves' worth)
+    w_std = std / max(K2 / 2, 1) ** 0.5
+    waves = {"wave_in": Param((K2, D), w_std), "wave_out": Param((D, K2), w_std)} if K2 else {}
     return {
         **grammar,
+        **waves,
         "embed": Param((V, D), std),
         "layers": {
             "attn_norm": _gain(L, D),
+            **({"match_gain": _gain(L)} if cfg.match_dst else {}),
             "wqkv": Param((L, D, 3, N, H), std),
             "wo": Param((L, N, H, D), out_std),
             "mlp_norm": _gain(L, D),

@@ -64,13 +64,14 @@ def segment_mask(segment_ids: jax.Array) -> jax.Array:
     return (same & causal)[:, None]
 
 
-def xla_attention(q, k, v, segment_ids):
-    """q, k, v: [B, T, N, H]. The reference implementation (any backend)."""
-    return jax.nn.dot_product_attention(q, k, v, mask=segment_mask(segment_ids),
+def xla_attention(q, k, v, segment_ids, bias=None):
+    """q, k, v: [B, T, N, H]; bias: None or float[B, N, T, T] added to the scores. The
+    reference implementation (any backend)."""
+    return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=segment_mask(segment_ids),
                                         implementation="xla")
 
 
-def probe_attention(q, k, v, k_self, v_self, mask):
+def probe_attention(q, k, v, k_self, v_self, mask, bias=None):
     """Probes (train.model.model.forward's ``probes``): q, k_self, v_self [B, M, N, H], one
     query, key and value per probe; k, v [B, T, N, H] the row's; mask bool[B, 1, M, T], probe
     m may see row key t. Each probe sees what its mask allows of the row and itself, never
@@ -78,9 +79,11 @@ def probe_attention(q, k, v, k_self, v_self, mask):
     part masked to the diagonal."""
     B, M = q.shape[0], q.shape[1]
     own = jnp.broadcast_to(jnp.eye(M, dtype=bool), (B, 1, M, M))
+    if bias is not None:  # [B, N, M, T] on the row's keys; none on the probe's own
+        bias = jnp.concatenate([bias, jnp.zeros(bias.shape[:3] + (M,), bias.dtype)], axis=-1)
     return jax.nn.dot_product_attention(
         q, jnp.concatenate([k, k_self], axis=1), jnp.concatenate([v, v_self], axis=1),
-        mask=jnp.concatenate([mask, own], axis=-1), implementation="xla")
+        bias=bias, mask=jnp.concatenate([mask, own], axis=-1), implementation="xla")
 
 
 def missing_segment_value() -> int:
@@ -162,9 +165,19 @@ def why_not_cudnn() -> str | None:
     return None
 
 
-def resolve(implementation: str) -> str:
+def resolve(implementation: str, *, bias: bool = False) -> str:
     """"auto" -> "cudnn" where it works, else "xla" with one line on stderr saying why
-    (on a GPU); an explicit choice is checked."""
+    (on a GPU); an explicit choice is checked. ``bias``: the model adds a bias to its scores
+    (ModelConfig.match_dst), which only the XLA attention takes."""
+    if bias and implementation in ("auto", "cudnn"):
+        if implementation == "cudnn":
+            raise InputError("--attention cudnn: the model's match_dst head adds a bias to its "
+                             "scores, which the cuDNN kernel does not take; use --attention xla")
+        if jax.devices()[0].platform == "gpu":
+            print("attention: the model's match_dst head adds a bias to its scores, which the "
+                  "cuDNN kernel does not take; using the masked XLA attention (computes all "
+                  "T x T scores: slower)", file=sys.stderr)
+        return "xla"
     if implementation == "auto":
         reason = why_not_cudnn()
         if reason is not None and jax.devices()[0].platform == "gpu":
@@ -180,7 +193,10 @@ def resolve(implementation: str) -> str:
     return implementation
 
 
-def attention(q, k, v, segment_ids, *, implementation: str, max_segments: int):
+def attention(q, k, v, segment_ids, *, implementation: str, max_segments: int, bias=None):
     if implementation == "cudnn":
+        if bias is not None:
+            raise ValueError("cuDNN attention takes no bias: a model with match_dst runs with "
+                             "--attention xla")
         return cudnn_attention(q, k, v, segment_ids, max_segments=max_segments)
-    return xla_attention(q, k, v, segment_ids)
+    return xla_attention(q, k, v, segment_ids, bias)

@@ -96,7 +96,8 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     dtype = attention.dtype
     seg = segment_ids.astype(jnp.int32)
     pos = positions(seg)
-    x = params["embed"].astype(dtype)[tokens]
+    embed, head_w = tables(params, cfg)
+    x = embed.astype(dtype)[tokens]
     if cfg.grammar_embed:  # what the grammar says of each token, given, not learned by layers
         role, index, last = grammar(tokens, seg)
         x = x + (params["role_embed"][role] + params["index_embed"][index]).astype(dtype)
@@ -109,12 +110,16 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         # probe m of row b sees key t: same segment as its anchor, not after it
         p_mask = ((seg[:, None, :] == p_seg[:, :, None])
                   & (jnp.arange(T)[None, None, :] <= p_prev[:, :, None]))[:, None]  # [B,1,M,T]
-        xp = params["embed"].astype(dtype)[p_tok]
+        xp = embed.astype(dtype)[p_tok]
         if cfg.grammar_embed:
             p_role, p_index = _probe_grammar(tokens, seg, last, p_tok, p_prev)
             xp = xp + (params["role_embed"][p_role] + params["index_embed"][p_index]).astype(dtype)
     else:
         xp = jnp.zeros((tokens.shape[0], 0, cfg.d_model), dtype)
+    match = p_match = None
+    if cfg.match_dst:  # bool [B, 1, T, T] (and [B, 1, M, T] for probes): same destination
+        match, p_match = same_destination(tokens, seg, probes)
+    head0 = (jnp.arange(cfg.n_heads) == 0).astype(dtype)[None, :, None, None] * cfg.match_dst
 
     def mlp(x, p):
         h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
@@ -125,14 +130,17 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
         qkv = jnp.einsum("btd,dsnh->sbtnh", h, p["wqkv"].astype(dtype))
         q, k = rope(qkv[0], pos, cfg.rope_base), rope(qkv[1], pos, cfg.rope_base)
+        bias = None if match is None else match.astype(dtype) * (head0 * p["match_gain"])
         a = attn.attention(q, k, qkv[2], seg, implementation=attention.implementation,
-                           max_segments=attention.max_segments)
+                           max_segments=attention.max_segments, bias=bias)
         x = mlp(x + jnp.einsum("btnh,nhd->btd", a, p["wo"].astype(dtype)), p)
         if probes is not None:
             hp = rms_norm(xp, p["attn_norm"], cfg.norm_eps)
             qkv_p = jnp.einsum("bmd,dsnh->sbmnh", hp, p["wqkv"].astype(dtype))
             qp, kp = rope(qkv_p[0], p_pos, cfg.rope_base), rope(qkv_p[1], p_pos, cfg.rope_base)
-            ap = attn.probe_attention(qp, k, qkv[2], kp, qkv_p[2], p_mask)
+            p_bias = (None if p_match is None
+                      else p_match.astype(dtype) * (head0 * p["match_gain"]))
+            ap = attn.probe_attention(qp, k, qkv[2], kp, qkv_p[2], p_mask, p_bias)
             xp = mlp(xp + jnp.einsum("bmnh,nhd->bmd", ap, p["wo"].astype(dtype)), p)
         return (x, xp), None
 
@@ -140,8 +148,87 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         block = jax.checkpoint(block)
     (x, xp), _ = jax.lax.scan(block, (x, xp), params["layers"])
     head = lambda x: (rms_norm(x, params["final_norm"], cfg.norm_eps)
-                      @ params["head"].astype(dtype)).astype(jnp.float32)
+                      @ head_w.astype(dtype)).astype(jnp.float32)
     return head(x) if probes is None else (head(x), head(xp))
+
+
+# one odd multiplier per byte index: an address's hash is the sum of (byte + 1) * M[index]
+# over its block (int32, wrapping), 0 for "no address named yet"
+_ADDR_MULT = (np.random.default_rng(12345).integers(1 << 20, 1 << 30, arch.N_INDEX) | 1
+             ).astype(np.int32)
+
+
+def address_hashes(tokens: jax.Array, segment_ids: jax.Array, field: str):
+    """(so_far, full, meas), int32[B, T] each: the hash of the ``field`` ("src" or "dst")
+    address that each token's measurement has named up to and including it (0 before the
+    block), of the whole measurement's address, and the measurement's number along the row.
+    A hash is the sum of (byte + 1) * _ADDR_MULT[byte index] over the block (wrapping)."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    role, index, last = grammar(tokens, seg)
+    c = jnp.where(role == vocab.ROLES.index(field),
+                  (tokens - vocab.BYTE_OFFSET + 1) * jnp.asarray(_ADDR_MULT)[index], 0)
+    start = (tokens == vocab.MEASUREMENT_START) & (seg > 0)
+    meas = jnp.cumsum(start, axis=1, dtype=jnp.int32)
+    csum = jnp.cumsum(c, axis=1, dtype=jnp.int32)
+    T = tokens.shape[1]
+    idx = jnp.arange(T, dtype=jnp.int32)
+    first = jax.lax.cummax(jnp.where(start, idx, 0), axis=1)  # the measurement's start
+    so_far = csum - jnp.take_along_axis(csum - c, first, axis=1)
+    # the whole measurement's: so_far at its last token (the next start - 1, or the row's end)
+    nxt = jnp.flip(jax.lax.cummin(jnp.flip(jnp.where(start, idx, T), 1), axis=1), 1)
+    end = jnp.concatenate([nxt[:, 1:], jnp.full_like(nxt[:, :1], T)], axis=1) - 1
+    full = jnp.take_along_axis(so_far, end, axis=1)
+    return so_far, full, meas
+
+
+def same_destination(tokens: jax.Array, segment_ids: jax.Array, probes=None):
+    """bool[B, 1, T, T]: key s is in an earlier measurement of the row than query t, and that
+    measurement's destination is the one t's measurement has named up to t (none before
+    its destination block: then no key matches); with ``probes`` (forward's), also
+    bool[B, 1, M, T] for them. Nothing of a later token is read: a key's measurement lies
+    wholly before the query's, and in the same segment."""
+    so_far, full, meas = address_hashes(tokens, segment_ids, "dst")
+
+    def rule(q_so_far, q_meas):
+        return ((q_so_far[:, :, None] != 0) & (full[:, None, :] == q_so_far[:, :, None])
+                & (meas[:, None, :] < q_meas[:, :, None]))[:, None]
+
+    seg = segment_ids.astype(jnp.int32)
+    same_seg = (seg[:, :, None] == seg[:, None, :])[:, None]
+    if probes is None:
+        return rule(so_far, meas) & same_seg, None
+    tokens = tokens.astype(jnp.int32)
+    p_tok, p_prev = (x.astype(jnp.int32) for x in probes)
+    p_start = p_tok == vocab.MEASUREMENT_START
+    p_meas = jnp.take_along_axis(meas, p_prev, axis=1) + p_start
+    p_role, p_index = _probe_grammar(tokens, seg, grammar(tokens, seg)[2], p_tok, p_prev)
+    p_c = jnp.where(p_role == vocab.ROLES.index("dst"),
+                    (p_tok - vocab.BYTE_OFFSET + 1) * jnp.asarray(_ADDR_MULT)[p_index], 0)
+    p_so_far = jnp.where(p_start, 0, jnp.take_along_axis(so_far, p_prev, axis=1)) + p_c
+    p_seg = jnp.take_along_axis(seg, p_prev, axis=1)
+    return (rule(so_far, meas) & same_seg,
+            rule(p_so_far, p_meas) & (p_seg[:, :, None] == seg[:, None, :])[:, None])
+
+
+def byte_waves(n: int) -> np.ndarray:
+    """float32[256, 2n]: cos and sin of 2 pi v / P for byte values v, periods P = 512, 256,
+    ... (n of them, halving); the first is monotone over 0..255."""
+    v = np.arange(256, dtype=np.float64)[:, None]
+    ang = 2 * np.pi * v / (512.0 / 2.0 ** np.arange(n))[None, :]
+    return np.concatenate([np.cos(ang), np.sin(ang)], axis=1).astype(np.float32)
+
+
+def tables(params: dict, cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
+    """The embedding [V, D] and output head [D, V] the forward pass uses: the parameters'
+    tables, plus, with ``cfg.byte_features``, the learned mix of byte waves on the byte rows
+    (ModelConfig.byte_features)."""
+    if not cfg.byte_features:
+        return params["embed"], params["head"]
+    w = jnp.asarray(byte_waves(cfg.byte_features))  # [256, 2K]
+    lo, hi = vocab.BYTE_OFFSET, vocab.BYTE_OFFSET + 256
+    embed = jnp.asarray(params["embed"]).at[lo:hi].add(w @ params["wave_in"])
+    head = jnp.asarray(params["head"]).at[:, lo:hi].add(params["wave_out"] @ w.T)
+    return embed, head
 
 
 def _role_tables() -> tuple[np.ndarray, np.ndarray]:
@@ -224,8 +311,10 @@ def loss_by_role(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: M
     (train.fit.step.eval_step) and `train eval` (train.eval.evaluate).
 
     ``copied_src``: also the same three sums (float32[1] each) over the source bytes of every
-    measurement after its context's first, which repeat an address already in the context
-    (a probe's source): how well the model copies."""
+    measurement after its context's first, which mostly repeat an address already in the
+    context (a probe's source), and three more over those of them whose address does stand
+    in an earlier measurement of the context (a dual-stack probe's first IPv6 source after
+    IPv4 ones does not): how well the model copies, and what it could copy."""
     tokens, segment_ids = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     ce, logits, targets, mask = token_losses(params, tokens, segment_ids, cfg, attention)
     roles = target_roles(tokens, segment_ids).ravel()
@@ -241,8 +330,12 @@ def loss_by_role(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: M
     later = measurement_index(tokens, segment_ids) >= 1
     later = jnp.concatenate([later[:, 1:], jnp.zeros_like(later[:, :1])], axis=1)
     sel = mask & later & (roles.reshape(mask.shape) == vocab.ROLES.index("src"))
-    copied = tuple(jnp.where(sel, x, 0).astype(jnp.float32).sum()[None]
-                   for x in (ce, right, sel))
+    _, full, meas = address_hashes(tokens, segment_ids, "src")
+    seen = ((full[:, :, None] == full[:, None, :]) & (meas[:, None, :] < meas[:, :, None])
+            & (segment_ids[:, :, None] == segment_ids[:, None, :])).any(-1)
+    seen = jnp.concatenate([seen[:, 1:], jnp.zeros_like(seen[:, :1])], axis=1)
+    copied = tuple(jnp.where(c, x, 0).astype(jnp.float32).sum()[None]
+                   for c in (sel, sel & seen) for x in (ce, right, c))
     return sums + copied
 
 

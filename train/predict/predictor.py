@@ -167,7 +167,7 @@ class Predictor:
                  step: int | None = None):
         self.params, self.mcfg, self.batch_size = params, mcfg, batch_size
         self.run_dir, self.step = run_dir, step
-        impl = attention.resolve(attention_impl)
+        impl = attention.resolve(attention_impl, bias=bool(mcfg.match_dst))
         self.attention = attention.AttentionConfig(
             impl, max_segments=max(2, mcfg.seq_len // 12 + 1), dtype=compute_dtype)
         self.row_len = mcfg.seq_len
