@@ -108,16 +108,20 @@ def test_base_config_size():
 @pytest.mark.parametrize("name", ["tiny", "small", "base"])
 def test_decay_mask_is_the_old_rule_leaf_by_leaf(name):
     """The model's own mask (from its parameter structure) decays exactly what the old
-    rule did: every parameter whose tree path does not contain "norm"."""
+    rule did: every parameter whose tree path does not contain "norm"; and not the
+    destination match's gain (small), a gain like the norms'."""
     cfg = MODELS[name]
     shapes = arch.map_params(lambda p: jax.ShapeDtypeStruct(p.shape, jnp.float32),
                              arch.param_specs(cfg))
     old = jax.tree_util.tree_map_with_path(
-        lambda path, _: "norm" not in jax.tree_util.keystr(path), shapes)
+        lambda path, _: not any(w in jax.tree_util.keystr(path) for w in ("norm", "gain")),
+        shapes)
     new = arch.decay_mask(cfg)
     assert jax.tree.structure(new) == jax.tree.structure(old)
     assert jax.tree.leaves(new) == jax.tree.leaves(old)
-    assert sorted(k for k, v in new["layers"].items() if not v) == ["attn_norm", "mlp_norm"]
+    gains = ["match_gain"] if name == "small" else []
+    assert sorted(k for k, v in new["layers"].items() if not v) == ["attn_norm", *gains,
+                                                                    "mlp_norm"]
     assert new["final_norm"] is False and new["embed"] is True and new["head"] is True
 
 

@@ -207,14 +207,18 @@ def test_cli_model_choices_are_the_registry():
 
 def test_small_preset_and_its_cpu_recipe():
     """The CPU recipe (docs/learning.md): tiny's shape plus the grammar embedding (7 role
-    rows and 17 byte-index rows of 64), and its own CPU defaults under --model small."""
+    rows and 17 byte-index rows of 64), the destination match's gain per layer (2) and the
+    byte waves' mixes (14 waves by 64, in and out), and its own CPU defaults under --model
+    small."""
     from train.fit.config import defaults_for
     from train.model.arch import n_params
 
     small, tiny = MODELS["small"], MODELS["tiny"]
     assert small.grammar_embed and not tiny.grammar_embed
-    assert n_params(small) == n_params(tiny) + (7 + 17) * 64 == 134_336
+    assert (small.match_dst, small.byte_features, tiny.match_dst, tiny.byte_features) == (
+        4.0, 7, 0.0, 0)
+    assert n_params(small) == n_params(tiny) + (7 + 17) * 64 + 2 + 2 * 14 * 64 == 136_130
     d = defaults_for("cpu", model="small")
     assert (d["model"], d["steps"], d["batch_size"], d["lr"], d["warmup"], d["loss_weights"]) == (
-        "small", 800, 32, 3e-3, 50, "rtt=10,result=10")
+        "small", 1600, 8, 3e-3, 100, "rtt=10,result=10")
     assert defaults_for("cpu")["model"] == "tiny" and defaults_for("gpu")["model"] == "base"

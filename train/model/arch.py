@@ -58,10 +58,11 @@ MODELS = {
     # runs the same code as `base` on a CPU in seconds
     "tiny": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256),
     # the CPU recipe (train.fit.config.SMALL_CPU): tiny's shape, reading the grammar from
-    # embeddings, so its 2 layers go to matching fields, and larger initial weights, with
-    # which copying forms sooner (docs/learning.md)
+    # embeddings, so its 2 layers go to matching fields; larger initial weights, with which
+    # copying forms sooner; a head pointed at the earlier pings to the query's destination,
+    # and byte values with a sense of nearness, with which it copies an RTT (docs/learning.md)
     "small": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256,
-                         grammar_embed=True, init_std=0.08),
+                         grammar_embed=True, init_std=0.08, match_dst=4.0, byte_features=7),
     # ping-llm's ~95M model (98.6M parameters here, untied output head)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560),
 }
