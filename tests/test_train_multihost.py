@@ -54,9 +54,10 @@ def shards(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """A persistent compilation cache: the 2-process runs after the first compile nothing."""
-    return tmp_path_factory.mktemp("xla-cache")
+def cache(xla_cache):
+    """The run's persistent compilation cache (tests/conftest.py): the 2-process runs after
+    the first compile nothing."""
+    return xla_cache
 
 
 # XLA's CPU compiler without its costly LLVM passes: a third of the compile time, and the

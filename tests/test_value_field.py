@@ -46,6 +46,7 @@ def patched(tmp_path_factory) -> Path:
     return copy
 
 
+@pytest.mark.slow
 def test_the_packet_size_end_to_end(patched, tmp_path, atlas_dir):
     env = {**os.environ, "PYTHONPATH": str(patched), "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
     done = subprocess.run([sys.executable, str(FIXTURES / "value_field_run.py"), str(tmp_path),
