@@ -13,13 +13,28 @@ ATLAS = REPO / "tests" / "fixtures" / "ripe-atlas"
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 
+# The longest modules (seconds on 2 shared cores), started first by `make test`'s workers,
+# which take whole modules (--dist loadfile), two each at the start: gw0 the 1st and 3rd,
+# gw1 the 2nd and 4th. So one worker starts on two that need no warm-up (numba_kernels)
+# while the other warms the kernels up for the rest; the short modules fill in at the end.
+FIRST = ["test_value_field.py",  # 80-170 (its own kernels)
+         "test_reads_context.py",  # 85-120
+         "test_train_multihost.py",  # 110-180 (no prep kernel)
+         "test_evaluate.py",  # 30-120
+         "test_faults.py",  # 45-85
+         "test_copy.py"]  # 30-55
+
+
 def pytest_collection_modifyitems(config, items):
-    """Modules that hold a test marked slow run first (in their order; the rest after, in
-    theirs). `make test` hands whole modules to its workers (--dist loadfile): the long ones
-    start early and the short ones fill in at the end, instead of one worker finishing
-    alone with a minute-long module."""
+    """FIRST's modules first, in that order, then those with a test marked slow, then the
+    rest (each module's tests in their order)."""
     slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)  # stable
+
+    def rank(item):
+        name = item.path.name
+        return FIRST.index(name) if name in FIRST else len(FIRST) + (item.path not in slow)
+
+    items.sort(key=rank)  # stable
 
 
 def shared_tmp(tmp_path_factory) -> Path:
@@ -29,13 +44,13 @@ def shared_tmp(tmp_path_factory) -> Path:
     return base.parent if WORKER else base
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def numba_kernels(tmp_path_factory):
-    """With workers: prep's kernels compiled before any test, by one worker while the others
-    wait, as `prep shards` does on a cold cache (prep.shards.bucket.warm_kernels). On a
-    fresh checkout each worker's first tests and every `prep` they start would otherwise
-    compile the packer at once (a minute each on 2 cores) and run past their time bounds.
-    Alone, a test compiles what it calls, as before."""
+    """With workers: prep's kernels compiled once before the tests that need them, by the
+    first worker to get here while the others wait, as `prep shards` does on a cold cache
+    (prep.shards.bucket.warm_kernels). On a fresh checkout each worker and every `prep`
+    they start would otherwise compile the packer at once (a minute each on 2 cores) and
+    run past their time bounds. Alone, a test compiles what it calls, as before."""
     if not WORKER:
         return
     from prep.shards.bucket import warm_kernels
@@ -43,6 +58,13 @@ def numba_kernels(tmp_path_factory):
     with open(shared_tmp(tmp_path_factory) / "numba-kernels.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         warm_kernels(str(tmp_path_factory.mktemp("warm-kernels")))  # cached: loads them
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels_before_the_module(request):
+    """Before a module's own fixtures, unless it is marked no_kernel_warmup."""
+    if request.node.get_closest_marker("no_kernel_warmup") is None:
+        request.getfixturevalue("numba_kernels")
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +98,7 @@ def atlas_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def builtin_shards(tmp_path_factory):
+def builtin_shards(tmp_path_factory, numba_kernels):
     """The real pipeline (prep synth -> prep shards) on a small built-in-style dataset."""
     from prep.ingest.synth import SynthConfig, synth
     from prep.shards.bucket import ShardsConfig

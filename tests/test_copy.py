@@ -14,6 +14,8 @@ from train.model import model
 from train.model.arch import ModelConfig
 from train.model.attention import AttentionConfig
 
+pytestmark = pytest.mark.no_kernel_warmup  # the model alone
+
 T, MIN_LEN, MAX_LEN = 64, 4, 8  # row length; each string's length
 ALPHABET = np.arange(11, 11 + 16)  # BYTE_0..BYTE_15: each token gets many updates per step
 # 2 layers: a previous-token head, then the induction head that reads it. The larger initial

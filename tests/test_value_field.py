@@ -22,6 +22,8 @@ from prep.schema import vocab as V
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PATCH = FIXTURES / "size_field.patch"
+# its copy of the code compiles its own kernels, into a folder of its own
+pytestmark = pytest.mark.no_kernel_warmup
 
 
 def patched_files() -> list[str]:
