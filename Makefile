@@ -36,10 +36,13 @@ data/raw.done: | $(STAMP)
 shards: setup data/raw.done
 	$(BIN)/prep shards data/raw --out shards --workers $(WORKERS) --seed $(SEED) --overwrite
 
-# lint-imports: the stages' one-way order (pyproject.toml, [tool.importlinter])
+# lint-imports: the stages' one-way order (pyproject.toml, [tool.importlinter]). The tests
+# run on TEST_WORKERS processes (pytest-xdist), each taking whole modules, the slow ones
+# first (tests/conftest.py); TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 bench: setup
 	$(BIN)/python -m bench.run

@@ -1,3 +1,6 @@
+import fcntl
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -6,6 +9,86 @@ REPO = Path(__file__).resolve().parent.parent
 # the real RIPE Atlas sample (38 files, 7,725 results; its README says where each came
 # from), shipped with the tests so that a clone without ../shared runs the same suite
 ATLAS = REPO / "tests" / "fixtures" / "ripe-atlas"
+# set by pytest-xdist in each of `make test`'s worker processes
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+
+
+# The longest modules (seconds on 2 shared cores), started first by `make test`'s workers,
+# which take whole modules (--dist loadfile), two each at the start: gw0 the 1st and 3rd,
+# gw1 the 2nd and 4th. So one worker starts on two that need no warm-up (numba_kernels)
+# while the other warms the kernels up for the rest; the short modules fill in at the end.
+FIRST = ["test_value_field.py",  # 80-170 (its own kernels)
+         "test_reads_context.py",  # 85-120
+         "test_train_multihost.py",  # 110-180 (no prep kernel)
+         "test_evaluate.py",  # 30-120
+         "test_faults.py",  # 45-85
+         "test_copy.py"]  # 30-55
+
+
+def pytest_collection_modifyitems(config, items):
+    """FIRST's modules first, in that order, then those with a test marked slow, then the
+    rest (each module's tests in their order)."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item):
+        name = item.path.name
+        return FIRST.index(name) if name in FIRST else len(FIRST) + (item.path not in slow)
+
+    items.sort(key=rank)  # stable
+
+
+def shared_tmp(tmp_path_factory) -> Path:
+    """A folder that every worker of this run sees (the run's temporary folder; each worker
+    gets a folder of its own below it), or this process's when it runs alone."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if WORKER else base
+
+
+@pytest.fixture(scope="session")
+def numba_kernels(tmp_path_factory):
+    """With workers: prep's kernels compiled once before the tests that need them, by the
+    first worker to get here while the others wait, as `prep shards` does on a cold cache
+    (prep.shards.bucket.warm_kernels). On a fresh checkout each worker and every `prep`
+    they start would otherwise compile the packer at once (a minute each on 2 cores) and
+    run past their time bounds. Alone, a test compiles what it calls, as before."""
+    if not WORKER:
+        return
+    from prep.shards.bucket import warm_kernels
+
+    with open(shared_tmp(tmp_path_factory) / "numba-kernels.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        warm_kernels(str(tmp_path_factory.mktemp("warm-kernels")))  # cached: loads them
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels_before_the_module(request):
+    """Before a module's own fixtures, unless it is marked no_kernel_warmup."""
+    if request.node.get_closest_marker("no_kernel_warmup") is None:
+        request.getfixturevalue("numba_kernels")
+
+
+@pytest.fixture(scope="session")
+def xla_cache(tmp_path_factory) -> Path:
+    """A persistent compilation cache for the whole run (every worker and the `train`
+    processes the tests start): a step compiled once, in any of them, is loaded by the rest."""
+    d = shared_tmp(tmp_path_factory) / "xla-cache"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="session", autouse=True)
+def persistent_xla_cache(xla_cache):
+    """Every compile of the run goes to xla_cache: the tests' own (jax, if imported already,
+    is told; one imported later reads the environment) and those of the processes they start."""
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=str(xla_cache),
+                      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    if "jax" in sys.modules:
+        import jax
+        from jax.experimental.compilation_cache import compilation_cache
+
+        jax.config.update("jax_compilation_cache_dir", str(xla_cache))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        compilation_cache.reset_cache()  # read the settings again at the next compile
 
 
 @pytest.fixture(scope="session")
@@ -15,7 +98,7 @@ def atlas_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def builtin_shards(tmp_path_factory):
+def builtin_shards(tmp_path_factory, numba_kernels):
     """The real pipeline (prep synth -> prep shards) on a small built-in-style dataset."""
     from prep.ingest.synth import SynthConfig, synth
     from prep.shards.bucket import ShardsConfig

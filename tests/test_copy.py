@@ -6,12 +6,15 @@ each, a mask or position bug shows as a copy accuracy far below the bar."""
 
 import jax
 import numpy as np
+import pytest
 
 from train.fit import step as step_lib
 from train.fit.config import TrainConfig
 from train.model import model
 from train.model.arch import ModelConfig
 from train.model.attention import AttentionConfig
+
+pytestmark = pytest.mark.no_kernel_warmup  # the model alone
 
 T, MIN_LEN, MAX_LEN = 64, 4, 8  # row length; each string's length
 ALPHABET = np.arange(11, 11 + 16)  # BYTE_0..BYTE_15: each token gets many updates per step
@@ -57,6 +60,7 @@ def copy_accuracy(params, rng, n_rows: int = 64) -> tuple[float, float]:
     return float(hit[repeat].mean()), int(repeat.sum())
 
 
+@pytest.mark.slow
 def test_the_model_learns_to_copy_in_packed_rows():
     cfg = TrainConfig(steps=STEPS, batch_size=16, lr=LR, warmup=20, weight_decay=0.0)
     mesh = step_lib.make_mesh()

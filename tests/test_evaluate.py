@@ -51,6 +51,7 @@ def full(run):
     return evaluate(EvalConfig(run_dir=str(run / "run")), progress=False)
 
 
+@pytest.mark.slow
 def test_eval_counts_every_query_and_target(run, full):
     report, detail = full
     manifest = reader.open_shards(run / "shards")

@@ -11,6 +11,8 @@ from prep.schema import rows, vocab
 from train.model import arch, attention, model
 from train.model.arch import MODELS
 
+pytestmark = pytest.mark.no_kernel_warmup  # the model alone
+
 CFG = dataclasses.replace(MODELS["tiny"], seq_len=32)
 LENGTHS = (10, 12, 7)  # three contexts, then 3 tokens of padding
 

@@ -4,6 +4,8 @@ its error on the same queries read alone."""
 
 import json
 
+import pytest
+
 from train.eval.evaluate import EvalConfig, evaluate
 from train.fit.config import SMALL_CPU, TrainConfig
 from train.fit.loop import train
@@ -11,6 +13,7 @@ from train.fit.loop import train
 STEPS = 300
 
 
+@pytest.mark.slow
 def test_small_recipe_reads_its_context(builtin_shards, tmp_path):
     run = tmp_path / "run"
     cfg = TrainConfig(**dict(SMALL_CPU, data=str(builtin_shards), run_dir=str(run),

@@ -290,13 +290,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(shards, tmp_path, monkeypatch)
     assert [x["step"] for x in records(run)] == [5, 6]
 
 
-@pytest.fixture(scope="module")
-def xla_cache(tmp_path_factory):
-    """A persistent compilation cache for the `train` processes below: the step compiled
-    by the first (FLAGS' settings, a schedule of 20 steps) is loaded by the next."""
-    return tmp_path_factory.mktemp("xla-cache")
-
-
+# xla_cache (tests/conftest.py): the step compiled by the first `train` process below
+# (FLAGS' settings, a schedule of 20 steps) is loaded by the next
 def _env(xla_cache):
     return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
                 JAX_COMPILATION_CACHE_DIR=str(xla_cache),

@@ -25,6 +25,7 @@ from train.fit.checkpoint import Checkpointer, step_dirs
 from train.fit.loop import RunLock
 
 REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.no_kernel_warmup  # synthetic shards: no prep kernel
 FLAGS = ["--model", "tiny", "--steps", "20", "--schedule-steps", "20", "--batch-size", "4",
          "--lr", "3e-3", "--warmup", "3", "--log-every", "1", "--eval-every", "10",
          "--eval-rows", "6", "--ckpt-every", "10", "--device", "cpu"]
@@ -54,9 +55,10 @@ def shards(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """A persistent compilation cache: the 2-process runs after the first compile nothing."""
-    return tmp_path_factory.mktemp("xla-cache")
+def cache(xla_cache):
+    """The run's persistent compilation cache (tests/conftest.py): the 2-process runs after
+    the first compile nothing."""
+    return xla_cache
 
 
 # XLA's CPU compiler without its costly LLVM passes: a third of the compile time, and the

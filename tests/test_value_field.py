@@ -22,6 +22,8 @@ from prep.schema import vocab as V
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PATCH = FIXTURES / "size_field.patch"
+# its copy of the code compiles its own kernels, into a folder of its own
+pytestmark = pytest.mark.no_kernel_warmup
 
 
 def patched_files() -> list[str]:
@@ -46,6 +48,7 @@ def patched(tmp_path_factory) -> Path:
     return copy
 
 
+@pytest.mark.slow
 def test_the_packet_size_end_to_end(patched, tmp_path, atlas_dir):
     env = {**os.environ, "PYTHONPATH": str(patched), "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
     done = subprocess.run([sys.executable, str(FIXTURES / "value_field_run.py"), str(tmp_path),
