@@ -203,14 +203,18 @@ def test_a_dataset_needs_overwrite_and_foreign_objects_are_refused(s3, env, raw)
 
 
 # a `prep shards` that dies (SIGKILL) once its third shard is uploaded
+# SIGKILL once 3 uploads have finished: counted as they finish, not as they start (uploads
+# run on several threads; the 3rd to start finished while the 1st was still in flight on a
+# loaded machine, and the run died with 2 shards up)
 KILL_MID_UPLOAD = """
-import itertools, prep.schema.storage as st
-real, calls = st.upload, itertools.count(1)
+import threading, prep.schema.storage as st
+real, done, lock = st.upload, [0], threading.Lock()
 def upload(*a, **k):
-    mine = next(calls)  # uploads run on several threads
     real(*a, **k)
-    if mine == 3:
-        os.kill(os.getpid(), signal.SIGKILL)
+    with lock:
+        done[0] += 1
+        if done[0] == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
 st.upload = upload
 """
 
