@@ -36,6 +36,7 @@ Beam is known to be installed.
 
 from __future__ import annotations
 
+import abc
 import concurrent.futures
 import contextlib
 import fnmatch
@@ -59,7 +60,7 @@ from prep.shards.bucket import ShardsConfig, bucket_of, process_bucket
 from prep.shards.dataset import add_read_counts, config_from_dict, new_read_counts, own_rss_mb
 
 
-class Stage:
+class Stage(abc.ABC):
     """The run's staging location, as workers and the driver reach it (the module
     docstring): a folder (``FolderStage``) or a bucket prefix (``BucketStage``), picked by
     ``Stage.at`` from the location's text, on whichever process opens it."""
@@ -73,22 +74,26 @@ class Stage:
     def at(location: str) -> Stage:
         return BucketStage(location) if storage.is_remote(location) else FolderStage(location)
 
+    @abc.abstractmethod
     def write_json(self, name: str, obj: dict) -> None:
         """``name`` (e.g. ``results/bucket-00003.json``) written whole, so a retried bundle
         rewrites the same file and a reader never sees half of one."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def read_json(self, name: str) -> dict:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def read_jsons(self, folder: str, pattern: str) -> list[dict]:
         """Every ``folder/pattern`` file, by name."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def shard_dir(self):
         """A context manager: the local folder ``process_bucket`` writes its ``train/`` and
         ``test/`` shards under, in their place once the block ends without an error."""
-        raise NotImplementedError
+        ...
 
     def clear_records(self) -> None:
         """Remove the JSON results (the driver, once it has read them)."""
