@@ -202,3 +202,71 @@ def test_resume_with_more_steps_keeps_the_schedule(shards, tmp_path):
     assert r.exit_code == 0, r.output
     assert "re-spanned to 20 steps" in r.stderr
     assert _lr_at(run, 16) > 6e-4  # 8.4e-4: above twice the final rate again
+
+
+def test_dst_memory_rows_from_the_completing_byte_to_the_measurement_end():
+    """A measurement's tokens read its destination's memory row from the byte that completes
+    the destination on (here, ROW2's second measurement names it last, at its final token);
+    one destination, one row; another destination, another row; padding reads nothing.
+    Probes standing where a row token stands read what that token reads."""
+    tok = jnp.asarray([ROW2 + [0, 0]])
+    seg = jnp.asarray([[1] * len(ROW2) + [0, 0]])
+    n1, n2 = len(ROW), len(ROW2) - len(ROW) - 14
+    row, on, _, _ = model.dst_memory_rows(tok, seg, 1024)
+    row, on = np.asarray(row)[0], np.asarray(on)[0]
+    want = np.zeros(len(ROW2) + 2, bool)
+    want[10:n1] = True  # ROW: 193.0.14.129 is whole at its 4th byte (index 10)
+    want[n1 + n2 - 1] = True  # the second names it at its last token
+    want[n1 + n2 + 10:len(ROW2)] = True  # the third (193.0.14.130): src, dst, then the result
+    np.testing.assert_array_equal(on, want)
+    assert row[10] == row[n1 + n2 - 1] != row[n1 + n2 + 10]
+    assert len(set(row[10:n1].tolist())) == 1 and 0 <= row.min() and row.max() < 1024
+    # probes: each token of the row again, as if written right after its predecessor
+    prev = np.arange(len(ROW2) - 1)
+    p_tok = jnp.asarray(np.asarray(ROW2)[1:][None])
+    _, _, p_row, p_on = model.dst_memory_rows(tok, seg, 1024, (p_tok, jnp.asarray(prev[None])))
+    np.testing.assert_array_equal(np.asarray(p_on)[0], want[1:len(ROW2)])
+    np.testing.assert_array_equal(np.asarray(p_row)[0][want[1:len(ROW2)]],
+                                  row[1:len(ROW2)][want[1:len(ROW2)]])
+
+
+def test_dst_memory_changes_only_tokens_after_a_whole_destination():
+    """With the memory on, the logits before any destination is whole equal those of the
+    same parameters without it; after it, they differ (the row is added)."""
+    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(ROW2), dst_memory=256)
+    off = dataclasses.replace(cfg, dst_memory=0)
+    # the memory's rows; the prior's rows of 16, its map to the vocabulary, its gate
+    assert arch.n_params(cfg) == arch.n_params(off) + 256 * 64 + 256 * 16 + 16 * 267 + 64
+    params = model.init_params(cfg, 0)
+    tok, seg = jnp.asarray([ROW2]), jnp.ones((1, len(ROW2)), jnp.int32)
+    new = ("dst_memory", "prior_table", "prior_out", "prior_gate")
+    without = np.asarray(jax.jit(lambda p: model.forward(p, tok, seg, off))(
+        {k: v for k, v in params.items() if k not in new}))[0]
+    for c in (cfg, dataclasses.replace(cfg, dst_prior_scale=0.0)):
+        got = np.asarray(jax.jit(lambda p: model.forward(p, tok, seg, c))(
+            {k: v for k, v in params.items() if c.dst_prior_scale or k in ("dst_memory",)
+             or k not in new}))[0]
+        np.testing.assert_allclose(got[:10], without[:10], rtol=1e-5, atol=1e-5)
+        assert np.abs(got[10] - without[10]).max() > 1e-3
+    with pytest.raises(ValueError, match="power of two"):
+        dataclasses.replace(cfg, dst_memory=1000)
+
+
+def test_anonymize_sources_keeps_each_address_within_its_context():
+    """Only source bytes move; one address stays one address within a segment (ROW2's three
+    measurements share 10.0.0.1), another segment or another step gets another address, and
+    the same step gives the same bytes."""
+    row = ROW2 + ROW
+    seg_ids = [1] * len(ROW2) + [2] * len(ROW)
+    tok, seg = jnp.asarray([row, row]), jnp.asarray([seg_ids, seg_ids])
+    a = np.asarray(model.anonymize_sources(tok, seg, jnp.int32(7)))
+    role = np.asarray(model.token_roles(tok, seg))
+    np.testing.assert_array_equal(a[role != 2], np.asarray(tok)[role != 2])
+    src = [a[0][role[0] == 2][4 * k:4 * k + 4].tolist() for k in range(4)]  # 4 measurements
+    assert src[0] == src[1] == src[2] != [B + 10, B, B, B + 1] and src[3] != src[0]
+    assert a[1][role[1] == 2][:4].tolist() != src[0]  # another row: another context
+    again = np.asarray(model.anonymize_sources(tok, seg, jnp.int32(7)))
+    later = np.asarray(model.anonymize_sources(tok, seg, jnp.int32(8)))
+    np.testing.assert_array_equal(a, again)
+    assert (later != a).any()
+    assert ((a >= B) & (a < B + 256))[role == 2].all()

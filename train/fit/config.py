@@ -65,7 +65,7 @@ def flag(field: str) -> str:
 # 3.3M tokens): the objective weighted toward the result and its RTT bytes, small batches
 # (more updates per token reach the same error sooner), the lr and warmup the study ran;
 # the model preset is train.model.arch.MODELS["small"]
-SMALL_CPU = dict(model="small", steps=1600, batch_size=8, lr=3e-3, warmup=100,
+SMALL_CPU = dict(model="small", steps=2400, batch_size=8, lr=3e-3, warmup=100,
                  loss_weights="rtt=10,result=10", compute_dtype="float32", log_every=100,
                  eval_every=400, eval_rows=64, ckpt_every=400)
 

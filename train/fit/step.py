@@ -93,7 +93,13 @@ def role_weights(spec: str) -> tuple[float, ...] | None:
 def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, schedule,
                attention: AttentionConfig, weights: tuple[float, ...] | None = None):
     """One optimizer step on the objective (the mean next-token loss, weighted by role where
-    ``weights``); the metrics' ``loss`` is the plain mean either way, comparable across runs."""
+    ``weights``); the metrics' ``loss`` is the plain mean either way, comparable across runs.
+    A model with ``anonymize_src`` reads its rows with each context's source addresses made
+    random (train.model.model.anonymize_sources), new at every step."""
+    if mcfg.anonymize_src:
+        batch = dict(batch, tokens=model.anonymize_sources(batch["tokens"], batch["segment_ids"],
+                                                           state["step"]))
+
     def loss_fn(params):
         total, count, objective = model.loss_sum(params, batch, mcfg, attention, weights)
         return objective, total / jnp.maximum(count, 1)

@@ -52,6 +52,32 @@ class ModelConfig:
     # destination" is given, as the grammar is; the head learns what to read there. 0: off.
     # XLA attention only (the cuDNN kernel takes no bias).
     match_dst: float = 0.0
+    # a learned memory of destinations: a table of this many rows (a power of two; 0: off),
+    # one row per destination address, hashed on the device from its bytes
+    # (train.model.model.dst_memory_rows), added to every token of a measurement from the
+    # one that completes its destination on. What a destination costs is then one row to
+    # learn, not a function of 4 or 16 bytes through the layers, and it is there whatever
+    # the context holds (docs/learning.md section 8)
+    dst_memory: int = 0
+    # a destination prior in the output: a second table (dst_memory rows of PRIOR_DIM)
+    # whose row, through a learned map to the vocabulary, is added to the logits of the
+    # tokens where the memory is on, gated per token by a sigmoid of the final residual, so
+    # the layers can turn it down where the context says more. Its rows are this many times
+    # their parameters, which start this many times smaller: Adam moves a parameter by
+    # about lr a step whatever its scale, so a row learns this many times faster, which a
+    # row needs, visited only when its destination is in the batch. (Scaling the residual
+    # memory so instead displaced the context-reading circuits: docs/learning.md section 8.)
+    # 0: off
+    dst_prior_scale: float = 0.0
+    # training only: each context's source addresses replaced by random ones (the same
+    # address the same within a context; train.model.model.anonymize_sources), so nothing
+    # the model learns about a training probe's address can carry a prediction: the test
+    # probes are unseen
+    anonymize_src: bool = False
+
+    def __post_init__(self):
+        if self.dst_memory and self.dst_memory & (self.dst_memory - 1):
+            raise ValueError(f"dst_memory must be 0 or a power of two, not {self.dst_memory}")
 
 
 MODELS = {
@@ -62,7 +88,8 @@ MODELS = {
     # copying forms sooner; a head pointed at the earlier pings to the query's destination,
     # and byte values with a sense of nearness, with which it copies an RTT (docs/learning.md)
     "small": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256,
-                         grammar_embed=True, init_std=0.08, match_dst=4.0, byte_features=7),
+                         grammar_embed=True, init_std=0.08, match_dst=4.0, byte_features=7,
+                         dst_memory=8192, dst_prior_scale=30.0, anonymize_src=True),
     # ping-llm's ~95M model (98.6M parameters here, untied output head)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560),
 }
@@ -73,6 +100,8 @@ def model_config(name: str, *, seq_len: int) -> ModelConfig:
         raise ValueError(f"unknown model {name!r}; one of {sorted(MODELS)}")
     return dataclasses.replace(MODELS[name], seq_len=seq_len)
 
+
+PRIOR_DIM = 16  # width of the destination prior's rows (ModelConfig.dst_prior_scale)
 
 # grammar embedding: one row per byte index a block can hold, and one for headers/markers
 N_INDEX = int(vocab.WIDTH_OF.max()) + 1
@@ -104,9 +133,17 @@ def param_specs(cfg: ModelConfig) -> dict:
     # each wave mix starts as large as one embedding row (about sqrt(K2 / 2) waves' worth)
     w_std = std / max(K2 / 2, 1) ** 0.5
     waves = {"wave_in": Param((K2, D), w_std), "wave_out": Param((D, K2), w_std)} if K2 else {}
+    # not decayed: a destination seen rarely keeps what it has learned between its visits
+    memory = {"dst_memory": Param((cfg.dst_memory, D), std, decay=False)} if cfg.dst_memory else {}
+    if cfg.dst_memory and cfg.dst_prior_scale:
+        memory |= {"prior_table": Param((cfg.dst_memory, PRIOR_DIM), std / cfg.dst_prior_scale,
+                                        decay=False),
+                   "prior_out": Param((PRIOR_DIM, V), std),
+                   "prior_gate": Param((D,), std)}
     return {
         **grammar,
         **waves,
+        **memory,
         "embed": Param((V, D), std),
         "layers": {
             "attn_norm": _gain(L, D),

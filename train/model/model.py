@@ -116,6 +116,12 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
             xp = xp + (params["role_embed"][p_role] + params["index_embed"][p_index]).astype(dtype)
     else:
         xp = jnp.zeros((tokens.shape[0], 0, cfg.d_model), dtype)
+    if cfg.dst_memory:  # what the named destination costs, learned per destination
+        mem = params["dst_memory"]
+        row, on, p_row, p_on = dst_memory_rows(tokens, seg, cfg.dst_memory, probes)
+        x = x + jnp.where(on[..., None], mem[row], 0).astype(dtype)
+        if probes is not None:
+            xp = xp + jnp.where(p_on[..., None], mem[p_row], 0).astype(dtype)
     match = p_match = None
     if cfg.match_dst:  # bool [B, 1, T, T] (and [B, 1, M, T] for probes): same destination
         match, p_match = same_destination(tokens, seg, probes)
@@ -147,15 +153,31 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     if cfg.remat:
         block = jax.checkpoint(block)
     (x, xp), _ = jax.lax.scan(block, (x, xp), params["layers"])
-    head = lambda x: (rms_norm(x, params["final_norm"], cfg.norm_eps)
-                      @ head_w.astype(dtype)).astype(jnp.float32)
-    return head(x) if probes is None else (head(x), head(xp))
+    def head(x, at=None):
+        logits = (rms_norm(x, params["final_norm"], cfg.norm_eps)
+                  @ head_w.astype(dtype)).astype(jnp.float32)
+        if at is None:
+            return logits
+        r, o = at  # the destination prior, gated by what the layers read
+        gate = jax.nn.sigmoid(x.astype(jnp.float32) @ params["prior_gate"])
+        prior = (params["prior_table"][r] * cfg.dst_prior_scale) @ params["prior_out"]
+        return logits + jnp.where(o[..., None], gate[..., None] * prior, 0.0)
+
+    prior = bool(cfg.dst_memory and cfg.dst_prior_scale)
+    out = head(x, (row, on) if prior else None)
+    return out if probes is None else (out, head(xp, (p_row, p_on) if prior else None))
 
 
 # one odd multiplier per byte index: an address's hash is the sum of (byte + 1) * M[index]
 # over its block (int32, wrapping), 0 for "no address named yet"
 _ADDR_MULT = (np.random.default_rng(12345).integers(1 << 20, 1 << 30, arch.N_INDEX) | 1
              ).astype(np.int32)
+
+
+def _so_far(x: jax.Array, first: jax.Array) -> jax.Array:
+    """The running sum of x [B, T] from each token's measurement start (``first``) to it."""
+    csum = jnp.cumsum(x, axis=1, dtype=x.dtype)
+    return csum - jnp.take_along_axis(csum - x, first, axis=1)
 
 
 def address_hashes(tokens: jax.Array, segment_ids: jax.Array, field: str):
@@ -169,16 +191,83 @@ def address_hashes(tokens: jax.Array, segment_ids: jax.Array, field: str):
                   (tokens - vocab.BYTE_OFFSET + 1) * jnp.asarray(_ADDR_MULT)[index], 0)
     start = (tokens == vocab.MEASUREMENT_START) & (seg > 0)
     meas = jnp.cumsum(start, axis=1, dtype=jnp.int32)
-    csum = jnp.cumsum(c, axis=1, dtype=jnp.int32)
     T = tokens.shape[1]
     idx = jnp.arange(T, dtype=jnp.int32)
     first = jax.lax.cummax(jnp.where(start, idx, 0), axis=1)  # the measurement's start
-    so_far = csum - jnp.take_along_axis(csum - c, first, axis=1)
+    so_far = _so_far(c, first)
     # the whole measurement's: so_far at its last token (the next start - 1, or the row's end)
     nxt = jnp.flip(jax.lax.cummin(jnp.flip(jnp.where(start, idx, T), 1), axis=1), 1)
     end = jnp.concatenate([nxt[:, 1:], jnp.full_like(nxt[:, :1], T)], axis=1) - 1
     full = jnp.take_along_axis(so_far, end, axis=1)
     return so_far, full, meas
+
+
+# the destination header's block width, by token id (0 for any other token)
+_DST_WIDTH = np.zeros(vocab.VOCAB_SIZE, np.int32)
+_DST_WIDTH[[vocab.DST_IPV4, vocab.DST_IPV6]] = vocab.WIDTH_OF[[vocab.DST_IPV4, vocab.DST_IPV6]]
+
+
+def _memory_row(h: jax.Array, rows: int) -> jax.Array:
+    """A destination hash's row of a table of ``rows`` (a power of two): Fibonacci hashing,
+    the top bits of h times 2^32 / golden ratio."""
+    shift = 32 - int(rows).bit_length() + 1
+    return ((h.astype(jnp.uint32) * jnp.uint32(2654435769)) >> shift).astype(jnp.int32)
+
+
+def dst_memory_rows(tokens: jax.Array, segment_ids: jax.Array, rows: int, probes=None):
+    """(row int32[B, T], on bool[B, T]): each token's row of the destination memory
+    (ModelConfig.dst_memory), and whether its measurement's destination is whole at it (from
+    the token that completes the destination block to the measurement's end; off before,
+    on padding and on markers of a new measurement). With ``probes`` (forward's), also the
+    same two, [B, M], for them. Read from the token and those before it in its measurement."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    role, index, last = grammar(tokens, seg)
+    is_dst = role == vocab.ROLES.index("dst")
+    c = jnp.where(is_dst, (tokens - vocab.BYTE_OFFSET + 1) * jnp.asarray(_ADDR_MULT)[index], 0)
+    width = jnp.asarray(_DST_WIDTH)[tokens]
+    start = (tokens == vocab.MEASUREMENT_START) & (seg > 0)
+    T = tokens.shape[1]
+    first = jax.lax.cummax(jnp.where(start, jnp.arange(T, dtype=jnp.int32), 0), axis=1)
+    h, n, w = (_so_far(x, first) for x in (c, is_dst.astype(jnp.int32), width))
+    on = (w > 0) & (n == w) & (seg > 0)
+    if probes is None:
+        return _memory_row(h, rows), on, None, None
+    p_tok, p_prev = (x.astype(jnp.int32) for x in probes)
+    p_role, p_index = _probe_grammar(tokens, seg, last, p_tok, p_prev)
+    p_dst = p_role == vocab.ROLES.index("dst")
+    keep = p_tok != vocab.MEASUREMENT_START  # a probe that starts a measurement names nothing
+    at = lambda x: jnp.where(keep, jnp.take_along_axis(x, p_prev, axis=1), 0)
+    p_h = at(h) + jnp.where(p_dst, (p_tok - vocab.BYTE_OFFSET + 1)
+                            * jnp.asarray(_ADDR_MULT)[p_index], 0)
+    p_n = at(n) + p_dst
+    p_w = at(w) + jnp.asarray(_DST_WIDTH)[p_tok]
+    p_on = (p_w > 0) & (p_n == p_w) & (jnp.take_along_axis(seg, p_prev, axis=1) > 0)
+    return _memory_row(h, rows), on, _memory_row(p_h, rows), p_on
+
+
+# an odd multiplier per (what, index) for the source anonymization's mix
+_ANON_MULT = (np.random.default_rng(54321).integers(1 << 20, 1 << 30, 4) | 1).astype(np.int32)
+
+
+def anonymize_sources(tokens: jax.Array, segment_ids: jax.Array, step: jax.Array) -> jax.Array:
+    """tokens with every source address byte moved by an offset that depends on the
+    address, its byte index, its context (row and segment) and ``step``: within a context
+    one address stays one address (a probe keeps copying its own), but what it is is
+    random, and new at each step (ModelConfig.anonymize_src). Bytes stay bytes; nothing
+    else changes."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    role, index, _ = grammar(tokens, seg)
+    _, full, _ = address_hashes(tokens, seg, "src")
+    B, T = tokens.shape
+    row = jnp.arange(B, dtype=jnp.int32)[:, None]
+    m = jnp.asarray(_ANON_MULT)
+    x = (full * m[0] + (row * 4096 + seg) * m[1] + jnp.asarray(step, jnp.int32) * m[2]
+         + index * m[3]).astype(jnp.uint32)
+    x = (x ^ (x >> 15)) * jnp.uint32(2246822519)  # a murmur-style finalizer: all bits mixed
+    x = (x ^ (x >> 13)) * jnp.uint32(3266489917)
+    offset = (x >> 24).astype(jnp.int32)
+    moved = vocab.BYTE_OFFSET + (tokens - vocab.BYTE_OFFSET + offset) % 256
+    return jnp.where(role == vocab.ROLES.index("src"), moved, tokens)
 
 
 def same_destination(tokens: jax.Array, segment_ids: jax.Array, probes=None):
