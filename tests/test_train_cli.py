@@ -78,3 +78,23 @@ def test_eval_without_a_run_takes_the_newest_as_resume_does(tmp_path, monkeypatc
     assert r.stderr.splitlines() == [(
         "error: no run with checkpoints under runs/; give RUN_DIR, e.g. "
         "train eval runs/tiny-20261123-101500")]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "Invalid value for '--steps': 0 is not in the range x>=1."),
+    (["--batch-size", "0"], "Invalid value for '--batch-size': 0 is not in the range x>=1."),
+    (["--batch-size", "-1"], "Invalid value for '--batch-size': -1 is not in the range x>=1."),
+    (["--log-every", "0"], "Invalid value for '--log-every': 0 is not in the range x>=1."),
+    (["--eval-rows", "0"], "Invalid value for '--eval-rows': 0 is not in the range x>=1."),
+    (["--warmup", "-1"], "Invalid value for '--warmup': -1 is not in the range x>=0."),
+])
+def test_counts_out_of_range_are_one_line_and_exit_2_before_any_run(tmp_path, monkeypatch,
+                                                                     args, message):
+    # issue 36, items 6 and 7: --steps 0 said "done ... in runs/s0" with no runs/s0;
+    # --batch-size 0 / -1 were a ZeroDivisionError / StopIteration traceback
+    monkeypatch.chdir(tmp_path)
+    r = _train(["--data", "shards", "--run-dir", "runs/s0", "--device", "cpu", *args])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines()[-1] == f"Error: {message}"
+    assert "Traceback" not in r.output
+    assert not (tmp_path / "runs").exists()

@@ -114,11 +114,11 @@ def main():
               help="[default: base on a GPU, tiny elsewhere] small: the CPU recipe (about 13 "
                    "min on 2 cores, rows of 256; its own steps, batch, lr and loss weights, "
                    "docs/learning.md)")
-@click.option("--steps", type=int, default=None, help=f"Total optimizer steps. {_default('steps')}")
-@click.option("--batch-size", type=int, default=None,
+@click.option("--steps", type=click.IntRange(1), default=None, help=f"Total optimizer steps. {_default('steps')}")
+@click.option("--batch-size", type=click.IntRange(1), default=None,
               help=f"Rows per step, all devices. {_default('batch_size', ' per GPU')}")
 @click.option("--lr", type=float, default=None, help=f"Peak learning rate. {_default('lr')}")
-@click.option("--warmup", type=int, default=None, help=f"Linear warmup steps. {_default('warmup')}")
+@click.option("--warmup", type=click.IntRange(0), default=None, help=f"Linear warmup steps. {_default('warmup')}")
 @click.option("--schedule-steps", type=click.IntRange(0), default=None,
               help="Steps the warmup + cosine LR schedule spans [default: --steps of the run's "
                    "start; a resume with more --steps keeps it and runs on at the final rate].")
@@ -127,22 +127,22 @@ def main():
                    "'rtt=10,result=10' (roles: marker, src, dst, timestamp, result, rtt; "
                    "unnamed roles 1) [default: every target alike; small on a CPU: "
                    "rtt=10,result=10]; the logged loss stays the plain mean.")
-@click.option("--log-every", type=int, default=None,
+@click.option("--log-every", type=click.IntRange(1), default=None,
               help=f"Steps between log lines. {_default('log_every')}")
-@click.option("--eval-every", type=int, default=None,
+@click.option("--eval-every", type=click.IntRange(0), default=None,
               help=f"Steps between evals (0: never). {_default('eval_every')}")
-@click.option("--eval-rows", type=int, default=None,
+@click.option("--eval-rows", type=click.IntRange(1), default=None,
               help=f"Test rows each eval reads (a fixed sample, seeded by --seed). "
                    f"{_default('eval_rows')}")
-@click.option("--ckpt-every", type=int, default=None,
-              help=f"Steps between checkpoints. {_default('ckpt_every')}")
+@click.option("--ckpt-every", type=click.IntRange(0), default=None,
+              help=f"Steps between checkpoints (0: only at the end). {_default('ckpt_every')}")
 @click.option("--seed", type=int, default=None, help=f"Parameters and data order. {_default('seed')}")
 @click.option("--attention", type=click.Choice(["auto", "xla", "cudnn"]), default=None,
               help="Packed attention kernel [default: auto = cuDNN packed where it compiles, else XLA].")
 @click.option("--dtype", "compute_dtype", type=click.Choice(["float32", "bfloat16"]),
               default=None,
               help=f"Compute dtype; parameters stay float32. {_default('compute_dtype')}")
-@click.option("--workers", "num_workers", type=int, default=None,
+@click.option("--workers", "num_workers", type=click.IntRange(0), default=None,
               help="Grain mp_prefetch worker processes (0: read in this process). [default: 0]")
 @click.option("--check-data", "data_check", type=click.Choice(["auto", "counts", "sha256"]),
               default=None, help="How the shards are held to the manifest at start: record "
