@@ -214,7 +214,8 @@ def test_eval_without_run_dir_takes_the_newest_run(run, tmp_path, monkeypatch):
     """`train eval` alone evaluates the newest run under runs/, as `train --resume` resumes."""
     shutil.copytree(run / "run", tmp_path / "runs" / "tiny-new")
     shutil.copytree(run / "run", tmp_path / "runs" / "tiny-old")
-    os.utime(tmp_path / "runs" / "tiny-old", (1_000_000, 1_000_000))
+    for step in (tmp_path / "runs" / "tiny-old" / "checkpoints").iterdir():  # saved earlier
+        os.utime(step, (1_000_000, 1_000_000))
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(main, ["eval", "--max-queries", "30", "--json"])
     assert r.exit_code == 0, r.output

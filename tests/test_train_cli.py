@@ -5,6 +5,7 @@ test takes a second or two."""
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -55,9 +56,10 @@ def test_a_start_that_fails_prints_no_config_of_a_run_it_never_makes(tmp_path, m
 
 
 def _fake_run(d, mtime):
-    (d / "checkpoints").mkdir(parents=True)
+    """A run folder whose one checkpoint (step 10) was saved at ``mtime``."""
+    (d / "checkpoints" / "10").mkdir(parents=True)
     (d / "config.json").write_text(json.dumps({"train": {}, "model": {}}))
-    os.utime(d, (mtime, mtime))
+    os.utime(d / "checkpoints" / "10", (mtime, mtime))
 
 
 def test_eval_of_a_folder_of_runs_lists_them_and_names_the_argument(tmp_path, monkeypatch):
@@ -98,3 +100,20 @@ def test_counts_out_of_range_are_one_line_and_exit_2_before_any_run(tmp_path, mo
     assert r.stderr.splitlines()[-1] == f"Error: {message}"
     assert "Traceback" not in r.output
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_newest_run_is_the_one_that_saved_last_not_the_one_last_touched(tmp_path,
+                                                                            monkeypatch):
+    # issue 36, item 5: "newest" was the run folder's mtime, which a refused resume (its
+    # lock file) or an eval (eval/) moves, so a bare `train eval` / `train --resume` took
+    # the run last looked at
+    monkeypatch.chdir(tmp_path)
+    _fake_run(tmp_path / "runs" / "tiny-a", 1_000_000)
+    _fake_run(tmp_path / "runs" / "tiny-b", 2_000_000)
+    (tmp_path / "runs" / "tiny-a" / "eval").mkdir()  # a later eval of the older run
+    os.utime(tmp_path / "runs" / "tiny-a", (3_000_000, 3_000_000))
+    from train.cli import _newest_run
+
+    assert _newest_run() == Path("runs") / "tiny-b"
+    r = _train(["eval", "runs"])
+    assert r.stderr.splitlines()[-1].endswith("runs/tiny-b, runs/tiny-a (newest first)")

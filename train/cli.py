@@ -50,10 +50,10 @@ def _default(key: str, scale: str = "") -> str:
 
 
 def _newest_run() -> Path | None:
-    from train.fit.checkpoint import step_dirs
+    from train.fit.checkpoint import newest_first, step_dirs
 
-    runs = [p for p in RUNS.glob("*") if step_dirs(p / "checkpoints")]
-    return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
+    runs = newest_first(p for p in RUNS.glob("*") if step_dirs(p / "checkpoints"))
+    return runs[0] if runs else None
 
 
 class _Train(click.Group):
@@ -109,7 +109,7 @@ def main():
                    "run's own].")
 @click.option("--run-dir", type=click.Path(), default=None,
               help="Checkpoints and metrics.jsonl [default: runs/<model>-<time>].")
-@click.option("--resume", is_flag=True, help="Continue the run in --run-dir (or the newest).")
+@click.option("--resume", is_flag=True, help="Continue the run in --run-dir (or the newest under runs/: the one that saved a checkpoint last).")
 @click.option("--model", type=click.Choice(list(MODELS)), default=None,
               help="[default: base on a GPU, tiny elsewhere] small: the CPU recipe (about 13 "
                    "min on 2 cores, rows of 256; its own steps, batch, lr and loss weights, "
@@ -295,7 +295,7 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     EMA, median; Vivaldi; matrix factorization). Overall, by stratum (pair_in_context,
     node_known, cold) and by context length, with 95 % bootstrap intervals; the model's
     [p10, p90] coverage. Writes RUN_DIR/eval/step-<S>.json. Without RUN_DIR: the newest
-    run under runs/, as `train --resume` takes.
+    run under runs/ (the one that saved a checkpoint last), as `train --resume` takes.
 
     \b
     Example:
