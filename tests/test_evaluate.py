@@ -210,6 +210,32 @@ def test_eval_and_predict_cli(run, tmp_path):
 P_KEYS = ("rtt_ms", "p10_ms", "p90_ms", "p_failed", "history_used")
 
 
+def test_max_queries_beyond_the_split_says_so_and_names_the_file_by_what_it_holds(run, full):
+    # issue 36, item 4: --max-queries 10000 on 57 queries quietly used 57 and wrote
+    # eval/step-S-q10000.json
+    n = full[0]["queries"]
+    r = CliRunner().invoke(main, ["eval", str(run / "run"), "--max-queries", str(10 * n),
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert got["queries"] == n
+    said = (f"--max-queries {10 * n:,}: the test split has only {n:,} RTT queries; all of "
+            "them are used")
+    assert f"warning: {said}" in r.stderr.splitlines() and said in got["warnings"]
+    assert got["written_to"] == str(run / "run" / "eval" / f"step-{got['step']}-q{n}.json")
+
+
+def test_eval_of_a_shards_folder_names_it_and_the_commands_that_take_it(run):
+    # issue 36, item 11: "not a run folder" without saying what it is
+    r = CliRunner().invoke(main, ["eval", str(run / "shards")])
+    assert r.exit_code == 2, r.output
+    d = run / "shards"
+    assert r.stderr.splitlines() == [
+        f"error: {d}: a shards folder (`prep shards` wrote it), not a run folder; train a "
+        f"model on it with `train --data {d}`, then give that run's folder (runs/...), or "
+        f"evaluate a run on it: train eval RUN_DIR --data {d}"]
+
+
 def test_eval_without_run_dir_takes_the_newest_run(run, tmp_path, monkeypatch):
     """`train eval` alone evaluates the newest run under runs/, as `train --resume` resumes."""
     shutil.copytree(run / "run", tmp_path / "runs" / "tiny-new")

@@ -275,7 +275,8 @@ def _fit(data, run_dir, resume, device, flags, hosts=None) -> int:
 @click.option("--step", type=int, default=None, help="Checkpoint step [default: the latest].")
 @click.option("--max-queries", type=click.IntRange(0), default=0, show_default=True,
               help="Exactly this many RTT queries, whole contexts sampled by --seed, the last "
-                   "one cut (0: the whole test split). Written to eval/step-<S>-q<N>.json.")
+                   "one cut (0: the whole test split); fewer where the split holds fewer, with a warning. "
+                   "Written to eval/step-<S>-q<N>.json, N the queries it holds.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of that sample and of the bootstrap intervals.")
 @click.option("--batch-size", type=click.IntRange(1), default=None,

@@ -109,6 +109,10 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
 
     # 2. RTT queries: full-mode contexts, re-encoded with the result last; then each alone
     q = full_mode_queries(meas, cfg.max_queries, rng)
+    if cfg.max_queries > len(q):  # "exactly N" cannot hold: say so, and name the file by N held
+        warnings.append(f"--max-queries {cfg.max_queries:,}: the test split has only "
+                        f"{len(q):,} RTT queries; all of them are used")
+        print(f"warning: {warnings[-1]}", file=sys.stderr, flush=True)
     qm = meas.take(q)
     ans, query_rows, query_s = _answer_queries(pred, qm, progress)
     alone, _, alone_s = _answer_queries(pred, qm, progress, alone=True)
@@ -155,7 +159,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
                    **timing, "elapsed_s": round(time.perf_counter() - t0, 3),
                    "device": jax.devices()[0].device_kind},
     }
-    result["written_to"] = str(write_report(result, cfg.run_dir, pred.step, cfg.max_queries))
+    result["written_to"] = str(write_report(result, cfg.run_dir, pred.step,
+                                            len(q) if cfg.max_queries else 0))
     return result, Detail(qm, {k: v[0] for k, v in preds.items()},
                           {k: v[1] for k, v in preds.items()}, ans, stratum)
 
