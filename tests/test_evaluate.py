@@ -210,6 +210,34 @@ def test_eval_and_predict_cli(run, tmp_path):
 P_KEYS = ("rtt_ms", "p10_ms", "p90_ms", "p_failed", "history_used")
 
 
+def test_verdict_per_stratum_against_the_strongest_baseline(full):
+    # issue 36, item 8: per stratum, the model minus the strongest baseline (lowest median
+    # relative error, not a model) on the same queries, with Brier and MAE
+    report, detail = full
+    rtt, v = report["rtt"], report["verdict"]
+    assert list(v) == ["all", *STRATA]
+    for k, scope in enumerate(["all", *STRATA]):
+        row = v[scope]
+        get = (lambda m: m) if scope == "all" else (lambda m: m["by_stratum"][scope])
+        if not get(rtt["model"])["n_rtt"]:
+            assert row["baseline"] is None
+            continue
+        medians = {n: get(m)["median_rel"] for n, m in rtt.items()
+                   if not n.startswith("model")}
+        assert row["baseline"] in medians and medians[row["baseline"]] == min(medians.values())
+        assert row["median_rel"]["model"] == get(rtt["model"])["median_rel"]
+        assert row["median_rel"]["baseline"] == get(rtt[row["baseline"]])["median_rel"]
+        assert row["mae_ms"]["model"] == pytest.approx(get(rtt["model"])["mae_ms"])
+        assert row["brier"]["baseline"] == pytest.approx(get(rtt[row["baseline"]])["brier"])
+        lo, hi = row["median_rel"]["diff_ci"]
+        assert lo <= row["median_rel"]["diff"] <= hi
+        assert row["winner"] == ("model" if hi < 0 else "baseline" if lo > 0 else "neither")
+    text = format_report(report).splitlines()
+    at = text.index("verdict: the model minus the strongest baseline, paired on the same "
+                    "queries [95 % interval]")
+    assert [line.split(" (")[0].strip() for line in text[at + 1:at + 5]] == ["all", *STRATA]
+
+
 def test_max_queries_beyond_the_split_says_so_and_names_the_file_by_what_it_holds(run, full):
     # issue 36, item 4: --max-queries 10000 on 57 queries quietly used 57 and wrote
     # eval/step-S-q10000.json

@@ -138,6 +138,9 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
         rtt[name] = EM.metrics(pr, pf, cov, truth_ms, failed, history, stratum, seed=cfg.seed,
                                interval=None if a is None else (a.quantile_ms[:, 0],
                                                                 a.quantile_ms[:, 2]))
+    baseline_names = [n for n in preds if registry.kind_of(n) != registry.MODEL]
+    verdict = EM.verdict({k: v[0] for k, v in preds.items()}, {k: v[1] for k, v in preds.items()},
+                         truth_ms, failed, stratum, rtt, baseline_names, seed=cfg.seed)
     result = {
         "run_dir": str(cfg.run_dir), "step": pred.step, "data": str(data),
         "data_fingerprint": fingerprint,
@@ -154,6 +157,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
         if (~failed).any() else None,
         "warnings": warnings,
         "rtt": rtt,
+        "verdict": verdict,  # train.eval.metrics.verdict: the model vs the strongest baseline
         "timing": {"queries_per_s": round(len(q) / max(query_s, 1e-9), 1),
                    "query_s": round(query_s, 3), "no_context_query_s": round(alone_s, 3),
                    **timing, "elapsed_s": round(time.perf_counter() - t0, 3),
