@@ -343,6 +343,42 @@ def test_plot_png(run, full, tmp_path):
     assert (tmp_path / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_figure_styles_are_fixed_and_panels_show_the_strongest(full):
+    # issue 36, item 9: colours moved between runs (by position among the curves drawn),
+    # a stratum with n = 0 got empty axes, 13 curves crowded every panel
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from train.eval import plot as plot_lib
+    from train.eval.registry import PREDICTORS as ALL
+
+    report, detail = full
+    r2 = json.loads(json.dumps(report))
+    r2["rtt"]["pair_last"]["covered"] = 0.0  # one fewer curve must move no other's colour
+    r2["rtt"]["model"]["by_stratum"]["cold"]["n_rtt"] = 0
+    colours = {}
+    for rep in (report, r2):
+        fig = plot_lib.figure(rep, detail)
+        titles = [a.get_title() for a in fig.axes]
+        assert any(t.startswith("cold") for t in titles) == (rep is report)
+        panels = [a for a in fig.axes if a.get_title().startswith(("all", *STRATA))]
+        assert len(panels) == (4 if rep is report else 3)
+        for a in panels:
+            lines = [ln for ln in a.get_lines() if not ln.get_label().startswith("_")]
+            scope = a.get_title().split(" (")[0]
+            names = plot_lib.panel_curves(rep["rtt"], None if scope == "all queries" else scope)
+            assert [ln.get_label() for ln in lines] == [label(n) for n in names]
+            assert len(names) <= 2 + plot_lib.STRONGEST and names[0] == "model"
+            for ln in lines:
+                colours.setdefault(ln.get_label(), set()).add(
+                    (matplotlib.colors.to_hex(ln.get_color()), ln.get_linestyle()))
+        plt.close(fig)
+    assert all(len(v) == 1 for v in colours.values()), colours
+    assert plot_lib.STYLES["vivaldi"]["color"] == plot_lib._COLORS[ALL.index("vivaldi") - 2]
+
+
 @pytest.fixture(scope="module")
 def no_test_split(run):
     """The run's data rebuilt with every probe in train: same rows length, empty test split."""
