@@ -222,3 +222,32 @@ def test_small_preset_and_its_cpu_recipe():
     assert (d["model"], d["steps"], d["batch_size"], d["lr"], d["warmup"], d["loss_weights"]) == (
         "small", 1600, 8, 3e-3, 100, "rtt=10,result=10")
     assert defaults_for("cpu")["model"] == "tiny" and defaults_for("gpu")["model"] == "base"
+
+
+def test_small_preset_names_what_it_sets_and_warns_off_its_recipe(shards, tmp_path):
+    # issue 36, item 12: --model small also set eval_rows, log_every, eval and checkpoint
+    # intervals, named nowhere; on rows other than 256, or --steps inside its warm-up, it
+    # said nothing
+    r = CliRunner().invoke(main, ["--data", str(shards), "--model", "small", "--steps", "2",
+                                  "--batch-size", "2", "--eval-every", "0", "--run-dir",
+                                  str(tmp_path / "run"), "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    err = r.stderr.splitlines()
+    at = next(i for i, line in enumerate(err) if line.startswith("config: "))
+    assert err[at + 1:at + 4] == [
+        "preset small set: --lr 0.003, --warmup 100, --loss-weights rtt=10,result=10, "
+        "--dtype float32, --log-every 100, --eval-rows 64, --ckpt-every 400 (flags given "
+        "override them)",
+        f"warning: --model small: its CPU recipe (docs/learning.md) reads rows of 256 tokens; "
+        f"{shards} holds rows of 64, each 0.25x the tokens and more attention per row; build "
+        "the recipe's data with `prep shards ... --row-len 256`",
+        "warning: --steps 2 ends inside the 100-step warm-up: the learning rate never reaches "
+        "--lr 0.003 (pass --warmup below --steps, or more --steps)"]
+
+
+def test_small_preset_is_spelled_out_in_help():
+    h = " ".join(CliRunner().invoke(main, ["fit", "--help"]).output.split())
+    assert ("small: the CPU recipe (rows of 256, docs/learning.md); on a CPU it also sets "
+            "--steps 1600, --batch-size 8, --lr 0.003, --warmup 100, --loss-weights "
+            "rtt=10,result=10, --dtype float32, --log-every 100, --eval-every 400, --eval-rows "
+            "64, --ckpt-every 400, each overridden by its flag") in h

@@ -33,6 +33,7 @@ import click
 
 from prep.schema.errors import InputError
 from prep.schema.rows import RowFormatError
+from train.fit.config import SMALL_CPU, SMALL_ROW_LEN, preset_text
 from train.model.arch import MODELS
 
 RUNS = Path("runs")
@@ -111,9 +112,9 @@ def main():
               help="Checkpoints and metrics.jsonl [default: runs/<model>-<time>].")
 @click.option("--resume", is_flag=True, help="Continue the run in --run-dir (or the newest under runs/: the one that saved a checkpoint last).")
 @click.option("--model", type=click.Choice(list(MODELS)), default=None,
-              help="[default: base on a GPU, tiny elsewhere] small: the CPU recipe (about 13 "
-                   "min on 2 cores, rows of 256; its own steps, batch, lr and loss weights, "
-                   "docs/learning.md)")
+              help="[default: base on a GPU, tiny elsewhere] small: the CPU recipe (rows of "
+                   f"{SMALL_ROW_LEN}, docs/learning.md); on a CPU it also sets "
+                   f"{preset_text(SMALL_CPU)}, each overridden by its flag")
 @click.option("--steps", type=click.IntRange(1), default=None, help=f"Total optimizer steps. {_default('steps')}")
 @click.option("--batch-size", type=click.IntRange(1), default=None,
               help=f"Rows per step, all devices. {_default('batch_size', ' per GPU')}")
@@ -246,15 +247,19 @@ def _fit(data, run_dir, resume, device, flags, hosts=None) -> int:
             if not is_remote(data) and not Path(data).is_dir():
                 _fail(f"--resume: the run's dataset {data} (its config.json) is not there "
                       f"from {Path.cwd()}; pass --data where it is now")
-    else:
+    preset = None
+    if not resume:
         settings = defaults_for(jax.devices()[0].platform, jax.device_count(),
                                 model=given.get("model"))
         data = data if data is not None else "shards"
+        if given.get("model") == "small" and settings == SMALL_CPU:  # the recipe's own
+            preset = {k: v for k, v in settings.items() if k not in given}
     settings.update(given)
     if run_dir is None:
         run_dir = RUNS / f"{settings['model']}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = TrainConfig(data=data, run_dir=str(run_dir), resume=resume, **settings)
-    s = train(cfg)  # prints the config line once the run starts (nothing before it is made)
+    s = train(cfg, preset=preset)  # prints the config line once the run starts (nothing
+    # before it is made)
     if jax.process_index() > 0:  # process 0 logs; the others say only how they ended
         click.echo(f"{hosts.who if hosts else 'process'}: "
                    f"{'interrupted' if s['interrupted'] else 'done'} at step {s['step']:,}; "

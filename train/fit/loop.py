@@ -58,7 +58,7 @@ from prep.schema.errors import InputError
 from train.fit import multihost, reader
 from train.fit import step as step_lib
 from train.fit.checkpoint import Checkpointer, step_dirs
-from train.fit.config import RUN_BINDING, TrainConfig, flag
+from train.fit.config import RUN_BINDING, TrainConfig, flag, preset_text, start_warnings
 from train.model import attention, model
 from train.model.arch import model_config
 from train.model.attention import AttentionConfig
@@ -338,10 +338,11 @@ class RunLock:
             self.fd = None
 
 
-def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
+def train(cfg: TrainConfig, *, devices=None, on_step=None, preset: dict | None = None) -> dict:
     """Train per ``cfg``; returns a summary (last loss, eval loss, mean throughput, MFU).
 
-    ``devices``: the mesh (default: all); ``on_step(step)`` runs after each step (tests).
+    ``devices``: the mesh (default: all); ``on_step(step)`` runs after each step (tests);
+    ``preset``: the settings a --model preset chose (the config line names them).
     The run folder is locked (RunLock) from before its config is read to the end, by
     process 0 of a run on several processes (train.fit.multihost), whose refusal stops
     them all.
@@ -357,12 +358,12 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
             refused = str(e)
     multihost.check_all("lock", refused)
     try:
-        return _train(cfg, run_dir, lock, devices, on_step)
+        return _train(cfg, run_dir, lock, devices, on_step, preset)
     finally:
         lock.release()
 
 
-def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step) -> dict:
+def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step, preset) -> dict:
     saved = load_run(run_dir) if cfg.resume else None
     if not cfg.schedule_steps:  # fixed for the run's life: its own, or this start's --steps
         old = saved["train"] if saved is not None else {}
@@ -411,6 +412,10 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step) -> 
         eval_sample = EvalSample(cfg, data, manifest, rows) if cfg.eval_every else None
         # the run starts here: nothing above wrote anything (nor printed the config)
         say("config: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()))
+        if preset:  # where those values came from: a preset sets more than its name says
+            say(f"preset {cfg.model} set: {preset_text(preset)} (flags given override them)")
+        for w in start_warnings(cfg, manifest["row_len"], jax.devices()[0].platform):
+            say(f"warning: {w}")
         refused = None
         if primary:
             run_dir.mkdir(parents=True, exist_ok=True)
