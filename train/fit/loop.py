@@ -13,7 +13,8 @@ device. A loss or gradient norm that is not finite stops the run with one line n
 the step, before any state of that step (or after it) is saved: the last checkpoint
 stays the last good one. The first step (compilation) is left out of the timings. The
 same numbers go to ``RUN_DIR/metrics.jsonl``, one JSON object per line, with
-``eval_loss`` records every ``eval_every`` steps.
+``eval_loss`` records every ``eval_every`` steps, and as TensorBoard event files in
+``RUN_DIR`` (train.fit.board; the ``tensorboard`` extra).
 
 The first Ctrl-C (SIGINT) or SIGTERM (what a scheduler sends) finishes the step under way
 (the device is at most one step behind), names it ("SIGINT: stopping at step N"), saves a
@@ -56,6 +57,7 @@ import numpy as np
 
 from prep.schema.errors import InputError
 from train.fit import multihost, reader
+from train.fit.board import MISSING, Board
 from train.fit import step as step_lib
 from train.fit.checkpoint import Checkpointer, step_dirs
 from train.fit.config import RUN_BINDING, TrainConfig, flag, preset_text, start_warnings
@@ -403,7 +405,7 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step, pre
     it = iter(reader.to_device(reader.batches(
         data, "train", batch_size=cfg.batch_size // jax.process_count(), seed=cfg.seed,
         num_workers=cfg.num_workers, manifest=manifest), rows))
-    ckpt = metrics_file = None
+    ckpt = metrics_file = board = None
     primary = multihost.is_primary()  # writes the run folder's own files, and logs
     say = (lambda msg: print(msg, file=sys.stderr)) if primary else (lambda msg: None)
     created = not run_dir.exists()
@@ -443,14 +445,19 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step, pre
                 "devices": [str(d) for d in mesh.devices.flat],
                 "processes": jax.process_count(), "jax": jax.__version__})
             metrics_file = open(run_dir / "metrics.jsonl", "a" if saved is not None else "w")
+            board = Board(run_dir, purge_step=start + 1 if saved is not None else None)
+            if not board.available:
+                say(MISSING)
         return _run(cfg, mcfg, att, mesh, state, it, ckpt, metrics_file, eval_sample, start,
-                    on_step)
+                    on_step, board)
     finally:
         it.close()
         if ckpt is not None:
             ckpt.close()
         if metrics_file is not None:
             metrics_file.close()
+        if board is not None:
+            board.close()
         if primary and created and lock.held and _never_started(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)  # a start that made no step
 
@@ -463,7 +470,8 @@ def _never_started(run_dir: Path) -> bool:
 
 
 def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
-         ckpt: Checkpointer, metrics_file, eval_sample, start: int, on_step) -> dict:
+         ckpt: Checkpointer, metrics_file, eval_sample, start: int, on_step,
+         board: Board | None = None) -> dict:
     """The loop proper: steps ``start``..``cfg.steps``, logs, evals, checkpoints; a signal
     (GracefulStop) ends it after the current step with a checkpoint."""
     train_step, eval_step = step_lib.compile_steps(mesh, mcfg, cfg, att)
@@ -483,6 +491,8 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
         if primary:
             metrics_file.write(json.dumps(rec) + "\n")
             metrics_file.flush()
+            if board is not None:
+                board.add(rec)
 
     def log_line():
         rec = {"step": step, **meter.flush(flops_of)}
