@@ -372,8 +372,8 @@ def _workers(n: int) -> int:
 
 @main.command("analyze-padding")
 @click.argument("input_path", metavar="INPUT", type=click.Path(exists=True))
-@click.option("--crop", default=1024, show_default=True, type=click.IntRange(16, 65535),
-              help="Row length / crop in tokens.")
+@click.option("--crop", default=None, type=click.IntRange(16, 65535),
+              help="Row length / crop in tokens [default: a shards folder's own, else 1024].")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1),
               help="Rows per step, for the steps column.")
 @click.option("--max-segments", default=16, show_default=True, type=click.IntRange(1, 255),
@@ -395,8 +395,8 @@ def analyze_padding(input_path, crop, batch_size, max_segments, grain_sample, se
 
     from prep.tools import analyze
 
-    cfg = analyze.AnalyzeConfig(crop=crop, batch_size=batch_size, max_segments=max_segments,
-                                grain_sample=grain_sample, seed=seed)
+    cfg = analyze.AnalyzeConfig(crop=analyze.crop_for(input_path, crop), batch_size=batch_size,
+                                max_segments=max_segments, grain_sample=grain_sample, seed=seed)
     click.echo(f"analyze-padding {input_path}: {analyze.config_line(cfg)}", err=True)
     result = analyze.analyze(analyze.load(input_path, cfg), cfg)
     click.echo(json.dumps(result) if as_json else analyze.format_report(result))

@@ -129,6 +129,7 @@ def test_a_crop_other_than_the_shards_row_length_is_one_line(shards_dir):
     assert res.stderr.splitlines()[-1] == (
         f"error: --crop 256: the shards in {d} hold rows of 1024 tokens; analyze them with "
         "--crop 1024, or analyze their parquet input with --crop 256")
+    assert analyze.crop_for(str(d), None) == 1024  # without --crop: the shards' own
 
 
 def test_config_line_and_row_len_help_read_as_flags():

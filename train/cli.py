@@ -110,16 +110,20 @@ def main():
                    "run's own].")
 @click.option("--run-dir", type=click.Path(), default=None,
               help="Checkpoints and metrics.jsonl [default: runs/<model>-<time>].")
-@click.option("--resume", is_flag=True, help="Continue the run in --run-dir (or the newest under runs/: the one that saved a checkpoint last).")
+@click.option("--resume", is_flag=True,
+              help="Continue the run in --run-dir (or the newest under runs/: the one that "
+                   "saved a checkpoint last).")
 @click.option("--model", type=click.Choice(list(MODELS)), default=None,
               help="[default: base on a GPU, tiny elsewhere] small: the CPU recipe (rows of "
                    f"{SMALL_ROW_LEN}, docs/learning.md); on a CPU it also sets "
                    f"{preset_text(SMALL_CPU)}, each overridden by its flag")
-@click.option("--steps", type=click.IntRange(1), default=None, help=f"Total optimizer steps. {_default('steps')}")
+@click.option("--steps", type=click.IntRange(1), default=None,
+              help=f"Total optimizer steps. {_default('steps')}")
 @click.option("--batch-size", type=click.IntRange(1), default=None,
               help=f"Rows per step, all devices. {_default('batch_size', ' per GPU')}")
 @click.option("--lr", type=float, default=None, help=f"Peak learning rate. {_default('lr')}")
-@click.option("--warmup", type=click.IntRange(0), default=None, help=f"Linear warmup steps. {_default('warmup')}")
+@click.option("--warmup", type=click.IntRange(0), default=None,
+              help=f"Linear warmup steps. {_default('warmup')}")
 @click.option("--schedule-steps", type=click.IntRange(0), default=None,
               help="Steps the warmup + cosine LR schedule spans [default: --steps of the run's "
                    "start; a resume with more --steps keeps it and runs on at the final rate].")
@@ -258,8 +262,8 @@ def _fit(data, run_dir, resume, device, flags, hosts=None) -> int:
     if run_dir is None:
         run_dir = RUNS / f"{settings['model']}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = TrainConfig(data=data, run_dir=str(run_dir), resume=resume, **settings)
-    s = train(cfg, preset=preset)  # prints the config line once the run starts (nothing
-    # before it is made)
+    # prints the config line (and what the preset set) once the run starts: nothing before
+    s = train(cfg, preset=preset)
     if jax.process_index() > 0:  # process 0 logs; the others say only how they ended
         click.echo(f"{hosts.who if hosts else 'process'}: "
                    f"{'interrupted' if s['interrupted'] else 'done'} at step {s['step']:,}; "
@@ -280,8 +284,9 @@ def _fit(data, run_dir, resume, device, flags, hosts=None) -> int:
 @click.option("--step", type=int, default=None, help="Checkpoint step [default: the latest].")
 @click.option("--max-queries", type=click.IntRange(0), default=0, show_default=True,
               help="Exactly this many RTT queries, whole contexts sampled by --seed, the last "
-                   "one cut (0: the whole test split); fewer where the split holds fewer, with a warning. "
-                   "Written to eval/step-<S>-q<N>.json, N the queries it holds.")
+                   "one cut (0: the whole test split); all there are, with a warning, where "
+                   "the split holds fewer. Written to eval/step-<S>-q<N>.json, N the "
+                   "queries it holds.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of that sample and of the bootstrap intervals.")
 @click.option("--batch-size", type=click.IntRange(1), default=None,

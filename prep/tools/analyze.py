@@ -261,9 +261,22 @@ def shards_inputs(shards_dir: str, man: dict) -> tuple[list[str], str]:
     return (found, "") if found else ([], "the manifest lists none")
 
 
-def load(path: str, cfg: AnalyzeConfig) -> Contexts:
+def is_shards(path: str) -> bool:
     p = Path(path)
-    if (p / "manifest.json").is_file() or (p.is_dir() and not any(p.rglob("*.parquet"))):
+    return (p / "manifest.json").is_file() or (p.is_dir() and not any(p.rglob("*.parquet")))
+
+
+def crop_for(path: str, crop: int | None) -> int:
+    """--crop as given, else a shards folder's own row length (1024 for parquet)."""
+    if crop is not None or not is_shards(path):
+        return crop or AnalyzeConfig.crop
+    from prep.schema.manifest import load_manifest
+
+    return int(load_manifest(path)["row_len"])
+
+
+def load(path: str, cfg: AnalyzeConfig) -> Contexts:
+    if is_shards(path):
         return from_shards(path, cfg)
     return from_parquet([path], cfg)
 

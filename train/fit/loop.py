@@ -57,8 +57,8 @@ import numpy as np
 
 from prep.schema.errors import InputError
 from train.fit import multihost, reader
-from train.fit.board import MISSING, Board
 from train.fit import step as step_lib
+from train.fit.board import MISSING, Board
 from train.fit.checkpoint import Checkpointer, step_dirs
 from train.fit.config import RUN_BINDING, TrainConfig, flag, preset_text, start_warnings
 from train.model import attention, model
