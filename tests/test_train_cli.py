@@ -111,6 +111,7 @@ def test_the_newest_run_is_the_one_that_saved_last_not_the_one_last_touched(tmp_
     _fake_run(tmp_path / "runs" / "tiny-a", 1_000_000)
     _fake_run(tmp_path / "runs" / "tiny-b", 2_000_000)
     (tmp_path / "runs" / "tiny-a" / "eval").mkdir()  # a later eval of the older run
+    os.utime(tmp_path / "runs" / "tiny-b", (2_000_000, 2_000_000))  # folders: a touched last
     os.utime(tmp_path / "runs" / "tiny-a", (3_000_000, 3_000_000))
     from train.cli import _newest_run
 
