@@ -219,7 +219,10 @@ def import_matrix(inputs, out, interval, unit, start, overwrite, as_json, quiet)
                            "measurements at or after it",
               help="Cutoff of the time splits: ISO-8601 (2026-01-02T12:00:00Z, 2026-01-02; "
                    "UTC unless an offset is given) or Unix seconds; test = time >= it.")
-@click.option("--row-len", default=1024, show_default=True, type=click.IntRange(64, 65535))
+@click.option("--row-len", default=1024, show_default=True, type=click.IntRange(64, 65535),
+              help="Tokens per row, the model's sequence length; no context is longer. "
+                   "256 for the CPU recipe (`train --model small`, docs/learning.md) and "
+                   "for latency matrices.")
 @click.option("--max-segments", default=0, show_default=True, type=click.IntRange(0, 255),
               help="Cap on contexts per row (0 = none).")
 @click.option("--max-measurements", default=0, show_default=True, type=click.IntRange(0),
@@ -253,6 +256,7 @@ def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row
     \b
     Examples:
       prep shards data/atlas --out shards --split time --test-from 2026-01-02
+      prep shards data/raw --out shards-256 --split time+probe --row-len 256   # CPU recipe
       prep shards data/raw --out shards --runner beam \\
           --beam-option direct_running_mode=multi_processing --beam-option direct_num_workers=2
       prep shards s3://bucket/atlas --out s3://bucket/shards   # AWS_* settings, see README
@@ -368,8 +372,8 @@ def _workers(n: int) -> int:
 
 @main.command("analyze-padding")
 @click.argument("input_path", metavar="INPUT", type=click.Path(exists=True))
-@click.option("--crop", default=1024, show_default=True, type=click.IntRange(16, 65535),
-              help="Row length / crop in tokens.")
+@click.option("--crop", default=None, type=click.IntRange(16, 65535),
+              help="Row length / crop in tokens [default: a shards folder's own, else 1024].")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1),
               help="Rows per step, for the steps column.")
 @click.option("--max-segments", default=16, show_default=True, type=click.IntRange(1, 255),
@@ -391,9 +395,9 @@ def analyze_padding(input_path, crop, batch_size, max_segments, grain_sample, se
 
     from prep.tools import analyze
 
-    cfg = analyze.AnalyzeConfig(crop=crop, batch_size=batch_size, max_segments=max_segments,
-                                grain_sample=grain_sample, seed=seed)
-    click.echo(f"analyze-padding {input_path}: {cfg}", err=True)
+    cfg = analyze.AnalyzeConfig(crop=analyze.crop_for(input_path, crop), batch_size=batch_size,
+                                max_segments=max_segments, grain_sample=grain_sample, seed=seed)
+    click.echo(f"analyze-padding {input_path}: {analyze.config_line(cfg)}", err=True)
     result = analyze.analyze(analyze.load(input_path, cfg), cfg)
     click.echo(json.dumps(result) if as_json else analyze.format_report(result))
     if plot:

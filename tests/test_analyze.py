@@ -25,8 +25,11 @@ def test_every_number_of_a_small_table():
     r = analyze.analyze(analyze.Contexts(LENGTHS, PROBE), CFG)
     assert (r["contexts"], r["tokens"], r["lower_bound_rows"]) == (6, 2834, 3)
     counts = r["length_histogram"]["counts"]
-    assert len(counts) == 17 and {i: c for i, c in enumerate(counts) if c} == \
-        {0: 1, 4: 1, 6: 1, 7: 1, 9: 1, 16: 1}
+    # bars 1-64 ... 961-1024: the 1024-token context is in the last one, which ends on the
+    # row length (issue 36, item 1: a "1024-1087" bar crossed the row-length line)
+    assert len(counts) == 16 and {i: c for i, c in enumerate(counts) if c} == \
+        {0: 1, 4: 1, 6: 1, 7: 1, 9: 1, 15: 1}
+    assert r["length_histogram"]["edges"][-2:] == [961, 1025]
     whole = "whole contexts (lengths only: no splitting)"
     assert r["strategies"] == [
         _row("pad-to-crop", 6, 2834, 0, (1, 1, 1)),
@@ -76,8 +79,68 @@ def test_shards_figures_equal_the_manifest(shards_dir):
     assert p["rows"] == sum(s["rows"] for s in m["splits"].values())
     assert p["padding_fraction"] == pytest.approx(m["padding_fraction"], abs=1e-12)
     assert p["segments_max"] == max(int(k) for k in m["segments_per_row"])
-    # stored segments are the lengths: their total is every real token of the shards
-    assert r["tokens"] == m["counts"]["tokens"]
+    # issue 36, item 1: the strategies run on the contexts before packing (planned again
+    # from the manifest's inputs), not on the pieces our packer cut to fit; the lower
+    # bound is the manifest's
+    assert (r["unit"], r["contexts"]) == ("contexts", m["counts"]["contexts"])
+    assert r["lower_bound_rows"] == m["lower_bound_rows"]
+    assert r["strategies"][-1]["rows"] == m["lower_bound_rows"]
+    assert [s["name"] for s in r["strategies"]] == [
+        "pad-to-crop", "probe-window", "grain-first-fit-2", "grain-best-fit-2", "packer",
+        "lower-bound"]
+    assert r["source"] == (f"shards {shards_dir / 'shards'} ({p['rows']:,} rows): its contexts "
+                           f"planned again from its {len(m['inputs'])} input files")
+
+
+def test_shards_without_their_inputs_say_what_they_compare(shards_dir, tmp_path):
+    # issue 36, item 1: without the inputs, the stored pieces are not passed off as contexts
+    # nor handed to other packers
+    import shutil
+
+    from prep.shards.bucket import ShardsConfig
+    from prep.shards.local_runner import run_shards
+
+    shutil.copytree(shards_dir / "raw", tmp_path / "raw")
+    run_shards([str(tmp_path / "raw")], str(tmp_path / "shards"), ShardsConfig(n_buckets=2),
+               workers=1, progress=False)
+    shutil.rmtree(tmp_path / "raw")
+    m = manifest.load_manifest(tmp_path / "shards")
+    r = analyze.analyze(analyze.load(str(tmp_path / "shards"), CFG), CFG)
+    assert (r["unit"], r["contexts"]) == ("stored segments", m["counts"]["segments"])
+    assert [(s["name"], s["rows"]) for s in r["strategies"]] == [
+        ("packer", sum(m["counts"]["rows"].values())), ("lower-bound", m["lower_bound_rows"])]
+    first = m["inputs"][0]["name"]
+    assert r["note"] == (
+        f"these are the packer's pieces of {m['counts']['contexts']:,} contexts, cut to fill "
+        f"rows; other packers are compared on the contexts, which need the inputs ({first} is "
+        "not there): prep analyze-padding INPUT --crop 1024")
+    text = analyze.format_report(r).splitlines()
+    assert text[0].endswith(f"{m['counts']['segments']:,} stored segments, "
+                            f"{m['counts']['tokens']:,} tokens, crop 1024, lower bound "
+                            f"{m['lower_bound_rows']:,} rows")
+    assert text[1] == f"note: {r['note']}"
+
+
+def test_a_crop_other_than_the_shards_row_length_is_one_line(shards_dir):
+    # issue 36, item 2: --crop 256 on rows of 1024 printed "-299.63 %" padding, exit 0
+    d = shards_dir / "shards"
+    res = CliRunner().invoke(main, ["analyze-padding", str(d), "--crop", "256"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.splitlines()[-1] == (
+        f"error: --crop 256: the shards in {d} hold rows of 1024 tokens; analyze them with "
+        "--crop 1024, or analyze their parquet input with --crop 256")
+    assert analyze.crop_for(str(d), None) == 1024  # without --crop: the shards' own
+
+
+def test_config_line_and_row_len_help_read_as_flags():
+    # issue 36, item 13: the config echoed as a Python repr; --row-len without a word
+    assert analyze.config_line(analyze.AnalyzeConfig()) == (
+        "crop=1024, batch_size=64, grain_bins=4,32,256, grain_sample=2000, max_segments=16, "
+        "seed=0")
+    h = " ".join(CliRunner().invoke(main, ["shards", "--help"]).output.split())
+    assert ("--row-len INTEGER RANGE Tokens per row, the model's sequence length; no context "
+            "is longer. 256 for the CPU recipe") in h
+    assert "prep shards data/raw --out shards-256 --split time+probe --row-len 256" in h
 
 
 def test_parquet_matches_shards_packing(shards_dir):

@@ -68,3 +68,50 @@ def test_interval_coverage_and_failure_scores():
                       np.zeros(6), np.zeros(6, np.int8))
     assert none["fail_precision"] is None and none["fail_recall"] == 0.0
     assert "interval_coverage" not in none
+
+
+def _flat(d):
+    """model, baseline, diff and the interval's ends, in that order."""
+    return [d["model"], d["baseline"], d["diff"], *d["diff_ci"]]
+
+
+def test_verdict_takes_the_strongest_baseline_per_stratum_and_pairs_the_queries():
+    # issue 36, item 8: who wins in each stratum and by how much, on the same queries
+    truth = np.full(6, 100.0)
+    failed = np.array([False, False, False, False, True, False])
+    s = np.array([0, 0, 0, 1, 1, 1], np.int8)  # pair_in_context x3, node_known x3, cold none
+    pred = {"model": truth * 1.1,  # 0.1 relative error everywhere
+            "model_no_context": truth,  # perfect, but a model: never the bar
+            "context_ema": np.array([130.0, 130, 130, 150, 150, 150]),  # 0.3 / 0.5
+            "dst_median": np.array([140.0, 140, 140, 105, 105, 105])}  # 0.4 / 0.05
+    pf = {"model": np.full(6, 0.1), "model_no_context": np.zeros(6),
+          "context_ema": np.full(6, 0.5), "dst_median": np.full(6, 0.2)}
+    cov = np.ones(6, bool)
+    scores = {k: EM.metrics(pred[k], pf[k], cov, truth, failed, np.zeros(6), s) for k in pred}
+    v = EM.verdict(pred, pf, truth, failed, s, scores, ["context_ema", "dst_median"])
+    assert list(v) == ["all", "pair_in_context", "node_known", "cold"]
+    pic, nk = v["pair_in_context"], v["node_known"]
+    assert (pic["baseline"], pic["n"], pic["n_rtt"], pic["winner"]) == (
+        "context_ema", 3, 3, "model")
+    assert _flat(pic["median_rel"]) == pytest.approx([0.1, 0.3, -0.2, -0.2, -0.2])
+    assert _flat(pic["mae_ms"]) == pytest.approx([10.0, 30.0, -20.0, -20.0, -20.0])
+    assert _flat(pic["brier"]) == pytest.approx([0.01, 0.25, -0.24, -0.24, -0.24])
+    # node_known: dst median is the bar there; 2 replies (one failed), Brier over all 3
+    assert (nk["baseline"], nk["n"], nk["n_rtt"], nk["winner"]) == (
+        "dst_median", 3, 2, "baseline")
+    assert _flat(nk["median_rel"]) == pytest.approx([0.1, 0.05, 0.05, 0.05, 0.05])
+    assert nk["brier"]["model"] == pytest.approx((0.01 + 0.81 + 0.01) / 3)
+    assert nk["baseline_covered"] == 1.0
+    assert v["cold"] == {"n": 0, "n_rtt": 0, "baseline": None}
+    assert v["all"]["baseline"] == "context_ema"  # median of 0.3 x3, 0.5 x2 beats 0.4/0.05
+
+
+def test_the_paired_interval_is_that_of_the_difference():
+    # b is a plus noise-free 0.5: every paired resample differs by exactly 0.5, where two
+    # independent resamples of a would spread over most of its range
+    a = np.random.default_rng(1).exponential(size=501)
+    assert EM.paired_bootstrap_ci(a + 0.5, a, np.median) == pytest.approx([0.5, 0.5])
+    assert EM.paired_bootstrap_ci(a + 0.5, a, np.mean) == pytest.approx([0.5, 0.5])
+    lo, hi = EM.paired_bootstrap_ci(a, np.zeros(501), np.median, seed=3)
+    assert lo < np.median(a) < hi
+    assert EM.paired_bootstrap_ci([], [], np.median) is None

@@ -210,11 +210,66 @@ def test_eval_and_predict_cli(run, tmp_path):
 P_KEYS = ("rtt_ms", "p10_ms", "p90_ms", "p_failed", "history_used")
 
 
+def test_verdict_per_stratum_against_the_strongest_baseline(full):
+    # issue 36, item 8: per stratum, the model minus the strongest baseline (lowest median
+    # relative error, not a model) on the same queries, with Brier and MAE
+    report, detail = full
+    rtt, v = report["rtt"], report["verdict"]
+    assert list(v) == ["all", *STRATA]
+    for k, scope in enumerate(["all", *STRATA]):
+        row = v[scope]
+        get = (lambda m: m) if scope == "all" else (lambda m: m["by_stratum"][scope])
+        if not get(rtt["model"])["n_rtt"]:
+            assert row["baseline"] is None
+            continue
+        medians = {n: get(m)["median_rel"] for n, m in rtt.items()
+                   if not n.startswith("model")}
+        assert row["baseline"] in medians and medians[row["baseline"]] == min(medians.values())
+        assert row["median_rel"]["model"] == get(rtt["model"])["median_rel"]
+        assert row["median_rel"]["baseline"] == get(rtt[row["baseline"]])["median_rel"]
+        assert row["mae_ms"]["model"] == pytest.approx(get(rtt["model"])["mae_ms"])
+        assert row["brier"]["baseline"] == pytest.approx(get(rtt[row["baseline"]])["brier"])
+        lo, hi = row["median_rel"]["diff_ci"]
+        assert lo <= row["median_rel"]["diff"] <= hi
+        assert row["winner"] == ("model" if hi < 0 else "baseline" if lo > 0 else "neither")
+    text = format_report(report).splitlines()
+    at = text.index("verdict: the model minus the strongest baseline, paired on the same "
+                    "queries [95 % interval]")
+    assert [line.split(" (")[0].strip() for line in text[at + 1:at + 5]] == ["all", *STRATA]
+
+
+def test_max_queries_beyond_the_split_says_so_and_names_the_file_by_what_it_holds(run, full):
+    # issue 36, item 4: --max-queries 10000 on 57 queries quietly used 57 and wrote
+    # eval/step-S-q10000.json
+    n = full[0]["queries"]
+    r = CliRunner().invoke(main, ["eval", str(run / "run"), "--max-queries", str(10 * n),
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert got["queries"] == n
+    said = (f"--max-queries {10 * n:,}: the test split has only {n:,} RTT queries; all of "
+            "them are used")
+    assert f"warning: {said}" in r.stderr.splitlines() and said in got["warnings"]
+    assert got["written_to"] == str(run / "run" / "eval" / f"step-{got['step']}-q{n}.json")
+
+
+def test_eval_of_a_shards_folder_names_it_and_the_commands_that_take_it(run):
+    # issue 36, item 11: "not a run folder" without saying what it is
+    r = CliRunner().invoke(main, ["eval", str(run / "shards")])
+    assert r.exit_code == 2, r.output
+    d = run / "shards"
+    assert r.stderr.splitlines() == [
+        f"error: {d}: a shards folder (`prep shards` wrote it), not a run folder; train a "
+        f"model on it with `train --data {d}`, then give that run's folder (runs/...), or "
+        f"evaluate a run on it: train eval RUN_DIR --data {d}"]
+
+
 def test_eval_without_run_dir_takes_the_newest_run(run, tmp_path, monkeypatch):
     """`train eval` alone evaluates the newest run under runs/, as `train --resume` resumes."""
     shutil.copytree(run / "run", tmp_path / "runs" / "tiny-new")
     shutil.copytree(run / "run", tmp_path / "runs" / "tiny-old")
-    os.utime(tmp_path / "runs" / "tiny-old", (1_000_000, 1_000_000))
+    for step in (tmp_path / "runs" / "tiny-old" / "checkpoints").iterdir():  # saved earlier
+        os.utime(step, (1_000_000, 1_000_000))
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(main, ["eval", "--max-queries", "30", "--json"])
     assert r.exit_code == 0, r.output
@@ -286,6 +341,42 @@ def test_plot_png(run, full, tmp_path):
     r2["rtt"]["pair_last"]["covered"] = 0.0  # drawn as one legend line with the others like it
     plot(r2, detail, str(tmp_path / "eval.png"))
     assert (tmp_path / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_figure_styles_are_fixed_and_panels_show_the_strongest(full):
+    # issue 36, item 9: colours moved between runs (by position among the curves drawn),
+    # a stratum with n = 0 got empty axes, 13 curves crowded every panel
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from train.eval import plot as plot_lib
+    from train.eval.registry import PREDICTORS as ALL
+
+    report, detail = full
+    r2 = json.loads(json.dumps(report))
+    r2["rtt"]["pair_last"]["covered"] = 0.0  # one fewer curve must move no other's colour
+    r2["rtt"]["model"]["by_stratum"]["cold"]["n_rtt"] = 0
+    colours = {}
+    for rep in (report, r2):
+        fig = plot_lib.figure(rep, detail)
+        titles = [a.get_title() for a in fig.axes]
+        assert any(t.startswith("cold") for t in titles) == (rep is report)
+        panels = [a for a in fig.axes if a.get_title().startswith(("all", *STRATA))]
+        assert len(panels) == (4 if rep is report else 3)
+        for a in panels:
+            lines = [ln for ln in a.get_lines() if not ln.get_label().startswith("_")]
+            scope = a.get_title().split(" (")[0]
+            names = plot_lib.panel_curves(rep["rtt"], None if scope == "all queries" else scope)
+            assert [ln.get_label() for ln in lines] == [label(n) for n in names]
+            assert len(names) <= 2 + plot_lib.STRONGEST and names[0] == "model"
+            for ln in lines:
+                colours.setdefault(ln.get_label(), set()).add(
+                    (matplotlib.colors.to_hex(ln.get_color()), ln.get_linestyle()))
+        plt.close(fig)
+    assert all(len(v) == 1 for v in colours.values()), colours
+    assert plot_lib.STYLES["vivaldi"]["color"] == plot_lib._COLORS[ALL.index("vivaldi") - 2]
 
 
 @pytest.fixture(scope="module")

@@ -69,7 +69,9 @@ def test_3x3_with_a_missing_entry_gives_exactly_these_rows(tmp_path):
     assert s["rejected"] == {"diagonal": 3, "missing_rtt": 1}
     assert (s["start"], s["end"]) == (T0, T0 + 60)
     assert "5 of 9 entries; rejected 4 (diagonal 3, missing_rtt 1)" in r.stderr
-    assert f"next          prep shards {tmp_path / 'out'} --out" in r.stderr
+    # issue 36, item 10: the "next" line is the README's walk-through, --row-len 256 included
+    assert (f"next          prep shards {tmp_path / 'out'} --out shards-matrix --split "
+            "time+probe --row-len 256") in r.stderr
 
 
 @pytest.mark.parametrize("unit, text, want", [
@@ -189,3 +191,32 @@ def test_seattle_slice_to_shards(tmp_path):
     # `prep shards` given the matrices themselves names the command that reads them
     r = run("shards", SEATTLE, "--out", tmp_path / "x")
     assert r.exit_code == 2 and "`prep import-matrix " in r.stderr
+
+
+def test_seattle_read_as_ms_warns_and_names_unit_s(tmp_path):
+    # issue 36, item 3: Seattle (seconds) read with --unit ms: p50 0.220 ms and no warning
+    r = imp(SEATTLE / "SeattleData_1", "--out", tmp_path / "out", "--interval", 300,
+            "--unit", "ms", "--quiet", "--json")
+    assert r.exit_code == 0, r.output
+    p50 = json.loads(r.stdout)["rtt_p50_ms"]
+    assert p50 < 1
+    assert r.stderr.splitlines()[-1] == (
+        f"warning: a median RTT of {p50:,.3f} ms (read as ms) is below 1 ms, unlikely for a "
+        "wide-area latency matrix; if the matrices are in seconds, pass --unit s")
+    r = imp(SEATTLE / "SeattleData_1", "--out", tmp_path / "out-s", "--interval", 300,
+            "--unit", "s", "--quiet")
+    assert r.exit_code == 0 and "warning" not in r.stderr, r.output
+
+
+@pytest.mark.parametrize("p50, unit, fix", [
+    (0.22, "us", "if the matrices are in milliseconds, pass --unit ms"),
+    (0.0004, "s", "check the matrices' unit (--unit)"),
+    (220_000.0, "ms", "if the matrices are in microseconds, pass --unit us"),
+    (220_000.0, "s", "if the matrices are in milliseconds, pass --unit ms"),
+    (1.0, "ms", None), (5_000.0, "s", None),
+])
+def test_unit_warning_names_the_unit_that_fits(p50, unit, fix):
+    from prep.ingest.matrix import unit_warning
+
+    got = unit_warning(p50, unit)
+    assert (got is None) if fix is None else got.endswith(fix), got

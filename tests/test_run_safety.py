@@ -274,7 +274,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(shards, tmp_path, monkeypatch)
     import train.fit.loop as loop
 
     real = loop.train
-    monkeypatch.setattr(loop, "train", lambda cfg: real(cfg, on_step=stop_at(6, signal.SIGTERM)))
+    monkeypatch.setattr(loop, "train", lambda cfg, **kw: real(
+        cfg, on_step=stop_at(6, signal.SIGTERM), **kw))
     prev = signal.signal(signal.SIGTERM, _unhandled)  # stands in for "killed" (keeps pytest alive)
     try:
         run = tmp_path / "run"

@@ -222,3 +222,86 @@ def test_small_preset_and_its_cpu_recipe():
     assert (d["model"], d["steps"], d["batch_size"], d["lr"], d["warmup"], d["loss_weights"]) == (
         "small", 1600, 8, 3e-3, 100, "rtt=10,result=10")
     assert defaults_for("cpu")["model"] == "tiny" and defaults_for("gpu")["model"] == "base"
+
+
+def test_small_preset_names_what_it_sets_and_warns_off_its_recipe(shards, tmp_path):
+    # issue 36, item 12: --model small also set eval_rows, log_every, eval and checkpoint
+    # intervals, named nowhere; on rows other than 256, or --steps inside its warm-up, it
+    # said nothing
+    r = CliRunner().invoke(main, ["--data", str(shards), "--model", "small", "--steps", "2",
+                                  "--batch-size", "2", "--eval-every", "0", "--run-dir",
+                                  str(tmp_path / "run"), "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    err = r.stderr.splitlines()
+    at = next(i for i, line in enumerate(err) if line.startswith("config: "))
+    assert err[at + 1:at + 4] == [
+        "preset small set: --lr 0.003, --warmup 100, --loss-weights rtt=10,result=10, "
+        "--dtype float32, --log-every 100, --eval-rows 64, --ckpt-every 400 (flags given "
+        "override them)",
+        f"warning: --model small: its CPU recipe (docs/learning.md) reads rows of 256 tokens; "
+        f"{shards} holds rows of 64, each 0.25x the tokens and more attention per row; build "
+        "the recipe's data with `prep shards ... --row-len 256`",
+        "warning: --steps 2 ends inside the 100-step warm-up: the learning rate never reaches "
+        "--lr 0.003 (pass --warmup below --steps, or more --steps)"]
+
+
+def test_small_preset_is_spelled_out_in_help():
+    h = " ".join(CliRunner().invoke(main, ["fit", "--help"]).output.split())
+    assert ("small: the CPU recipe (rows of 256, docs/learning.md); on a CPU it also sets "
+            "--steps 1600, --batch-size 8, --lr 0.003, --warmup 100, --loss-weights "
+            "rtt=10,result=10, --dtype float32, --log-every 100, --eval-every 400, --eval-rows "
+            "64, --ckpt-every 400, each overridden by its flag") in h
+
+
+def _read_scalars(path) -> dict:
+    """tag -> [(step, value)] from an event file (TFRecord framing: length, its crc, an
+    Event proto, its crc), read without TensorBoard."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    data, out, at = path.read_bytes(), {}, 0
+    while at < len(data):
+        (n,) = struct.unpack("<Q", data[at:at + 8])
+        ev = event_pb2.Event.FromString(data[at + 12:at + 12 + n])
+        at += 12 + n + 4
+        for v in ev.summary.value:
+            out.setdefault(v.tag, []).append((ev.step, v.simple_value))
+    return out
+
+
+def test_a_run_writes_tensorboard_events_beside_metrics_jsonl(shards, tmp_path):
+    # issue 36, item 16: loss, tokens/s, MFU and eval loss live in TensorBoard
+    pytest.importorskip("tensorboardX", reason="the tensorboard extra is not installed")
+    run = tmp_path / "run"
+    train(small(shards, run, steps=4, log_every=2, eval_every=2, eval_rows=4))
+    events = list(run.glob("events.out.tfevents.*"))
+    assert len(events) == 1
+    got = _read_scalars(events[0])
+    jsonl = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for tag, key in (("train/loss", "loss"), ("eval/loss", "eval_loss"),
+                     ("train/tokens_per_s", "tokens_per_s"), ("train/lr", "lr")):
+        want = [(r["step"], r[key]) for r in jsonl if key in r]
+        assert [s for s, _ in got[tag]] == [s for s, _ in want] == [2, 4], tag
+        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in want], rel=1e-6)
+    assert {"train/grad_norm", "train/step_ms", "train/data_wait"} <= set(got)
+
+
+def test_without_tensorboardx_a_run_says_so_once_and_goes_on(shards, tmp_path, monkeypatch,
+                                                            capsys):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_tbx(name, *a, **k):
+        if name.startswith("tensorboardX"):
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_tbx)
+    from train.fit.board import MISSING
+
+    train(small(shards, tmp_path / "run", steps=2))
+    assert capsys.readouterr().err.splitlines().count(MISSING) == 1
+    assert not list((tmp_path / "run").glob("events.out.tfevents.*"))
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()

@@ -5,6 +5,7 @@ test takes a second or two."""
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -55,9 +56,10 @@ def test_a_start_that_fails_prints_no_config_of_a_run_it_never_makes(tmp_path, m
 
 
 def _fake_run(d, mtime):
-    (d / "checkpoints").mkdir(parents=True)
+    """A run folder whose one checkpoint (step 10) was saved at ``mtime``."""
+    (d / "checkpoints" / "10").mkdir(parents=True)
     (d / "config.json").write_text(json.dumps({"train": {}, "model": {}}))
-    os.utime(d, (mtime, mtime))
+    os.utime(d / "checkpoints" / "10", (mtime, mtime))
 
 
 def test_eval_of_a_folder_of_runs_lists_them_and_names_the_argument(tmp_path, monkeypatch):
@@ -78,3 +80,41 @@ def test_eval_without_a_run_takes_the_newest_as_resume_does(tmp_path, monkeypatc
     assert r.stderr.splitlines() == [(
         "error: no run with checkpoints under runs/; give RUN_DIR, e.g. "
         "train eval runs/tiny-20261123-101500")]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "Invalid value for '--steps': 0 is not in the range x>=1."),
+    (["--batch-size", "0"], "Invalid value for '--batch-size': 0 is not in the range x>=1."),
+    (["--batch-size", "-1"], "Invalid value for '--batch-size': -1 is not in the range x>=1."),
+    (["--log-every", "0"], "Invalid value for '--log-every': 0 is not in the range x>=1."),
+    (["--eval-rows", "0"], "Invalid value for '--eval-rows': 0 is not in the range x>=1."),
+    (["--warmup", "-1"], "Invalid value for '--warmup': -1 is not in the range x>=0."),
+])
+def test_counts_out_of_range_are_one_line_and_exit_2_before_any_run(tmp_path, monkeypatch,
+                                                                     args, message):
+    # issue 36, items 6 and 7: --steps 0 said "done ... in runs/s0" with no runs/s0;
+    # --batch-size 0 / -1 were a ZeroDivisionError / StopIteration traceback
+    monkeypatch.chdir(tmp_path)
+    r = _train(["--data", "shards", "--run-dir", "runs/s0", "--device", "cpu", *args])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines()[-1] == f"Error: {message}"
+    assert "Traceback" not in r.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_newest_run_is_the_one_that_saved_last_not_the_one_last_touched(tmp_path,
+                                                                            monkeypatch):
+    # issue 36, item 5: "newest" was the run folder's mtime, which a refused resume (its
+    # lock file) or an eval (eval/) moves, so a bare `train eval` / `train --resume` took
+    # the run last looked at
+    monkeypatch.chdir(tmp_path)
+    _fake_run(tmp_path / "runs" / "tiny-a", 1_000_000)
+    _fake_run(tmp_path / "runs" / "tiny-b", 2_000_000)
+    (tmp_path / "runs" / "tiny-a" / "eval").mkdir()  # a later eval of the older run
+    os.utime(tmp_path / "runs" / "tiny-b", (2_000_000, 2_000_000))  # folders: a touched last
+    os.utime(tmp_path / "runs" / "tiny-a", (3_000_000, 3_000_000))
+    from train.cli import _newest_run
+
+    assert _newest_run() == Path("runs") / "tiny-b"
+    r = _train(["eval", "runs"])
+    assert r.stderr.splitlines()[-1].endswith("runs/tiny-b, runs/tiny-a (newest first)")

@@ -33,6 +33,7 @@ import click
 
 from prep.schema.errors import InputError
 from prep.schema.rows import RowFormatError
+from train.fit.config import SMALL_CPU, SMALL_ROW_LEN, preset_text
 from train.model.arch import MODELS
 
 RUNS = Path("runs")
@@ -50,10 +51,10 @@ def _default(key: str, scale: str = "") -> str:
 
 
 def _newest_run() -> Path | None:
-    from train.fit.checkpoint import step_dirs
+    from train.fit.checkpoint import newest_first, step_dirs
 
-    runs = [p for p in RUNS.glob("*") if step_dirs(p / "checkpoints")]
-    return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
+    runs = newest_first(p for p in RUNS.glob("*") if step_dirs(p / "checkpoints"))
+    return runs[0] if runs else None
 
 
 class _Train(click.Group):
@@ -109,16 +110,20 @@ def main():
                    "run's own].")
 @click.option("--run-dir", type=click.Path(), default=None,
               help="Checkpoints and metrics.jsonl [default: runs/<model>-<time>].")
-@click.option("--resume", is_flag=True, help="Continue the run in --run-dir (or the newest).")
+@click.option("--resume", is_flag=True,
+              help="Continue the run in --run-dir (or the newest under runs/: the one that "
+                   "saved a checkpoint last).")
 @click.option("--model", type=click.Choice(list(MODELS)), default=None,
-              help="[default: base on a GPU, tiny elsewhere] small: the CPU recipe (about 13 "
-                   "min on 2 cores, rows of 256; its own steps, batch, lr and loss weights, "
-                   "docs/learning.md)")
-@click.option("--steps", type=int, default=None, help=f"Total optimizer steps. {_default('steps')}")
-@click.option("--batch-size", type=int, default=None,
+              help="[default: base on a GPU, tiny elsewhere] small: the CPU recipe (rows of "
+                   f"{SMALL_ROW_LEN}, docs/learning.md); on a CPU it also sets "
+                   f"{preset_text(SMALL_CPU)}, each overridden by its flag")
+@click.option("--steps", type=click.IntRange(1), default=None,
+              help=f"Total optimizer steps. {_default('steps')}")
+@click.option("--batch-size", type=click.IntRange(1), default=None,
               help=f"Rows per step, all devices. {_default('batch_size', ' per GPU')}")
 @click.option("--lr", type=float, default=None, help=f"Peak learning rate. {_default('lr')}")
-@click.option("--warmup", type=int, default=None, help=f"Linear warmup steps. {_default('warmup')}")
+@click.option("--warmup", type=click.IntRange(0), default=None,
+              help=f"Linear warmup steps. {_default('warmup')}")
 @click.option("--schedule-steps", type=click.IntRange(0), default=None,
               help="Steps the warmup + cosine LR schedule spans [default: --steps of the run's "
                    "start; a resume with more --steps keeps it and runs on at the final rate].")
@@ -127,22 +132,22 @@ def main():
                    "'rtt=10,result=10' (roles: marker, src, dst, timestamp, result, rtt; "
                    "unnamed roles 1) [default: every target alike; small on a CPU: "
                    "rtt=10,result=10]; the logged loss stays the plain mean.")
-@click.option("--log-every", type=int, default=None,
+@click.option("--log-every", type=click.IntRange(1), default=None,
               help=f"Steps between log lines. {_default('log_every')}")
-@click.option("--eval-every", type=int, default=None,
+@click.option("--eval-every", type=click.IntRange(0), default=None,
               help=f"Steps between evals (0: never). {_default('eval_every')}")
-@click.option("--eval-rows", type=int, default=None,
+@click.option("--eval-rows", type=click.IntRange(1), default=None,
               help=f"Test rows each eval reads (a fixed sample, seeded by --seed). "
                    f"{_default('eval_rows')}")
-@click.option("--ckpt-every", type=int, default=None,
-              help=f"Steps between checkpoints. {_default('ckpt_every')}")
+@click.option("--ckpt-every", type=click.IntRange(0), default=None,
+              help=f"Steps between checkpoints (0: only at the end). {_default('ckpt_every')}")
 @click.option("--seed", type=int, default=None, help=f"Parameters and data order. {_default('seed')}")
 @click.option("--attention", type=click.Choice(["auto", "xla", "cudnn"]), default=None,
               help="Packed attention kernel [default: auto = cuDNN packed where it compiles, else XLA].")
 @click.option("--dtype", "compute_dtype", type=click.Choice(["float32", "bfloat16"]),
               default=None,
               help=f"Compute dtype; parameters stay float32. {_default('compute_dtype')}")
-@click.option("--workers", "num_workers", type=int, default=None,
+@click.option("--workers", "num_workers", type=click.IntRange(0), default=None,
               help="Grain mp_prefetch worker processes (0: read in this process). [default: 0]")
 @click.option("--check-data", "data_check", type=click.Choice(["auto", "counts", "sha256"]),
               default=None, help="How the shards are held to the manifest at start: record "
@@ -246,15 +251,19 @@ def _fit(data, run_dir, resume, device, flags, hosts=None) -> int:
             if not is_remote(data) and not Path(data).is_dir():
                 _fail(f"--resume: the run's dataset {data} (its config.json) is not there "
                       f"from {Path.cwd()}; pass --data where it is now")
-    else:
+    preset = None
+    if not resume:
         settings = defaults_for(jax.devices()[0].platform, jax.device_count(),
                                 model=given.get("model"))
         data = data if data is not None else "shards"
+        if given.get("model") == "small" and settings == SMALL_CPU:  # the recipe's own
+            preset = {k: v for k, v in settings.items() if k not in given}
     settings.update(given)
     if run_dir is None:
         run_dir = RUNS / f"{settings['model']}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = TrainConfig(data=data, run_dir=str(run_dir), resume=resume, **settings)
-    s = train(cfg)  # prints the config line once the run starts (nothing before it is made)
+    # prints the config line (and what the preset set) once the run starts: nothing before
+    s = train(cfg, preset=preset)
     if jax.process_index() > 0:  # process 0 logs; the others say only how they ended
         click.echo(f"{hosts.who if hosts else 'process'}: "
                    f"{'interrupted' if s['interrupted'] else 'done'} at step {s['step']:,}; "
@@ -275,7 +284,9 @@ def _fit(data, run_dir, resume, device, flags, hosts=None) -> int:
 @click.option("--step", type=int, default=None, help="Checkpoint step [default: the latest].")
 @click.option("--max-queries", type=click.IntRange(0), default=0, show_default=True,
               help="Exactly this many RTT queries, whole contexts sampled by --seed, the last "
-                   "one cut (0: the whole test split). Written to eval/step-<S>-q<N>.json.")
+                   "one cut (0: the whole test split); all there are, with a warning, where "
+                   "the split holds fewer. Written to eval/step-<S>-q<N>.json, N the "
+                   "queries it holds.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of that sample and of the bootstrap intervals.")
 @click.option("--batch-size", type=click.IntRange(1), default=None,
@@ -295,7 +306,7 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     EMA, median; Vivaldi; matrix factorization). Overall, by stratum (pair_in_context,
     node_known, cold) and by context length, with 95 % bootstrap intervals; the model's
     [p10, p90] coverage. Writes RUN_DIR/eval/step-<S>.json. Without RUN_DIR: the newest
-    run under runs/, as `train --resume` takes.
+    run under runs/ (the one that saved a checkpoint last), as `train --resume` takes.
 
     \b
     Example:

@@ -381,10 +381,33 @@ def format_summary(s: dict) -> str:
         f"  rtt           p50 {s['rtt_p50_ms']:,.3f} ms, p99 {s['rtt_p99_ms']:,.3f} ms "
         f"(read as {s['unit']})",
         f"  output        {s['out']}",
+        # rows of 256: a matrix frame's contexts are short, and the small model reads its
+        # context on them (README, the Seattle walk-through; docs/learning.md)
         f"  next          prep shards {Path(s['out']).parent} --out shards-matrix "
-        "--split time+probe",
+        "--split time+probe --row-len 256",
     ]
-    if not 0.05 <= s["rtt_p50_ms"] <= 5_000:
-        lines.append(f"warning: a median RTT of {s['rtt_p50_ms']:,.3f} ms is unlikely; are the "
-                     f"matrices really in {s['unit']} (--unit)?")
+    warn = unit_warning(s["rtt_p50_ms"], s["unit"])
+    if warn:
+        lines.append(f"warning: {warn}")
     return "\n".join(lines)
+
+
+# A wide-area matrix's median RTT lies well inside this range (ms); outside it the unit is
+# the likelier mistake: Seattle in seconds read as ms has a median of 0.22 ms.
+PLAUSIBLE_P50_MS = (1.0, 5_000.0)
+_NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds"}
+
+
+def unit_warning(p50_ms: float, unit: str) -> str | None:
+    """The summary's warning when the median RTT looks like the wrong --unit, naming the
+    --unit that would put it in range (None when it looks plausible)."""
+    lo, hi = PLAUSIBLE_P50_MS
+    if lo <= p50_ms <= hi:
+        return None
+    order = list(UNITS)  # s, ms, us: each 1000 times the next
+    k = order.index(unit) + (-1 if p50_ms < lo else 1)
+    side = f"below {lo:g} ms" if p50_ms < lo else f"above {hi:,g} ms"
+    fix = (f"if the matrices are in {_NAMES[order[k]]}, pass --unit {order[k]}"
+           if 0 <= k < len(order) else "check the matrices' unit (--unit)")
+    return (f"a median RTT of {p50_ms:,.3f} ms (read as {unit}) is {side}, unlikely for a "
+            f"wide-area latency matrix; {fix}")

@@ -19,7 +19,13 @@ useful (kept, non-padding) tokens per row:
 - ``lower-bound``: ceil(tokens / crop).
 
 Input is parquet (contexts planned exactly as ``prep shards`` plans them, with
-row_len = crop) or a shards folder (its segments are the lengths; no probe windows).
+row_len = crop) or a shards folder, analyzed at its own row length. A shards folder
+stores the packer's pieces (contexts cut to fill rows), and other packers given those
+pieces would pack what ours already cut to fit; so the strategies run on its contexts as
+they were before packing, planned again from the manifest's inputs with the manifest's
+config (held to its sha256s and its context count), beside the rows the shards hold. When
+the inputs are not there, the report is the stored packing against the manifest's lower
+bound only, and says which input to analyze for the rest.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ class Contexts:
     arrays: tuple | None = None  # (ctx_start, ctx_end, cost, has_ts, abs_extra)
     shard_rows: np.ndarray | None = None  # shards input: int64[rows, 2] (real tokens, segments)
     source: str = "lengths"
+    unit: str = "contexts"  # what ``lengths`` counts: contexts, or the shards' stored segments
+    lower_bound: int | None = None  # a shards folder's own (its manifest's, per split)
+    note: str = ""  # a line the report prints under its header
 
 
 def _entry(name, rows, kept, truncated, segs, crop, batch, note=""):
@@ -91,6 +100,12 @@ def strategies(ctx: Contexts, cfg: AnalyzeConfig) -> list[dict]:
     n = len(ctx.lengths)
     kept = np.minimum(ctx.lengths, crop)
     tokens = int(ctx.lengths.sum())
+    if ctx.unit != "contexts":  # stored pieces: only what the shards hold is comparable
+        real, segs = ctx.shard_rows[:, 0], ctx.shard_rows[:, 1]
+        return [_entry("packer", len(real), real.sum(), 0, segs, crop, batch,
+                       "as stored in the shards"),
+                _entry("lower-bound", _lower(ctx, tokens, crop), tokens, 0, None, crop, batch,
+                       "the manifest's (per split)")]
     out = [_entry("pad-to-crop", n, kept.sum(), tokens - kept.sum(), np.ones(n), crop, batch)]
     if ctx.probe is not None:
         hist = np.bincount(ctx.probe, weights=ctx.lengths).astype(np.int64)
@@ -115,7 +130,7 @@ def strategies(ctx: Contexts, cfg: AnalyzeConfig) -> list[dict]:
     if ctx.shard_rows is not None:
         real, segs = ctx.shard_rows[:, 0], ctx.shard_rows[:, 1]
         out.append(_entry("packer", len(real), real.sum(), 0, segs, crop, batch,
-                          "as stored in the shards"))
+                          "as stored in the shards (pieces restart their timestamps)"))
     else:
         arrays = ctx.arrays or (np.arange(n), np.arange(1, n + 1), kept,
                                 np.zeros(n, bool), np.zeros(n, np.int64))
@@ -125,44 +140,80 @@ def strategies(ctx: Contexts, cfg: AnalyzeConfig) -> list[dict]:
             note = "" if ctx.arrays else "whole contexts (lengths only: no splitting)"
             out.append(_entry(name, p.n_rows, p.piece_len.sum(dtype=np.int64),
                               tokens - kept.sum(), segs, crop, batch, note))
-    out.append(_entry("lower-bound", -(-tokens // crop), tokens, 0, None, crop, batch))
+    out.append(_entry("lower-bound", _lower(ctx, tokens, crop), tokens, 0, None, crop, batch,
+                      "" if ctx.lower_bound is None else "the manifest's (per split)"))
     return out
 
 
+def _lower(ctx: Contexts, tokens: int, crop: int) -> int:
+    return ctx.lower_bound if ctx.lower_bound is not None else -(-tokens // crop)
+
+
 def analyze(ctx: Contexts, cfg: AnalyzeConfig) -> dict:
-    top = max(cfg.crop, int(ctx.lengths.max(initial=0)))  # a full-crop context gets its own bar
-    edges = np.arange(0, top + 2 * HIST_BIN, HIST_BIN)
+    # bars (lo - 1, lo - 1 + HIST_BIN]: 1-64 ... 961-1024, so a bar ends on the row length
+    # and none crosses its line (a 1024-token context is in 961-1024, not in "1024-1087")
+    top = max(cfg.crop, int(ctx.lengths.max(initial=0)))
+    edges = np.arange(1, top + HIST_BIN + 1, HIST_BIN)
     counts, _ = np.histogram(ctx.lengths, bins=edges)
     tokens = int(ctx.lengths.sum())
     return {"source": ctx.source, "crop": cfg.crop, "batch_size": cfg.batch_size,
-            "contexts": int(len(ctx.lengths)), "tokens": tokens,
-            "lower_bound_rows": -(-tokens // cfg.crop),
+            "unit": ctx.unit, "contexts": int(len(ctx.lengths)), "tokens": tokens,
+            "lower_bound_rows": _lower(ctx, tokens, cfg.crop), "note": ctx.note,
             "length_histogram": {"edges": edges.tolist(), "counts": counts.tolist()},
             "strategies": strategies(ctx, cfg)}
 
 
-def from_parquet(paths: list[str], cfg: AnalyzeConfig) -> Contexts:
-    """Contexts exactly as ``prep shards`` plans them (one pass, no bucketing needed: cuts
-    and encodings depend on each probe's own history only)."""
+def from_parquet(paths: list[str], cfg: AnalyzeConfig, shards_cfg=None) -> Contexts:
+    """Contexts exactly as ``prep shards`` plans them: with the defaults at row_len = crop
+    in one pass (cuts and encodings depend on each probe's own history only), or, given a
+    shards folder's ``shards_cfg`` (its ShardsConfig), per split and bucket as it built them."""
     from prep.pack import contexts
     from prep.schema import validate
-    from prep.shards.bucket import ShardsConfig
+    from prep.shards.bucket import ShardsConfig, bucket_of, split_masks
 
     m, _, _ = validate.read_validated(validate.list_inputs(paths))
-    ccfg = ShardsConfig(row_len=cfg.crop).context_config()
-    plan = contexts.plan_contexts(m, ccfg, contexts.epoch_seed(cfg.seed, 0))
-    _, probe = np.unique(plan.sorted.probe[plan.ctx_start], return_inverse=True)
-    return Contexts(plan.ctx_len.astype(np.int64), probe.astype(np.int64),
-                    (plan.ctx_start, plan.ctx_end, plan.cost, plan.has_ts, plan.abs_extra),
+    scfg = shards_cfg or ShardsConfig(row_len=cfg.crop, seed=cfg.seed)
+    if shards_cfg is None:
+        parts = [m]
+    else:
+        b = bucket_of(m.probe, scfg.n_buckets)
+        parts = [m.take(np.flatnonzero(mask & (b == k))) for mask in split_masks(m, scfg)
+                 for k in range(scfg.n_buckets)]
+    lengths, probe, arrays, off = [], [], [], 0
+    for part in parts:
+        if not len(part):
+            continue
+        plan = contexts.plan_contexts(part, scfg.context_config(),
+                                      contexts.epoch_seed(scfg.seed, 0))
+        lengths.append(plan.ctx_len.astype(np.int64))
+        probe.append(plan.sorted.probe[plan.ctx_start].astype(np.int64))
+        # one measurement index space over the parts, for the packer
+        arrays.append((plan.ctx_start + off, plan.ctx_end + off, plan.cost, plan.has_ts,
+                       plan.abs_extra))
+        off += len(plan.sorted)
+    if not lengths:
+        return Contexts(np.zeros(0, np.int64), np.zeros(0, np.int64), source=f"{paths} (empty)")
+    _, group = np.unique(np.concatenate(probe), return_inverse=True)
+    return Contexts(np.concatenate(lengths), group.astype(np.int64),
+                    tuple(np.concatenate(a) for a in zip(*arrays)),
                     source=f"{', '.join(map(str, paths))} (parquet, {count(len(m), 'measurement')})")
 
 
-def from_shards(shards_dir: str) -> Contexts:
-    """Stored segments as the lengths; each row's (real tokens, segments) for the packer.
-    Each shard is held to the manifest first, sha256 included (prep.tools.inspect_rows.iter_rows):
-    a shard of another build or a damaged one is InputError naming it."""
+def from_shards(shards_dir: str, cfg: AnalyzeConfig) -> Contexts:
+    """A shards folder at its own row length: its contexts before packing (shards_inputs)
+    beside its stored rows, else its stored segments alone. Each shard is held to the
+    manifest first, sha256 included (prep.tools.inspect_rows.iter_rows): a shard of another
+    build or a damaged one is InputError naming it."""
+    from prep.schema.errors import InputError
+    from prep.schema.manifest import load_manifest
+    from prep.shards.dataset import config_from_dict
     from prep.tools.inspect_rows import iter_rows
 
+    man = load_manifest(shards_dir)
+    if cfg.crop != man["row_len"]:
+        raise InputError(f"--crop {cfg.crop}: the shards in {shards_dir} hold rows of "
+                         f"{man['row_len']} tokens; analyze them with --crop {man['row_len']}, "
+                         f"or analyze their parquet input with --crop {cfg.crop}")
     lengths, per_row = [], []
     for row in iter_rows(shards_dir, sha256=True):  # every row is read: check every digest
         c = np.bincount(row["segment_ids"])[1:]
@@ -171,19 +222,79 @@ def from_shards(shards_dir: str) -> Contexts:
         per_row.append((int(c.sum()), len(c)))
     rows = np.array(per_row, np.int64).reshape(-1, 2)
     lens = np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, np.int64)
-    return Contexts(lens, shard_rows=rows, source=f"shards {shards_dir} ({count(len(rows), 'row')})")
+    n_ctx = man["counts"]["contexts"]
+    where = f"shards {shards_dir} ({count(len(rows), 'row')})"
+    inputs, why = shards_inputs(shards_dir, man)
+    if inputs:
+        ctx = from_parquet(inputs, cfg, config_from_dict(man["config"]))
+        if len(ctx.lengths) == n_ctx:
+            return Contexts(ctx.lengths, ctx.probe, ctx.arrays, shard_rows=rows,
+                            lower_bound=man["lower_bound_rows"],
+                            source=f"{where}: its contexts planned again from its "
+                                   f"{count(len(inputs), 'input file')}")
+        why = (f"its inputs plan {len(ctx.lengths):,} contexts, the manifest counts "
+               f"{n_ctx:,} (an epoch or split cut them)")
+    return Contexts(lens, shard_rows=rows, source=where, unit="stored segments",
+                    lower_bound=man["lower_bound_rows"],
+                    note=f"these are the packer's pieces of {n_ctx:,} contexts, cut to fill "
+                         f"rows; other packers are compared on the contexts, which need the "
+                         f"inputs ({why}): prep analyze-padding INPUT --crop {cfg.crop}")
+
+
+def shards_inputs(shards_dir: str, man: dict) -> tuple[list[str], str]:
+    """The manifest's input files, found as named (from here, or from the shards folder's
+    parent) and holding the bytes it recorded; else ([], why not)."""
+    from prep.schema.manifest import file_sha256
+
+    if man["config"].get("epochs", 1) != 1:
+        return [], f"{man['config']['epochs']} epochs"
+    found = []
+    for e in man.get("inputs", []):
+        name = Path(e["name"])
+        paths = [name] if name.is_absolute() else [name, Path(shards_dir).parent / name]
+        hit = next((p for p in paths if p.is_file() and p.stat().st_size == e.get("size")), None)
+        if hit is None:
+            return [], f"{e['name']} is not there"
+        if e.get("sha256") and file_sha256(hit) != e["sha256"]:
+            return [], f"{hit} changed since the build"
+        found.append(str(hit))
+    return (found, "") if found else ([], "the manifest lists none")
+
+
+def is_shards(path: str) -> bool:
+    p = Path(path)
+    return (p / "manifest.json").is_file() or (p.is_dir() and not any(p.rglob("*.parquet")))
+
+
+def crop_for(path: str, crop: int | None) -> int:
+    """--crop as given, else a shards folder's own row length (1024 for parquet)."""
+    if crop is not None or not is_shards(path):
+        return crop or AnalyzeConfig.crop
+    from prep.schema.manifest import load_manifest
+
+    return int(load_manifest(path)["row_len"])
 
 
 def load(path: str, cfg: AnalyzeConfig) -> Contexts:
-    p = Path(path)
-    if (p / "manifest.json").is_file() or (p.is_dir() and not any(p.rglob("*.parquet"))):
-        return from_shards(path)
+    if is_shards(path):
+        return from_shards(path, cfg)
     return from_parquet([path], cfg)
 
 
+def config_line(cfg: AnalyzeConfig) -> str:
+    """``crop=1024, batch_size=64, grain_bins=4,32,256, ...``: the start-up echo."""
+    from dataclasses import asdict
+
+    return ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}"
+                     for k, v in asdict(cfg).items())
+
+
 def format_report(r: dict) -> str:
-    lines = [f"{r['source']}: {r['contexts']:,} contexts, {r['tokens']:,} tokens, crop "
-             f"{r['crop']}, lower bound {r['lower_bound_rows']:,} rows", "", "length histogram:"]
+    unit = r.get("unit", "contexts")
+    lines = [f"{r['source']}: {r['contexts']:,} {unit}, {r['tokens']:,} tokens, crop "
+             f"{r['crop']}, lower bound {r['lower_bound_rows']:,} rows"]
+    lines += [f"note: {r['note']}"] if r.get("note") else []
+    lines += ["", f"length histogram ({unit}):"]
     h = r["length_histogram"]
     top = max(h["counts"], default=0) or 1
     for lo, c in zip(h["edges"], h["counts"]):
@@ -221,11 +332,12 @@ def plot(r: dict, path: str, *, title: str | None = None) -> None:
         raise InputError("--plot needs matplotlib: pip install 'ping-pack[plots]'") from None
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5.6), gridspec_kw={"width_ratios": [1, 1.3]})
     h = r["length_histogram"]
-    a.bar(h["edges"][:-1], h["counts"], width=HIST_BIN, align="edge", color="tab:blue",
-          label="contexts")
+    unit = r.get("unit", "contexts")
+    a.bar(np.array(h["edges"][:-1]) - 1, h["counts"], width=HIST_BIN, align="edge",
+          color="tab:blue", label=unit)
     a.axvline(r["crop"], color="red", linestyle="--", label=f"row length {r['crop']}")
-    a.set(xlabel="context length (tokens)", ylabel="contexts (log scale)", yscale="log",
-          title="Context lengths")
+    a.set(xlabel=f"{unit[:-1]} length (tokens)", ylabel=f"{unit} (log scale)", yscale="log",
+          title=f"{unit[0].upper()}{unit[1:-1]} lengths")
     a.legend(fontsize=8)
 
     rows = [s for s in r["strategies"] if s["name"] != "lower-bound"]
@@ -248,7 +360,7 @@ def plot(r: dict, path: str, *, title: str | None = None) -> None:
                               label=f"lower bound ({lower['rows']:,} rows: {lb:.3f} %)"))
     b.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13),
              ncol=2, frameon=False)
-    fig.suptitle(title or f"{r['source']}: N = {r['contexts']:,} contexts, {r['tokens']:,} "
+    fig.suptitle(title or f"{r['source']}: N = {r['contexts']:,} {unit}, {r['tokens']:,} "
                  f"tokens, rows of {r['crop']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=150)

@@ -109,6 +109,10 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
 
     # 2. RTT queries: full-mode contexts, re-encoded with the result last; then each alone
     q = full_mode_queries(meas, cfg.max_queries, rng)
+    if cfg.max_queries > len(q):  # "exactly N" cannot hold: say so, and name the file by N held
+        warnings.append(f"--max-queries {cfg.max_queries:,}: the test split has only "
+                        f"{len(q):,} RTT queries; all of them are used")
+        print(f"warning: {warnings[-1]}", file=sys.stderr, flush=True)
     qm = meas.take(q)
     ans, query_rows, query_s = _answer_queries(pred, qm, progress)
     alone, _, alone_s = _answer_queries(pred, qm, progress, alone=True)
@@ -134,6 +138,9 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
         rtt[name] = EM.metrics(pr, pf, cov, truth_ms, failed, history, stratum, seed=cfg.seed,
                                interval=None if a is None else (a.quantile_ms[:, 0],
                                                                 a.quantile_ms[:, 2]))
+    baseline_names = [n for n in preds if registry.kind_of(n) != registry.MODEL]
+    verdict = EM.verdict({k: v[0] for k, v in preds.items()}, {k: v[1] for k, v in preds.items()},
+                         truth_ms, failed, stratum, rtt, baseline_names, seed=cfg.seed)
     result = {
         "run_dir": str(cfg.run_dir), "step": pred.step, "data": str(data),
         "data_fingerprint": fingerprint,
@@ -150,12 +157,14 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
         if (~failed).any() else None,
         "warnings": warnings,
         "rtt": rtt,
+        "verdict": verdict,  # train.eval.metrics.verdict: the model vs the strongest baseline
         "timing": {"queries_per_s": round(len(q) / max(query_s, 1e-9), 1),
                    "query_s": round(query_s, 3), "no_context_query_s": round(alone_s, 3),
                    **timing, "elapsed_s": round(time.perf_counter() - t0, 3),
                    "device": jax.devices()[0].device_kind},
     }
-    result["written_to"] = str(write_report(result, cfg.run_dir, pred.step, cfg.max_queries))
+    result["written_to"] = str(write_report(result, cfg.run_dir, pred.step,
+                                            len(q) if cfg.max_queries else 0))
     return result, Detail(qm, {k: v[0] for k, v in preds.items()},
                           {k: v[1] for k, v in preds.items()}, ans, stratum)
 

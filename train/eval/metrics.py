@@ -14,6 +14,12 @@ resample's k-th smallest is the value at index floor(n U_(k)), U_(k) the k-th sm
 n uniforms, a Beta(k, n - k + 1) draw (the (k+1)-th given the k-th: U_(k) + (1 - U_(k)) ×
 Beta(1, n - k)). So each resample costs two draws, not n, and the intervals are those of
 resampling the values themselves (tests/test_evaluate.py holds them to it).
+
+The verdict (``verdict``, the report's ``verdict`` key): overall and per stratum, the
+model minus the strongest baseline there (the baseline, not a model, with the lowest
+median relative error in that scope), as paired differences on the same queries with a
+paired percentile bootstrap interval: median relative error, MAE (queries with a reply)
+and Brier score (all queries). Its keys are stable: other tools read them.
 """
 
 from __future__ import annotations
@@ -89,3 +95,80 @@ def metrics(pred_ms, p_fail, covered, truth_ms, failed, history, stratum, *,
 
 def bucket_name(lo, hi) -> str:
     return f"{lo}+" if hi is None else str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+# --- the verdict: the model against the strongest baseline, paired on the same queries ---
+
+VERDICT_SCOPES = ("all",) + STRATA  # the whole, then each stratum
+
+
+def paired_bootstrap_ci(a, b, stat=np.median, *, seed: int = 0, n_boot: int = N_BOOT,
+                        level: float = CI_LEVEL) -> list[float] | None:
+    """[lo, hi]: the percentile bootstrap interval of stat(a) - stat(b), where a[i] and b[i]
+    belong to the same query and are resampled together (pairing cancels the queries'
+    shared difficulty, so the interval is that of the difference, not of two medians)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    n = len(a)
+    if n == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    diffs = np.empty(n_boot)
+    chunk = max(1, 4_000_000 // n)  # resamples per draw: ~32 MB of indices at a time
+    for i in range(0, n_boot, chunk):
+        idx = rng.integers(0, n, size=(min(chunk, n_boot - i), n))
+        if stat is np.mean:  # a difference of means is the mean of the differences
+            diffs[i:i + len(idx)] = (a - b)[idx].mean(axis=1)
+        else:
+            diffs[i:i + len(idx)] = stat(a[idx], axis=1) - stat(b[idx], axis=1)
+    tail = (1.0 - level) / 2
+    lo, hi = np.quantile(diffs, [tail, 1.0 - tail])
+    return [float(lo), float(hi)]
+
+
+def strongest_baseline(scores: dict, baselines, scope: str) -> str | None:
+    """The baseline with the lowest median relative error in ``scope`` ("all" or a
+    stratum); a tie goes to the first in ``baselines`` (the registry's order)."""
+    def med(name):
+        s = scores[name] if scope == "all" else scores[name]["by_stratum"][scope]
+        return s["median_rel"]
+    ranked = [n for n in baselines if n in scores and med(n) is not None]
+    return min(ranked, key=med) if ranked else None
+
+
+def verdict(pred_ms: dict, p_fail: dict, truth_ms, failed, stratum, scores: dict,
+            baselines, *, seed: int = 0) -> dict:
+    """Per scope (VERDICT_SCOPES): the model minus the strongest baseline there
+    (strongest_baseline), on the same queries, with paired bootstrap intervals:
+
+    ``{"n", "n_rtt", "baseline", "baseline_covered", "winner",
+       "median_rel": {"model", "baseline", "diff", "diff_ci"}, "mae_ms": {...},
+       "brier": {...}}``
+
+    median relative error and MAE over the queries with a reply, Brier over all;
+    ``winner`` by the median relative error's interval: "model" (below 0), "baseline"
+    (above 0) or "neither" (it holds 0). ``baseline`` None: no query in the scope."""
+    rel = {k: np.abs(v - truth_ms) / np.maximum(truth_ms, 1e-3) for k, v in pred_ms.items()}
+    ae = {k: np.abs(v - truth_ms) for k, v in pred_ms.items()}
+    bri = {k: (v - failed) ** 2 for k, v in p_fail.items()}
+    out = {}
+    for k, scope in enumerate(VERDICT_SCOPES):
+        sel = np.ones(len(truth_ms), bool) if scope == "all" else stratum == k - 1
+        ok = sel & ~failed
+        best = strongest_baseline(scores, baselines, scope) if ok.any() else None
+        row = {"n": int(sel.sum()), "n_rtt": int(ok.sum()), "baseline": best}
+        if best is None:
+            out[scope] = row
+            continue
+        s = scores[best] if scope == "all" else scores[best]["by_stratum"][scope]
+        row["baseline_covered"] = s["covered"]
+        for key, per, where, stat in (("median_rel", rel, ok, np.median),
+                                      ("mae_ms", ae, ok, np.mean),
+                                      ("brier", bri, sel, np.mean)):
+            m, b = per["model"][where], per[best][where]
+            row[key] = {"model": float(stat(m)), "baseline": float(stat(b)),
+                        "diff": float(stat(m) - stat(b)),
+                        "diff_ci": paired_bootstrap_ci(m, b, stat, seed=seed + k)}
+        lo, hi = row["median_rel"]["diff_ci"]
+        row["winner"] = "model" if hi < 0 else "baseline" if lo > 0 else "neither"
+        out[scope] = row
+    return out

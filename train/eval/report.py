@@ -69,6 +69,7 @@ def format_report(r: dict) -> str:
     lines += ["", "median relative error [95 % interval] by stratum"]
     lines += _sub_table(scored, "by_stratum", list(STRATA), 24, lambda s: (
         f"{_fmt(s['median_rel'], '.3f')} {_ci(s, 14)}" if s["median_rel"] is not None else "-"))
+    lines += _verdict(r.get("verdict"))
     buckets = list(next(iter(r["rtt"].values()))["by_history"])
     lines += ["", "median relative error by earlier measurements in the context"]
     lines += _sub_table(scored, "by_history", buckets, 9, lambda s: _fmt(s["median_rel"], "9.3f"))
@@ -118,6 +119,34 @@ def _sub_table(rtt: dict, key: str, cols: list, width: int, cell) -> list[str]:
     for name, m in rtt.items():
         lines.append(f"{label(name):<{W}}" + "".join(
             format(cell(m[key][c]), f">{width}") for c in cols))
+    return lines
+
+
+def _diff(d: dict, spec: str) -> str:
+    ci = d["diff_ci"]
+    return f"{d['diff']:+{spec}} [{ci[0]:+{spec}}, {ci[1]:+{spec}}]"
+
+
+WON = {"model": "the model wins", "baseline": "the baseline wins",
+       "neither": "no winner (the interval holds 0)"}
+
+
+def _verdict(v: dict | None) -> list[str]:
+    """One line per scope: who wins and by how much (train.eval.metrics.verdict)."""
+    if not v:
+        return []
+    lines = ["", "verdict: the model minus the strongest baseline, paired on the same queries "
+             "[95 % interval]"]
+    for scope, row in v.items():
+        head = f"{scope} ({row['n_rtt']:,} with a reply)"
+        if row["baseline"] is None:
+            lines.append(f"  {head}: no queries")
+            continue
+        m, a, b = row["median_rel"], row["mae_ms"], row["brier"]
+        lines.append(f"  {head}: {WON[row['winner']]}; vs {label(row['baseline'])}: "
+                     f"median rel {m['model']:.3f} vs {m['baseline']:.3f}, {_diff(m, '.3f')}; "
+                     f"MAE {a['model']:.2f} vs {a['baseline']:.2f} ms, {_diff(a, '.2f')}; "
+                     f"Brier {b['model']:.4f} vs {b['baseline']:.4f}, {_diff(b, '.4f')}")
     return lines
 
 

@@ -61,6 +61,19 @@ def step_dirs(directory: str | Path) -> list[int]:
         if d.is_dir() else []
 
 
+def saved_at(run_dir: str | Path) -> float:
+    """When the run last saved a checkpoint (its newest step folder's mtime; 0.0 if none).
+    What "the newest run" means: the run folder's own mtime moves when anything reads or
+    refuses it (a lock file, an eval/ report), so it would name the run last looked at."""
+    steps = step_dirs(Path(run_dir) / "checkpoints")
+    return (Path(run_dir) / "checkpoints" / str(steps[-1])).stat().st_mtime if steps else 0.0
+
+
+def newest_first(runs) -> list[Path]:
+    """Run folders by saved_at, newest first (ties by name, for a stable order)."""
+    return sorted(map(Path, runs), key=lambda p: (saved_at(p), p.name), reverse=True)
+
+
 def _why(e: BaseException) -> str:
     """A restore's exception as a short reason (TensorStore's spec dump cut off)."""
     text = str(e).strip().strip("'\"")

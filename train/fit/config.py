@@ -68,6 +68,28 @@ def flag(field: str) -> str:
 SMALL_CPU = dict(model="small", steps=2400, batch_size=8, lr=3e-3, warmup=100,
                  loss_weights="rtt=10,result=10", compute_dtype="float32", log_every=100,
                  eval_every=400, eval_rows=64, ckpt_every=400)
+SMALL_ROW_LEN = 256  # the rows the recipe was measured on (prep shards --row-len 256)
+
+
+def preset_text(preset: dict) -> str:
+    """``--steps 1600, --batch-size 8, ...``: a preset's settings as the flags that override
+    them (for --help and the config line)."""
+    return ", ".join(f"{flag(k)} {v}" for k, v in preset.items() if k != "model")
+
+
+def start_warnings(cfg: TrainConfig, row_len: int, platform: str) -> list[str]:
+    """What a run's settings make likely to go wrong, said at its start (stderr)."""
+    out = []
+    if cfg.model == "small" and platform != "gpu" and row_len != SMALL_ROW_LEN:
+        out.append(f"--model small: its CPU recipe (docs/learning.md) reads rows of "
+                   f"{SMALL_ROW_LEN} tokens; {cfg.data} holds rows of {row_len:,}, each "
+                   f"{row_len / SMALL_ROW_LEN:g}x the tokens and more attention per row; "
+                   f"build the recipe's data with `prep shards ... --row-len {SMALL_ROW_LEN}`")
+    if cfg.steps < cfg.warmup:
+        out.append(f"--steps {cfg.steps} ends inside the {cfg.warmup}-step warm-up: the "
+                   f"learning rate never reaches --lr {cfg.lr:g} (pass --warmup below "
+                   f"--steps, or more --steps)")
+    return out
 
 
 # Rows of 1024 tokens per GPU for the base model. Measured on one H200 (make gpu-check,

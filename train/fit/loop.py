@@ -13,7 +13,8 @@ device. A loss or gradient norm that is not finite stops the run with one line n
 the step, before any state of that step (or after it) is saved: the last checkpoint
 stays the last good one. The first step (compilation) is left out of the timings. The
 same numbers go to ``RUN_DIR/metrics.jsonl``, one JSON object per line, with
-``eval_loss`` records every ``eval_every`` steps.
+``eval_loss`` records every ``eval_every`` steps, and as TensorBoard event files in
+``RUN_DIR`` (train.fit.board; the ``tensorboard`` extra).
 
 The first Ctrl-C (SIGINT) or SIGTERM (what a scheduler sends) finishes the step under way
 (the device is at most one step behind), names it ("SIGINT: stopping at step N"), saves a
@@ -57,8 +58,9 @@ import numpy as np
 from prep.schema.errors import InputError
 from train.fit import multihost, reader
 from train.fit import step as step_lib
+from train.fit.board import MISSING, Board
 from train.fit.checkpoint import Checkpointer, step_dirs
-from train.fit.config import RUN_BINDING, TrainConfig, flag
+from train.fit.config import RUN_BINDING, TrainConfig, flag, preset_text, start_warnings
 from train.model import attention, model
 from train.model.arch import model_config
 from train.model.attention import AttentionConfig
@@ -338,10 +340,11 @@ class RunLock:
             self.fd = None
 
 
-def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
+def train(cfg: TrainConfig, *, devices=None, on_step=None, preset: dict | None = None) -> dict:
     """Train per ``cfg``; returns a summary (last loss, eval loss, mean throughput, MFU).
 
-    ``devices``: the mesh (default: all); ``on_step(step)`` runs after each step (tests).
+    ``devices``: the mesh (default: all); ``on_step(step)`` runs after each step (tests);
+    ``preset``: the settings a --model preset chose (the config line names them).
     The run folder is locked (RunLock) from before its config is read to the end, by
     process 0 of a run on several processes (train.fit.multihost), whose refusal stops
     them all.
@@ -357,12 +360,12 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
             refused = str(e)
     multihost.check_all("lock", refused)
     try:
-        return _train(cfg, run_dir, lock, devices, on_step)
+        return _train(cfg, run_dir, lock, devices, on_step, preset)
     finally:
         lock.release()
 
 
-def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step) -> dict:
+def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step, preset) -> dict:
     saved = load_run(run_dir) if cfg.resume else None
     if not cfg.schedule_steps:  # fixed for the run's life: its own, or this start's --steps
         old = saved["train"] if saved is not None else {}
@@ -402,7 +405,7 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step) -> 
     it = iter(reader.to_device(reader.batches(
         data, "train", batch_size=cfg.batch_size // jax.process_count(), seed=cfg.seed,
         num_workers=cfg.num_workers, manifest=manifest), rows))
-    ckpt = metrics_file = None
+    ckpt = metrics_file = board = None
     primary = multihost.is_primary()  # writes the run folder's own files, and logs
     say = (lambda msg: print(msg, file=sys.stderr)) if primary else (lambda msg: None)
     created = not run_dir.exists()
@@ -411,6 +414,10 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step) -> 
         eval_sample = EvalSample(cfg, data, manifest, rows) if cfg.eval_every else None
         # the run starts here: nothing above wrote anything (nor printed the config)
         say("config: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()))
+        if preset:  # where those values came from: a preset sets more than its name says
+            say(f"preset {cfg.model} set: {preset_text(preset)} (flags given override them)")
+        for w in start_warnings(cfg, manifest["row_len"], jax.devices()[0].platform):
+            say(f"warning: {w}")
         refused = None
         if primary:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -438,14 +445,19 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step) -> 
                 "devices": [str(d) for d in mesh.devices.flat],
                 "processes": jax.process_count(), "jax": jax.__version__})
             metrics_file = open(run_dir / "metrics.jsonl", "a" if saved is not None else "w")
+            board = Board(run_dir, purge_step=start + 1 if saved is not None else None)
+            if not board.available:
+                say(MISSING)
         return _run(cfg, mcfg, att, mesh, state, it, ckpt, metrics_file, eval_sample, start,
-                    on_step)
+                    on_step, board)
     finally:
         it.close()
         if ckpt is not None:
             ckpt.close()
         if metrics_file is not None:
             metrics_file.close()
+        if board is not None:
+            board.close()
         if primary and created and lock.held and _never_started(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)  # a start that made no step
 
@@ -458,7 +470,8 @@ def _never_started(run_dir: Path) -> bool:
 
 
 def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
-         ckpt: Checkpointer, metrics_file, eval_sample, start: int, on_step) -> dict:
+         ckpt: Checkpointer, metrics_file, eval_sample, start: int, on_step,
+         board: Board | None = None) -> dict:
     """The loop proper: steps ``start``..``cfg.steps``, logs, evals, checkpoints; a signal
     (GracefulStop) ends it after the current step with a checkpoint."""
     train_step, eval_step = step_lib.compile_steps(mesh, mcfg, cfg, att)
@@ -478,6 +491,8 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
         if primary:
             metrics_file.write(json.dumps(rec) + "\n")
             metrics_file.flush()
+            if board is not None:
+                board.add(rec)
 
     def log_line():
         rec = {"step": step, **meter.flush(flops_of)}

@@ -354,8 +354,15 @@ def run_record(run_dir: str | Path) -> dict:
     if not d.is_dir():
         raise InputError(f"{d}: no such run folder; train one with `train --data shards/` "
                          "(runs go under runs/)")
+    if (d / "manifest.json").is_file() and not cfg.is_file():
+        raise InputError(f"{d}: a shards folder (`prep shards` wrote it), not a run folder; "
+                         f"train a model on it with `train --data {d}`, then give that run's "
+                         f"folder (runs/...), or evaluate a run on it: train eval RUN_DIR "
+                         f"--data {d}")
     if not cfg.is_file() or not (d / "checkpoints").is_dir():
-        runs = sorted((p for p in d.iterdir() if _is_run(p)), key=lambda p: -p.stat().st_mtime)
+        from train.fit.checkpoint import newest_first
+
+        runs = newest_first(p for p in d.iterdir() if _is_run(p))
         listed = ", ".join(map(str, runs[:5])) + (f" and {len(runs) - 5} more" if len(runs) > 5
                                                   else "")
         raise InputError(f"{d}: not a run folder (no config.json or checkpoints/); give "
