@@ -16,7 +16,6 @@ materializes (it keeps its output and float32 softmax statistics, ``cudnn_stats_
 from __future__ import annotations
 
 import collections
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -64,9 +63,10 @@ def per_token_layer(cfg: ModelConfig, dtype=jnp.bfloat16, implementation: str = 
                 continue
             by_kind[_kind(aval, rows, T)] += sign * _bytes(aval)
     scale = T * cfg.n_layers
-    # (segment tables and the like grow by a few bytes a row: below 0.05 B a token, left out)
-    by_kind = {k: v / scale for k, v in sorted(by_kind.items()) if abs(v / scale) >= 0.05}
-    return {"bytes": sum(by_kind.values()), "by_kind": by_kind}
+    # (segment tables and the like, a few bytes a row, are counted in the total, not listed)
+    return {"bytes": sum(by_kind.values()) / scale,
+            "by_kind": {k: v / scale for k, v in sorted(by_kind.items())
+                        if abs(v) >= 0.05 * scale}}
 
 
 def _kind(aval, rows: int, T: int) -> str:
