@@ -6,9 +6,9 @@
 3. The GPU tests (`pytest -m gpu` on the test files that hold GPU tests: cuDNN packed
    attention equals XLA for outputs and gradients, bf16, on rows of 1 segment, 2 segments,
    the maximum, and padding only).
-4. The GPU benchmark (bench/gpu.py) of the base (~95M) config on packed shards of the
-   built-in data (`prep synth` + `prep shards --split time+probe`), writing
-   bench/results/gpu-<device>.json.
+4. The GPU benchmark (bench/gpu.py, in a process of its own, as the sweep's are) of the
+   base (~95M) config on packed shards of the built-in data (`prep synth` + `prep shards
+   --split time+probe`), writing bench/results/gpu-<device>.json.
 5. The batch sweep: the same benchmark at SWEEP_ROWS rows a step, each in a process of its
    own (so each peak memory is its own and one that does not fit only fails itself), on
    the same shards; at PROFILE_ROWS a jax.profiler trace of the last steps (its top ops)
@@ -109,8 +109,9 @@ def learning_steps(tokens_per_s: float | None, left_s: float, batch: int, row_le
 
 
 def batch_sweep(data: str, results: Path, name: str, gpu: bool, n_devices: int,
-                work: Path) -> tuple[dict, Path | None]:
-    """Step 5 of the module docstring: (the sweep's JSON, the XLA dump archive or None)."""
+                work: Path, env: dict) -> tuple[dict, Path | None]:
+    """Step 5 of the module docstring: (the sweep's JSON, the XLA dump archive or None);
+    ``env`` the benchmark processes' environment."""
     from bench.run import machine
     from train.fit import reader
     from train.model import arch, memory
@@ -120,16 +121,16 @@ def batch_sweep(data: str, results: Path, name: str, gpu: bool, n_devices: int,
     runs, failed = [], []
     for b in rows:
         out, dump = work / f"sweep-{b}.json", work / f"xla-{b}"
-        env = dict(os.environ)
+        run_env = dict(env)
         if b in profile:  # XLA reads its flags when the backend starts: a process of its own
-            env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump} --xla_dump_"
-                                "hlo_as_text --xla_dump_hlo_module_re=train_step").strip()
+            run_env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump} --xla_"
+                                    "dump_hlo_as_text --xla_dump_hlo_module_re=train_step").strip()
         cmd = [sys.executable, "-m", "bench.gpu", "--data", data, "--out", str(out),
                "--batch-size", str(b * n_devices), "--steps", str(SWEEP_STEPS if gpu else 12),
                "--log-every", str(SWEEP_WINDOW if gpu else 3)]
         cmd += ["--trace-steps", str(TRACE_STEPS if gpu else 3)] if b in profile else []
         say(f"sweep: {b} rows a step" + (" (traced, XLA dump)" if b in profile else ""))
-        r = subprocess.run(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+        r = subprocess.run(cmd, cwd=REPO, env=run_env, stderr=subprocess.PIPE, text=True)
         err = r.stderr.strip().splitlines()
         sys.stderr.write("\n".join(err[-8:]) + "\n")
         if r.returncode != 0 or not out.exists():
@@ -204,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"checkpoints of the learning run evaluated [{LEARNING_POINTS}]")
     p.add_argument("--queries", type=int, default=20_000, help="RTT queries per point [20000]")
     args = p.parse_args(argv)
+    # This process probes, orchestrates and runs the learning run at the end; the benchmark
+    # and the sweep run in processes of their own, with train's default memory (XLA takes 75 %
+    # of the GPU up front). Were this process to take its 75 % first, they would get what is
+    # left (XLA backs off to what it can allocate), and every size past it would not fit.
+    bench_env = dict(os.environ)
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     sys.path.insert(0, str(REPO))
     from bench.run import RESULTS
     from prep.schema.errors import InputError
@@ -252,10 +259,12 @@ def main(argv: list[str] | None = None) -> int:
 
         name = bench_gpu.device_name() if gpu else "cpu-tiny"
         bench_out = results / f"gpu-{name}.json"
-        if bench_gpu.main(["--data", f"{tmp}/tp", "--out", str(bench_out)]
-                          + (["--steps", "100"] if gpu and args.budget_s else [])) != 0:
+        if subprocess.run([sys.executable, "-m", "bench.gpu", "--data", f"{tmp}/tp", "--out",
+                           str(bench_out)] + (["--steps", "100"] if gpu and args.budget_s else []),
+                          cwd=REPO, env=bench_env).returncode != 0:
             failed.append("benchmark")
-        sweep, archive = batch_sweep(f"{tmp}/tp", results, name, gpu, jax.device_count(), Path(tmp))
+        sweep, archive = batch_sweep(f"{tmp}/tp", results, name, gpu, jax.device_count(),
+                                     Path(tmp), bench_env)
         sweep_out = results / f"gpu-{name}-batch.json"
         sweep_out.write_text(json.dumps(sweep, indent=2, sort_keys=True) + "\n")
         say(f"wrote {sweep_out}" + (f" and {archive}" if archive else " (no XLA dump kept)"))
