@@ -3,7 +3,12 @@
 Runs the real trainer (train.fit.loop.train: Grain reader, packed cuDNN attention, bf16
 compute, data-parallel over all local GPUs) for a few hundred steps and reports, over
 the steps after warm-up: real (non-padding) tokens/s, MFU, the share of step time spent
-waiting for data, and step time. Writes ``bench/results/gpu-<device>.json``.
+waiting for data, step time, and the device's peak memory (the allocator's high-water
+mark over the whole process). Writes ``bench/results/gpu-<device>.json``.
+
+``--trace-steps N`` records a jax.profiler trace of the last N steps and adds the ops
+that took the most device time per step (``top_ops``; on a CPU, the XLA ops on the host)
+to the JSON; those steps are left out of the timings.
 
 Targets on one H100: >= 45 % MFU, >= 700k real tokens/s, < 1 % data
 wait. Without a GPU it runs the tiny config on the CPU so the script itself stays tested,
@@ -11,11 +16,13 @@ says so, and writes ``bench/results/gpu-cpu-tiny.json`` (not a GPU result).
 
     python -m bench.gpu                       # synthetic 1024-token rows
     python -m bench.gpu --data shards/ --steps 300 --batch-size 32
+    python -m bench.gpu --data shards/ --steps 40 --batch-size 64 --trace-steps 5
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import re
 import sys
@@ -50,6 +57,87 @@ def device_name() -> str:
     return re.sub(r"[^a-z0-9]+", "-", jax.devices()[0].device_kind.lower()).strip("-")
 
 
+# lines of a device plane that repeat its kernels' time under other names (derived views)
+_DERIVED_LINES = ("XLA Modules", "XLA Ops", "Steps", "Framework Name Scope", "Framework Ops",
+                  "Source code", "XLA TraceMe")
+
+# host ops whose events enclose other ops' events (the layer scan's loop)
+_NESTING = ("while", "call", "conditional")
+
+
+def top_ops(trace_dir: Path, steps: int, n: int = 25, module: str = "train_step") -> dict:
+    """The ``n`` XLA ops of the jitted ``module`` that took the most time in a jax.profiler
+    trace under ``trace_dir`` of ``steps`` steps: device kernels where the trace has a device
+    (a GPU: the kernels on its streams), else the host's XLA ops (a CPU). Each: the HLO op,
+    one kernel name it ran as, milliseconds per step and share of the traced op time.
+    ``module_matched`` is False where no event named the module (then every op counts)."""
+    from jax.profiler import ProfileData
+
+    found = sorted(trace_dir.glob("plugins/profile/*/*.xplane.pb"))
+    if not found:
+        raise FileNotFoundError(f"no jax.profiler trace (*.xplane.pb) under {trace_dir}")
+    data = ProfileData.from_file(str(found[-1]))
+    planes = [p for p in data.planes if p.name.startswith("/device:")]
+    where = "device" if planes else "host"
+    events = []  # (op, kernel, ns, module)
+    for plane in planes or [p for p in data.planes if p.name.startswith("/host:")]:
+        lines = [ln for ln in plane.lines if ln.name not in _DERIVED_LINES]
+        if planes and any(ln.name.startswith("Stream") for ln in lines):
+            lines = [ln for ln in lines if ln.name.startswith("Stream")]
+        for line in lines:
+            for e in line.events:
+                stats = dict(e.stats)
+                if where == "host" and ("hlo_op" not in stats
+                                        or str(stats["hlo_op"]).startswith(_NESTING)):
+                    continue  # Python, the runtime's bookkeeping; a loop (its ops count)
+                events.append((str(stats.get("hlo_op") or e.name), e.name, e.duration_ns,
+                               str(stats.get("hlo_module", ""))))
+    matched = any(module in m for *_, m in events)
+    ns, kernel = collections.Counter(), {}
+    for op, name, t, m in events:
+        if matched and module not in m:
+            continue
+        ns[op] += t
+        kernel.setdefault(op, name)
+    total = sum(ns.values()) or 1
+    return {"where": where, "steps": steps, "module_matched": matched,
+            "ms_per_step": sum(ns.values()) / 1e6 / steps,
+            "ops": [{"op": op, "kernel": kernel[op][:120], "ms_per_step": t / 1e6 / steps,
+                     "share": t / total} for op, t in ns.most_common(n)]}
+
+
+class _TraceFrom:
+    """on_step for train.fit.loop.train: starts a jax.profiler trace once step ``first`` is
+    done; ``stop`` ends it (after train returns, which waits for the device). A profiler
+    that cannot start (no CUPTI, say) costs the run its top ops, not its timings."""
+
+    def __init__(self, first: int, trace_dir: Path):
+        self.first, self.dir, self.on, self.error = first, trace_dir, False, None
+
+    def __call__(self, step: int) -> None:
+        if step == self.first:
+            try:
+                jax.profiler.start_trace(str(self.dir))
+                self.on = True
+            except Exception as e:  # reported in the JSON as the reason for no top ops
+                self.error = f"start_trace: {type(e).__name__}: {e}"[:300]
+                print(f"[bench-gpu] no profile: {self.error}", file=sys.stderr)
+
+    def stop(self) -> None:
+        if self.on:
+            jax.profiler.stop_trace()
+            self.on = False
+
+
+def memory_gib() -> tuple[float | None, float | None]:
+    """(peak allocation so far, the allocator's limit), GiB, of the first device, where the
+    backend reports them (a GPU; the limit is XLA_PYTHON_CLIENT_MEM_FRACTION of the card,
+    75 % unless set)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    gib = lambda k: stats[k] / 2**30 if k in stats else None
+    return gib("peak_bytes_in_use"), gib("bytes_limit")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", help="a shards folder (default: synthetic rows)")
@@ -57,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, help="rows per step (default: train's, 48 per GPU)")
     p.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn"])
     p.add_argument("--out", help="the JSON's path [bench/results/gpu-<device>.json]")
+    p.add_argument("--log-every", type=int, help="steps a timing window (default: 25 on a GPU, 5 on a CPU)")
+    p.add_argument("--trace-steps", type=int, default=0,
+                   help="profile the last N steps; their top ops go into the JSON [0: none]")
     args = p.parse_args(argv)
 
     from prep.schema.errors import InputError
@@ -70,38 +161,65 @@ def main(argv: list[str] | None = None) -> int:
     n = jax.device_count()
     if gpu:
         settings = dict(model="base", steps=args.steps or 300, batch_size=args.batch_size or GPU_ROWS * n,
-                        compute_dtype="bfloat16", log_every=25, lr=6e-4, warmup=50)
+                        compute_dtype="bfloat16", log_every=args.log_every or 25, lr=6e-4,
+                        warmup=50)
         name = device_name()
     else:
         print("[bench-gpu] no GPU here: running the tiny config on the CPU to exercise the "
               "script; these are not GPU numbers", file=sys.stderr)
         settings = dict(model="tiny", steps=args.steps or 30, batch_size=args.batch_size or 8,
-                        compute_dtype="float32", log_every=5, lr=3e-3, warmup=5)
+                        compute_dtype="float32", log_every=args.log_every or 5, lr=3e-3, warmup=5)
         name = "cpu-tiny"
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or str(_synthetic_shards(Path(tmp) / "shards", 4096 if gpu else 256))
         cfg = TrainConfig(data=data, run_dir=str(Path(tmp) / "run"), eval_every=0,
                           ckpt_every=0, attention=args.attention, **settings)
+        trace = args.trace_steps
+        if trace and cfg.steps - trace < 2 * cfg.log_every:  # the first window warms up
+            print(f"[bench-gpu] error: --trace-steps {trace} leaves no timed window of "
+                  f"{cfg.log_every} steps after the first in {cfg.steps} steps", file=sys.stderr)
+            return 2
+        tracer = _TraceFrom(cfg.steps - trace, Path(tmp) / "trace") if trace else None
         t0 = time.perf_counter()
-        summary = train(cfg)
+        try:
+            summary = train(cfg, on_step=tracer)
+        finally:
+            if tracer:
+                tracer.stop()
         wall = time.perf_counter() - t0
         recs = [json.loads(x) for x in (Path(tmp) / "run/metrics.jsonl").read_text().splitlines()]
-    timed = [r for r in recs if "step_ms" in r][1:]  # the first window still warms up
+        ops = None
+        if tracer:
+            try:
+                ops = {"error": tracer.error} if tracer.error else top_ops(tracer.dir, trace)
+            except Exception as e:  # an unreadable trace: say so, keep the timings
+                ops = {"error": f"reading the trace: {type(e).__name__}: {e}"[:300]}
+    # the first window still warms up; windows that reach into the traced steps are slowed
+    # by the profiler
+    peak, limit = memory_gib()
+    timed = [r for r in recs
+             if "step_ms" in r and not (trace and r["step"] > cfg.steps - trace)][1:]
     mean = lambda k: float(np.mean([r[k] for r in timed])) if timed and timed[0].get(k) is not None else None
     metrics = {
         "gpu.real_tokens_per_s": mean("tokens_per_s"), "gpu.mfu": mean("mfu"),
         "gpu.data_wait": mean("data_wait"), "gpu.step_ms": mean("step_ms"),
         "gpu.final_loss": summary["loss"], "gpu.params": summary["params"],
         "gpu.devices": n, "gpu.batch_size": cfg.batch_size, "gpu.wall_s": wall,
+        "gpu.peak_gib": peak, "gpu.memory_limit_gib": limit,
     }
     out = {"machine": machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "gpu": gpu,
            "config": {**settings, "attention": summary["attention"], "data": args.data or "synthetic"},
-           "metrics": metrics}
+           "metrics": metrics, **({"top_ops": ops} if ops else {})}
     path = Path(args.out) if args.out else RESULTS / f"gpu-{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
     for k, v in metrics.items():
         print(f"{k:<24} {'-' if v is None else f'{v:,.4g}'}")
+    if ops and "error" in ops:
+        print(f"top ops: none ({ops['error']})")
+    for op in (ops or {}).get("ops", [])[:10]:
+        print(f"  {op['ms_per_step']:8.2f} ms/step {100 * op['share']:5.1f} %  {op['op']}  "
+              f"({op['kernel'][:60]})")
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

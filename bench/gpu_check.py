@@ -6,20 +6,30 @@
 3. The GPU tests (`pytest -m gpu` on the test files that hold GPU tests: cuDNN packed
    attention equals XLA for outputs and gradients, bf16, on rows of 1 segment, 2 segments,
    the maximum, and padding only).
-4. The GPU benchmark (bench/gpu.py) of the base (~95M) config on packed shards of the
-   built-in data (`prep synth` + `prep shards --split time+probe`), writing
-   bench/results/gpu-<device>.json.
-5. On a GPU, the base model's learning run (bench/learning.py) on the same shards:
+4. The GPU benchmark (bench/gpu.py, in a process of its own, as the sweep's are) of the
+   base (~95M) config on packed shards of the built-in data (`prep synth` + `prep shards
+   --split time+probe`), writing bench/results/gpu-<device>.json.
+5. The batch sweep: the same benchmark at SWEEP_ROWS rows a step, each in a process of its
+   own (so each peak memory is its own and one that does not fit only fails itself), on
+   the same shards; at PROFILE_ROWS a jax.profiler trace of the last steps (its top ops)
+   and XLA's dump of the compiled train step (optimized HLO, buffer assignment, memory
+   report). Writes bench/results/gpu-<device>-batch.json (tokens/s, MFU, step time, peak
+   memory and top ops by batch size; whether throughput rises with the batch) and
+   xla-<device>.tar.gz beside it, with the CPU-read activation bytes (train.model.memory)
+   to compare the peaks with.
+6. On a GPU, the base model's learning run (bench/learning.py) on the same shards:
    LEARNING_STEPS steps of 48 rows of 1024 tokens (~200M tokens, about 10 minutes at the
    338k tokens/s measured on an H200), checkpoints each scored by `train eval`'s machinery against every
    baseline, context baselines included; writes bench/results/learning-<device>-base.json
    beside the benchmark (docs/learning.md says why this is the experiment to run). With
    ``--budget-s S`` the whole check ends within S seconds: the learning run takes as many
-   steps as the benchmark's measured rate leaves time for, and says so.
+   steps as the benchmark's measured rate leaves time for, and says so, or is skipped
+   where less than LEARNING_MIN_S is left.
 
-Exit 0 only if every step that applies passed. Without a GPU it says what it skips: the GPU
-tests skip, and the benchmark runs the tiny config on the CPU on a small dataset (to keep
-the script itself tested; not GPU numbers).
+Exit 0 only if every step that applies passed (a batch size that does not fit is a finding
+of the sweep, recorded, not a failure). Without a GPU it says what it skips: the GPU tests
+skip, and the benchmark and the sweep run the tiny config on the CPU on a small dataset (to
+keep the script itself tested; not GPU numbers).
 
     make gpu-check                                   # everything, full length
     python -m bench.gpu_check --budget-s 540 --results /tmp/out   # a lent machine's 9 minutes
@@ -30,8 +40,10 @@ from __future__ import annotations
 import argparse
 import importlib.metadata as md
 import json
+import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -43,6 +55,18 @@ LEARNING_POINTS = 6
 # what a learning run costs besides its steps: compiling, and per checkpoint the evaluation
 # (model forward, baselines fit on the train split); an H200 took ~12 s and ~25 s a point
 COMPILE_S, EVAL_POINT_S = 30, 30
+# under a budget, a learning run with less than this left is not worth its compile and
+# evaluations: skipped
+LEARNING_MIN_S = 150
+# the batch sweep (rows of 1024 a step, per GPU): the default (train.fit.config.GPU_ROWS)
+# and up to the size that must fit an 80 GB card; each SWEEP_STEPS steps in windows of
+# SWEEP_WINDOW, the last TRACE_STEPS of those at PROFILE_ROWS traced. On a CPU, the tiny
+# config at CPU_SWEEP_ROWS, to keep the code path tested
+SWEEP_ROWS, PROFILE_ROWS, CPU_SWEEP_ROWS = (48, 64, 96, 128), (48, 64), (2, 4)
+SWEEP_STEPS, SWEEP_WINDOW, TRACE_STEPS = 40, 10, 5
+# what of an XLA dump goes into the archive: the compiled step, its buffers, its memory
+DUMP_KEEP = ("after_optimizations.txt", "buffer-assignment.txt", "memory-usage-report.txt")
+DUMP_MAX_BYTES = 15 * 2**20  # a lent machine returns files of at most 16 MiB
 T0 = time.monotonic()
 
 
@@ -84,6 +108,94 @@ def learning_steps(tokens_per_s: float | None, left_s: float, batch: int, row_le
     return max(100, min(LEARNING_STEPS, steps))
 
 
+def batch_sweep(data: str, results: Path, name: str, gpu: bool, n_devices: int,
+                work: Path, env: dict) -> tuple[dict, Path | None]:
+    """Step 5 of the module docstring: (the sweep's JSON, the XLA dump archive or None);
+    ``env`` the benchmark processes' environment."""
+    from bench.run import machine
+    from train.fit import reader
+    from train.model import arch, memory
+
+    rows = SWEEP_ROWS if gpu else CPU_SWEEP_ROWS
+    profile = PROFILE_ROWS if gpu else CPU_SWEEP_ROWS
+    runs, failed = [], []
+    for b in rows:
+        out, dump = work / f"sweep-{b}.json", work / f"xla-{b}"
+        run_env = dict(env)
+        if b in profile:  # XLA reads its flags when the backend starts: a process of its own
+            run_env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump} --xla_"
+                                    "dump_hlo_as_text --xla_dump_hlo_module_re=train_step").strip()
+        cmd = [sys.executable, "-m", "bench.gpu", "--data", data, "--out", str(out),
+               "--batch-size", str(b * n_devices), "--steps", str(SWEEP_STEPS if gpu else 12),
+               "--log-every", str(SWEEP_WINDOW if gpu else 3)]
+        cmd += ["--trace-steps", str(TRACE_STEPS if gpu else 3)] if b in profile else []
+        say(f"sweep: {b} rows a step" + (" (traced, XLA dump)" if b in profile else ""))
+        r = subprocess.run(cmd, cwd=REPO, env=run_env, stderr=subprocess.PIPE, text=True)
+        err = r.stderr.strip().splitlines()
+        sys.stderr.write("\n".join(err[-8:]) + "\n")
+        if r.returncode != 0 or not out.exists():
+            why = next((ln for ln in reversed(err) if "RESOURCE_EXHAUSTED" in ln
+                        or "out of memory" in ln.lower()), err[-1] if err else "no output")
+            failed.append({"batch_size": b * n_devices, "error": why.strip()[:400]})
+            say(f"sweep: {b} rows failed: {why.strip()[:200]}")
+            continue
+        rec = json.loads(out.read_text())
+        m = rec["metrics"]
+        runs.append({"batch_size": m["gpu.batch_size"],
+                     "tokens_per_s": m["gpu.real_tokens_per_s"], "mfu": m["gpu.mfu"],
+                     "step_ms": m["gpu.step_ms"],
+                     "data_wait": m["gpu.data_wait"], "peak_gib": m["gpu.peak_gib"],
+                     "memory_limit_gib": m["gpu.memory_limit_gib"],
+                     "attention": rec["config"]["attention"],
+                     **({"top_ops": rec["top_ops"]} if "top_ops" in rec else {})})
+    # throughput rises (within 3 %, a run's noise) with the batch, up to the largest that fits
+    rates = [r["tokens_per_s"] for r in runs if r["tokens_per_s"]]
+    rising = all(b >= 0.97 * max(rates[:k + 1]) for k, b in enumerate(rates))
+    # what the CPU reads of the step's activations (train.model.memory), to hold the peaks
+    # to: the XLA path's count, and on the cuDNN path its output and the softmax statistics
+    # sized by these shards' segment table
+    cfg = arch.MODELS["base" if gpu else "tiny"]
+    segments = max(2, reader.max_segments(json.loads((Path(data) / "manifest.json").read_text())))
+    xla = memory.per_token_layer(cfg)["bytes"]
+    cudnn = xla + 2 * cfg.d_model + memory.cudnn_stats_bytes(cfg, segments)
+    what = ("base, bf16" if gpu else "tiny, float32 (a CPU: not GPU numbers)")
+    sweep = {"machine": machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "gpu": gpu,
+             "what": f"bench/gpu.py at each batch size, {what}, one process each on the same "
+                     "shards; peak = the allocator's high-water mark",
+             "runs": runs, "failed": failed, "throughput_rises_with_batch": rising,
+             "cpu_read": {"bytes_per_token_layer_xla": xla, "max_segments": segments,
+                          "bytes_per_token_layer_cudnn": cudnn,
+                          "cudnn_gib_per_row": cudnn * 1024 * cfg.n_layers / 2**30}}
+    fmt = lambda v, f: "-" if v is None else format(v, f)
+    for r in runs:
+        say(f"sweep: {r['batch_size']:4d} rows {fmt(r['tokens_per_s'], '12,.0f')} tokens/s, MFU "
+            f"{fmt(r['mfu'], '.3f')}, step {fmt(r['step_ms'], '.1f')} ms, "
+            f"peak {fmt(r['peak_gib'], '.1f')} of {fmt(r['memory_limit_gib'], '.1f')} GiB")
+    say("sweep: throughput " + ("rises with the batch" if rising
+                                else "FALLS somewhere with the batch (a cliff)"))
+    return sweep, _dump_archive(work, results / f"xla-{name}.tar.gz")
+
+
+def _dump_archive(work: Path, path: Path) -> Path | None:
+    """The kept parts of the sweep's XLA dumps (DUMP_KEEP) in one .tar.gz, within the size a
+    lent machine returns (the largest left out first, and named in the log)."""
+    files = sorted((f for f in work.glob("xla-*/*") if f.name.endswith(DUMP_KEEP)),
+                   key=lambda f: f.stat().st_size)
+    if not files:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while files:
+        with tarfile.open(path, "w:gz") as tar:
+            for f in files:
+                tar.add(f, arcname=f"{f.parent.name}/{f.name}")
+        if path.stat().st_size <= DUMP_MAX_BYTES:
+            return path
+        say(f"XLA dump: {files[-1].name} left out ({files[-1].stat().st_size / 2**20:.1f} MiB)")
+        files.pop()
+    path.unlink()
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--budget-s", type=float, default=None,
@@ -93,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"checkpoints of the learning run evaluated [{LEARNING_POINTS}]")
     p.add_argument("--queries", type=int, default=20_000, help="RTT queries per point [20000]")
     args = p.parse_args(argv)
+    # This process probes, orchestrates and runs the learning run at the end; the benchmark
+    # and the sweep run in processes of their own, with train's default memory (XLA takes 75 %
+    # of the GPU up front). Were this process to take its 75 % first, they would get what is
+    # left (XLA backs off to what it can allocate), and every size past it would not fit.
+    bench_env = dict(os.environ)
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     sys.path.insert(0, str(REPO))
     from bench.run import RESULTS
     from prep.schema.errors import InputError
@@ -139,11 +257,23 @@ def main(argv: list[str] | None = None) -> int:
             + ("" if gpu else ": no GPU, so the tiny config on the CPU (not GPU numbers)"))
         from bench import gpu as bench_gpu
 
-        bench_out = results / f"gpu-{bench_gpu.device_name() if gpu else 'cpu-tiny'}.json"
-        if bench_gpu.main(["--data", f"{tmp}/tp", "--out", str(bench_out)]
-                          + (["--steps", "200"] if gpu and args.budget_s else [])) != 0:
+        name = bench_gpu.device_name() if gpu else "cpu-tiny"
+        bench_out = results / f"gpu-{name}.json"
+        if subprocess.run([sys.executable, "-m", "bench.gpu", "--data", f"{tmp}/tp", "--out",
+                           str(bench_out)] + (["--steps", "100"] if gpu and args.budget_s else []),
+                          cwd=REPO, env=bench_env).returncode != 0:
             failed.append("benchmark")
-        if gpu:
+        sweep, archive = batch_sweep(f"{tmp}/tp", results, name, gpu, jax.device_count(),
+                                     Path(tmp), bench_env)
+        sweep_out = results / f"gpu-{name}-batch.json"
+        sweep_out.write_text(json.dumps(sweep, indent=2, sort_keys=True) + "\n")
+        say(f"wrote {sweep_out}" + (f" and {archive}" if archive else " (no XLA dump kept)"))
+        if not sweep["runs"]:
+            failed.append("batch sweep")
+        left = args.budget_s - (time.monotonic() - T0) if args.budget_s else None
+        if gpu and left is not None and left < LEARNING_MIN_S:
+            say(f"learning run: skipped, {left:.0f} s of the budget left (< {LEARNING_MIN_S})")
+        elif gpu:
             from bench import learning
 
             steps = LEARNING_STEPS

@@ -1,4 +1,7 @@
-"""bench/gpu_check.py: the learning run cut to a lent machine's time budget."""
+"""bench/gpu_check.py: the learning run cut to a lent machine's time budget; bench/gpu.py's
+top ops, read from a profiler trace."""
+
+import pytest
 
 from bench import gpu_check as gc
 
@@ -15,3 +18,32 @@ def test_learning_steps_bounds():
     assert gc.learning_steps(None, 600, 48, 1024, 4) == gc.LEARNING_STEPS  # no rate: full run
     assert gc.learning_steps(1e9, 10_000, 48, 1024, 4) == gc.LEARNING_STEPS  # never more
     assert gc.learning_steps(100_000, 100, 48, 1024, 4) == 100  # too little time: 100 steps
+
+
+def test_top_ops_reads_a_profiler_trace_of_the_train_step(tmp_path):
+    """bench.gpu's top ops, from a jax.profiler trace on this CPU: the ops of the jitted
+    function named train_step, not those of another jitted function traced beside it."""
+    import jax
+    import jax.numpy as jnp
+
+    from bench import gpu
+
+    def train_step(x):
+        return jnp.tanh(x @ x).sum()
+
+    def other(x):
+        return jnp.cos(x).sum()
+
+    step, noise = jax.jit(train_step), jax.jit(other)
+    x = jnp.ones((256, 256))
+    step(x).block_until_ready(), noise(x).block_until_ready()  # compiled before the trace
+    with jax.profiler.trace(str(tmp_path)):
+        for _ in range(3):
+            step(x).block_until_ready()
+            noise(x).block_until_ready()
+    got, beside = gpu.top_ops(tmp_path, steps=3), gpu.top_ops(tmp_path, steps=3, module="other")
+    assert got["where"] == "host" and got["module_matched"] and got["steps"] == 3
+    assert got["ops"] and sum(op["share"] for op in got["ops"]) == pytest.approx(1.0)
+    assert got["ms_per_step"] == pytest.approx(sum(op["ms_per_step"] for op in got["ops"]))
+    # each module's own ops: a 256^3 matmul takes longer than 256^2 cosines
+    assert beside["module_matched"] and got["ms_per_step"] > beside["ms_per_step"] > 0

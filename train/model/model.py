@@ -19,12 +19,14 @@ and counts its own FLOPs (``flop_counts``, ``train_flops``) for the trainer's MF
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.ad_checkpoint import checkpoint_name
 
 from prep.schema import vocab
 from train.model import arch
@@ -62,10 +64,36 @@ def targets_and_mask(tokens: jax.Array, segment_ids: jax.Array):
     return nxt_tok, (segment_ids == nxt_seg) & (segment_ids != 0)
 
 
-def rms_norm(x, w, eps):
+def _rms_norm(x, w, eps):
     x32 = x.astype(jnp.float32)  # the mean of squares in float32 even under bf16 compute
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (y * w).astype(x.dtype)
+    rstd = checkpoint_name(jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps),
+                           "rms_norm.rstd")
+    return (x32 * rstd * w).astype(x.dtype)
+
+
+# Under a gradient, rms_norm keeps its input (in the compute dtype) and the float32
+# statistic per token, and redoes the rest in the backward pass: left to autodiff it would
+# keep the float32 upcast and the normalized float32 product: 8 bytes per element, 4x the
+# bf16 activation it normalizes (train.model.memory counts what a step keeps).
+_SAVE_RSTD = jax.checkpoint_policies.save_only_these_names("rms_norm.rstd")
+rms_norm = jax.checkpoint(_rms_norm, static_argnums=(2,), policy=_SAVE_RSTD)
+
+
+# einsum(spec, rms_norm(x, g), w) as rms_norm keeps it, and without the normalized x that
+# the matmul would keep for w's gradient: the backward pass redoes the normalization, one
+# elementwise pass (no matmul is redone).
+@functools.partial(jax.checkpoint, static_argnums=(0, 4), policy=_SAVE_RSTD)
+def norm_matmul(spec, x, g, w, eps):
+    return jnp.einsum(spec, _rms_norm(x, g, eps), w)
+
+
+# gelu(u) @ w_out, keeping only u (and w) for the backward pass, where gelu and its
+# derivative are recomputed from u, elementwise (no matmul is redone). Left to autodiff,
+# the tanh approximation keeps four intermediates of the MLP's width besides u, and the
+# matmul keeps gelu(u): 6x the bytes of u, most of a layer's activations.
+@functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
+def gelu_out(u, w):
+    return jax.nn.gelu(u) @ w
 
 
 def rope(x, pos, base):
@@ -128,13 +156,13 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     head0 = (jnp.arange(cfg.n_heads) == 0).astype(dtype)[None, :, None, None] * cfg.match_dst
 
     def mlp(x, p):
-        h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
-        return x + jax.nn.gelu(h @ p["w_in"].astype(dtype)) @ p["w_out"].astype(dtype)
+        u = norm_matmul("btd,df->btf", x, p["mlp_norm"], p["w_in"].astype(dtype), cfg.norm_eps)
+        return x + gelu_out(u, p["w_out"].astype(dtype))
 
     def block(carry, p):
         x, xp = carry
-        h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
-        qkv = jnp.einsum("btd,dsnh->sbtnh", h, p["wqkv"].astype(dtype))
+        qkv = norm_matmul("btd,dsnh->sbtnh", x, p["attn_norm"], p["wqkv"].astype(dtype),
+                          cfg.norm_eps)
         q, k = rope(qkv[0], pos, cfg.rope_base), rope(qkv[1], pos, cfg.rope_base)
         bias = None if match is None else match.astype(dtype) * (head0 * p["match_gain"])
         a = attn.attention(q, k, qkv[2], seg, implementation=attention.implementation,
