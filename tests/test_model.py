@@ -111,12 +111,14 @@ def test_base_config_size():
 def test_decay_mask_is_the_old_rule_leaf_by_leaf(name):
     """The model's own mask (from its parameter structure) decays exactly what the old
     rule did: every parameter whose tree path does not contain "norm"; and not the
-    destination match's gain (small), a gain like the norms'."""
+    destination match's gain (small), a gain like the norms', nor the destination memory's
+    and prior's rows (small), which keep what they learned between a destination's visits."""
     cfg = MODELS[name]
     shapes = arch.map_params(lambda p: jax.ShapeDtypeStruct(p.shape, jnp.float32),
                              arch.param_specs(cfg))
     old = jax.tree_util.tree_map_with_path(
-        lambda path, _: not any(w in jax.tree_util.keystr(path) for w in ("norm", "gain")),
+        lambda path, _: not any(w in jax.tree_util.keystr(path)
+                                for w in ("norm", "gain", "dst_memory", "prior_table")),
         shapes)
     new = arch.decay_mask(cfg)
     assert jax.tree.structure(new) == jax.tree.structure(old)
