@@ -126,7 +126,8 @@ def plot(curve: dict, path: str) -> None:
     strata = ["all"] + list(curve["n_by_stratum"])
     fig, axes = plt.subplots(1, len(strata), figsize=(3.3 * len(strata), 3.4), sharey=True)
     x = [p["tokens"] / 1e6 for p in curve["points"]]
-    styles = {"context_last": ("tab:green", "--"), "context_median": ("tab:orange", ":"),
+    styles = {"context_last": ("tab:green", "--"), "context_ema": ("tab:olive", (0, (3, 1, 1, 1))),
+              "context_median": ("tab:orange", ":"),
               "context_vivaldi": ("tab:purple", "-."), "dst_median": ("tab:brown", (0, (1, 3))),
               "global_median": ("grey", (0, (5, 5)))}
     for ax, s in zip(axes, strata):
@@ -148,7 +149,7 @@ def plot(curve: dict, path: str) -> None:
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_yticks([0.02, 0.05, 0.1, 0.2, 0.5, 1.0])
+        ax.set_yticks([0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0])
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("median relative error")
     h, lab = axes[0].get_legend_handles_labels()
