@@ -1,0 +1,87 @@
+"""The CPU recipe at GPU scale, on two generated worlds: does `small` (with its destination
+memory, prior and anonymous sources, docs/learning.md section 8) reach the strongest
+baseline in every stratum once it has the tokens? One command for a lent GPU.
+
+For each `prep synth` seed: the built-in data's flags (3M rows, 3,000 probes, 2 days),
+`prep shards --split time+probe --row-len 256`, then bench/learning.py with the recipe's
+objective at GPU batch sizes; writes bench/results/learning-<device>-small-synth<seed>.json
+(and its figure) per world. With ``--budget-s`` each world's run takes the steps its share
+of the budget allows at ``--rate`` real tokens/s (the `small` of 11-27 ran 2.5M tokens/s on
+an H200 at 32 rows; the memory's tables add a little).
+
+    python -m bench.recipe_gpu --budget-s 480 --results $OUT        # a lent machine
+    python -m bench.recipe_gpu --rows 30000 --steps 20 --queries 200  # a CPU dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# what a world costs besides its steps: data (~10 s), compiling, three evaluated points
+OVERHEAD_S = 75
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", default="0,1", help="prep synth seeds, one world each [0,1]")
+    p.add_argument("--rows", type=int, default=3_000_000, help="measurements per world [3000000]")
+    p.add_argument("--steps", type=int, default=12_000, help="steps per world, unless --budget-s [12000]")
+    p.add_argument("--batch-size", type=int, default=32, help="rows of 256 a step [32]")
+    p.add_argument("--budget-s", type=float, default=None, help="end within this many seconds [none]")
+    p.add_argument("--rate", type=float, default=2.0e6, help="assumed real tokens/s under --budget-s [2e6]")
+    p.add_argument("--queries", type=int, default=5000, help="RTT queries per point [5000]")
+    p.add_argument("--results", default=None, help="folder for the JSON [bench/results]")
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    import jax
+
+    from bench import learning
+    from bench.run import RESULTS
+
+    results = Path(args.results) if args.results else RESULTS
+    results.mkdir(parents=True, exist_ok=True)
+    device = re.sub(r"[^A-Za-z0-9]+", "-", jax.devices()[0].device_kind).strip("-").lower()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    t0 = time.perf_counter()
+    failed = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, seed in enumerate(seeds):
+            steps = args.steps
+            if args.budget_s:
+                share = (args.budget_s - (time.perf_counter() - t0)) / (len(seeds) - k)
+                steps = int(max(0.0, share - OVERHEAD_S) * args.rate / (args.batch_size * 256))
+                if steps < 100:
+                    print(f"[recipe-gpu] seed {seed}: skipped, {share:.0f} s left", file=sys.stderr)
+                    failed.append(f"seed {seed} (no time)")
+                    continue
+            raw, shards = f"{tmp}/raw{seed}", f"{tmp}/shards{seed}"
+            for cmd in (["synth", "--out", raw, "--rows", str(args.rows), "--probes", "3000",
+                         "--days", "2", "--seed", str(seed)],
+                        ["shards", raw, "--out", shards, "--split", "time+probe",
+                         "--row-len", "256", "--quiet"]):
+                subprocess.run([sys.executable, "-m", "prep.cli", *cmd], check=True, cwd=REPO)
+            print(f"[recipe-gpu] seed {seed}: {steps:,} steps of {args.batch_size} rows of 256",
+                  file=sys.stderr, flush=True)
+            out = results / f"learning-{device}-small-synth{seed}.json"
+            rc = learning.main(["--data", shards, "--model", "small", "--steps", str(steps),
+                                "--batch-size", str(args.batch_size), "--lr", "3e-3",
+                                "--warmup", str(max(10, steps // 40)),
+                                "--loss-weights", "rtt=10,result=10", "--points", "3",
+                                "--queries", str(args.queries), "--run-dir", f"{tmp}/run{seed}",
+                                "--out", str(out), "--plot", str(out.with_suffix(".png"))])
+            if rc:
+                failed.append(f"seed {seed}")
+    print(f"[recipe-gpu] done in {time.perf_counter() - t0:.0f} s"
+          + (f"; failed: {', '.join(failed)}" if failed else ""), file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
