@@ -180,6 +180,34 @@ def test_cache_reuses_checked_shards_and_catches_damage(s3, env, local, capfd):
     assert f"{uri}/train/{shard.name}: sha256" in r.output
 
 
+def test_verify_asks_the_bucket_every_time_not_its_warm_cache(s3, env, local):
+    """#36 item 17: a warm cache vouched for a shard deleted from the bucket."""
+    uri = f"s3://{BUCKET}/warm/ds"
+    put_folder(local, uri)
+    assert prep("verify", uri).exit_code == 0
+    shard = sorted(p.name for p in (local / "train").glob("*.array_record"))[0]
+    s3.client().delete_object(Bucket=BUCKET, Key=f"warm/ds/train/{shard}")
+    r = prep("verify", uri)
+    assert r.exit_code == 1
+    assert r.stdout == f"{uri}/train/{shard}: missing (listed in the manifest)\n"
+    assert "(0 downloaded, 7 reused, 1 missing from the bucket)" in r.stderr
+    with pytest.raises(InputError, match=re.escape(
+            f"{uri}/train/{shard}: listed in manifest.json but not in the bucket (1 shard "
+            "missing)")):
+        cache.local_dataset(uri)
+
+    # put back, then replaced by other bytes of the same size: a new ETag, downloaded again
+    put_folder(local, uri)
+    assert prep("verify", uri).exit_code == 0
+    data = bytearray((local / "train" / shard).read_bytes())
+    data[100] ^= 0xFF
+    storage.write_bytes(Remote.parse(f"{uri}/train/{shard}"), bytes(data))
+    r = prep("verify", uri)
+    assert r.exit_code == 1
+    assert "(1 downloaded, 7 reused)" in r.stderr
+    assert r.stdout.startswith(f"{uri}/train/{shard}: sha256 "), r.output
+
+
 def test_a_dataset_needs_overwrite_and_foreign_objects_are_refused(s3, env, raw):
     uri = f"s3://{BUCKET}/ow/ds"
     assert prep("shards", str(raw), "--out", uri, *SHARDS).exit_code == 0

@@ -178,6 +178,24 @@ def list_files(loc: Remote) -> dict[str, int]:
                 if i.type == pafs.FileType.File}
 
 
+def etag(loc: Remote) -> str | None:
+    """The object's ETag (one HEAD request), or None when there is no such object."""
+    fs = filesystem(loc.scheme)
+    try:
+        with fs.open_input_file(loc.path) as f:
+            return _etag_of(f)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise failure(e, loc, "reading it") from None
+
+
+def _etag_of(f) -> str | None:
+    """The ETag in an opened object's metadata (pyarrow's S3 streams carry it)."""
+    tag = f.metadata().get("ETag")
+    return tag.decode() if isinstance(tag, bytes) else tag
+
+
 def read_bytes(loc: Remote) -> bytes | None:
     """The object's bytes, or None when there is none."""
     import pyarrow.fs as pafs
@@ -278,21 +296,23 @@ def upload(local: Path, loc: Remote, bar=None, stop: threading.Event | None = No
             _pump(src.read, dst.write, bar, stop or threading.Event())
 
 
-def download(loc: Remote, local: Path, bar=None, stop: threading.Event | None = None) -> str:
+def download(loc: Remote, local: Path, bar=None,
+             stop: threading.Event | None = None) -> tuple[str, str | None]:
     """Copy the object ``loc`` to the local file ``local`` (written as ``local.part`` and
-    renamed when whole); its sha256."""
+    renamed when whole); its sha256, and the ETag of the object version it read."""
     fs = filesystem(loc.scheme)
     local.parent.mkdir(parents=True, exist_ok=True)
     part = local.with_name(local.name + ".part")
     h = hashlib.sha256()
     try:
         with errors(loc, "downloading it"), fs.open_input_stream(loc.path) as src:
+            tag = _etag_of(src)
             with open(part, "wb") as dst:
                 _pump(src.read, dst.write, bar, stop or threading.Event(), h)
         os.replace(part, local)
     finally:
         part.unlink(missing_ok=True)
-    return h.hexdigest()
+    return h.hexdigest(), tag
 
 
 def transfer(jobs: list[tuple], fn, *, total: int, desc: str, progress: bool) -> list:
