@@ -81,13 +81,14 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def launch(args, cache, *, script=None, heartbeat=5, extra=()):
-    """`train ARGS --distributed` as processes 0 and 1 of 2 on 127.0.0.1."""
+def launch(args, cache, *, script=None, heartbeat=5, extra=(), own=((), ())):
+    """`train ARGS --distributed` as processes 0 and 1 of 2 on 127.0.0.1 (``own[i]``: the
+    arguments of process i alone)."""
     port, head = _port(), ["-c", script] if script else ["-m", "train.cli"]
     return [subprocess.Popen(
         [sys.executable, *head, *args, "--distributed", "--coordinator", f"127.0.0.1:{port}",
          "--num-processes", "2", "--process-id", str(i), "--heartbeat-timeout", str(heartbeat),
-         *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+         *extra, *own[i]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=_env(cache), cwd=REPO) for i in range(2)]
 
 
@@ -254,6 +255,38 @@ def test_a_refusal_on_process_0_reaches_process_1(shards, cache, tmp_path):
     e0, e1 = (r[2].strip().splitlines() for r in results)
     assert len(e0) == 1 and e0[0].startswith(f"error: {run}: ") and want in e0[0]
     assert len(e1) == 1 and e1[0].startswith(f"error: process 0: {run}: ") and want in e1[0]
+
+
+@pytest.mark.parametrize("own, message", [
+    ((["--steps", "10"], ["--steps", "12"]),
+     "--steps differs between the processes of the run: 10 on process 0, 12 on process 1; "
+     "start `train --distributed` on every host with the same settings"),
+    ((["--seed", "1"], []),
+     "--seed differs between the processes of the run: 1 on process 0, 0 on process 1; "
+     "start `train --distributed` on every host with the same settings"),
+    ((["--data", "{A}"], ["--data", "{B}"]),
+     "--data differs between the processes of the run: process 0 reads {A} (fingerprint "
+     "{fa}), process 1 {B} (fingerprint {fb}); give every process the same dataset"),
+], ids=["steps", "seed", "data"])
+def test_processes_with_different_settings_refuse_in_one_line(shards, cache, tmp_path, own,
+                                                              message):
+    """#36 item 18: two processes with other flags hung, trained on mixed data, or crashed."""
+    from train.fit.reader import dataset_fingerprint, open_shards
+
+    other = tmp_path / "other"
+    synthetic.write_shards(other, {"train": synthetic.counting_rows(64, 64, seed=5),
+                                   "test": synthetic.counting_rows(7, 64, seed=6)})
+    names = {"A": str(shards), "B": str(other),
+             "fa": dataset_fingerprint(open_shards(shards)),
+             "fb": dataset_fingerprint(open_shards(other))}
+    own = tuple([a.format(**names) for a in o] for o in own)
+    run = tmp_path / "run"
+    results = finish(launch(["--data", str(shards), "--run-dir", str(run), *FLAGS], cache,
+                            own=own), timeout=120)
+    assert [r[0] for r in results] == [2, 2], results
+    for _, out, err in results:
+        assert out == "" and err.splitlines() == [f"error: {message.format(**names)}"], err
+    assert not run.exists()
 
 
 def test_a_process_alone_waits_join_timeout_then_says_so(cache, tmp_path):

@@ -224,6 +224,44 @@ def load_run(run_dir: str | os.PathLike) -> dict:
     return record
 
 
+# What each process of a run may set for itself: where its copy of the dataset lies (held
+# to the others' by its fingerprint, ``check_same_data``), its reader's worker processes,
+# and how closely it checks its shards
+PER_PROCESS = ("data", "num_workers", "data_check")
+
+
+def check_agree(cfg: TrainConfig) -> None:
+    """Several processes (train.fit.multihost): InputError on every one, naming the first
+    setting in which a process differs from process 0. Steps, intervals or the model
+    differing would hang the collectives or crash in them; the lr, the seed, or the run
+    folder differing would train a model no one asked for."""
+    mine = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in PER_PROCESS}
+    said = [json.loads(v) for v in multihost.gather("settings", json.dumps(mine))]
+    for p, theirs in enumerate(said[1:], 1):
+        for k in mine:
+            if theirs.get(k) != said[0].get(k):
+                raise InputError(f"{flag(k)} differs between the processes of the run: "
+                                 f"{_shown(said[0].get(k))} on process 0, {_shown(theirs.get(k))} "
+                                 f"on process {p}; start `train --distributed` on every host "
+                                 "with the same settings")
+
+
+def _shown(v) -> str:
+    return repr(v) if v == "" or v is None else str(v)
+
+
+def check_same_data(cfg: TrainConfig, fingerprint: str) -> None:
+    """Several processes: InputError on every one unless all read the same dataset."""
+    said = [json.loads(v) for v in multihost.gather(
+        "data", json.dumps({"data": cfg.data, "fingerprint": fingerprint}))]
+    for p, theirs in enumerate(said[1:], 1):
+        if theirs["fingerprint"] != said[0]["fingerprint"]:
+            raise InputError(f"--data differs between the processes of the run: process 0 "
+                             f"reads {said[0]['data']} (fingerprint {said[0]['fingerprint']}), "
+                             f"process {p} {theirs['data']} (fingerprint "
+                             f"{theirs['fingerprint']}); give every process the same dataset")
+
+
 def check_resume(saved: dict, cfg: TrainConfig, fingerprint: str) -> list[str]:
     """InputError (one line) if ``cfg`` differs from the run's recorded settings in one
     that binds it (config.RUN_BINDING) or reads another dataset (by shard digests); notes
@@ -347,6 +385,7 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None) -> dict:
     them all.
     """
     run_dir = Path(cfg.run_dir)
+    check_agree(cfg)  # several processes: the same run, before any of them acts on it
     check_run_dir(run_dir)
     lock = RunLock(run_dir)
     refused = None
@@ -380,6 +419,7 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step) -> 
     data = reader.local_copy(cfg.data, splits)  # a bucket's dataset: its checked local copy
     manifest = reader.open_shards(data)
     fingerprint = reader.dataset_fingerprint(manifest)
+    check_same_data(cfg, fingerprint)
     notes = check_resume(saved, cfg, fingerprint) if saved is not None else []
     reader.require_rows(data, manifest, "train",
                         "rebuild the dataset with `prep shards` from more measurements")
