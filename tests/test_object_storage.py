@@ -398,6 +398,44 @@ def test_import_atlas_reads_and_writes_a_bucket(s3, env, atlas_dir, tmp_path):
     assert prep("inspect", f"s3://{BUCKET}/atlas/ds", "--rows", "0:1").exit_code == 0
 
 
+def test_a_publish_cut_off_in_the_bucket_is_refused_until_finished(s3, env, atlas_dir,
+                                                                    monkeypatch, tmp_path):
+    """#36 item 20: the server died during the publish's copies, and `prep shards` read the
+    prefix's mix of new and old parquet files with exit 0."""
+    files = sorted(atlas_dir.rglob("*.json"))
+    uri = f"s3://{BUCKET}/half/out"
+    assert prep("import-atlas", *map(str, files[:3]), "--out", uri, "--workers", "1").exit_code == 0
+    real, copies = storage.copy, []
+
+    def copy(src, dst):  # the server goes away after the 2nd copy
+        if len(copies) == 2:
+            raise InputError(f"{src}: cannot reach the storage endpoint")
+        copies.append(dst)
+        real(src, dst)
+
+    monkeypatch.setattr(storage, "copy", copy)
+    r = prep("import-atlas", *map(str, files[3:]), "--out", uri, "--workers", "1", "--overwrite")
+    assert r.exit_code == 2 and len(copies) == 2
+    monkeypatch.setattr(storage, "copy", real)
+    stage = next(k for k in dataset_keys(s3, "half/out") if k.endswith("/.publish"))
+    want = (f"{uri}: holds an unfinished publish ({stage}): the run writing it stopped while "
+            "replacing its files, so they are part old, part new; run it again (the same "
+            f"command with --out {uri} --overwrite) to finish, then read it")
+    r = prep("shards", uri, "--out", f"s3://{BUCKET}/half/ds")
+    assert r.exit_code == 2 and r.stderr == f"error: {want}\n"
+    assert dataset_keys(s3, "half/ds") == []
+
+    # the next run into the prefix finishes the publish first: then it is the new output
+    r = prep("import-atlas", *map(str, files[3:]), "--out", uri, "--workers", "1")
+    assert r.exit_code == 2 and "pass --overwrite" in r.output
+    names = sorted(r.uri.rsplit("/", 1)[1] for r, _ in storage.remote_inputs(
+        [uri], (".parquet",), "prep shards"))
+    assert prep("import-atlas", *map(str, files[3:]), "--out", str(tmp_path / "new"),
+                "--workers", "1").exit_code == 0
+    assert names == dataset_keys(s3, "half/out") == sorted(
+        p.name for p in (tmp_path / "new").glob("*.parquet"))
+
+
 # Beam with --out on a bucket: its workers write into the bucket and read the inputs there,
 # sharing no disk with the driver (Dataflow, Flink, Spark), here as 2 worker processes.
 TWO_PROCESSES = ["direct_running_mode=multi_processing", "direct_num_workers=2"]

@@ -49,7 +49,7 @@ from prep.jobs.signals import stop_on_signals
 from prep.schema import sniff
 from prep.schema.errors import InputError, fs_failure
 
-PUBLISH = ".publish"  # in a staging folder: what its publish removes and moves in
+PUBLISH = sniff.PUBLISH  # in a staging folder: what its publish removes and moves in
 
 
 class ParquetOut:

@@ -40,6 +40,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from prep.schema import sniff
 from prep.schema.errors import InputError, first_line
 
 SCHEMES = ("s3", "gs")
@@ -356,6 +357,9 @@ def remote_inputs(paths, suffixes: tuple[str, ...], command: str) -> list[tuple[
             raise InputError(f"{loc}: a shards dataset (the output of `prep shards`); "
                              f"`{command}` reads measurements: give it the input files, or "
                              f"use `train --data {loc}`")
+        refusal = sniff.unfinished_publish(loc, files)
+        if refusal:
+            raise InputError(refusal)
         picked = {rel: n for rel, n in files.items() if rel.endswith(suffixes)
                   and not any(part.startswith(".") for part in rel.split("/"))}
         if not files:
