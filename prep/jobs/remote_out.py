@@ -56,7 +56,8 @@ A folder of parquet files on a bucket (`prep import-atlas --out s3://b/raw`)::
 Uploaded under the hidden prefix (inputs skip hidden names), then the list of files to
 remove and to copy in (``.publish``) is written there and carried out by server-side
 copies; a kill during it leaves the list, and the next run finishes it, as
-prep.jobs.parquet_out does with renames.
+prep.jobs.parquet_out does with renames. Until then the prefix holds old and new files
+mixed, and readers refuse it in one line (prep.schema.sniff.unfinished_publish).
 """
 
 from __future__ import annotations
