@@ -76,7 +76,7 @@ from pathlib import Path
 
 from prep.jobs import outdir, parquet_out
 from prep.jobs.outdir import MARKER, SHARD_FILE, pid_alive
-from prep.jobs.signals import Interrupted
+from prep.schema.signals import Interrupted
 from prep.schema import manifest as mf
 from prep.schema import storage
 from prep.schema.errors import InputError

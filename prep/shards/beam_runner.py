@@ -80,7 +80,7 @@ import time
 from pathlib import Path
 
 from prep.jobs.remote_out import RemoteDataset
-from prep.jobs.signals import signals_blocked
+from prep.schema.signals import signals_blocked
 from prep.schema.errors import InputError
 from prep.schema.measurements import empty
 from prep.schema.words import count
