@@ -242,8 +242,15 @@ class Predictor:
         """RTT median, p10, p90 (ms) and P(failed) of one ping from ``src`` to ``dst``."""
         return self.predict_many([(src, dst, time, history or [])])[0]
 
-    def predict_many(self, queries) -> list[dict]:
-        """``predict`` for many (src, dst, time or None, history list) at once, batched."""
+    @property
+    def max_history(self) -> int:
+        """The most history measurements that can share a row with a query (none is
+        shorter than 12 tokens)."""
+        return self.row_len // 12
+
+    def predict_many(self, queries, *, progress=None) -> list[dict]:
+        """``predict`` for many (src, dst, time or None, history list) at once, batched;
+        ``progress(rows, queries)`` after each batch of rows."""
         contexts, q_choice, q_rtt, dropped = [], [], [], []
         for src, dst, t, hist in queries:
             q = query_measurement(src, dst, t)
@@ -255,7 +262,7 @@ class Predictor:
             dropped.append(len(hist) - kept)
         tok, seg, where = pack_contexts(contexts, self.row_len)
         ans = self.answer(tok, seg, where[:, 0], where[:, 1] + np.array(q_choice, np.int64),
-                          where[:, 1] + np.array(q_rtt, np.int64))
+                          where[:, 1] + np.array(q_rtt, np.int64), progress=progress)
         out = []
         for i in range(len(queries)):
             out.append({"rtt_ms": float(ans.quantile_ms[i, 1]),
@@ -267,14 +274,22 @@ class Predictor:
         return out
 
     def _fit_row(self, hist: list[Measurement], q: Measurement):
-        """The query after as much of its history (the most recent) as fits one row."""
-        # no measurement is shorter than 12 tokens: older ones than this cannot fit
-        first = max(0, len(hist) - self.row_len // 12)
-        for start in range(first, len(hist) + 1):
-            tokens, choice, rtt = encode_context(hist[start:] + [q])
-            if len(tokens) <= self.row_len:
-                return tokens, choice[-1], rtt[-1], len(hist) - start
-        raise AssertionError("unreachable: one measurement always fits a row")
+        """The query after as much of its history (the most recent) as fits one row.
+
+        Dropping the oldest measurement shortens a context (by 12 tokens or more, less at
+        most the 7 its successor's timestamp grows by, delta to absolute), so the first
+        that fits is found by bisection: a few encodings, not one per measurement."""
+        lo = max(0, len(hist) - self.max_history)  # older ones than this cannot fit
+        hi, best = len(hist), None  # the query alone always fits
+        while lo < hi:  # the smallest start in [lo, hi] whose context fits
+            mid = (lo + hi) // 2
+            enc = encode_context(hist[mid:] + [q])
+            if len(enc[0]) <= self.row_len:
+                hi, best = mid, enc
+            else:
+                lo = mid + 1
+        tokens, choice, rtt = best or encode_context([q])
+        return tokens, choice[-1], rtt[-1], len(hist) - hi
 
 
 @functools.lru_cache(maxsize=4)
