@@ -76,6 +76,7 @@ def test_3x3_with_a_missing_entry_gives_exactly_these_rows(tmp_path):
     ("s", "0 0.17\n0.02 0\n", [170.0, 20.0]),
     ("ms", "0 0.17\n-1 0\n", [0.17]),
     ("us", "0 1500\n250 0\n", [1.5, 0.25]),
+    ("s", "0 1e-12\n0.02 0\n", [1e-6, 20.0]),  # #36 item 22: a positive entry never 0.0
 ])
 def test_units_become_ms(tmp_path, unit, text, want):
     m = write(tmp_path / "in", "frame", text)

@@ -26,7 +26,8 @@ Rows, in the input schema of `prep shards` (prep.schema.validate), one per measu
     src_addr    node i's address (``node_addresses``): stable, public-looking IPv4, the
     dst_addr    same for node i in every frame, every run and every N
     ip_version  4
-    rtt         ms (``--unit`` s, ms or us converted, rounded to the nanosecond)
+    rtt         ms (``--unit`` s, ms or us converted, rounded to the nanosecond; a positive
+                entry below half a nanosecond becomes 1 ns, never 0, the missing value)
     prb_id      i + 1, so `prep shards` groups a source's measurements by node
     msm_id      f + 1, the frame number
 
@@ -268,8 +269,9 @@ def frame_columns(rtt_ms: np.ndarray, frame: int, offsets: np.ndarray, start: in
     order = np.lexsort((src, t))
     rejected = Counter({"diagonal": n, "missing_rtt": int(missing.sum()),
                         "rtt_out_of_range": int(too_big.sum())})
-    return {"time": t[order], "src": src[order], "dst": dst[order],
-            "rtt": np.round(rtt_ms[src, dst][order], 6)}, +rejected
+    # to the nanosecond, and never to 0 (a missing measurement's value) from a positive one
+    rtt = np.maximum(np.round(rtt_ms[src, dst][order], 6), 1e-6)
+    return {"time": t[order], "src": src[order], "dst": dst[order], "rtt": rtt}, +rejected
 
 
 def _table(parts: list[dict], frames: list[int], addrs: pa.Array) -> pa.Table:
