@@ -239,7 +239,7 @@ def check_agree(cfg: TrainConfig) -> None:
     said = [json.loads(v) for v in multihost.gather("settings", json.dumps(mine))]
     for p, theirs in enumerate(said[1:], 1):
         for k in mine:
-            if theirs.get(k) != said[0].get(k):
+            if not same_setting(k, theirs.get(k), said[0].get(k)):
                 raise InputError(f"{flag(k)} differs between the processes of the run: "
                                  f"{_shown(said[0].get(k))} on process 0, {_shown(theirs.get(k))} "
                                  f"on process {p}; start `train --distributed` on every host "
@@ -247,7 +247,17 @@ def check_agree(cfg: TrainConfig) -> None:
 
 
 def _shown(v) -> str:
-    return repr(v) if v == "" or v is None else str(v)
+    """A setting's value in a message: "" for an empty one, as a shell would take it."""
+    return '""' if v == "" else str(v)
+
+
+def same_setting(k: str, a, b) -> bool:
+    """Whether two values of TrainConfig field ``k`` set the same run: --loss-weights by
+    the weights they give (in any order), the others as they are."""
+    if k == "loss_weights" and a != b:
+        with contextlib.suppress(ValueError, AttributeError):
+            return step_lib.role_weights(a) == step_lib.role_weights(b)
+    return a == b
 
 
 def check_same_data(cfg: TrainConfig, fingerprint: str) -> None:
@@ -268,10 +278,10 @@ def check_resume(saved: dict, cfg: TrainConfig, fingerprint: str) -> list[str]:
     on the settings that may change (stderr) otherwise."""
     old, run = saved["train"], cfg.run_dir
     for k in RUN_BINDING:
-        if k in old and old[k] != getattr(cfg, k):
-            raise InputError(f"{flag(k)} {getattr(cfg, k)}: the run in {run} has {old[k]} "
-                             f"(its config.json); drop {flag(k)} to resume with the run's own, "
-                             "or start a new --run-dir")
+        if k in old and not same_setting(k, old[k], getattr(cfg, k)):
+            raise InputError(f"{flag(k)} {_shown(getattr(cfg, k))}: the run in {run} has "
+                             f"{_shown(old[k])} (its config.json); drop {flag(k)} to resume "
+                             "with the run's own, or start a new --run-dir")
     had = saved.get("data_fingerprint")
     if had is not None and had != fingerprint:
         if os.path.abspath(old.get("data", "")) == os.path.abspath(cfg.data):
