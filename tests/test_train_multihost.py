@@ -289,19 +289,23 @@ def test_processes_with_different_settings_refuse_in_one_line(shards, cache, tmp
     assert not run.exists()
 
 
-def test_a_process_alone_waits_join_timeout_then_says_so(cache, tmp_path):
-    port = _port()  # no coordinator listens there
+@pytest.mark.parametrize("who, why", [(1, "no coordinator answered"),
+                                      (0, "it runs the coordinator; not every other process "
+                                          "joined it")])
+def test_a_process_alone_waits_join_timeout_then_says_so(cache, tmp_path, who, why):
+    """#36 item 22: process 0 alone said "no coordinator answered", yet it is the coordinator."""
+    port = _port()  # no coordinator listens there (process 1), no other process (process 0)
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "train.cli", "--data", str(tmp_path), "--device",
                         "cpu", "--distributed", "--coordinator", f"127.0.0.1:{port}",
-                        "--num-processes", "2", "--process-id", "1", "--join-timeout", "1"],
+                        "--num-processes", "2", "--process-id", str(who), "--join-timeout", "1"],
                        capture_output=True, text=True, env=_env(cache), cwd=REPO, timeout=120,
                        check=False)
     assert p.returncode == 2 and time.monotonic() - t0 < 60
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
-    assert lines[0].startswith(f"error: --distributed: process 1 of 2 could not join the run "
-                               f"at 127.0.0.1:{port} within 1 s")
+    assert lines[0].startswith(f"error: --distributed: process {who} of 2 could not join the run "
+                               f"at 127.0.0.1:{port} within 1 s ({why}); ")
 
 
 @pytest.mark.parametrize("args, env, message", [

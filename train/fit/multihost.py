@@ -409,7 +409,9 @@ def supervise(hosts: Hosts, args: list[str]) -> int:
     if code >= 0 and not fatal:
         return code
     if "RegisterTask" in fatal:  # aborted in jax.distributed.initialize
-        print(f"error: {join_message(hosts, 'no coordinator answered')}", file=sys.stderr)
+        why = ("it runs the coordinator; not every other process joined it" if
+               hosts.process_id == 0 else "no coordinator answered")
+        print(f"error: {join_message(hosts, why)}", file=sys.stderr)
     elif fatal:
         print(f"error: {lost_message(hosts, _fatal_reason(fatal, hosts))}", file=sys.stderr)
     else:
