@@ -208,6 +208,19 @@ def test_verify_asks_the_bucket_every_time_not_its_warm_cache(s3, env, local):
     assert r.stdout.startswith(f"{uri}/train/{shard}: sha256 "), r.output
 
 
+def test_a_missing_bucket_is_said_at_once_not_after_the_build(s3, env, raw):
+    """#36 item 22: found only at upload time, after the whole build; and `verify` / `train`
+    called it "no manifest.json"."""
+    uri = "s3://pp-no-such-bucket/ds"
+    want = "error: s3://pp-no-such-bucket: no such bucket; create it, or check the name\n"
+    r = prep("shards", str(raw), "--out", uri, *SHARDS)
+    assert (r.exit_code, r.stderr) == (2, want)
+    r = prep("verify", uri)
+    assert (r.exit_code, r.stderr) == (2, want)
+    with pytest.raises(InputError, match=re.escape(want[7:-1])):
+        cache.local_dataset(uri)
+
+
 def test_a_dataset_needs_overwrite_and_foreign_objects_are_refused(s3, env, raw):
     uri = f"s3://{BUCKET}/ow/ds"
     assert prep("shards", str(raw), "--out", uri, *SHARDS).exit_code == 0

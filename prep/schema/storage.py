@@ -148,8 +148,23 @@ def known_failure(e: BaseException, where, doing: str) -> InputError | None:
                           "the server runs")
     if any(w in text for w in ("NO_SUCH_BUCKET", "NoSuchBucket")) or (
             "Bucket" in text and "not found" in text):
-        return InputError(f"{where}: no such bucket; create it, or check the name")
+        return _no_bucket(where)
     return None
+
+
+def _no_bucket(where) -> InputError:
+    return InputError(f"{where}: no such bucket; create it, or check the name")
+
+
+def _check_bucket(loc: Remote) -> None:
+    """InputError when ``loc``'s bucket does not exist: asked where nothing was found, so
+    that a missing bucket is said as such (not "no manifest.json"), and before a run into
+    it builds anything."""
+    import pyarrow.fs as pafs
+
+    with errors(loc, "looking for its bucket"):
+        if filesystem(loc.scheme).get_file_info(loc.bucket).type == pafs.FileType.NotFound:
+            raise _no_bucket(Remote(loc.scheme, loc.bucket, ""))
 
 
 @contextlib.contextmanager
@@ -172,11 +187,15 @@ def list_files(loc: Remote) -> dict[str, int]:
         if info is not None and info.type == pafs.FileType.File:
             return {"": info.size}
         if info is not None and info.type == pafs.FileType.NotFound:
+            _check_bucket(loc)
             return {}
         sel = pafs.FileSelector(loc.path, recursive=True, allow_not_found=True)
         n = len(loc.path) + 1
-        return {i.path[n:]: i.size for i in fs.get_file_info(sel)
-                if i.type == pafs.FileType.File}
+        found = {i.path[n:]: i.size for i in fs.get_file_info(sel)
+                 if i.type == pafs.FileType.File}
+    if not found:
+        _check_bucket(loc)
+    return found
 
 
 def etag(loc: Remote) -> str | None:
@@ -204,6 +223,7 @@ def read_bytes(loc: Remote) -> bytes | None:
     fs = filesystem(loc.scheme)
     with errors(loc, "reading it"):
         if fs.get_file_info(loc.path).type != pafs.FileType.File:
+            _check_bucket(loc)
             return None
         with fs.open_input_stream(loc.path) as f:
             return f.read()
