@@ -221,6 +221,25 @@ def test_a_missing_bucket_is_said_at_once_not_after_the_build(s3, env, raw):
         cache.local_dataset(uri)
 
 
+def test_a_second_run_into_one_prefix_names_the_prefix_not_tmpdir(s3, env, raw):
+    """#36 item 22: the refusal of a second run on this machine said "set TMPDIR to a disk
+    with room for the output"."""
+    from prep.jobs import outdir, remote_out
+
+    uri = f"s3://{BUCKET}/second/ds"
+    local = remote_out._local_for(Remote.parse(uri))
+    local.mkdir(parents=True, exist_ok=True)
+    fd = outdir.lock_folder(local, "prep shards")  # a first run, still writing
+    try:
+        r = prep("shards", str(raw), "--out", uri, *SHARDS)
+    finally:
+        outdir.release(local, fd, True)
+    assert r.exit_code == 2
+    assert r.stderr == (f"error: {uri} (staged in {local}): another `prep shards` (pid "
+                        f"{os.getpid()}) is writing this folder; wait for it to end, or stop "
+                        "it, then run again\n")
+
+
 def test_a_dataset_needs_overwrite_and_foreign_objects_are_refused(s3, env, raw):
     uri = f"s3://{BUCKET}/ow/ds"
     assert prep("shards", str(raw), "--out", uri, *SHARDS).exit_code == 0

@@ -79,7 +79,7 @@ from prep.jobs.outdir import MARKER, SHARD_FILE, pid_alive
 from prep.schema.signals import Interrupted
 from prep.schema import manifest as mf
 from prep.schema import storage
-from prep.schema.errors import InputError
+from prep.schema.errors import FS_PROBLEMS, InputError
 from prep.schema.manifest import MANIFEST_NAME, SPLITS
 from prep.schema.storage import Remote
 
@@ -161,9 +161,12 @@ def _claimed(loc: Remote, claim, **kw):
     except Interrupted as e:
         raise Interrupted(e.signum, loc.uri, e.published, e.command) from None
     except InputError as e:
-        if str(e).startswith(str(staging_root())):
+        text = str(e)
+        if text.startswith(str(staging_root())) and any(w in text for w in FS_PROBLEMS):
             raise InputError(f"{e} (the local staging of {loc}: set TMPDIR to a disk with "
                              "room for the output)") from None
+        if text.startswith(str(local)):  # e.g. another run on this machine writing loc
+            raise InputError(f"{loc} (staged in {local}){text[len(str(local)):]}") from None
         raise
 
 
