@@ -86,15 +86,15 @@ def test_sigint_is_one_line_and_leaves_the_old_answers(run, tmp_path, monkeypatc
     out = tmp_path / "a.parquet"
     out.write_bytes(b"the answers of an earlier run")
     monkeypatch.setattr(Q, "PIECE", 2)
-    real, calls = P.Predictor.predict_many, []
+    real, calls = P.Predictor.predict_measurements, []
 
-    def predict_many(self, queries, **kw):  # Ctrl-C while the 2nd piece is answered
+    def predict_measurements(self, queries, **kw):  # Ctrl-C while the 2nd piece is answered
         calls.append(len(queries))
         if len(calls) == 2:
             os.kill(os.getpid(), signal.SIGINT)
         return real(self, queries, **kw)
 
-    monkeypatch.setattr(P.Predictor, "predict_many", predict_many)
+    monkeypatch.setattr(P.Predictor, "predict_measurements", predict_measurements)
     r = CliRunner().invoke(main, ["predict", str(run / "run"), "--queries", str(run / "q.parquet"),
                                   "--out", str(out)])
     assert r.exit_code == 130 and calls == [2, 2]

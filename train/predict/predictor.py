@@ -251,9 +251,14 @@ class Predictor:
     def predict_many(self, queries, *, progress=None) -> list[dict]:
         """``predict`` for many (src, dst, time or None, history list) at once, batched;
         ``progress(rows, queries)`` after each batch of rows."""
+        return self.predict_measurements(
+            [(query_measurement(src, dst, t), hist) for src, dst, t, hist in queries],
+            progress=progress)
+
+    def predict_measurements(self, queries, *, progress=None) -> list[dict]:
+        """``predict_many`` for (query measurement, history list) pairs."""
         contexts, q_choice, q_rtt, dropped = [], [], [], []
-        for src, dst, t, hist in queries:
-            q = query_measurement(src, dst, t)
+        for q, hist in queries:
             hist = sorted(hist, key=lambda m: -1 if m.time is None else m.time)
             tokens, choice, rtt, kept = self._fit_row(hist, q)
             contexts.append(tokens)
@@ -269,7 +274,7 @@ class Predictor:
                         "p10_ms": float(ans.quantile_ms[i, 0]),
                         "p90_ms": float(ans.quantile_ms[i, 2]),
                         "p_failed": float(ans.p_failed[i]),
-                        "history_used": len(queries[i][3]) - dropped[i],
+                        "history_used": len(queries[i][1]) - dropped[i],
                         "non_canonical_mass": float(ans.non_canonical_mass[i])})
         return out
 
@@ -308,11 +313,14 @@ def _compiled(mcfg: ModelConfig, att: attention.AttentionConfig):
     return jax.jit(gather), jax.jit(probe)
 
 
+_addr_words = functools.lru_cache(maxsize=1 << 16)(addr_words)  # queries repeat addresses
+
+
 def query_measurement(src: str, dst: str, time: int | None) -> Measurement:
     """The query measurement of (src, dst, time); InputError for a bad address."""
     try:
-        fs, sh, sl = addr_words(str(src))
-        fd, dh, dl = addr_words(str(dst))
+        fs, sh, sl = _addr_words(str(src))
+        fd, dh, dl = _addr_words(str(dst))
     except ValueError as e:
         raise InputError(f"{e}; give IPv4 or IPv6 addresses, e.g. --src 192.0.2.7 "
                          "--dst 193.0.14.129") from None

@@ -164,10 +164,8 @@ def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
         try:
             for a in range(0, len(qs), PIECE):
                 b = min(a + PIECE, len(qs))
-                answers = pred.predict_many(
-                    [(s, d, t, hist.context(q)) for s, d, t, q in
-                     zip(srcs[a:b], dsts[a:b], times[a:b], qs[a:b])],
-                    progress=lambda _rows, n: bar.update(n))
+                answers = pred.predict_measurements([(q, hist.context(q)) for q in qs[a:b]],
+                                                    progress=lambda _rows, n: bar.update(n))
                 if part is not None:
                     cols = [srcs[a:b], dsts[a:b], times[a:b]]
                     cols += [[x[c] for x in answers] for c in ANSWER_COLUMNS]
