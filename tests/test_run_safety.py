@@ -222,8 +222,8 @@ def test_resume_compares_loss_weights_by_their_weights_and_names_an_empty_one():
     assert check_resume(saved, TrainConfig(run_dir="r", loss_weights="result=10, rtt=10"),
                         "fp") == []
     with pytest.raises(InputError) as e:
-        check_resume({"train": {"loss_weights": ""}}, TrainConfig(run_dir="r", loss_weights="rtt=5"),
-                     "fp")
+        check_resume({"train": {"loss_weights": ""}},
+                     TrainConfig(run_dir="r", loss_weights="rtt=5"), "fp")
     assert str(e.value) == ('--loss-weights rtt=5: the run in r has "" (its config.json); drop '
                             "--loss-weights to resume with the run's own, or start a new --run-dir")
 
