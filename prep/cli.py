@@ -121,7 +121,7 @@ def _interruptible(run, cfg, command: str):
     (the run's output folder, prep.jobs.parquet_out, has removed its staging folder)."""
     import signal
 
-    from prep.jobs.signals import Interrupted
+    from prep.schema.signals import Interrupted
 
     try:
         return run(cfg)
@@ -263,7 +263,7 @@ def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row
     """
     import signal
 
-    from prep.jobs.signals import Interrupted, stop_on_signals
+    from prep.schema.signals import Interrupted, stop_on_signals
 
     # SIGINT/SIGTERM: one line and exit 128 + the signal, never a traceback; the run
     # itself (prep.jobs.outdir.claim) stops its workers and removes its staging folder first.

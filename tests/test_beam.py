@@ -224,6 +224,16 @@ def test_failed_beam_run_leaves_no_dataset_and_rerun_completes(raw, tmp_path, mo
     assert len(_files(out)) == 28
 
 
+def test_importing_beam_says_nothing_about_apitools():
+    """#36 item 22: `WARNING:root:apitools not found` on every Beam run (Beam's GCP client,
+    unused here), and the root logger configured as a side effect."""
+    code = ("import logging; from prep.shards.beam_runner import _import_beam; _import_beam(); "
+            "print(len(logging.getLogger().handlers))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert (p.returncode, p.stdout, p.stderr) == (0, "0\n", "")
+
+
 def test_beam_options_are_parsed_and_checked():
     _, options, runner = beam_runner.beam_options(["job_name=x", "runner=DataflowRunner"])
     assert runner == "DataflowRunner"

@@ -78,6 +78,7 @@ def test_3x3_with_a_missing_entry_gives_exactly_these_rows(tmp_path):
     ("s", "0 0.17\n0.02 0\n", [170.0, 20.0]),
     ("ms", "0 0.17\n-1 0\n", [0.17]),
     ("us", "0 1500\n250 0\n", [1.5, 0.25]),
+    ("s", "0 1e-12\n0.02 0\n", [1e-6, 20.0]),  # #36 item 22: a positive entry never 0.0
 ])
 def test_units_become_ms(tmp_path, unit, text, want):
     m = write(tmp_path / "in", "frame", text)
@@ -89,10 +90,10 @@ def test_units_become_ms(tmp_path, unit, text, want):
 def test_frames_in_natural_order_each_over_its_interval(tmp_path):
     d = tmp_path / "in"
     write(d, "f_10", "0 2\n2 0\n")
-    write(d, "f_2", "0 1\n1 0\n")
+    write(d, "f_9", "0 1\n1 0\n")
     write(d, "README.md", "not a frame")
-    # given as a shell glob sorts them (f_10 first), and as the folder: f_2 is frame 1
-    for i, args in enumerate([(d / "f_10", d / "f_2"), (d,)]):
+    # given as a shell glob sorts them (f_10 first), and as the folder: f_9 is the first
+    for i, args in enumerate([(d / "f_10", d / "f_9"), (d,)]):
         out = tmp_path / f"out{i}"
         r = imp(*args, "--out", out, "--interval", 100, "--unit", "ms",
                 "--start", "2026-01-01T00:00:00Z", "--json")
@@ -103,7 +104,45 @@ def test_frames_in_natural_order_each_over_its_interval(tmp_path):
             (0, 1, 1.0, 1), (50, 2, 1.0, 1), (100, 1, 2.0, 2), (150, 2, 2.0, 2)]
         s = json.loads(r.stdout)
         assert (s["frames"], s["end"] - s["start"]) == (2, 200)
-        assert s["first_file"].endswith("f_2") and s["last_file"].endswith("f_10")
+        assert s["first_file"].endswith("f_9") and s["last_file"].endswith("f_10")
+
+
+def test_a_frame_s_time_comes_from_the_number_in_its_name(tmp_path):
+    """#36 item 21: frames were timed by their place in the sorted list of paths."""
+    a, b = tmp_path / "b", tmp_path / "a"  # b/Data_1 sorts after a/Data_2 as a path
+    write(a, "Data_1", "0 1\n1 0\n")
+    write(b, "Data_2", "0 2\n2 0\n")
+    write(b, "Data_4.txt", "0 4\n4 0\n")
+    out = tmp_path / "out"
+    r = imp(b / "Data_4.txt", b / "Data_2", a, "--out", out, "--interval", 300, "--unit", "ms",
+            "--start", "2026-01-01T00:00:00Z", "--json")
+    assert r.exit_code == 0, r.output
+    # frame 1 at 0-300 s, frame 2 at 300-600 s, none at 600-900 s, frame 4 at 900-1200 s
+    assert [(t - 1_767_225_600, rtt, msm) for t, _, _, _, _, rtt, msm in rows(out)] == [
+        (0, 1.0, 1), (150, 1.0, 1), (300, 2.0, 2), (450, 2.0, 2), (900, 4.0, 4), (1050, 4.0, 4)]
+    s = json.loads(r.stdout)
+    assert (s["frames"], s["end"] - s["start"]) == (3, 1200)
+    assert (f"note: 1 frame missing between {a}/Data_1 and {b}/Data_4.txt (by their names; "
+            "the first: frame 3); its interval holds no measurements") in r.stderr
+
+
+@pytest.mark.parametrize("names, message", [
+    ({"f_2": None, "g_2": None}, "{d}/f_2 and {d}/g_2: both frame 2 by their names"),
+    ({"f_2": None, "f_3": "f_2"}, "{d}/f_2 and {d}/f_3: the same file (a link); give each "
+                                  "frame once"),
+    ({"f_2": None, "x": None}, "{d}/x: no frame number in its name, but {d}/f_2 has one"),
+], ids=["same-number", "link", "unnumbered"])
+def test_frames_that_their_names_cannot_tell_apart_are_one_line(tmp_path, names, message):
+    d = tmp_path / "in"
+    for name, target in names.items():
+        if target is None:
+            write(d, name, "0 1\n1 0\n")
+        else:
+            (d / name).symlink_to(d / target)
+    r = imp(d, "--out", tmp_path / "out", "--interval", 60, "--unit", "ms")
+    assert r.exit_code == 2 and not (tmp_path / "out").exists()
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: " + message.format(d=d)), lines
 
 
 @pytest.mark.parametrize("frames, message", [

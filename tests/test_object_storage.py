@@ -180,6 +180,66 @@ def test_cache_reuses_checked_shards_and_catches_damage(s3, env, local, capfd):
     assert f"{uri}/train/{shard.name}: sha256" in r.output
 
 
+def test_verify_asks_the_bucket_every_time_not_its_warm_cache(s3, env, local):
+    """#36 item 17: a warm cache vouched for a shard deleted from the bucket."""
+    uri = f"s3://{BUCKET}/warm/ds"
+    put_folder(local, uri)
+    assert prep("verify", uri).exit_code == 0
+    shard = sorted(p.name for p in (local / "train").glob("*.array_record"))[0]
+    s3.client().delete_object(Bucket=BUCKET, Key=f"warm/ds/train/{shard}")
+    r = prep("verify", uri)
+    assert r.exit_code == 1
+    assert r.stdout == f"{uri}/train/{shard}: missing (listed in the manifest)\n"
+    assert "(0 downloaded, 7 reused, 1 missing from the bucket)" in r.stderr
+    with pytest.raises(InputError, match=re.escape(
+            f"{uri}/train/{shard}: listed in manifest.json but not in the bucket (1 shard "
+            "missing)")):
+        cache.local_dataset(uri)
+
+    # put back, then replaced by other bytes of the same size: a new ETag, downloaded again
+    put_folder(local, uri)
+    assert prep("verify", uri).exit_code == 0
+    data = bytearray((local / "train" / shard).read_bytes())
+    data[100] ^= 0xFF
+    storage.write_bytes(Remote.parse(f"{uri}/train/{shard}"), bytes(data))
+    r = prep("verify", uri)
+    assert r.exit_code == 1
+    assert "(1 downloaded, 7 reused)" in r.stderr
+    assert r.stdout.startswith(f"{uri}/train/{shard}: sha256 "), r.output
+
+
+def test_a_missing_bucket_is_said_at_once_not_after_the_build(s3, env, raw):
+    """#36 item 22: found only at upload time, after the whole build; and `verify` / `train`
+    called it "no manifest.json"."""
+    uri = "s3://pp-no-such-bucket/ds"
+    want = "error: s3://pp-no-such-bucket: no such bucket; create it, or check the name\n"
+    r = prep("shards", str(raw), "--out", uri, *SHARDS)
+    assert (r.exit_code, r.stderr) == (2, want)
+    r = prep("verify", uri)
+    assert (r.exit_code, r.stderr) == (2, want)
+    with pytest.raises(InputError, match=re.escape(want[7:-1])):
+        cache.local_dataset(uri)
+
+
+def test_a_second_run_into_one_prefix_names_the_prefix_not_tmpdir(s3, env, raw):
+    """#36 item 22: the refusal of a second run on this machine said "set TMPDIR to a disk
+    with room for the output"."""
+    from prep.jobs import outdir, remote_out
+
+    uri = f"s3://{BUCKET}/second/ds"
+    local = remote_out._local_for(Remote.parse(uri))
+    local.mkdir(parents=True, exist_ok=True)
+    fd = outdir.lock_folder(local, "prep shards")  # a first run, still writing
+    try:
+        r = prep("shards", str(raw), "--out", uri, *SHARDS)
+    finally:
+        outdir.release(local, fd, True)
+    assert r.exit_code == 2
+    assert r.stderr == (f"error: {uri} (staged in {local}): another `prep shards` (pid "
+                        f"{os.getpid()}) is writing this folder; wait for it to end, or stop "
+                        "it, then run again\n")
+
+
 def test_a_dataset_needs_overwrite_and_foreign_objects_are_refused(s3, env, raw):
     uri = f"s3://{BUCKET}/ow/ds"
     assert prep("shards", str(raw), "--out", uri, *SHARDS).exit_code == 0
@@ -368,6 +428,44 @@ def test_import_atlas_reads_and_writes_a_bucket(s3, env, atlas_dir, tmp_path):
     r = prep("shards", uri, "--out", f"s3://{BUCKET}/atlas/ds", "--quiet", "--workers", "1")
     assert r.exit_code == 0, r.output
     assert prep("inspect", f"s3://{BUCKET}/atlas/ds", "--rows", "0:1").exit_code == 0
+
+
+def test_a_publish_cut_off_in_the_bucket_is_refused_until_finished(s3, env, atlas_dir,
+                                                                    monkeypatch, tmp_path):
+    """#36 item 20: the server died during the publish's copies, and `prep shards` read the
+    prefix's mix of new and old parquet files with exit 0."""
+    files = sorted(atlas_dir.rglob("*.json"))
+    uri = f"s3://{BUCKET}/half/out"
+    assert prep("import-atlas", *map(str, files[:3]), "--out", uri, "--workers", "1").exit_code == 0
+    real, copies = storage.copy, []
+
+    def copy(src, dst):  # the server goes away after the 2nd copy
+        if len(copies) == 2:
+            raise InputError(f"{src}: cannot reach the storage endpoint")
+        copies.append(dst)
+        real(src, dst)
+
+    monkeypatch.setattr(storage, "copy", copy)
+    r = prep("import-atlas", *map(str, files[3:]), "--out", uri, "--workers", "1", "--overwrite")
+    assert r.exit_code == 2 and len(copies) == 2
+    monkeypatch.setattr(storage, "copy", real)
+    stage = next(k for k in dataset_keys(s3, "half/out") if k.endswith("/.publish"))
+    want = (f"{uri}: holds an unfinished publish ({stage}): the run writing it stopped while "
+            "replacing its files, so they are part old, part new; run it again (the same "
+            f"command with --out {uri} --overwrite) to finish, then read it")
+    r = prep("shards", uri, "--out", f"s3://{BUCKET}/half/ds")
+    assert r.exit_code == 2 and r.stderr == f"error: {want}\n"
+    assert dataset_keys(s3, "half/ds") == []
+
+    # the next run into the prefix finishes the publish first: then it is the new output
+    r = prep("import-atlas", *map(str, files[3:]), "--out", uri, "--workers", "1")
+    assert r.exit_code == 2 and "pass --overwrite" in r.output
+    names = sorted(r.uri.rsplit("/", 1)[1] for r, _ in storage.remote_inputs(
+        [uri], (".parquet",), "prep shards"))
+    assert prep("import-atlas", *map(str, files[3:]), "--out", str(tmp_path / "new"),
+                "--workers", "1").exit_code == 0
+    assert names == dataset_keys(s3, "half/out") == sorted(
+        p.name for p in (tmp_path / "new").glob("*.parquet"))
 
 
 # Beam with --out on a bucket: its workers write into the bucket and read the inputs there,

@@ -172,6 +172,14 @@ def test_killed_during_the_publish_is_finished_by_the_next_run(tmp_path):
                        "--days", "2", "--overwrite"], die)
     proc.communicate(timeout=60)
     assert proc.returncode == -9
+    # until then no reader takes the mix of old and new files (#36 item 20)
+    stage = next(out.glob(".tmp-*")).name
+    r = CliRunner().invoke(main, ["shards", str(out), "--out", str(tmp_path / "ds")])
+    assert r.exit_code == 2 and not (tmp_path / "ds").exists()
+    assert r.stderr == (f"error: {out}: holds an unfinished publish ({stage}/.publish): the run "
+                        "writing it stopped while replacing its files, so they are part old, "
+                        f"part new; run it again (the same command with --out {out} "
+                        "--overwrite) to finish, then read it\n")
     # The next run, even without --overwrite, first finishes the publish that had begun.
     r = synth(out)
     assert r.exit_code == 2

@@ -1,6 +1,13 @@
 """The Grain reader: exact rows, seeded global shuffle, per-process slices, resumable state."""
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -14,6 +21,7 @@ from prep.schema.rows import RowFormatError
 from train.cli import main
 from train.fit import reader
 
+REPO = Path(__file__).resolve().parent.parent
 N_ROWS, ROW_LEN, BATCH = 40, 32, 4
 
 
@@ -111,6 +119,59 @@ def test_mp_prefetch_gives_the_same_batches(shards):
         assert rows_of(take(it, 6)) == base
     finally:
         it.close()
+
+
+KEEP_READING = """
+import os, sys, time
+from train.fit import reader
+it = iter(reader.batches(sys.argv[1], "train", batch_size=4, seed=0, num_workers=2))
+next(it)
+print("reading", flush=True)
+time.sleep(300)
+"""
+
+
+def _descendants(pid: int) -> set[int]:
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                kids = {int(x) for x in (task / "children").read_text().split()}
+                todo.extend(kids - out)
+                out |= kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
+def test_grain_workers_die_with_a_killed_trainer(shards):
+    """#36 item 19: SIGKILL (the OOM killer) left the Grain workers and the resource
+    tracker running for minutes (~200 MB each)."""
+    d, _ = shards
+    p = subprocess.Popen([sys.executable, "-c", KEEP_READING, str(d)], stdout=subprocess.PIPE,
+                         text=True, env=os.environ | {"JAX_PLATFORMS": "cpu",
+                                                      "PYTHONPATH": str(REPO)})
+    try:
+        assert p.stdout.readline() == "reading\n"
+        helpers = _descendants(p.pid)
+        assert len(helpers) >= 3  # 2 workers and multiprocessing's resource tracker
+        p.kill()
+        p.wait()
+        deadline = time.monotonic() + 10
+        while any(map(_alive, helpers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [h for h in helpers if _alive(h)] == []
+    finally:
+        p.kill()
+        for h in _descendants(p.pid) if p.poll() is None else ():
+            os.kill(h, signal.SIGKILL)
 
 
 def test_refuses_folder_without_manifest(tmp_path):

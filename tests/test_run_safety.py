@@ -212,6 +212,22 @@ def test_resume_refuses_a_flag_that_differs_from_the_run(shards, run, tmp_path, 
     assert after == before  # config.json, metrics and checkpoints untouched
 
 
+def test_resume_compares_loss_weights_by_their_weights_and_names_an_empty_one():
+    """#36 item 22: the same --loss-weights in another order were refused, and an empty
+    one read "has  (its config.json)"."""
+    from train.fit.config import TrainConfig
+    from train.fit.loop import check_resume
+
+    saved = {"train": {"loss_weights": "rtt=10,result=10"}}
+    assert check_resume(saved, TrainConfig(run_dir="r", loss_weights="result=10, rtt=10"),
+                        "fp") == []
+    with pytest.raises(InputError) as e:
+        check_resume({"train": {"loss_weights": ""}},
+                     TrainConfig(run_dir="r", loss_weights="rtt=5"), "fp")
+    assert str(e.value) == ('--loss-weights rtt=5: the run in r has "" (its config.json); drop '
+                            "--loss-weights to resume with the run's own, or start a new --run-dir")
+
+
 def test_resume_takes_the_runs_own_settings_and_data(run, tmp_path, monkeypatch, straight_run):
     monkeypatch.chdir(tmp_path)  # no ./shards here: --data must come from the run
     saved = json.loads((run / "config.json").read_text())

@@ -81,13 +81,14 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def launch(args, cache, *, script=None, heartbeat=5, extra=()):
-    """`train ARGS --distributed` as processes 0 and 1 of 2 on 127.0.0.1."""
+def launch(args, cache, *, script=None, heartbeat=5, extra=(), own=((), ())):
+    """`train ARGS --distributed` as processes 0 and 1 of 2 on 127.0.0.1 (``own[i]``: the
+    arguments of process i alone)."""
     port, head = _port(), ["-c", script] if script else ["-m", "train.cli"]
     return [subprocess.Popen(
         [sys.executable, *head, *args, "--distributed", "--coordinator", f"127.0.0.1:{port}",
          "--num-processes", "2", "--process-id", str(i), "--heartbeat-timeout", str(heartbeat),
-         *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+         *extra, *own[i]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=_env(cache), cwd=REPO) for i in range(2)]
 
 
@@ -256,19 +257,55 @@ def test_a_refusal_on_process_0_reaches_process_1(shards, cache, tmp_path):
     assert len(e1) == 1 and e1[0].startswith(f"error: process 0: {run}: ") and want in e1[0]
 
 
-def test_a_process_alone_waits_join_timeout_then_says_so(cache, tmp_path):
-    port = _port()  # no coordinator listens there
+@pytest.mark.parametrize("own, message", [
+    ((["--steps", "10"], ["--steps", "12"]),
+     "--steps differs between the processes of the run: 10 on process 0, 12 on process 1; "
+     "start `train --distributed` on every host with the same settings"),
+    ((["--seed", "1"], []),
+     "--seed differs between the processes of the run: 1 on process 0, 0 on process 1; "
+     "start `train --distributed` on every host with the same settings"),
+    ((["--data", "{A}"], ["--data", "{B}"]),
+     "--data differs between the processes of the run: process 0 reads {A} (fingerprint "
+     "{fa}), process 1 {B} (fingerprint {fb}); give every process the same dataset"),
+], ids=["steps", "seed", "data"])
+def test_processes_with_different_settings_refuse_in_one_line(shards, cache, tmp_path, own,
+                                                              message):
+    """#36 item 18: two processes with other flags hung, trained on mixed data, or crashed."""
+    from train.fit.reader import dataset_fingerprint, open_shards
+
+    other = tmp_path / "other"
+    synthetic.write_shards(other, {"train": synthetic.counting_rows(64, 64, seed=5),
+                                   "test": synthetic.counting_rows(7, 64, seed=6)})
+    names = {"A": str(shards), "B": str(other),
+             "fa": dataset_fingerprint(open_shards(shards)),
+             "fb": dataset_fingerprint(open_shards(other))}
+    own = tuple([a.format(**names) for a in o] for o in own)
+    run = tmp_path / "run"
+    results = finish(launch(["--data", str(shards), "--run-dir", str(run), *FLAGS], cache,
+                            own=own), timeout=120)
+    assert [r[0] for r in results] == [2, 2], results
+    for _, out, err in results:
+        assert out == "" and err.splitlines() == [f"error: {message.format(**names)}"], err
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("who, why", [(1, "no coordinator answered"),
+                                      (0, "it runs the coordinator; not every other process "
+                                          "joined it")])
+def test_a_process_alone_waits_join_timeout_then_says_so(cache, tmp_path, who, why):
+    """#36 item 22: process 0 alone said "no coordinator answered", yet it is the coordinator."""
+    port = _port()  # no coordinator listens there (process 1), no other process (process 0)
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "train.cli", "--data", str(tmp_path), "--device",
                         "cpu", "--distributed", "--coordinator", f"127.0.0.1:{port}",
-                        "--num-processes", "2", "--process-id", "1", "--join-timeout", "1"],
+                        "--num-processes", "2", "--process-id", str(who), "--join-timeout", "1"],
                        capture_output=True, text=True, env=_env(cache), cwd=REPO, timeout=120,
                        check=False)
     assert p.returncode == 2 and time.monotonic() - t0 < 60
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
-    assert lines[0].startswith(f"error: --distributed: process 1 of 2 could not join the run "
-                               f"at 127.0.0.1:{port} within 1 s")
+    assert lines[0].startswith(f"error: --distributed: process {who} of 2 could not join the run "
+                               f"at 127.0.0.1:{port} within 1 s ({why}); ")
 
 
 @pytest.mark.parametrize("args, env, message", [

@@ -371,10 +371,21 @@ def predict(run_dir, src, dst, when, history, queries, out, step, as_json):
             raise InputError("--queries takes the queries from the file; drop --src/--dst/--time")
         if not out and not as_json:
             raise InputError("--queries needs --out FILE.parquet (or --json to print them)")
-        answers = queries_lib.predict_file(run_dir, queries, history, out, step=step)
-        if as_json:
-            for a in answers:
-                click.echo(json.dumps(a))
+        import signal
+
+        from prep.schema.signals import Interrupted
+
+        def emit(answers):  # each piece as it is answered
+            click.echo("\n".join(json.dumps(a) for a in answers))
+
+        try:
+            queries_lib.predict_file(run_dir, queries, history, out, step=step,
+                                     emit=emit if as_json else None)
+        except KeyboardInterrupt as e:  # one line, exit 128 + the signal (out as it was)
+            if not isinstance(e, Interrupted):
+                e = Interrupted(signal.SIGINT, command="train predict")
+            click.echo(f"error: {e}", err=True)
+            sys.exit(128 + e.signum)
         return
     if not src or not dst:
         raise InputError("give --src and --dst (or --queries FILE.parquet); "

@@ -5,15 +5,20 @@ PlanetLab, Seattle): each file is one time frame, N lines of N whitespace-separa
 entry (i, j) is the RTT measured from node i (the source, row) to node j (the
 destination, column); the matrix need not be symmetric.
 
-Frames are taken in natural order of their paths (``SeattleData_2`` before
-``SeattleData_10``), whatever order they are given in: a shell glob sorts ``_10`` before
-``_2``. A folder stands for the files directly in it (not hidden ones, nor README*,
-LICENSE*, COPYING* or *.md, which travel with data sets). Every frame must have the same N:
-node i is the same host in every frame.
+A frame's number is the last number in its file's name (``SeattleData_12`` is frame 12,
+``frame_003.txt`` frame 3), whatever folder it is in and whatever order the files are
+given in (a shell glob sorts ``_10`` before ``_2``); frame f lies (f - the first number)
+intervals after the first, so a missing frame leaves its interval empty (a note says so).
+Two files of one number, or two names of one file (a link), are an error, never one
+dropped; so is a mix of numbered and unnumbered names. Files without a number in their
+names are frames in the order of their names. A folder stands for the files directly in
+it (not hidden ones, nor README*, LICENSE*, COPYING* or *.md, which travel with data
+sets). Every frame must have the same N: node i is the same host in every frame.
 
 Rows, in the input schema of `prep shards` (prep.schema.validate), one per measurement:
 
-    event_time  frame f covers [start + f*interval, start + (f+1)*interval). Source i
+    event_time  frame f covers [start + f*interval, start + (f+1)*interval) (f counts from
+                the first frame's number, above). Source i
                 measures the other nodes in the fixed order i+1, i+2, ... (mod N), its
                 k-th at start + f*interval + floor(interval * (k*N + i) / (N*(N-1))):
                 spread over the frame, sources staggered, each source's measurements in
@@ -21,7 +26,8 @@ Rows, in the input schema of `prep shards` (prep.schema.validate), one per measu
     src_addr    node i's address (``node_addresses``): stable, public-looking IPv4, the
     dst_addr    same for node i in every frame, every run and every N
     ip_version  4
-    rtt         ms (``--unit`` s, ms or us converted, rounded to the nanosecond)
+    rtt         ms (``--unit`` s, ms or us converted, rounded to the nanosecond; a positive
+                entry below half a nanosecond becomes 1 ns, never 0, the missing value)
     prb_id      i + 1, so `prep shards` groups a source's measurements by node
     msm_id      f + 1, the frame number
 
@@ -110,17 +116,25 @@ def natural_key(path: Path) -> list:
     return [int(s) if i % 2 else s for i, s in enumerate(re.split(r"(\d+)", str(path)))]
 
 
-def list_matrix_files(paths) -> list[Path]:
-    """The frames' files, in natural order of their paths; InputError for a missing path,
-    an input another command reads (parquet, Atlas JSON, shards), or nothing found."""
+def frame_number(path: Path) -> int | None:
+    """The last number in the file's name, before a suffix like ``.txt``; None if none."""
+    digits = re.findall(r"\d+", re.sub(r"(\.[A-Za-z][A-Za-z0-9]*)+$", "", path.name))
+    return int(digits[-1]) if digits else None
+
+
+def list_frames(paths) -> list[tuple[int, Path]]:
+    """The frames' files with their frame (0 for the first number found), in frame order
+    (see the module docstring); InputError for a missing path, an input another command
+    reads (parquet, Atlas JSON, shards), nothing found, or frames that cannot be told
+    apart by their names."""
     found: dict[Path, Path] = {}
     for p in map(Path, paths):
         if p.is_dir():
             k = sniff.kind(p)
             if k in ("shards", "run", "folder:parquet", "folder:atlas"):
                 raise InputError(sniff.advice(p, k, "prep import-matrix"))
-            files = [f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")
-                     and not _NOT_DATA.fullmatch(f.name)]
+            files = sorted((f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")
+                            and not _NOT_DATA.fullmatch(f.name)), key=natural_key)
         elif p.is_file():
             k = sniff.kind(p)
             if k in ("parquet", "atlas"):
@@ -129,12 +143,33 @@ def list_matrix_files(paths) -> list[Path]:
         else:
             raise InputError(f"{p}: no such file or folder; check the path")
         for f in files:
-            found.setdefault(f.resolve(), f)
+            if f.absolute() in {g.absolute() for g in found.values()}:
+                continue  # the same path given twice (a folder and a file in it)
+            first = found.setdefault(f.resolve(), f)
+            if first is not f:
+                raise InputError(f"{first} and {f}: the same file (a link); give each frame "
+                                 "once")
     if not found:
         raise InputError(f"{', '.join(map(str, paths))}: no matrix files found; give the "
                          "frames' files (one N×N matrix each) or the folder that holds them "
                          "(folders are not searched recursively)")
-    return sorted(found.values(), key=natural_key)
+    files = sorted(found.values(), key=lambda f: natural_key(f.name) + natural_key(f))
+    numbers = [frame_number(f) for f in files]
+    if len(files) == 1 or all(k is None for k in numbers):
+        return list(enumerate(files))
+    if None in numbers:
+        bare, numbered = files[numbers.index(None)], next(
+            f for f, k in zip(files, numbers) if k is not None)
+        raise InputError(f"{bare}: no frame number in its name, but {numbered} has one; a "
+                         "frame's number is the last number in its file's name: name every "
+                         "frame so (SeattleData_12), or import the others on their own")
+    frames = sorted(zip(numbers, files), key=lambda kf: kf[0])
+    for (a, fa), (b, fb) in zip(frames, frames[1:]):
+        if a == b:
+            raise InputError(f"{fa} and {fb}: both frame {a} by their names; give each frame "
+                             "once")
+    first = frames[0][0]
+    return [(k - first, f) for k, f in frames]
 
 
 def read_matrix(path: Path) -> np.ndarray:
@@ -234,8 +269,9 @@ def frame_columns(rtt_ms: np.ndarray, frame: int, offsets: np.ndarray, start: in
     order = np.lexsort((src, t))
     rejected = Counter({"diagonal": n, "missing_rtt": int(missing.sum()),
                         "rtt_out_of_range": int(too_big.sum())})
-    return {"time": t[order], "src": src[order], "dst": dst[order],
-            "rtt": np.round(rtt_ms[src, dst][order], 6)}, +rejected
+    # to the nanosecond, and never to 0 (a missing measurement's value) from a positive one
+    rtt = np.maximum(np.round(rtt_ms[src, dst][order], 6), 1e-6)
+    return {"time": t[order], "src": src[order], "dst": dst[order], "rtt": rtt}, +rejected
 
 
 def _table(parts: list[dict], frames: list[int], addrs: pa.Array) -> pa.Table:
@@ -291,8 +327,16 @@ def import_matrix(cfg: MatrixConfig) -> dict:
         raise ValueError("interval_s must be >= 1")
     t0 = time.perf_counter()
     out = Path(cfg.out)
-    files = list_matrix_files(cfg.inputs)
-    end = cfg.start + len(files) * cfg.interval_s
+    frames_of = list_frames(cfg.inputs)
+    files = [f for _, f in frames_of]
+    end = cfg.start + (frames_of[-1][0] + 1) * cfg.interval_s
+    missing = frames_of[-1][0] + 1 - len(files)
+    if missing:
+        gap = next(a + 1 for (a, _), (b, _) in zip(frames_of, frames_of[1:]) if b > a + 1)
+        print(f"note: {count(missing, 'frame')} missing between {files[0]} and {files[-1]} "
+              f"(by their names; the first: frame {frame_number(files[0]) + gap}); "
+              f"{'its interval holds' if missing == 1 else 'their intervals hold'} no "
+              "measurements", file=sys.stderr)
     if cfg.start < 0 or end > TIME_MAX:
         raise InputError(f"--start {cfg.start} and --interval {cfg.interval_s} put the "
                          f"{len(files):,} frames at {format_time(cfg.start)} .. "
@@ -308,9 +352,9 @@ def import_matrix(cfg: MatrixConfig) -> dict:
         parts, frames = [], []
         with tqdm(total=len(files), unit=" frames", desc="import-matrix", file=sys.stderr,
                   disable=not cfg.progress or None) as bar:
-            for f, path in enumerate(files):
+            for k, (f, path) in enumerate(frames_of):
                 m = read_matrix(path)
-                if f == 0:
+                if k == 0:
                     n = len(m)
                     addrs = pa.array(node_addresses(n), pa.string())
                     offsets = frame_offsets(n, cfg.interval_s)
@@ -325,7 +369,7 @@ def import_matrix(cfg: MatrixConfig) -> dict:
                 rtt_sample.append(cols["rtt"][:: max(1, len(cols["rtt"]) // 1000)])
                 parts.append(cols)
                 frames.append(f)
-                if sum(len(p["time"]) for p in parts) >= ROW_GROUP or f == len(files) - 1:
+                if sum(len(p["time"]) for p in parts) >= ROW_GROUP or k == len(files) - 1:
                     table = _table(parts, frames, addrs)
                     if writer is None:
                         writer = pq.ParquetWriter(stage / OUT_NAME, table.schema,

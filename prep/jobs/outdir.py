@@ -76,7 +76,7 @@ import sys
 import time
 from pathlib import Path
 
-from prep.jobs.signals import Guard, stop_on_signals
+from prep.schema.signals import Guard, stop_on_signals
 from prep.schema import sniff
 from prep.schema.errors import InputError, fs_failure
 from prep.schema.manifest import SPLITS

@@ -45,11 +45,11 @@ from prep.jobs.outdir import (
     make_owned_dir,
     remove_owned,
 )
-from prep.jobs.signals import stop_on_signals
+from prep.schema.signals import stop_on_signals
 from prep.schema import sniff
 from prep.schema.errors import InputError, fs_failure
 
-PUBLISH = ".publish"  # in a staging folder: what its publish removes and moves in
+PUBLISH = sniff.PUBLISH  # in a staging folder: what its publish removes and moves in
 
 
 class ParquetOut:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -27,8 +26,9 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from prep.jobs.signals import signals_blocked
+from prep.schema.signals import signals_blocked
 from prep.schema.errors import InputError
+from prep.schema.lifetime import die_with_parent
 
 
 def cores() -> int:
@@ -199,28 +199,10 @@ def _labelled(fn, task, label: str, labels: str):
 
 def _worker_init(parent: int | None) -> None:
     """A worker's signals: it starts with SIGINT and SIGTERM blocked (they are, while the
-    driver forks it: prep.jobs.signals.signals_blocked) and with the driver's handlers; it
+    driver forks it: prep.schema.signals.signals_blocked) and with the driver's handlers; it
     ignores SIGINT, dies of SIGTERM, and dies with the driver (``parent`` is its pid when
     forked from it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _die_with_parent(parent)
+    die_with_parent(parent)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
-
-
-def _die_with_parent(parent: int | None) -> None:
-    """SIGKILL this process when its parent dies (PR_SET_PDEATHSIG on Linux; elsewhere a
-    thread watching the parent pid), so a killed driver leaves no worker writing."""
-    ppid = os.getppid()
-    watched = False
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            watched = ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0) == 0
-    if parent is not None and os.getppid() != parent:
-        os._exit(1)  # the driver died before the line above
-    if not watched:
-        def watch():
-            while os.getppid() == ppid:
-                time.sleep(0.5)
-            os._exit(1)
-        threading.Thread(target=watch, daemon=True).start()

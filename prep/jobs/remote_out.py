@@ -56,7 +56,8 @@ A folder of parquet files on a bucket (`prep import-atlas --out s3://b/raw`)::
 Uploaded under the hidden prefix (inputs skip hidden names), then the list of files to
 remove and to copy in (``.publish``) is written there and carried out by server-side
 copies; a kill during it leaves the list, and the next run finishes it, as
-prep.jobs.parquet_out does with renames.
+prep.jobs.parquet_out does with renames. Until then the prefix holds old and new files
+mixed, and readers refuse it in one line (prep.schema.sniff.unfinished_publish).
 """
 
 from __future__ import annotations
@@ -75,10 +76,10 @@ from pathlib import Path
 
 from prep.jobs import outdir, parquet_out
 from prep.jobs.outdir import MARKER, SHARD_FILE, pid_alive
-from prep.jobs.signals import Interrupted
+from prep.schema.signals import Interrupted
 from prep.schema import manifest as mf
 from prep.schema import storage
-from prep.schema.errors import InputError
+from prep.schema.errors import FS_PROBLEMS, InputError
 from prep.schema.manifest import MANIFEST_NAME, SPLITS
 from prep.schema.storage import Remote
 
@@ -160,9 +161,12 @@ def _claimed(loc: Remote, claim, **kw):
     except Interrupted as e:
         raise Interrupted(e.signum, loc.uri, e.published, e.command) from None
     except InputError as e:
-        if str(e).startswith(str(staging_root())):
+        text = str(e)
+        if text.startswith(str(staging_root())) and any(w in text for w in FS_PROBLEMS):
             raise InputError(f"{e} (the local staging of {loc}: set TMPDIR to a disk with "
                              "room for the output)") from None
+        if text.startswith(str(local)):  # e.g. another run on this machine writing loc
+            raise InputError(f"{loc} (staged in {local}){text[len(str(local)):]}") from None
         raise
 
 

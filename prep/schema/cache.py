@@ -11,16 +11,19 @@ output of `prep shards` (Grain and ArrayRecord read local files only):
         .lock                         held (flock) while a process fills the folder
 
 It takes as much disk as the shards of the chosen splits (the manifest's sizes). Each call
-reads the bucket's manifest again and makes the folder match it: a shard whose size, mtime
-and recorded sha256 match the manifest is reused without reading it; any other is
-downloaded (to ``.part``, hashed on the way, renamed when whole); files the manifest no
-longer lists (an older generation's) are removed. A downloaded shard whose sha256 differs
-from the manifest is an error naming it (``strict``), or is kept unrecorded for
-`prep verify` to report (``strict=False``, which also leaves missing objects missing).
+reads the bucket's manifest again, lists the prefix and makes the folder match both: a
+cached shard is reused without reading it when its size, mtime and recorded sha256 match
+the manifest and the bucket still holds the very object it was downloaded from (the size
+listed, the ETag answered now equal to the one downloaded); any other is downloaded (to
+``.part``, hashed on the way, renamed when whole); files the manifest no longer lists (an
+older generation's) are removed. A shard listed in the manifest but not in the bucket, or
+downloaded with a sha256 other than the manifest's, is an error naming it (``strict``), or
+is left missing / kept unrecorded for `prep verify` to report (``strict=False``).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
@@ -106,20 +109,29 @@ def _refresh(loc: Remote, d: Path, splits, strict: bool, progress: bool) -> Path
     stamps = _read_stamps(d)
     listed = {e["path"] for s in m["splits"] for e in mf.split_entries(m, d, s)}
     _prune(d, listed, stamps)
-    todo = [e for e in entries if not _valid(d, e, stamps.get(e["path"]))]
-    have = storage.list_files(loc) if todo else {}
-    if not strict:  # prep verify: what is not there stays missing, for it to say
-        todo = [e for e in todo if e["path"] in have]
+    have = storage.list_files(loc)  # every time: the cache vouches for no object by itself
+    gone = [e for e in entries if e["path"] not in have]
+    if gone and strict:
+        raise InputError(f"{loc}/{gone[0]['path']}: listed in {mf.MANIFEST_NAME} but not in "
+                         f"the bucket ({count(len(gone), 'shard')} missing); the dataset there "
+                         f"is damaged or being replaced: run `prep verify {loc}`, or `prep "
+                         "shards` to rebuild it")
+    for e in gone:  # prep verify: what is not there is not here either, for it to say
+        (d / e["path"]).unlink(missing_ok=True)
+        stamps.pop(e["path"], None)
+    entries_there = [e for e in entries if e["path"] in have]
+    todo = _stale(loc, d, entries_there, stamps, have)
     jobs = [(loc.child(e["path"]), d / e["path"]) for e in todo]
     digests = storage.transfer(jobs, storage.download, desc="download shards",
-                               total=sum(have.get(e["path"], 0) for e in todo),
+                               total=sum(have[e["path"]] for e in todo),
                                progress=progress) if jobs else []
     bad = []
-    for e, digest in zip(todo, digests):
+    for e, (digest, tag) in zip(todo, digests):
         p = d / e["path"]
         if digest == e["sha256"]:
             st = p.stat()
-            stamps[e["path"]] = {"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            stamps[e["path"]] = {"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                 "etag": tag}
         else:
             stamps.pop(e["path"], None)
             bad.append(e)
@@ -133,9 +145,24 @@ def _refresh(loc: Remote, d: Path, splits, strict: bool, progress: bool) -> Path
     os.replace(tmp, d / mf.MANIFEST_NAME)  # last: the folder is now the bucket's dataset
     size = sum((d / e["path"]).stat().st_size for e in entries if (d / e["path"]).is_file())
     print(f"{loc}: {count(len(entries), 'shard')} ({size / 1e6:,.1f} MB) in the local cache "
-          f"{d} ({len(todo):,} downloaded, {len(entries) - len(todo):,} reused)",
+          f"{d} ({len(todo):,} downloaded, {len(entries_there) - len(todo):,} reused"
+          + (f", {len(gone):,} missing from the bucket" if gone else "") + ")",
           file=sys.stderr)
     return d
+
+
+def _stale(loc: Remote, d: Path, entries: list[dict], stamps: dict,
+           have: dict[str, int]) -> list[dict]:
+    """The entries whose cached copy is not, or no longer, the bucket's object: checked
+    here against the manifest (``_valid``), and in the bucket by the size it lists and the
+    ETag it answers now (one HEAD each, several at once), which must be the ETag of the
+    version downloaded."""
+    kept = [e for e in entries if _valid(d, e, stamps.get(e["path"]))
+            and have[e["path"]] == stamps[e["path"]]["size"]]
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(storage.THREADS, len(kept)))) as pool:
+        tags = list(pool.map(lambda e: storage.etag(loc.child(e["path"])), kept))
+    fresh = {e["path"] for e, tag in zip(kept, tags) if tag == stamps[e["path"]].get("etag")}
+    return [e for e in entries if e["path"] not in fresh]
 
 
 def _valid(d: Path, entry: dict, stamp: dict | None) -> bool:

@@ -33,6 +33,8 @@ _FS_ERRORS = {  # errno: (the words some libraries print instead of an errno, wh
                   "use a folder you can write, or fix its permissions"),
 }
 
+FS_PROBLEMS = tuple(what for _, what, _ in _FS_ERRORS.values())  # as fs_failure words them
+
 
 def fs_failure(e: BaseException, out: Path) -> InputError | None:
     """A one-line InputError for a disk full, read-only or not writable ``out``, or None.

@@ -27,6 +27,9 @@ import os
 from collections import Counter
 from pathlib import Path
 
+# In a writer's staging folder ``.tmp-…/`` (prep.jobs.parquet_out, prep.jobs.remote_out): the
+# list of files its publish removes and moves in, there from the publish's start to its end
+PUBLISH = ".publish"
 _MAGIC = ((b"PAR1", "parquet"), (b"BZh", "atlas"), (b"\x1f\x8b", "atlas"))
 _SCAN = 200  # files looked at in a folder
 
@@ -79,6 +82,19 @@ def kind(path: str | Path) -> str:
     if len(words) >= 2 and all(_number(w) for w in words):
         return "matrix"
     return "unknown"
+
+
+def unfinished_publish(where, rels) -> str | None:
+    """The refusal to read a folder or prefix ``where`` whose paths (relative to it) ``rels``
+    hold a ``.tmp-…/.publish``: a writer (`prep import-atlas`, `prep synth`) was replacing
+    its files and did not finish, so they are part old, part new. None when there is none."""
+    rel = next((r for r in sorted(rels) if (parts := r.split("/"))[0].startswith(".tmp-")
+                and parts[1:] == [PUBLISH]), None)
+    if rel is None:
+        return None
+    return (f"{where}: holds an unfinished publish ({rel}): the run writing it stopped while "
+            "replacing its files, so they are part old, part new; run it again (the same "
+            f"command with --out {where} --overwrite) to finish, then read it")
 
 
 def _visible_files(p: Path) -> list[Path]:

@@ -40,6 +40,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from prep.schema import sniff
 from prep.schema.errors import InputError, first_line
 
 SCHEMES = ("s3", "gs")
@@ -147,8 +148,23 @@ def known_failure(e: BaseException, where, doing: str) -> InputError | None:
                           "the server runs")
     if any(w in text for w in ("NO_SUCH_BUCKET", "NoSuchBucket")) or (
             "Bucket" in text and "not found" in text):
-        return InputError(f"{where}: no such bucket; create it, or check the name")
+        return _no_bucket(where)
     return None
+
+
+def _no_bucket(where) -> InputError:
+    return InputError(f"{where}: no such bucket; create it, or check the name")
+
+
+def _check_bucket(loc: Remote) -> None:
+    """InputError when ``loc``'s bucket does not exist: asked where nothing was found, so
+    that a missing bucket is said as such (not "no manifest.json"), and before a run into
+    it builds anything."""
+    import pyarrow.fs as pafs
+
+    with errors(loc, "looking for its bucket"):
+        if filesystem(loc.scheme).get_file_info(loc.bucket).type == pafs.FileType.NotFound:
+            raise _no_bucket(Remote(loc.scheme, loc.bucket, ""))
 
 
 @contextlib.contextmanager
@@ -171,11 +187,33 @@ def list_files(loc: Remote) -> dict[str, int]:
         if info is not None and info.type == pafs.FileType.File:
             return {"": info.size}
         if info is not None and info.type == pafs.FileType.NotFound:
+            _check_bucket(loc)
             return {}
         sel = pafs.FileSelector(loc.path, recursive=True, allow_not_found=True)
         n = len(loc.path) + 1
-        return {i.path[n:]: i.size for i in fs.get_file_info(sel)
-                if i.type == pafs.FileType.File}
+        found = {i.path[n:]: i.size for i in fs.get_file_info(sel)
+                 if i.type == pafs.FileType.File}
+    if not found:
+        _check_bucket(loc)
+    return found
+
+
+def etag(loc: Remote) -> str | None:
+    """The object's ETag (one HEAD request), or None when there is no such object."""
+    fs = filesystem(loc.scheme)
+    try:
+        with fs.open_input_file(loc.path) as f:
+            return _etag_of(f)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise failure(e, loc, "reading it") from None
+
+
+def _etag_of(f) -> str | None:
+    """The ETag in an opened object's metadata (pyarrow's S3 streams carry it)."""
+    tag = f.metadata().get("ETag")
+    return tag.decode() if isinstance(tag, bytes) else tag
 
 
 def read_bytes(loc: Remote) -> bytes | None:
@@ -185,6 +223,7 @@ def read_bytes(loc: Remote) -> bytes | None:
     fs = filesystem(loc.scheme)
     with errors(loc, "reading it"):
         if fs.get_file_info(loc.path).type != pafs.FileType.File:
+            _check_bucket(loc)
             return None
         with fs.open_input_stream(loc.path) as f:
             return f.read()
@@ -278,21 +317,23 @@ def upload(local: Path, loc: Remote, bar=None, stop: threading.Event | None = No
             _pump(src.read, dst.write, bar, stop or threading.Event())
 
 
-def download(loc: Remote, local: Path, bar=None, stop: threading.Event | None = None) -> str:
+def download(loc: Remote, local: Path, bar=None,
+             stop: threading.Event | None = None) -> tuple[str, str | None]:
     """Copy the object ``loc`` to the local file ``local`` (written as ``local.part`` and
-    renamed when whole); its sha256."""
+    renamed when whole); its sha256, and the ETag of the object version it read."""
     fs = filesystem(loc.scheme)
     local.parent.mkdir(parents=True, exist_ok=True)
     part = local.with_name(local.name + ".part")
     h = hashlib.sha256()
     try:
         with errors(loc, "downloading it"), fs.open_input_stream(loc.path) as src:
+            tag = _etag_of(src)
             with open(part, "wb") as dst:
                 _pump(src.read, dst.write, bar, stop or threading.Event(), h)
         os.replace(part, local)
     finally:
         part.unlink(missing_ok=True)
-    return h.hexdigest()
+    return h.hexdigest(), tag
 
 
 def transfer(jobs: list[tuple], fn, *, total: int, desc: str, progress: bool) -> list:
@@ -336,6 +377,9 @@ def remote_inputs(paths, suffixes: tuple[str, ...], command: str) -> list[tuple[
             raise InputError(f"{loc}: a shards dataset (the output of `prep shards`); "
                              f"`{command}` reads measurements: give it the input files, or "
                              f"use `train --data {loc}`")
+        refusal = sniff.unfinished_publish(loc, files)
+        if refusal:
+            raise InputError(refusal)
         picked = {rel: n for rel, n in files.items() if rel.endswith(suffixes)
                   and not any(part.startswith(".") for part in rel.split("/"))}
         if not files:

@@ -108,6 +108,10 @@ def find_files(paths: Iterable[str | Path], suffixes: tuple[str, ...], none_foun
             raise InputError(sniff.advice(p, sniff.kind(p), command)
                              or f"{p}: not an input of `{command}`")
         if p.is_dir():
+            refusal = sniff.unfinished_publish(p, (f"{d.name}/{sniff.PUBLISH}" for d in p.glob(
+                ".tmp-*") if (d / sniff.PUBLISH).is_file()))
+            if refusal:
+                raise InputError(refusal)
             for f in p.rglob("*"):
                 if not f.name.endswith(suffixes) or any(
                         part.startswith(".") for part in f.relative_to(p).parts):

@@ -67,6 +67,7 @@ the workers need this package installed (README, "Beam on a cluster").
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -80,7 +81,7 @@ import time
 from pathlib import Path
 
 from prep.jobs.remote_out import RemoteDataset
-from prep.jobs.signals import signals_blocked
+from prep.schema.signals import signals_blocked
 from prep.schema.errors import InputError
 from prep.schema.measurements import empty
 from prep.schema.words import count
@@ -98,11 +99,31 @@ from prep.shards.dataset import (
 
 def _import_beam():
     try:
-        import apache_beam as beam
+        with _without_root_warning("apitools not found"):  # Beam's GCP extras, unused here
+            import apache_beam as beam
     except ImportError:
         raise InputError("--runner beam needs Apache Beam: pip install 'ping-pack[beam]' "
                          "(or use the default --runner local)") from None
     return beam
+
+
+@contextlib.contextmanager
+def _without_root_warning(prefix: str):
+    """Drop the root logger's messages starting with ``prefix`` within the block, without
+    the side effect of ``logging.warning`` on a root logger with no handler (basicConfig:
+    "WARNING:root:" lines for everything after)."""
+    root, hold = logging.getLogger(), logging.NullHandler()
+
+    def keep(record) -> bool:
+        return not str(record.msg).startswith(prefix)
+
+    root.addHandler(hold)
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
+        root.removeHandler(hold)
 
 
 def beam_options(pairs: list[str]):

@@ -37,7 +37,7 @@ from dataclasses import asdict, replace
 from pathlib import Path, PurePosixPath
 
 from prep.jobs import outdir, remote_out
-from prep.jobs.signals import signals_blocked
+from prep.schema.signals import signals_blocked
 from prep.schema import manifest as mf
 from prep.schema import storage
 from prep.schema.errors import InputError

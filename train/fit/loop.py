@@ -226,16 +226,64 @@ def load_run(run_dir: str | os.PathLike) -> dict:
     return record
 
 
+# What each process of a run may set for itself: where its copy of the dataset lies (held
+# to the others' by its fingerprint, ``check_same_data``), its reader's worker processes,
+# and how closely it checks its shards
+PER_PROCESS = ("data", "num_workers", "data_check")
+
+
+def check_agree(cfg: TrainConfig) -> None:
+    """Several processes (train.fit.multihost): InputError on every one, naming the first
+    setting in which a process differs from process 0. Steps, intervals or the model
+    differing would hang the collectives or crash in them; the lr, the seed, or the run
+    folder differing would train a model no one asked for."""
+    mine = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in PER_PROCESS}
+    said = [json.loads(v) for v in multihost.gather("settings", json.dumps(mine))]
+    for p, theirs in enumerate(said[1:], 1):
+        for k in mine:
+            if not same_setting(k, theirs.get(k), said[0].get(k)):
+                raise InputError(f"{flag(k)} differs between the processes of the run: "
+                                 f"{_shown(said[0].get(k))} on process 0, {_shown(theirs.get(k))} "
+                                 f"on process {p}; start `train --distributed` on every host "
+                                 "with the same settings")
+
+
+def _shown(v) -> str:
+    """A setting's value in a message: "" for an empty one, as a shell would take it."""
+    return '""' if v == "" else str(v)
+
+
+def same_setting(k: str, a, b) -> bool:
+    """Whether two values of TrainConfig field ``k`` set the same run: --loss-weights by
+    the weights they give (in any order), the others as they are."""
+    if k == "loss_weights" and a != b:
+        with contextlib.suppress(ValueError, AttributeError):
+            return step_lib.role_weights(a) == step_lib.role_weights(b)
+    return a == b
+
+
+def check_same_data(cfg: TrainConfig, fingerprint: str) -> None:
+    """Several processes: InputError on every one unless all read the same dataset."""
+    said = [json.loads(v) for v in multihost.gather(
+        "data", json.dumps({"data": cfg.data, "fingerprint": fingerprint}))]
+    for p, theirs in enumerate(said[1:], 1):
+        if theirs["fingerprint"] != said[0]["fingerprint"]:
+            raise InputError(f"--data differs between the processes of the run: process 0 "
+                             f"reads {said[0]['data']} (fingerprint {said[0]['fingerprint']}), "
+                             f"process {p} {theirs['data']} (fingerprint "
+                             f"{theirs['fingerprint']}); give every process the same dataset")
+
+
 def check_resume(saved: dict, cfg: TrainConfig, fingerprint: str) -> list[str]:
     """InputError (one line) if ``cfg`` differs from the run's recorded settings in one
     that binds it (config.RUN_BINDING) or reads another dataset (by shard digests); notes
     on the settings that may change (stderr) otherwise."""
     old, run = saved["train"], cfg.run_dir
     for k in RUN_BINDING:
-        if k in old and old[k] != getattr(cfg, k):
-            raise InputError(f"{flag(k)} {getattr(cfg, k)}: the run in {run} has {old[k]} "
-                             f"(its config.json); drop {flag(k)} to resume with the run's own, "
-                             "or start a new --run-dir")
+        if k in old and not same_setting(k, old[k], getattr(cfg, k)):
+            raise InputError(f"{flag(k)} {_shown(getattr(cfg, k))}: the run in {run} has "
+                             f"{_shown(old[k])} (its config.json); drop {flag(k)} to resume "
+                             "with the run's own, or start a new --run-dir")
     had = saved.get("data_fingerprint")
     if had is not None and had != fingerprint:
         if os.path.abspath(old.get("data", "")) == os.path.abspath(cfg.data):
@@ -350,6 +398,7 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None, preset: dict | None =
     them all.
     """
     run_dir = Path(cfg.run_dir)
+    check_agree(cfg)  # several processes: the same run, before any of them acts on it
     check_run_dir(run_dir)
     lock = RunLock(run_dir)
     refused = None
@@ -383,6 +432,7 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step, pre
     data = reader.local_copy(cfg.data, splits)  # a bucket's dataset: its checked local copy
     manifest = reader.open_shards(data)
     fingerprint = reader.dataset_fingerprint(manifest)
+    check_same_data(cfg, fingerprint)
     notes = check_resume(saved, cfg, fingerprint) if saved is not None else []
     reader.require_rows(data, manifest, "train",
                         "rebuild the dataset with `prep shards` from more measurements")

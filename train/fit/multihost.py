@@ -14,7 +14,9 @@ What changes with several processes (train.fit.loop, reader, checkpoint):
 2. Process 0 alone writes the run folder's files of its own (RUN_DIR/.lock, config.json,
    metrics.jsonl, checkpoint digests) and logs; Orbax saves the checkpoint with every
    process (the folder must be one every host sees: a shared file system). A refusal that
-   only one process can see (the run lock) reaches every process (``check_all``).
+   only one process can see (the run lock) reaches every process (``check_all``), and
+   the processes hold their settings and their dataset's fingerprint to process 0's
+   (``gather``, train.fit.loop.check_agree) before anything else.
 3. A signal (Ctrl-C, a scheduler's SIGTERM) on any process stops every process after the
    same step, with one checkpoint (``StopVote``).
 4. A process that dies, or stops answering for ``--heartbeat-timeout`` seconds, stops the
@@ -185,6 +187,17 @@ def check_all(name: str, error: str | None) -> None:
     for p, v in enumerate(said):
         if v != "ok":
             raise InputError(f"process {p}: {v[1:]}")
+
+
+def gather(name: str, value: str) -> list[str]:
+    """Every process's ``value``, in process order (``[value]`` with one process); ``name``
+    keys this one exchange (use each name once per run)."""
+    n = count()
+    if n == 1:
+        return [value]
+    client = _client()
+    client.key_value_set(f"{KEY}/{name}/{index()}", value)
+    return [client.blocking_key_value_get(f"{KEY}/{name}/{p}", _WAIT_MS) for p in range(n)]
 
 
 _barriers = 0
@@ -396,7 +409,9 @@ def supervise(hosts: Hosts, args: list[str]) -> int:
     if code >= 0 and not fatal:
         return code
     if "RegisterTask" in fatal:  # aborted in jax.distributed.initialize
-        print(f"error: {join_message(hosts, 'no coordinator answered')}", file=sys.stderr)
+        why = ("it runs the coordinator; not every other process joined it" if
+               hosts.process_id == 0 else "no coordinator answered")
+        print(f"error: {join_message(hosts, why)}", file=sys.stderr)
     elif fatal:
         print(f"error: {lost_message(hosts, _fatal_reason(fatal, hosts))}", file=sys.stderr)
     else:

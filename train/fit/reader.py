@@ -37,6 +37,7 @@ from prep.schema import cache
 from prep.schema import manifest as manifest_lib
 from prep.schema import rows as rows_lib
 from prep.schema.errors import InputError
+from prep.schema.lifetime import die_with_parent
 
 
 def local_copy(data: str | os.PathLike, splits=None) -> Path:
@@ -189,8 +190,16 @@ def batches(shards_dir: str | os.PathLike, split: str, *, batch_size: int, seed:
         # Grain's worker processes read absl flags; outside an absl app nobody parsed them
         if not absl_flags.FLAGS.is_parsed():
             absl_flags.FLAGS.mark_as_parsed()
-        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
+        # workers that end with this process, however it ends (SIGKILL runs no cleanup)
+        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers),
+                            worker_init_fn=functools.partial(_worker_init, os.getpid()))
     return it
+
+
+def _worker_init(trainer: int, _worker: int, _workers: int) -> None:
+    """A Grain worker ends with its trainer (``trainer``: its pid). Grain starts workers
+    from a pool of threads, so they are watched by pid, not PR_SET_PDEATHSIG."""
+    die_with_parent(trainer, any_thread=True)
 
 
 class EpochKeys:

@@ -242,11 +242,23 @@ class Predictor:
         """RTT median, p10, p90 (ms) and P(failed) of one ping from ``src`` to ``dst``."""
         return self.predict_many([(src, dst, time, history or [])])[0]
 
-    def predict_many(self, queries) -> list[dict]:
-        """``predict`` for many (src, dst, time or None, history list) at once, batched."""
+    @property
+    def max_history(self) -> int:
+        """The most history measurements that can share a row with a query (none is
+        shorter than 12 tokens)."""
+        return self.row_len // 12
+
+    def predict_many(self, queries, *, progress=None) -> list[dict]:
+        """``predict`` for many (src, dst, time or None, history list) at once, batched;
+        ``progress(rows, queries)`` after each batch of rows."""
+        return self.predict_measurements(
+            [(query_measurement(src, dst, t), hist) for src, dst, t, hist in queries],
+            progress=progress)
+
+    def predict_measurements(self, queries, *, progress=None) -> list[dict]:
+        """``predict_many`` for (query measurement, history list) pairs."""
         contexts, q_choice, q_rtt, dropped = [], [], [], []
-        for src, dst, t, hist in queries:
-            q = query_measurement(src, dst, t)
+        for q, hist in queries:
             hist = sorted(hist, key=lambda m: -1 if m.time is None else m.time)
             tokens, choice, rtt, kept = self._fit_row(hist, q)
             contexts.append(tokens)
@@ -255,26 +267,34 @@ class Predictor:
             dropped.append(len(hist) - kept)
         tok, seg, where = pack_contexts(contexts, self.row_len)
         ans = self.answer(tok, seg, where[:, 0], where[:, 1] + np.array(q_choice, np.int64),
-                          where[:, 1] + np.array(q_rtt, np.int64))
+                          where[:, 1] + np.array(q_rtt, np.int64), progress=progress)
         out = []
         for i in range(len(queries)):
             out.append({"rtt_ms": float(ans.quantile_ms[i, 1]),
                         "p10_ms": float(ans.quantile_ms[i, 0]),
                         "p90_ms": float(ans.quantile_ms[i, 2]),
                         "p_failed": float(ans.p_failed[i]),
-                        "history_used": len(queries[i][3]) - dropped[i],
+                        "history_used": len(queries[i][1]) - dropped[i],
                         "non_canonical_mass": float(ans.non_canonical_mass[i])})
         return out
 
     def _fit_row(self, hist: list[Measurement], q: Measurement):
-        """The query after as much of its history (the most recent) as fits one row."""
-        # no measurement is shorter than 12 tokens: older ones than this cannot fit
-        first = max(0, len(hist) - self.row_len // 12)
-        for start in range(first, len(hist) + 1):
-            tokens, choice, rtt = encode_context(hist[start:] + [q])
-            if len(tokens) <= self.row_len:
-                return tokens, choice[-1], rtt[-1], len(hist) - start
-        raise AssertionError("unreachable: one measurement always fits a row")
+        """The query after as much of its history (the most recent) as fits one row.
+
+        Dropping the oldest measurement shortens a context (by 12 tokens or more, less at
+        most the 7 its successor's timestamp grows by, delta to absolute), so the first
+        that fits is found by bisection: a few encodings, not one per measurement."""
+        lo = max(0, len(hist) - self.max_history)  # older ones than this cannot fit
+        hi, best = len(hist), None  # the query alone always fits
+        while lo < hi:  # the smallest start in [lo, hi] whose context fits
+            mid = (lo + hi) // 2
+            enc = encode_context(hist[mid:] + [q])
+            if len(enc[0]) <= self.row_len:
+                hi, best = mid, enc
+            else:
+                lo = mid + 1
+        tokens, choice, rtt = best or encode_context([q])
+        return tokens, choice[-1], rtt[-1], len(hist) - hi
 
 
 @functools.lru_cache(maxsize=4)
@@ -293,11 +313,14 @@ def _compiled(mcfg: ModelConfig, att: attention.AttentionConfig):
     return jax.jit(gather), jax.jit(probe)
 
 
+_addr_words = functools.lru_cache(maxsize=1 << 16)(addr_words)  # queries repeat addresses
+
+
 def query_measurement(src: str, dst: str, time: int | None) -> Measurement:
     """The query measurement of (src, dst, time); InputError for a bad address."""
     try:
-        fs, sh, sl = addr_words(str(src))
-        fd, dh, dl = addr_words(str(dst))
+        fs, sh, sl = _addr_words(str(src))
+        fd, dh, dl = _addr_words(str(dst))
     except ValueError as e:
         raise InputError(f"{e}; give IPv4 or IPv6 addresses, e.g. --src 192.0.2.7 "
                          "--dst 193.0.14.129") from None

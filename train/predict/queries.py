@@ -14,10 +14,20 @@
   schema's name and type: a UTC timestamp of seconds, null for a query without one, so an
   answers file reads back as a queries file), ``rtt_ms`` (median), ``p10_ms``,
   ``p90_ms``, ``p_failed`` and ``history_used`` (earlier measurements in the context).
+- A queries file is answered a piece (PIECE queries) at a time, under a progress bar of
+  queries: each piece's answers are appended to ``OUT.part`` (renamed to ``OUT`` when all
+  are there) and printed (``--json``) as they come, so memory holds one piece's contexts
+  and an interrupted or failed run leaves the old ``OUT`` (or none), never a part of it.
+  SIGINT and SIGTERM stop it with one line (prep.schema.signals), exit 128 + the signal.
+- A query's context is found by bisection in its source's history (sorted by time once),
+  and only its newest ``row_len // 12`` measurements are kept: no measurement is shorter
+  than 12 tokens, so older ones cannot fit its row.
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -25,9 +35,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
 from prep.schema.errors import InputError
 from prep.schema.measurements import Measurements
+from prep.schema.signals import stop_on_signals
 from prep.schema.splits import format_time, parse_time
 from prep.schema.validate import TIME_MAX, TIME_MIN, column_times, read_validated
 from prep.tokens.reference import rtt_code
@@ -35,6 +47,10 @@ from train.predict import predictor as P
 
 ANSWER_COLUMNS = ("rtt_ms", "p10_ms", "p90_ms", "p_failed", "history_used")
 TIME_TYPE = pa.timestamp("s", tz="UTC")  # the answers' event_time
+ANSWERS_SCHEMA = pa.schema([("src_addr", pa.string()), ("dst_addr", pa.string()),
+                            ("event_time", TIME_TYPE), ("rtt_ms", pa.float64()),
+                            ("p10_ms", pa.float64()), ("p90_ms", pa.float64()),
+                            ("p_failed", pa.float64()), ("history_used", pa.int64())])
 TIME_RANGE = "1970-01-01 <= t < 2100-01-01 UTC, the times `prep` accepts"
 
 
@@ -61,35 +77,44 @@ def as_context(m: Measurements, idx) -> list[P.Measurement]:
     return sorted(out, key=lambda x: x.time)
 
 
-def contexts_of(hist: Measurements | None, path: str | None,
-                queries: list[P.Measurement]) -> list[list[P.Measurement]]:
-    """Each query's context: the rows of ``hist`` with its source, from before its time
-    (all of them for a query without a time). Rows of no query's source are left out, with
-    their count on stderr."""
-    if hist is None:
-        return [[] for _ in queries]
-    by_src = defaultdict(list)
-    for i, key in enumerate(zip(hist.family.tolist(), hist.src_hi.tolist(), hist.src_lo.tolist())):
-        by_src[key].append(i)
-    wanted = {(q.family, q.src_hi, q.src_lo) for q in queries}
-    left_out = sum(len(rows) for key, rows in by_src.items() if key not in wanted)
-    if left_out:
-        print(f"{path}: {left_out:,} of {len(hist):,} history rows left out (their src_addr "
-              "is no query's source)", file=sys.stderr)
-    of_src = {key: as_context(hist, by_src.get(key, [])) for key in wanted}
-    out = []
-    for q in queries:
-        ctx = of_src[(q.family, q.src_hi, q.src_lo)]
-        out.append(ctx if q.time is None else [h for h in ctx if h.time <= q.time])
-    return out
+class Histories:
+    """The history rows of each query's source, sorted by time once; ``context(q)`` is the
+    rows before the query's time (all of them for a query without a time), the newest
+    ``keep`` at most. Rows of no query's source are left out, with their count on stderr."""
+
+    def __init__(self, hist: Measurements | None, path: str | None, sources: set, keep: int):
+        self.keep, self.of_src, self.times = keep, {}, {}
+        if hist is None:
+            return
+        by_src = defaultdict(list)
+        for i, key in enumerate(zip(hist.family.tolist(), hist.src_hi.tolist(),
+                                    hist.src_lo.tolist())):
+            by_src[key].append(i)
+        left_out = sum(len(rows) for key, rows in by_src.items() if key not in sources)
+        if left_out:
+            print(f"{path}: {left_out:,} of {len(hist):,} history rows left out (their "
+                  "src_addr is no query's source)", file=sys.stderr)
+        for key in sources:
+            ctx = as_context(hist, by_src.get(key, []))
+            self.of_src[key], self.times[key] = ctx, [h.time for h in ctx]
+
+    def context(self, q: P.Measurement) -> list[P.Measurement]:
+        key = (q.family, q.src_hi, q.src_lo)
+        ctx = self.of_src.get(key, [])
+        if not ctx:
+            return []
+        end = len(ctx) if q.time is None else bisect.bisect_right(self.times[key], q.time)
+        return ctx[max(0, end - self.keep):end]
 
 
 def predict_one(run_dir, src: str, dst: str, when, history: str | None, *, step=None) -> dict:
     """The answer to one query (``when``: ISO-8601 or Unix seconds, or None)."""
     t = None if when is None else _time(when)
     q = P.query_measurement(src, dst, t)
-    ctx = contexts_of(history_of(history), history, [q])[0]
-    return P.load(run_dir, step=step).predict(src, dst, time=t, history=ctx)
+    pred = P.load(run_dir, step=step)
+    ctx = Histories(history_of(history), history, {(q.family, q.src_hi, q.src_lo)},
+                    pred.max_history).context(q)
+    return pred.predict(src, dst, time=t, history=ctx)
 
 
 def _time(text) -> int:
@@ -102,9 +127,14 @@ def _time(text) -> int:
     return t
 
 
+PIECE = 16_384  # queries answered, written and printed at a time
+
+
 def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
-                 step=None) -> list[dict]:
-    """Answers for every query of the parquet ``queries`` (written to ``out`` if given)."""
+                 step=None, emit=None, progress: bool = True) -> int:
+    """Answer every query of the parquet ``queries``, a piece at a time (module docstring):
+    appended to ``out`` if given, each piece's answers (dicts) passed to ``emit`` if
+    given. Returns the number of answers."""
     try:
         table = pq.read_table(queries)
     except (OSError, pa.ArrowException) as e:
@@ -117,25 +147,54 @@ def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
     srcs = table.column("src_addr").to_pylist()
     dsts = table.column("dst_addr").to_pylist()
     times = _times(table, queries)
+    del table
     qs = []
     for k, (s, d, t) in enumerate(zip(srcs, dsts, times)):
         if s is None or d is None:
             raise InputError(f"{queries}: query {k} has no src_addr or dst_addr")
         qs.append(P.query_measurement(s, d, t))
-    ctxs = contexts_of(history_of(history), history, qs)
     pred = P.load(run_dir, step=step)
-    answers = pred.predict_many(list(zip(srcs, dsts, times, ctxs)))
-    for a, s, d, t in zip(answers, srcs, dsts, times):
-        a.update(src_addr=s, dst_addr=d, event_time=None if t is None else format_time(t))
+    hist = Histories(history_of(history), history, {(q.family, q.src_hi, q.src_lo) for q in qs},
+                     pred.max_history)
+    part = Path(str(out) + ".part") if out else None
+    writer = None
+    with stop_on_signals(Path(out) if out else None, "train predict"), tqdm(
+            total=len(qs), unit=" queries", desc="predict", file=sys.stderr,
+            disable=not progress or None) as bar:
+        try:
+            for a in range(0, len(qs), PIECE):
+                b = min(a + PIECE, len(qs))
+                answers = pred.predict_measurements([(q, hist.context(q)) for q in qs[a:b]],
+                                                    progress=lambda _rows, n: bar.update(n))
+                if part is not None:
+                    cols = [srcs[a:b], dsts[a:b], times[a:b]]
+                    cols += [[x[c] for x in answers] for c in ANSWER_COLUMNS]
+                    writer = writer or _writer(part)
+                    writer.write_table(pa.table(cols, schema=ANSWERS_SCHEMA))
+                if emit is not None:
+                    for x, s, d, t in zip(answers, srcs[a:b], dsts[a:b], times[a:b]):
+                        x.update(src_addr=s, dst_addr=d,
+                                 event_time=None if t is None else format_time(t))
+                    emit(answers)
+            if part is not None:
+                writer = writer or _writer(part)  # no queries: an empty answers file
+                writer.close()
+                writer = None
+                part.replace(out)
+        finally:
+            if writer is not None:
+                with contextlib.suppress(Exception):
+                    writer.close()
+            if part is not None:
+                part.unlink(missing_ok=True)
     if out:
-        cols = {"src_addr": srcs, "dst_addr": dsts, "event_time": pa.array(times, TIME_TYPE)}
-        cols.update({c: [a[c] for a in answers] for c in ANSWER_COLUMNS})
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(str(out) + ".tmp")
-        pq.write_table(pa.table(cols), tmp)
-        tmp.replace(out)
-        print(f"wrote {len(answers):,} answers to {out}", file=sys.stderr)
-    return answers
+        print(f"wrote {len(qs):,} answers to {out}", file=sys.stderr)
+    return len(qs)
+
+
+def _writer(part: Path) -> pq.ParquetWriter:
+    part.parent.mkdir(parents=True, exist_ok=True)
+    return pq.ParquetWriter(part, ANSWERS_SCHEMA)
 
 
 def _times(table: pa.Table, path) -> list[int | None]:

@@ -1,8 +1,11 @@
-"""SIGINT and SIGTERM in `prep shards`, `prep import-atlas`, `prep synth`: one line and exit 128 + the signal, never a traceback.
+"""SIGINT and SIGTERM in `prep shards`, `prep import-atlas`, `prep synth` and `train predict`:
+one line and exit 128 + the signal, never a traceback.
 
 ``stop_on_signals`` turns them into ``Interrupted`` within a block (the whole command, in
 prep/cli.py; the run's output folder, in prep.jobs.outdir.claim, whose swap and clean-up hold
-them until they end); ``signals_blocked`` blocks them while workers and threads start.
+them until they end; the answers file of train.predict.queries); ``signals_blocked`` blocks
+them while workers and threads start. It lives in prep.schema, below both prep.jobs and
+train, which share it.
 """
 
 from __future__ import annotations

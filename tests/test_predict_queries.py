@@ -1,0 +1,121 @@
+"""`train predict --queries` on many queries (#36 item 23): answered a piece at a time under
+a progress bar, each piece streamed to the answers file and to --json as it comes, the same
+answers as one query at a time; SIGINT stops it with one line and leaves the old answers
+file; a long history costs a few encodings per query, not one per measurement."""
+
+import dataclasses
+import json
+import os
+import signal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from bench import synthetic_shards as synthetic
+from train.cli import main
+from train.fit.config import TrainConfig
+from train.fit.loop import train
+from train.predict import predictor as P
+from train.model import model
+from train.model.arch import MODELS
+from train.predict import queries as Q
+
+pytestmark = pytest.mark.no_kernel_warmup  # synthetic shards: no prep kernel
+N = 7
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("predict")
+    synthetic.write_shards(d / "shards", {"train": synthetic.counting_rows(16, 128, seed=0),
+                                          "test": synthetic.counting_rows(4, 128, seed=1)})
+    train(TrainConfig(data=str(d / "shards"), run_dir=str(d / "run"), steps=1, batch_size=2,
+                      warmup=1, log_every=1, eval_every=0, ckpt_every=0))
+    q = d / "q.parquet"
+    pq.write_table(pa.table({"src_addr": [f"192.0.2.{i}" for i in range(N)],
+                             "dst_addr": ["193.0.14.129"] * N,
+                             "event_time": [1767272400 + i for i in range(N)]}), q)
+    h = d / "h.parquet"
+    pq.write_table(pa.table({"event_time": [1767268800 + 60 * i for i in range(20)],
+                             "src_addr": ["192.0.2.1"] * 20, "dst_addr": ["193.0.14.129"] * 20,
+                             "ip_version": [4] * 20, "rtt": [20.0 + i for i in range(20)]}), h)
+    return d
+
+
+def test_queries_are_answered_and_streamed_in_pieces(run, tmp_path, monkeypatch):
+    monkeypatch.setattr(Q, "PIECE", 3)
+    bars = []
+
+    class Bar(Q.tqdm):  # the bar shows on a terminal only; here, what it was told
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            bars.append([kw["total"], kw["unit"]])
+
+        def update(self, n=1):
+            bars[-1].append(n)
+            return super().update(n)
+
+    monkeypatch.setattr(Q, "tqdm", Bar)
+    out = tmp_path / "a.parquet"
+    r = CliRunner().invoke(main, ["predict", str(run / "run"), "--queries", str(run / "q.parquet"),
+                                  "--history", str(run / "h.parquet"), "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    f = pq.ParquetFile(out)
+    assert [f.metadata.row_group(i).num_rows for i in range(f.num_row_groups)] == [3, 3, 1]
+    got = f.read().to_pylist()
+    printed = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [p["src_addr"] for p in printed] == [g["src_addr"] for g in got] == [
+        f"192.0.2.{i}" for i in range(N)]
+    assert [g["history_used"] for g in got] == [0, 6, 0, 0, 0, 0, 0]  # 6 of 20 fit 128 tokens
+    # one bar of queries, moved by each batch of rows of each piece
+    assert len(bars) == 1 and bars[0][:2] == [N, " queries"] and sum(bars[0][2:]) == N
+    assert len(bars[0][2:]) >= 3
+    assert r.stderr.splitlines()[-1] == f"wrote {N:,} answers to {out}"
+    assert not (tmp_path / "a.parquet.part").exists()
+    # the same answers as one query at a time
+    one = CliRunner().invoke(main, ["predict", str(run / "run"), "--src", "192.0.2.1", "--dst",
+                                    "193.0.14.129", "--time", "1767272401", "--history",
+                                    str(run / "h.parquet"), "--json"])
+    keys = ("rtt_ms", "p10_ms", "p90_ms", "p_failed", "history_used")
+    assert {k: json.loads(one.stdout)[k] for k in keys} == {k: got[1][k] for k in keys}
+
+
+def test_sigint_is_one_line_and_leaves_the_old_answers(run, tmp_path, monkeypatch):
+    out = tmp_path / "a.parquet"
+    out.write_bytes(b"the answers of an earlier run")
+    monkeypatch.setattr(Q, "PIECE", 2)
+    real, calls = P.Predictor.predict_measurements, []
+
+    def predict_measurements(self, queries, **kw):  # Ctrl-C while the 2nd piece is answered
+        calls.append(len(queries))
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, queries, **kw)
+
+    monkeypatch.setattr(P.Predictor, "predict_measurements", predict_measurements)
+    r = CliRunner().invoke(main, ["predict", str(run / "run"), "--queries", str(run / "q.parquet"),
+                                  "--out", str(out)])
+    assert r.exit_code == 130 and calls == [2, 2]
+    assert r.stderr.splitlines()[-1] == (
+        f"error: train predict: stopped by SIGINT; the unfinished output was removed and "
+        f"{out} holds what it held before")
+    assert "Traceback" not in r.stderr and "Aborted" not in r.output
+    assert out.read_bytes() == b"the answers of an earlier run"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.parquet"]
+
+
+def test_a_long_history_costs_a_few_encodings_not_one_per_measurement(monkeypatch):
+    cfg = dataclasses.replace(MODELS["tiny"], seq_len=1024)
+    pred = P.Predictor(model.init_params(cfg, 0), cfg)
+    q = P.query_measurement("192.0.2.1", "193.0.14.129", 1_000_000 + 10_000)
+    hist = [dataclasses.replace(q, time=1_000_000 + 10 * i, rtt_code=0x2E1B) for i in range(1000)]
+    real, calls = P.encode_context, []
+    monkeypatch.setattr(P, "encode_context", lambda ms: calls.append(len(ms)) or real(ms))
+    tokens, choice, rtt, kept = pred._fit_row(hist, q)
+    # 1,024 tokens: 23 for the first, 16 for each later one, 14 for the query -> 62 fit
+    assert kept == 62 and len(tokens) == 23 + 16 * 61 + 14
+    assert (tokens, choice, rtt) == (lambda t, c, r: (t, c[-1], r[-1]))(*real(hist[-62:] + [q]))
+    # bisection over the newest 1,024 // 12 = 85 (one encoding per start tried: 24 before)
+    assert len(calls) == 7, calls
