@@ -1,8 +1,9 @@
 """A model with the destination memory knows what a destination costs where its context
 cannot say: in a planted world where each destination has its own RTT level and a probe
 pings each destination at most twice, a short run of the recipe's settings answers the
-queries with no earlier reply to their destination far below the global median, and near
-the destination's train median (the baseline that knows exactly the levels)."""
+queries of held-out probes with no earlier reply to their destination (``cold``) a tenth of
+the global median's error, within 2x of the destination's train median (the baseline that
+knows exactly the levels)."""
 
 import dataclasses
 
@@ -59,9 +60,11 @@ def test_memory_knows_destinations_unseen_in_context(tmp_path, monkeypatch):
     got = {k: (v["n_rtt"], v["median_rel"]) for k, v in elsewhere.items()}
     assert elsewhere["model"]["n_rtt"] > 200, got
     assert elsewhere["dst_median"]["median_rel"] < 0.03, got  # the levels are the whole answer
-    assert elsewhere["model"]["median_rel"] < MARGIN * elsewhere["global_median"]["median_rel"], got
+    assert (elsewhere["model"]["median_rel"]
+            < MARGIN * elsewhere["global_median"]["median_rel"]), got
     assert elsewhere["model"]["median_rel"] < NEAR_DST, got
 
 
-# measured on 2026-11-27 (2 cores): see the numbers at the end of the run
-MARGIN, NEAR_DST = 0.3, 0.2
+# measured on 2026-11-27 (2 cores): cold (n = 244) model 0.0153, dst_median 0.0141 (the
+# planted +/- 3 %), global median 0.893
+MARGIN, NEAR_DST = 0.1, 0.03

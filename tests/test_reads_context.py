@@ -27,11 +27,14 @@ def test_small_recipe_reads_its_context(builtin_shards, tmp_path):
     pic = {k: rtt[k]["by_stratum"]["pair_in_context"] for k in ("model", "model_no_context",
                                                                  "context_last")}
     assert pic["model"]["n_rtt"] > 300
-    assert pic["model"]["median_rel"] < MARGIN * pic["model_no_context"]["median_rel"]
+    got = {k: (v["n_rtt"], v["median_rel"]) for k, v in pic.items()}
+    assert pic["model"]["median_rel"] < MARGIN * pic["model_no_context"]["median_rel"], got
 
 
-# measured on 2026-11-26 (2 cores), the small preset with its destination match and byte
-# waves (docs/learning.md section 7): loss 1.74 at step 300 of 8 rows; pair_in_context
-# (n = 326) model 0.081, model alone 0.637, context_last 0.016 (at step 200: 0.122 against
-# 0.590). Before that preset the model needed 500 steps to reach 0.212 against 0.687 here.
-LOSS_BELOW, MARGIN = 2.0, 0.3
+# measured on 2026-11-27 (2 cores), the small preset with its destination memory and prior,
+# trained on anonymous sources (docs/learning.md section 8): loss 3.35 at step 300 of 8 rows
+# (1.74 before those pieces: a context's first source is now a random address, which no
+# model predicts); pair_in_context (n = 326) model 0.186, model alone 0.624, context_last
+# 0.016 (before: 0.081 against 0.637; the pieces slow the first 0.3M tokens, not the
+# recipe's 4.9M, docs/learning.md section 8.4)
+LOSS_BELOW, MARGIN = 3.6, 0.4

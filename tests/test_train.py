@@ -207,9 +207,10 @@ def test_cli_model_choices_are_the_registry():
 
 def test_small_preset_and_its_cpu_recipe():
     """The CPU recipe (docs/learning.md): tiny's shape plus the grammar embedding (7 role
-    rows and 17 byte-index rows of 64), the destination match's gain per layer (2) and the
-    byte waves' mixes (14 waves by 64, in and out), and its own CPU defaults under --model
-    small."""
+    rows and 17 byte-index rows of 64), the destination match's gain per layer (2), the
+    byte waves' mixes (14 waves by 64, in and out), the destination memory (8,192 rows of
+    64) and prior (8,192 rows of 16, their map to the 267 tokens, the gate's 64), trained on
+    anonymous sources, and its own CPU defaults under --model small."""
     from train.fit.config import defaults_for
     from train.model.arch import n_params
 
@@ -217,10 +218,12 @@ def test_small_preset_and_its_cpu_recipe():
     assert small.grammar_embed and not tiny.grammar_embed
     assert (small.match_dst, small.byte_features, tiny.match_dst, tiny.byte_features) == (
         4.0, 7, 0.0, 0)
-    assert n_params(small) == n_params(tiny) + (7 + 17) * 64 + 2 + 2 * 14 * 64 == 136_130
+    assert (small.dst_memory, small.dst_prior_scale, small.anonymize_src) == (8192, 30.0, True)
+    assert n_params(small) == (n_params(tiny) + (7 + 17) * 64 + 2 + 2 * 14 * 64
+                               + 8192 * 64 + 8192 * 16 + 16 * 267 + 64) == 795_826
     d = defaults_for("cpu", model="small")
     assert (d["model"], d["steps"], d["batch_size"], d["lr"], d["warmup"], d["loss_weights"]) == (
-        "small", 1600, 8, 3e-3, 100, "rtt=10,result=10")
+        "small", 2400, 8, 3e-3, 100, "rtt=10,result=10")
     assert defaults_for("cpu")["model"] == "tiny" and defaults_for("gpu")["model"] == "base"
 
 
@@ -248,7 +251,7 @@ def test_small_preset_names_what_it_sets_and_warns_off_its_recipe(shards, tmp_pa
 def test_small_preset_is_spelled_out_in_help():
     h = " ".join(CliRunner().invoke(main, ["fit", "--help"]).output.split())
     assert ("small: the CPU recipe (rows of 256, docs/learning.md); on a CPU it also sets "
-            "--steps 1600, --batch-size 8, --lr 0.003, --warmup 100, --loss-weights "
+            "--steps 2400, --batch-size 8, --lr 0.003, --warmup 100, --loss-weights "
             "rtt=10,result=10, --dtype float32, --log-every 100, --eval-every 400, --eval-rows "
             "64, --ckpt-every 400, each overridden by its flag") in h
 
