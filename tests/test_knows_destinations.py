@@ -1,7 +1,6 @@
 """A model with the destination memory knows what a destination costs where its context
 cannot say: in a planted world where each destination has its own RTT level, whoever asks,
-a short run of the recipe's settings answers the
-queries of held-out probes with no earlier reply to their destination (``cold``) a tenth of
+a short run of the recipe's settings answers the queries of held-out probes with no earlier reply to their destination (``cold``) a tenth of
 the global median's error, within 2x of the destination's train median (the baseline that
 knows exactly the levels)."""
 
