@@ -69,10 +69,6 @@ class ModelConfig:
     # memory so instead displaced the context-reading circuits: docs/learning.md section 8.)
     # 0: off
     dst_prior_scale: float = 0.0
-    # the prior's gate also reads whether the match head has an earlier measurement to the
-    # destination in the context (a learned shift of its logit there): the one fact that
-    # says whether the context or the prior should answer, given rather than learned
-    prior_sees_match: bool = False
     # training only: each context's source addresses replaced by random ones (the same
     # address the same within a context; train.model.model.anonymize_sources), so nothing
     # the model learns about a training probe's address can carry a prediction: the test
@@ -143,9 +139,7 @@ def param_specs(cfg: ModelConfig) -> dict:
         memory |= {"prior_table": Param((cfg.dst_memory, PRIOR_DIM), std / cfg.dst_prior_scale,
                                         decay=False),
                    "prior_out": Param((PRIOR_DIM, V), std),
-                   "prior_gate": Param((D,), std),
-                   **({"prior_gate_match": Param((1,), 0.0, decay=False)}
-                      if cfg.prior_sees_match and cfg.match_dst else {})}
+                   "prior_gate": Param((D,), std)}
     return {
         **grammar,
         **waves,

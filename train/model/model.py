@@ -186,17 +186,14 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
                   @ head_w.astype(dtype)).astype(jnp.float32)
         if at is None:
             return logits
-        r, o, m = at  # the destination prior, gated by what the layers read
-        g = x.astype(jnp.float32) @ params["prior_gate"]
-        if "prior_gate_match" in params:  # and by whether the match head found a ping
-            g = g + jnp.where(m[:, 0].any(-1), params["prior_gate_match"][0] - 1.0, 0.0)  # 1: none
-        gate = jax.nn.sigmoid(g)
+        r, o = at  # the destination prior, gated by what the layers read
+        gate = jax.nn.sigmoid(x.astype(jnp.float32) @ params["prior_gate"])
         prior = (params["prior_table"][r] * cfg.dst_prior_scale) @ params["prior_out"]
         return logits + jnp.where(o[..., None], gate[..., None] * prior, 0.0)
 
     prior = bool(cfg.dst_memory and cfg.dst_prior_scale)
-    out = head(x, (row, on, match) if prior else None)
-    return out if probes is None else (out, head(xp, (p_row, p_on, p_match) if prior else None))
+    out = head(x, (row, on) if prior else None)
+    return out if probes is None else (out, head(xp, (p_row, p_on) if prior else None))
 
 
 # one odd multiplier per byte index: an address's hash is the sum of (byte + 1) * M[index]
