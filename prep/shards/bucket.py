@@ -14,16 +14,14 @@ Steps, for one bucket:
    history to train or to test, never both; ``time`` by the cutoff ``test_from``;
    ``time+probe`` by both, the measurements that fit neither split counted as excluded.
    Contexts are planned per split, so none straddles the cutoff.
-2. For each split and each epoch k (seed ``epoch_seed(cfg.seed, k)``, so every pass has
-   its own field orders, timestamp modes and cut points):
-   plan contexts → pack pieces into rows → encode pieces (Numba) → assemble rows
+2. For each split and each epoch k (seed ``epoch_seed(cfg.seed, k)``: every pass has its
+   own field orders, timestamp modes and cut points): plan contexts → pack pieces into rows → encode pieces (Numba) → assemble rows
    (vectorized: a row's pieces are contiguous in the token stream) → record bytes
    (prep.schema.rows) → ``<split>/shard-b<bucket>-e<k>.array_record``, written under a temp
    name and renamed. A split with no measurements writes no file.
 3. Return a plain, JSON-serializable dict (see ``process_bucket``).
-
-Hashes are splitmix64 over the uint64 probe key with different salts for bucketing and
-splitting, so a bucket holds both train and test probes in the configured proportion.
+Bucketing and splitting hash the probe key with different salts (splitmix64), so a bucket
+holds train and test probes in the configured proportion.
 """
 
 from __future__ import annotations
