@@ -18,9 +18,8 @@
 6. Repack (``split=True``, no ``max_segments``): rows of small whole pieces are re-laid by
    subset sums, kept only if that saves a row (prep.pack.repack).
 
-The planner (prep.pack.planner_kernels.cut_contexts) does its part: a context that the row
-length ends gives back up to BACKOFF measurements until its gap is ``fillable``, since cut
-points are free. The padding this achieves, against the lower bound ceil(tokens / row_len)
+The planner (prep.pack.planner_kernels.cut_contexts) helps: a context the row length ends
+gives back up to BACKOFF measurements until its gap is ``fillable``. The padding this achieves, against the lower bound ceil(tokens / row_len)
 and other strategies, is what ``make bench`` prints (bench/bench_packing.py; README, "What
 it measures").
 """
