@@ -4,8 +4,8 @@ claimed, staged and published as prep.jobs.outdir does for `prep shards`. What i
     out/*.parquet                              the output (of this run, or the one before)
     out/.lock                                  locked (flock) by the run writing the folder
     out/.tmp-<runner>-<pid>-<token>/           a run's staging folder (marker ``.ping-pack-owner``)
-A run, step by step (``claim``):
 
+A run, step by step (``claim``):
 1. Lock ``.lock`` for the whole run (prep.jobs.outdir.lock_folder): a second run into the
    folder fails at once (exit 2) naming the first one's pid. Forked workers inherit it.
 2. Check before touching anything: ``out`` is a folder; a shards or run folder is refused
