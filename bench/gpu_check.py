@@ -38,11 +38,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# ~200M tokens of 48 x 1024-token rows: ~10 min at the rate in bench/results/gpu-nvidia-h200.json
+# ~200M tokens of 48 x 1024-token rows: ~10 min on an H200 (docs/measurements.md)
 LEARNING_STEPS = 4_000
 LEARNING_POINTS = 6
 # what a learning run costs besides its steps: compiling, and per checkpoint the evaluation
-# (model forward, baselines fit on the train split), with a margin over what an H200 took
+# (model forward, baselines fit on the train split), with a margin over an H200's
 COMPILE_S, EVAL_POINT_S = 30, 30
 # under a budget, a learning run with less than this left is not worth its compile and
 # evaluations: skipped
