@@ -54,8 +54,8 @@ from prep.shards.dataset import (
     own_rss_mb,
 )
 
-# LZ4 halves the spill's CPU in the kernel (page-cache writes are dear on small VMs) and
-# shrinks it 2.8x, for +0.3 s of user time per 10M rows.
+# LZ4: page-cache writes are dear on small VMs, and compressing the spill saves more kernel
+# time than it costs (docs/measurements.md).
 _SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 
 

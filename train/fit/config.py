@@ -92,9 +92,9 @@ def start_warnings(cfg: TrainConfig, row_len: int, platform: str) -> list[str]:
     return out
 
 
-# Rows of 1024 tokens per GPU for the base model. Measured on one H200 (make gpu-check,
-# bench/results/gpu-nvidia-h200-batch.json): 48 rows peak at 46 GiB and train at 338k real
-# tokens/s; 64 rows ran at 225k (a step 2x as long for 1.33x the rows); 128 do not fit.
+# Rows of 1024 tokens per GPU for the base model: the batch with the most real tokens/s in
+# the H200 sweep of make gpu-check (bench/results/gpu-nvidia-h200-batch.json); larger ones
+# ran slower or did not fit.
 GPU_ROWS = 48
 
 
