@@ -2,11 +2,12 @@
 
 The format of the network-coordinate data sets (King, Meridian, PlanetLab, Seattle): each
 file is one time frame, N lines of N whitespace-separated numbers; entry (i, j) is the RTT
-from node i (source, row) to node j (destination, column), not necessarily symmetric.
-
-A frame's number is the last number in its file's name (``SeattleData_12``: 12), not the
-order given; a missing number leaves its interval empty, and duplicates are an error
-(``list_frames``). Every frame has the same N: node i is the same host in every frame.
+from node i (source, row) to node j (destination, column), not necessarily symmetric. Every
+frame has the same N: node i is the same host in every frame. A frame's number is the last
+number in its file's name (``SeattleData_12``: 12), not the order given; a missing number
+leaves its interval empty; two files of one number, or numbered and unnumbered names mixed,
+are an error; unnumbered names are frames in name order. A folder stands for the files in
+it, less hidden ones and README*, LICENSE*, COPYING*, *.md.
 
 Rows (prep.schema.validate's schema), one per entry: frame f covers [start + f*interval,
 start + (f+1)*interval); source i measures i+1, i+2, ... (mod N), spread over the frame and
@@ -15,13 +16,12 @@ public-looking IPv4 address; prb_id = i + 1, msm_id = f + 1; rtt in ms (``--unit
 positive entry below half a nanosecond becomes 1 ns, never 0. Rejected, counted by reason
 (entries = frames × N² = measurements + sum(rejected)): ``diagonal``, ``missing_rtt``
 (<= 0: the data sets' missing value), ``rtt_out_of_range``. A token that is not a finite
-number, a ragged or non-square matrix, or frames of different N are an error naming file,
-line and column: nothing is written.
+number, a ragged or non-square matrix, or frames of different N are an error naming where.
 
-Arrow parses each file; one that fails is re-read token by token to say where. Output:
-``DIR/matrix.parquet``, in time order, row groups of whole frames (at least ROW_GROUP rows,
-so `prep shards` reads it in parallel), written in ``DIR/.import-matrix-<pid>/`` and moved
-in at the end; a non-empty DIR needs ``--overwrite``; a shards or run folder is refused.
+Arrow parses each file (one that fails is re-read to say where). Output: ``DIR/matrix.parquet``,
+time-ordered, row groups of whole frames (at least ROW_GROUP rows, so `prep shards` reads it
+in parallel), written in ``DIR/.import-matrix-<pid>/`` and moved in at the end; a non-empty
+DIR needs ``--overwrite``; a shards or run folder is refused.
 """
 
 from __future__ import annotations
