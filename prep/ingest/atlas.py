@@ -6,9 +6,9 @@ are searched recursively and the format is sniffed from the content, not the nam
 ``--per-packet``, one per packet) across the firmware variants of RIPE's result format;
 every row passes prep.schema.validate, so the output holds only rows `prep shards` accepts.
 
-``--source`` (AtlasConfig.source): ``public`` takes the probe's public address, ``from``,
-unless it is of the other family than ``dst_addr`` and ``src_addr`` is not; ``local`` takes
-``src_addr`` (often private), else ``from``. The result's ``src_addr`` is kept as
+``--source`` (AtlasConfig.source): ``public`` takes the probe's public address, ``from``
+(else ``src_addr``), or ``src_addr`` where only that one is of ``dst_addr``'s family; ``local``
+takes ``src_addr`` (often private), else ``from``. The result's ``src_addr`` is kept as
 ``src_addr_local`` either way. ``--errors`` (AtlasConfig.errors): a result of only local
 ``{"error": ...}`` packets and no timeout says nothing about the path, so ``skip`` rejects it
 as ``local_error`` and ``failed`` makes it an rtt -1 row. The importer's rejection reasons,
