@@ -19,9 +19,9 @@
    subset sums, kept only if that saves a row (prep.pack.repack).
 
 The planner (prep.pack.planner_kernels.cut_contexts) helps: a context the row length ends
-gives back up to BACKOFF measurements until its gap is ``fillable``. The padding this achieves, against the lower bound ceil(tokens / row_len)
-and other strategies, is what ``make bench`` prints (bench/bench_packing.py; README, "What
-it measures").
+gives back up to BACKOFF measurements until its gap is ``fillable``. The padding achieved,
+against the lower bound ceil(tokens / row_len) and other strategies, is what ``make bench``
+prints (bench/bench_packing.py; README, "What it measures").
 """
 
 from __future__ import annotations

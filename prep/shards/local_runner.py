@@ -16,8 +16,9 @@ Two passes, both spread over a process pool, memory bounded by a batch and by a 
 
 This module holds only these passes (``LocalPasses``); the frame around them, the Beam
 runner's too, is ``prep.shards.dataset.build`` (inputs listed and hashed, ``DIR`` claimed
-through prep.jobs.outdir, the manifest written and the dataset published). Output bytes depend on (inputs, the resolved ShardsConfig) only: spill order does not
-matter because ``plan_contexts`` sorts, and shard names come from the bucket id.
+through prep.jobs.outdir, the manifest written and the dataset published). Output bytes
+depend on (inputs, the resolved ShardsConfig) only: spill order does not matter because
+``plan_contexts`` sorts, and shard names come from the bucket id.
 
 The pool is prep.jobs.pool's: a worker that dies (e.g. to the OOM killer) is an error naming
 the file or bucket it was on, the workers stop with the run and die with the driver.

@@ -12,8 +12,8 @@
 
 Grain sees one element per batch, not per row: its per-element cost through a shuffle
 would otherwise equal the read itself (docs/measurements.md). So the shuffle is a numpy
-permutation per epoch, and each batch is one C++ read per shard followed by one ``np.frombuffer`` over the
-joined bytes. Batches are ``{"tokens": uint16[B, L], "segment_ids": uint8[B, L]}``;
+permutation per epoch, and each batch is one C++ read per shard followed by one
+``np.frombuffer`` over the joined bytes. Batches are ``{"tokens": uint16[B, L], "segment_ids": uint8[B, L]}``;
 positions and targets are derived on the device (train.model.model), so 3 bytes per token cross
 to the device. The iterator's state (a few ints) is saved with each checkpoint, so a
 resumed run sees exactly the batches an uninterrupted one would.
