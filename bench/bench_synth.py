@@ -1,7 +1,7 @@
 """`synth.rows_per_s`: `prep synth` end to end (generate + hourly parquet), the `make shards` size.
 
 Also `synth.validate_rows_per_s`: prep.schema.validate over the same files (read + validate), the
-first stage of `prep shards` (target: well above the 1.5M/s end-to-end ETL rate).
+first stage of `prep shards` (target: well above the end-to-end ETL rate, etl.measurements_per_s).
 """
 
 from __future__ import annotations

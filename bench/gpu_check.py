@@ -3,33 +3,22 @@
 1. The device and the versions (GPUs from nvidia-smi, jax, jaxlib, the CUDA plugin,
    cuDNN), and whether the cuDNN packed attention compiles here (train.model.attention).
 2. A visible NVIDIA GPU with a CPU-only jax stops here with the install command.
-3. The GPU tests (`pytest -m gpu` on the test files that hold GPU tests: cuDNN packed
-   attention equals XLA for outputs and gradients, bf16, on rows of 1 segment, 2 segments,
-   the maximum, and padding only).
-4. The GPU benchmark (bench/gpu.py, in a process of its own, as the sweep's are) of the
-   base (~95M) config on packed shards of the built-in data (`prep synth` + `prep shards
-   --split time+probe`), writing bench/results/gpu-<device>.json.
-5. The batch sweep: the same benchmark at SWEEP_ROWS rows a step, each in a process of its
-   own (so each peak memory is its own and one that does not fit only fails itself), on
-   the same shards; at PROFILE_ROWS a jax.profiler trace of the last steps (its top ops)
-   and XLA's dump of the compiled train step (optimized HLO, buffer assignment, memory
-   report). Writes bench/results/gpu-<device>-batch.json (tokens/s, MFU, step time, peak
-   memory and top ops by batch size; whether throughput rises with the batch) and
-   xla-<device>.tar.gz beside it, with the CPU-read activation bytes (train.model.memory)
-   to compare the peaks with.
-6. On a GPU, the base model's learning run (bench/learning.py) on the same shards:
-   LEARNING_STEPS steps of 48 rows of 1024 tokens (~200M tokens, about 10 minutes at the
-   338k tokens/s measured on an H200), checkpoints each scored by `train eval`'s machinery against every
-   baseline, context baselines included; writes bench/results/learning-<device>-base.json
-   beside the benchmark (docs/learning.md says why this is the experiment to run). With
-   ``--budget-s S`` the whole check ends within S seconds: the learning run takes as many
-   steps as the benchmark's measured rate leaves time for, and says so, or is skipped
-   where less than LEARNING_MIN_S is left.
+3. The GPU tests (`pytest -m gpu`: cuDNN packed attention against XLA).
+4. The GPU benchmark (bench/gpu.py, a process of its own) of the base config on packed
+   shards of the built-in data, writing bench/results/gpu-<device>.json.
+5. The batch sweep: the same at SWEEP_ROWS rows a step, each in its own process (so each
+   peak memory is its own and a batch that does not fit fails alone); at PROFILE_ROWS a
+   jax.profiler trace and XLA's dump of the train step. Writes gpu-<device>-batch.json and
+   xla-<device>.tar.gz, with the CPU-read activation bytes (train.model.memory) beside.
+6. On a GPU, the base model's learning run (bench/learning.py, LEARNING_STEPS steps of 48
+   rows), checkpoints scored against every baseline, into learning-<device>-base.json
+   (docs/learning.md says why this is the experiment to run). ``--budget-s S`` ends the
+   check within S seconds: the run takes the steps the benchmark's rate leaves time for,
+   or is skipped with less than LEARNING_MIN_S left.
 
-Exit 0 only if every step that applies passed (a batch size that does not fit is a finding
-of the sweep, recorded, not a failure). Without a GPU it says what it skips: the GPU tests
-skip, and the benchmark and the sweep run the tiny config on the CPU on a small dataset (to
-keep the script itself tested; not GPU numbers).
+Exit 0 only if every step that applies passed (a batch that does not fit is a finding of
+the sweep, not a failure). Without a GPU the GPU tests skip and steps 4-5 run the tiny
+config on the CPU, to keep the script itself tested.
 
     make gpu-check                                   # everything, full length
     python -m bench.gpu_check --budget-s 540 --results /tmp/out   # a lent machine's 9 minutes
@@ -49,11 +38,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# ~200M tokens of 48 x 1024-token rows: ~10 min at the 338k tokens/s an H200 gave
+# ~200M tokens of 48 x 1024-token rows: ~10 min on an H200 (docs/measurements.md)
 LEARNING_STEPS = 4_000
 LEARNING_POINTS = 6
 # what a learning run costs besides its steps: compiling, and per checkpoint the evaluation
-# (model forward, baselines fit on the train split); an H200 took ~12 s and ~25 s a point
+# (model forward, baselines fit on the train split), with a margin over an H200's
 COMPILE_S, EVAL_POINT_S = 30, 30
 # under a budget, a learning run with less than this left is not worth its compile and
 # evaluations: skipped

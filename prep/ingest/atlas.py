@@ -1,77 +1,27 @@
 """`prep import-atlas`: RIPE Atlas ping results to parquet, in the input schema of `prep shards`.
 
-Inputs: JSON array files (as the results API returns them), JSON lines, and either
-compressed with bzip2 (the daily dumps) or gzip; folders are searched recursively. The
-format is sniffed from the content, not the name: a file is JSON values one per line,
-where a top-level array stands for its elements, so arrays concatenated (``[...][...]``),
-an array followed by lines, and a UTF-8 byte-order mark in front all read in full.
-Everything streams (prep.ingest.atlas_read), and rows go to parquet in batches of BATCH rows.
+Inputs: JSON arrays (the results API), JSON lines, bzip2 (the daily dumps) or gzip; folders
+are searched recursively and the format is sniffed from the content, not the name
+(prep.ingest.atlas_read streams it). prep.ingest.atlas_rows turns each result into a row (with
+``--per-packet``, one per packet) across the firmware variants of RIPE's result format;
+every row passes prep.schema.validate, so the output holds only rows `prep shards` accepts.
 
-Rows (prep.ingest.atlas_rows). Default: one per result; ``rtt`` is the mean of the replies that
-are not duplicates, the result's ``avg`` when it has no ``result`` list, ``-1`` when nothing
-came back. ``--per-packet``: one per packet; a timeout ``{"x": "*"}`` is ``-1``, an
-``{"error": ...}`` entry and a duplicate reply are rejected. ``prb_id``, ``msm_id``,
-``size`` are kept. Firmware variants (RIPE's result format documentation): ``addr``/``name``
-for ``dst_addr``/``dst_name`` (fw 1), numbers written as strings and no ``result`` list
-(fw 0), no ``af`` or ``src_addr`` before fw 4460 (the family then comes from the address).
+``--source`` (AtlasConfig.source): ``public`` takes the probe's public address, ``from``
+(else ``src_addr``), or ``src_addr`` where only that one is of ``dst_addr``'s family; ``local``
+takes ``src_addr`` (often private), else ``from``. The result's ``src_addr`` is kept as
+``src_addr_local`` either way. ``--errors`` (AtlasConfig.errors): a result of only local
+``{"error": ...}`` packets and no timeout says nothing about the path, so ``skip`` rejects it
+as ``local_error`` and ``failed`` makes it an rtt -1 row. The importer's rejection reasons,
+on top of validate's, are in the README ("Rejection reasons"); every result is counted:
+rows_in == rows_written + sum(rejected.values()).
 
-Source address (``--source``, AtlasConfig.source):
-
-    public (default)    the probe's public address, ``from``, when that is a non-empty
-                        string, else the result's ``src_addr``. When ``from`` is of another
-                        family than ``dst_addr`` (an IPv6 ``from`` on an IPv4 measurement;
-                        an address with a ':' is IPv6) and ``src_addr`` is of the
-                        destination's family, ``src_addr`` is taken; when neither matches,
-                        ``from`` stays and validation rejects the row as ``family_mismatch``.
-                        ``ip_version`` is ``af`` (else the destination's family) either way.
-    local               the probe's interface address, ``src_addr`` (often private:
-                        192.168.x, 10.x), else ``from`` (the behaviour before --source).
-
-Either way the result's own ``src_addr`` is kept as ``src_addr_local`` (null when the
-result has none); `prep shards` reads only the columns it needs and ignores it.
-
-Local errors (``--errors``, AtlasConfig.errors; one row per result only): a result with
-no reply whose packets are local errors (``{"error": "connect failed: Network is
-unreachable"}``: the probe could not send) and no timeout (``{"x": "*"}``) says nothing
-about the path, so by default (``skip``) it is rejected as ``local_error``; ``failed``
-makes it an rtt ``-1`` row like a timeout (the behaviour before --errors). A result with
-a timeout or a reply besides its errors is a row either way. ``--per-packet`` rejects each
-error entry as ``packet_error`` whatever --errors says.
-
-Rejection reasons of the importer, on top of prep.schema.validate's (which every row passes
-through, so the output holds only rows `prep shards` accepts):
-
-    malformed_json      a JSON line that does not parse: bad syntax, bytes that are not
-                        UTF-8, nesting too deep (logged with its line number); in an array,
-                        an element with bytes that are not UTF-8
-    not_a_result        a JSON value that is not an object
-    not_ping            an object whose ``type`` is not "ping"
-    bad_result          ``result`` is neither a list nor absent, or ``avg`` is missing/not a number
-    local_error         (per result, --errors skip) only ``{"error": ...}`` packets: no reply, no timeout
-    packet_error        (per packet) an ``{"error": ...}`` entry
-    duplicate_reply     (per packet) a reply marked ``dup``
-    no_packets          (per packet) an empty ``result`` list
-
-Accounting: rows_in (results, or packet rows plus result-level rejects with --per-packet)
-== rows_written + sum(rejected.values()). A number the output column cannot hold (a
-``timestamp`` or ``prb_id`` past int64) reaches validation as one it rejects
-(``time_out_of_range``, ``bad_prb_id``); the carried ``msm_id`` and ``size`` become null.
-
-Speed. Files are converted in parallel, one task per file (the biggest first), on
-``workers`` processes (0: one per core); each writes its own parquet file, in row groups
-cut every BATCH rows, so the output bytes and the summary's counts do not depend on
-``workers``. Results are decoded by msgspec into structs where they can be, else by the
-stdlib ``json``, with the same result (prep.ingest.atlas_json). .bz2 files are decompressed by
-indexed_bzip2 (a faster decoder than libbz2), on several threads when there are fewer
-files than workers. The garbage collector is off while a file converts: the rows hold no
-cycles.
-
-Output (prep.jobs.parquet_out): ``out`` is locked for the run (a second import into it
-fails at once, naming the first one's pid); the files are written in a staging folder
-inside it and moved in together at the end, so a failed or interrupted run leaves nothing
-a reader would take as output (and no folder it made), and the next run removes what a
-killed one left. Parquet files already there are replaced only with ``overwrite``;
-anything else there, or a dataset, is refused. A full or read-only disk is one line.
+Files are converted in parallel, one task per file (the biggest first), on ``workers``
+processes; each writes its own parquet file in row groups of BATCH rows, so the output bytes
+and counts do not depend on ``workers``. msgspec decodes into structs where it can, else the
+stdlib ``json`` with the same result (prep.ingest.atlas_json); indexed_bzip2 decompresses .bz2,
+on several threads when there are fewer files than workers. The garbage collector is off
+while a file converts: the rows hold no cycles. The output folder is claimed, staged and
+published by prep.jobs.parquet_out.
 """
 
 from __future__ import annotations

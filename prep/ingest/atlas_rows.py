@@ -5,6 +5,15 @@ variant); ``convert_fast`` a run of ``_Result`` structs (prep.ingest.atlas_json)
 column, with the same rows and counts (held to it by tests/test_atlas_source.py). Rows
 wait in ``Rows`` until prep.ingest.atlas writes them; a value the output column cannot hold
 becomes one validation rejects for the right reason (``_FIT``).
+
+Default: one row per result; ``rtt`` is the mean of the replies that are not duplicates,
+the result's ``avg`` when it has no ``result`` list, ``-1`` when nothing came back.
+``--per-packet``: one row per packet; a timeout ``{"x": "*"}`` is ``-1``, an ``{"error":
+...}`` entry (``packet_error``) and a duplicate reply (``duplicate_reply``) are rejected.
+``prb_id``, ``msm_id``, ``size`` are kept. Firmware variants (RIPE's result format
+documentation): ``addr``/``name`` for ``dst_addr``/``dst_name`` (fw 1), numbers written as
+strings and no ``result`` list (fw 0), no ``af`` or ``src_addr`` before fw 4460 (the family
+then comes from the address).
 """
 
 from __future__ import annotations

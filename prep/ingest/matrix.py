@@ -1,59 +1,27 @@
 """`prep import-matrix`: latency matrices (one N×N RTT matrix per time frame) to parquet.
 
-The format of the network-coordinate literature's standard data sets (King, Meridian,
-PlanetLab, Seattle): each file is one time frame, N lines of N whitespace-separated numbers;
-entry (i, j) is the RTT measured from node i (the source, row) to node j (the
-destination, column); the matrix need not be symmetric.
+The format of the network-coordinate data sets (King, Meridian, PlanetLab, Seattle): each
+file is one time frame, N lines of N whitespace-separated numbers; entry (i, j) is the RTT
+from node i (source, row) to node j (destination, column), not necessarily symmetric. Every
+frame has the same N: node i is the same host in every frame. A frame's number is the last
+number in its file's name (``SeattleData_12``: 12), not the order given; a missing number
+leaves its interval empty; two files of one number, or numbered and unnumbered names mixed,
+are an error; unnumbered names are frames in name order. A folder stands for the files in
+it, less hidden ones and README*, LICENSE*, COPYING*, *.md.
 
-A frame's number is the last number in its file's name (``SeattleData_12`` is frame 12,
-``frame_003.txt`` frame 3), whatever folder it is in and whatever order the files are
-given in (a shell glob sorts ``_10`` before ``_2``); frame f lies (f - the first number)
-intervals after the first, so a missing frame leaves its interval empty (a note says so).
-Two files of one number, or two names of one file (a link), are an error, never one
-dropped; so is a mix of numbered and unnumbered names. Files without a number in their
-names are frames in the order of their names. A folder stands for the files directly in
-it (not hidden ones, nor README*, LICENSE*, COPYING* or *.md, which travel with data
-sets). Every frame must have the same N: node i is the same host in every frame.
+Rows (prep.schema.validate's schema), one per entry: frame f covers [start + f*interval,
+start + (f+1)*interval); source i measures i+1, i+2, ... (mod N), spread over the frame and
+staggered between sources (``frame_offsets``); ``node_addresses`` gives node i one stable
+public-looking IPv4 address; prb_id = i + 1, msm_id = f + 1; rtt in ms (``--unit``), a
+positive entry below half a nanosecond becomes 1 ns, never 0. Rejected, counted by reason
+(entries = frames × N² = measurements + sum(rejected)): ``diagonal``, ``missing_rtt``
+(<= 0: the data sets' missing value), ``rtt_out_of_range``. A token that is not a finite
+number, a ragged or non-square matrix, or frames of different N are an error naming where.
 
-Rows, in the input schema of `prep shards` (prep.schema.validate), one per measurement:
-
-    event_time  frame f covers [start + f*interval, start + (f+1)*interval) (f counts from
-                the first frame's number, above). Source i
-                measures the other nodes in the fixed order i+1, i+2, ... (mod N), its
-                k-th at start + f*interval + floor(interval * (k*N + i) / (N*(N-1))):
-                spread over the frame, sources staggered, each source's measurements in
-                time order (whole seconds)
-    src_addr    node i's address (``node_addresses``): stable, public-looking IPv4, the
-    dst_addr    same for node i in every frame, every run and every N
-    ip_version  4
-    rtt         ms (``--unit`` s, ms or us converted, rounded to the nanosecond; a positive
-                entry below half a nanosecond becomes 1 ns, never 0, the missing value)
-    prb_id      i + 1, so `prep shards` groups a source's measurements by node
-    msm_id      f + 1, the frame number
-
-Entries that are not measurements are rejected, counted by reason (every entry is
-accounted for: entries = frames × N² = measurements + sum(rejected)):
-
-    diagonal          (i, i), whatever it holds
-    missing_rtt       <= 0 (the data sets write a missing measurement as 0 or -1)
-    rtt_out_of_range  above prep.schema.validate.RTT_MAX_MS (~50.9 days, the encoding's ceiling)
-
-A token that is not a finite number (``-``, ``nan``, ``x``) is an error naming the file,
-line and column, not a rejection: it means the file is not what the command reads, or
-needs its missing entries written as 0. So are ragged rows, a matrix that is not square,
-and frames of different N. Nothing is written then.
-
-Output: ``DIR/matrix.parquet``, rows in time order, row groups of whole frames (at least
-ROW_GROUP rows each, so `prep shards` reads it in parallel). It is written in
-``DIR/.import-matrix-<pid>/`` and moved in at the end, so an interrupted or failed run
-leaves nothing a reader would take as finished. A non-empty DIR is refused without
-``--overwrite``, which replaces the parquet files there (and nothing else may be there); a
-shards or run folder is refused always.
-
-Speed: files are parsed by Arrow (split on whitespace, cast to float64); a file that fails
-that fast path is re-read token by token to say where. The Seattle set (688 frames of
-99×99, 6.6M measurements) imports in ~5 s on one core of the 2-core machine: a third
-parsing, a third writing parquet.
+Arrow parses each file (one that fails is re-read to say where). Output: ``DIR/matrix.parquet``,
+time-ordered, row groups of whole frames (at least ROW_GROUP rows, so `prep shards` reads it
+in parallel), written in ``DIR/.import-matrix-<pid>/`` and moved in at the end; a non-empty
+DIR needs ``--overwrite``; a shards or run folder is refused.
 """
 
 from __future__ import annotations

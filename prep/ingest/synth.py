@@ -18,12 +18,10 @@ The model, numpy-vectorized and a pure function of the config (same seed, same b
 5. ~0.1 % malformed rows as in the real data: empty src/dst address, ip_version not
    matching the addresses. `prep shards` rejects them by reason.
 
-Output: DIR/YYYY-MM-DDTHH.parquet, one file per hour of data, columns event_time
-(whole seconds; parquet has no second unit, so it reads back as timestamp[ms, UTC]), prb_id, src_addr, dst_addr, ip_version (int8), rtt (float64 ms),
-msm_id, size. DIR is claimed as `prep import-atlas` claims its output (prep.jobs.parquet_out:
-locked, files staged and moved in together at the end, parquet files already there
-replaced only with ``overwrite``, anything else or a dataset refused), so an interrupted
-run leaves nothing that looks finished.
+Output: DIR/YYYY-MM-DDTHH.parquet, one file per hour of data, columns event_time (whole
+seconds; parquet has no second unit, so it reads back as timestamp[ms, UTC]), prb_id,
+src_addr, dst_addr, ip_version (int8), rtt (float64 ms), msm_id, size; DIR is claimed,
+staged and published by prep.jobs.parquet_out, as `prep import-atlas`'s output.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The machinery a command that writes runs on: the output folder (claim, stage, publish,
-replace; on a bucket too), the signals that stop a run, and the one worker pool of
-`prep shards`, `prep verify` and `prep import-atlas`.
+replace; on a bucket too) and the one worker pool of `prep shards`, `prep verify` and
+`prep import-atlas`. (The signal guard they use is prep.schema.signals, which train shares.)
 
-Owns: outdir, parquet_out, remote_out, signals, pool.
+Owns: outdir, parquet_out, remote_out, pool.
 Imports: prep.schema only.
 """

@@ -1,65 +1,46 @@
 """The output folder of `prep shards`: claim, staging, publish, replace, clean up.
 
-Both runners (the local pool, prep/shards/local_runner.py; Beam, prep/shards/beam_runner.py) write through
-this module and nothing else touches ``--out``. What it may hold::
+Both runners write ``--out`` through this module alone. What it may hold::
 
     out/manifest.json, out/train/, out/test/   the finished dataset (manifest.json makes it one)
     out/.lock                                  locked (flock) by the run writing the folder
     out/.tmp-shards-<pid>-<token>/             a run's staging folder (.tmp-beam-… for Beam)
     out/.old-<pid>-<token>/                    the dataset being replaced, during the swap
 
-The two dot-folders carry a marker file (``.ping-pack-owner``: role, pid, token) and are
-recognised by name AND marker; anything else in ``out``, ``train/`` or ``test/`` that is not
-a shard file is not ours, and the run refuses the folder rather than delete it.
+The dot-folders are ours by name AND marker (``.ping-pack-owner``: role, pid, token);
+anything else that is not a shard file is not ours, and the run refuses the folder rather
+than delete it. A run, step by step:
 
-A run, step by step:
-
-1. Lock. ``.lock`` is opened and locked (``flock``, exclusive, non-blocking) for the whole
-   run, and the run's pid written into it. A second run fails at once (exit 2) naming that
-   pid. Forked workers inherit the lock, so it is free only once every process of the run
-   is gone; a folder whose lock is free has no live writer.
-2. Check, before touching anything: ``out`` is a folder (not a file, not a dangling
-   symlink); every entry is ours; ``train/`` and ``test/`` are real folders (not
-   symlinks) holding only shard files. Else a one-line error (exit 2).
-3. Recover and clean. A dead run killed inside the swap (step 7, b to d) is finished
-   first (see below); then dead runs' staging and ``.old-*`` folders are removed (the
-   lock is ours, so their runs are gone), their marker last.
-4. Refuse a dataset: if ``out`` holds ``manifest.json`` or any shard, the run needs
-   ``--overwrite``; without it, a one-line error naming ``--overwrite`` (exit 2).
-5. Stage: ``.tmp-<runner>-<pid>-<token>/`` with its marker. Everything the run writes
-   (spill files, shards) goes there; ``out`` itself is untouched until step 7.
-6. Build: the runner writes every shard into the staging folder, then the manifest
-   (prep.schema.manifest.write_manifest) too. The staging folder is then a complete dataset,
-   and its file list is checked against the manifest.
-7. Swap, by renames inside ``out``, with SIGINT and SIGTERM held until it ends (so only
-   SIGKILL or a crash can stop it half-way). What a reader sees if killed after:
+1. Lock ``.lock`` (flock, exclusive, non-blocking) for the whole run, pid written in it; a
+   second run fails at once naming that pid. Forked workers inherit the lock, so a folder
+   whose lock is free has no live writer.
+2. Check before touching anything: ``out`` is a folder, every entry is ours, ``train/`` and
+   ``test/`` are real folders of shard files. Else one line, exit 2.
+3. Recover and clean: a dead run killed inside the swap (7b to 7d) is finished first; dead
+   runs' staging and ``.old-*`` folders are removed, their marker last.
+4. A dataset (``manifest.json`` or any shard) needs ``--overwrite``.
+5. Stage ``.tmp-<runner>-<pid>-<token>/``: everything the run writes goes there.
+6. Build: the runner writes every shard, then the manifest, into the staging folder; its
+   file list is checked against the manifest.
+7. Swap, by renames, SIGINT and SIGTERM held. What a reader sees if killed after:
 
    a. ``mkdir .old-<pid>-<token>/`` (+ marker)          the old dataset (or none)
    b. ``manifest.json`` → ``.old-*/``                   no dataset (no manifest.json)
-   c. per split: ``train/`` → ``.old-*/``, then         no dataset; train/ and test/ are
-      the staging ``train/`` → ``out``; same for test    absent or hold the complete shards
-                                                         of the old or of the new dataset
+   c. per split: old ``train/`` → ``.old-*/``, the      no dataset; train/ and test/ absent
+      staging ``train/`` → ``out``; same for test        or the old or new complete shards
    d. the staging ``manifest.json`` → ``out``           the new dataset
    e. remove ``.old-*/``, then the staging folder       the new dataset
 
-   Killed before b: the old dataset stays and the next run removes the leftovers. Killed
-   between b and d (microseconds, SIGKILL only): the folder has no manifest.json, so it
-   is no dataset for any reader, though train/ and test/ may hold the complete shards of
-   the old or the new build (the only state with shards and no manifest); the next run
-   into it (with or without ``--overwrite``) first finishes c and d from the staging
-   folder, which still holds the complete new dataset and its manifest. Killed after
-   d: the new dataset; the next run removes the leftovers.
-8. Release: on any failure the staging folder is removed; ``.lock`` is removed and
-   unlocked, and a folder the run made (``--out`` did not exist) is removed again, so a
-   failed run into a new folder leaves none. A failure of the disk anywhere in steps 1-7 (full, read-only, not
-   writable) is one line naming the folder and the fix, exit 2 (prep.schema.errors.fs_failure).
+   Killed between b and d (SIGKILL only), the next run into the folder finishes c and d
+   from the staging folder, which still holds the complete new dataset.
+8. Release: on failure the staging folder is removed; ``.lock`` is removed and unlocked, and
+   a folder the run made is removed again. A disk failure anywhere is one line naming the
+   folder and the fix, exit 2 (prep.schema.errors.fs_failure).
 
-So at every instant the folder is the old finished dataset, the new finished dataset,
-or no dataset, never a mix, and no shard of an unfinished run is ever in train/ or
-test/. The swap is not atomic for a reader that loaded the old manifest before it and
-opens shards after it (it finds them gone, or the new ones under the same names: the
-manifest's sha256 per shard tells). Kill-safe, not power-loss-safe: shards are not
-fsynced (the manifest and the folder are).
+So the folder is the old dataset, the new one or none, never a mix. A reader that loaded
+the old manifest before the swap may find its shards gone or replaced (the manifest's
+sha256 per shard tells). Kill-safe, not power-loss-safe: shards are not fsynced (the
+manifest and the folder are).
 """
 
 from __future__ import annotations

@@ -1,20 +1,16 @@
 """The output folder of `prep import-atlas` and `prep synth`: a folder of parquet files,
-claimed, staged and published as prep.jobs.outdir does for `prep shards`.
-
-What it may hold::
+claimed, staged and published as prep.jobs.outdir does for `prep shards`. What it holds::
 
     out/*.parquet                              the output (of this run, or the one before)
     out/.lock                                  locked (flock) by the run writing the folder
     out/.tmp-<runner>-<pid>-<token>/           a run's staging folder (marker ``.ping-pack-owner``)
 
 A run, step by step (``claim``):
-
 1. Lock ``.lock`` for the whole run (prep.jobs.outdir.lock_folder): a second run into the
    folder fails at once (exit 2) naming the first one's pid. Forked workers inherit it.
-2. Check before touching anything: ``out`` is a folder; a dataset (a shards or run folder)
-   is refused always: nothing writes into a dataset; anything but parquet files and our
-   own folders is refused (named: move it away or use another ``--out``); parquet files
-   (an earlier output, or another program's) are replaced only with ``--overwrite``.
+2. Check before touching anything: ``out`` is a folder; a shards or run folder is refused
+   always, anything but parquet files and our own folders too (named); parquet files
+   already there are replaced only with ``--overwrite``.
 3. Clean up: dead runs' staging folders are removed (the lock is ours, so their runs are
    gone); one killed while publishing (it holds a ``.publish`` list) is finished first.
 4. Stage ``.tmp-<runner>-<pid>-<token>/``: every file of the run is written there.
@@ -23,9 +19,8 @@ A run, step by step (``claim``):
    files not in the new output are removed and the new ones moved in by renames. A
    SIGKILL in between leaves that list, and the next run finishes the publish.
 6. Release: the staging folder is removed, ``.lock`` removed and unlocked, and a folder
-   this run made is removed again unless it was published: a failed run into a new
-   folder leaves none. A full, read-only or not writable disk anywhere is one line naming
-   the folder and the fix, exit 2 (prep.schema.errors.fs_failure).
+   this run made is removed again unless it was published. A disk failure anywhere is one
+   line naming the folder and the fix, exit 2 (prep.schema.errors.fs_failure).
 """
 
 from __future__ import annotations

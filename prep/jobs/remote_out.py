@@ -1,11 +1,10 @@
 """``--out s3://…``: the output of `prep shards` and `prep import-atlas` on a bucket.
 
-Files are written into a local staging folder, claimed as a local ``--out`` is
-(prep.jobs.outdir, prep.jobs.parquet_out: a lock, so a second run on this machine into the
-same URI fails at once naming the first one's pid; dead runs' staging removed), under
-``$TMPDIR/ping-pack-out/``, and uploaded when the run is done. S3 has no rename and no
-lock, so what the local runner does with renames is done here with a manifest written
-last, whole, in one PUT.
+Files are written into a local staging folder under ``$TMPDIR/ping-pack-out/``, claimed as a
+local ``--out`` is (prep.jobs.outdir, prep.jobs.parquet_out: a lock, so a second run on this
+machine into the same URI fails at once), and uploaded when the run is done. S3 has no
+rename and no lock, so what the local runner does with renames is done here with a
+manifest written last, whole, in one PUT.
 
 A dataset on a bucket (`prep shards --out s3://b/p`)::
 
@@ -13,51 +12,37 @@ A dataset on a bucket (`prep shards --out s3://b/p`)::
     s3://b/p/g<UTC time>-<token>/.ping-pack-owner    a generation's marker (role, host, pid)
     s3://b/p/g<UTC time>-<token>/train/….array_record, test/…   its shards
 
-The manifest is a plain one whose shard paths lead into its generation
-(``g20260101T120000Z-3f2a9c1b7d0e/train/shard-b00000-e0.array_record``), so readers follow it
-as they follow a local one (prep.schema.cache); a local dataset copied up whole, manifest
-last, reads the same. A run, step by step:
+The manifest's shard paths lead into its generation, so readers follow it as a local one
+(prep.schema.cache). A run, step by step:
 
 1. Claim the local staging folder (above).
-2. Check the prefix: it may hold ``manifest.json``, the shards it lists, shard files under
-   ``train/``, ``test/`` and our generations (marker first, removed last); anything else is
-   refused, named. A dataset (or stray shards) needs ``--overwrite``. A generation no
-   manifest lists is the leftover of an unfinished or replaced run: removed when it is
-   surely dead (marked ``old``, or written by a process of this host that is gone), named
-   on stderr and left otherwise (a run on another machine may be writing it).
-3. The runner builds the dataset in the staging folder (as for a local ``--out``).
-   A runner whose workers share no disk with this process (Beam: Dataflow, Flink, Spark)
-   stages in the bucket instead (``stage_in_bucket``): the new generation is made now,
-   marker first, and the workers write their shards straight into it (and their small
-   JSON results beside them, which the runner reads and removes before step 4).
-4. Publish: upload every shard into a new generation (its marker first), or, staged there
-   by the workers, check that the generation holds exactly the shards the manifest lists.
-   Then, with SIGINT/SIGTERM held: read ``manifest.json`` again (a dataset that appeared
-   meanwhile is refused without ``--overwrite``, and the generation removed), PUT the new
-   manifest (the switch: a reader sees the old dataset or the new one, whole), mark the
-   replaced generation ``old`` and remove what the old manifest listed and the new one
-   does not.
+2. Check the prefix: it may hold ``manifest.json``, its shards, shard files under ``train/``
+   and ``test/``, and our generations; anything else is refused, named. A dataset needs
+   ``--overwrite``. A generation no manifest lists is removed when surely dead (marked
+   ``old``, or from a gone process of this host), else named on stderr and left.
+3. The runner builds the dataset in the staging folder; a runner whose workers share no
+   disk with this process (Beam on a cluster) stages in a new generation instead
+   (``stage_in_bucket``), marker first, and its JSON results are read and removed here.
+4. Publish: upload every shard into a new generation (marker first), or check that the
+   workers' generation holds exactly the manifest's shards. Then, SIGINT/SIGTERM held:
+   read ``manifest.json`` again (``--overwrite`` checked again), PUT the new manifest (the
+   switch: a reader sees the old dataset or the new one, whole), mark the replaced
+   generation ``old`` and remove what only the old manifest listed.
 
-A kill before the PUT leaves the old dataset (or none) as it was and a generation that no
-manifest lists (removed by the next run, on this machine); after it, the new dataset. A
-cluster's workers may outlive a killed driver (a Dataflow job is not cancelled with it) and
-write into a generation already removed: such a prefix, named like a generation but with
-no marker, is named on stderr and left alone, never taken for a dataset nor refused. Two
-runs on different machines into one prefix at once each upload their own generation; the
-manifest that lands last wins, whole (``--overwrite`` is checked again just before the PUT,
-leaving only milliseconds of race). A reader that loaded the old manifest just before the
-switch may find its shards gone, as with a local swap: it fails naming the shard.
+A kill before the PUT leaves the old dataset and a generation no manifest lists (removed by
+the next run here); after it, the new dataset. A prefix named like a generation but without
+a marker (a killed driver's cluster workers writing on) is named and left alone. Two runs
+on different machines each upload their own generation; the manifest that lands last wins.
 
 A folder of parquet files on a bucket (`prep import-atlas --out s3://b/raw`)::
 
     s3://b/raw/*.parquet                             the output
     s3://b/raw/.tmp-<runner>-<pid>-<token>/          a run's upload: marker, files, .publish
 
-Uploaded under the hidden prefix (inputs skip hidden names), then the list of files to
-remove and to copy in (``.publish``) is written there and carried out by server-side
-copies; a kill during it leaves the list, and the next run finishes it, as
-prep.jobs.parquet_out does with renames. Until then the prefix holds old and new files
-mixed, and readers refuse it in one line (prep.schema.sniff.unfinished_publish).
+Uploaded under the hidden prefix, then the list of files to remove and to copy in
+(``.publish``) is written there and carried out by server-side copies; a kill leaves the
+list, which the next run finishes, as prep.jobs.parquet_out does with renames. Until then
+readers refuse the prefix in one line (prep.schema.sniff.unfinished_publish).
 """
 
 from __future__ import annotations

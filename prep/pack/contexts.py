@@ -5,10 +5,9 @@ column, so input order cannot matter) and walks each probe's history once, cutti
 new context before the measurement that would
 
 1. belong to another probe,
-2. push the context past ``row_len`` tokens (a context always fits one row); such a
-   context then ends up to ``prep.tokens.costs.BACKOFF`` measurements earlier if that leaves
-   its row a gap that untimestamped pieces can fill (``prep.tokens.costs.fillable``): a gap of
-   2-10 tokens, say, fits no measurement, so it would stay padding,
+2. push the context past ``row_len`` tokens; such a context then ends up to ``BACKOFF``
+   measurements earlier if that leaves its row a gap untimestamped pieces can fill
+   (prep.tokens.costs.fillable: a gap of 2-10 tokens fits no measurement),
 3. make it longer than ``max_measurements`` measurements,
 4. follow a silence longer than ``max_gap_s``, or end more than ``max_span_s`` after
    the context's first measurement.
@@ -19,13 +18,10 @@ partial mode, which measurements lose their timestamp, from the counter-based RN
 ``prep.tokens.draws``; that fixes each measurement's token ``cost`` before anything is
 encoded, so the packer can plan with lengths alone.
 
-Piece length rule (prep.tokens.costs): a piece [s, e) of one context, encoded as a
-context of its own, is ``cost[s:e].sum() + abs_extra[f]`` tokens, f the piece's first
-timestamped measurement. ``cost`` counts a timestamp as encoded inside the whole
-context (2 for DELTA1, 5 for DELTA4, 9 for ABS) and ``abs_extra = 9 - that``, because a
-piece restarts with an absolute timestamp. Example, one probe, full mode, IPv4 pings
-at t = 100, 160, 1000 (14 tokens without the timestamp): cost = [23, 16, 19],
-abs_extra = [0, 7, 4]; the piece [1, 3) is 16 + 19 + 7 = 42 tokens.
+The piece length rule is prep.tokens.costs'. Example, one probe, full mode, IPv4 pings at
+t = 100, 160, 1000 (14 tokens without the timestamp; ABS 9, DELTA1 2, DELTA4 5 more):
+cost = [23, 16, 19], abs_extra = [0, 7, 4]; the piece [1, 3), which restarts with an
+absolute timestamp, is 16 + 19 + 7 = 42 tokens.
 """
 
 from __future__ import annotations

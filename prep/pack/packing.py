@@ -1,65 +1,27 @@
 """Offline packing of contexts into fixed-length rows: best-fit decreasing, splitting, repacking.
 
 ``pack`` turns contexts (ranges of tokenized measurements) into pieces placed in rows of
-``row_len`` tokens. All of it is one Numba pass over integer arrays:
+``row_len`` tokens, in one Numba pass over integer arrays (``_pack`` runs the steps):
 
-1. Length of every context by the piece length rule (prep.tokens.costs): ``cost[s:e].sum()``
-   plus ``abs_extra`` of the first timestamped measurement, from a cumulative cost array
-   and a scan for that measurement. The cumulative array is the only one as long as the
-   measurements: on these machines fresh memory costs more in page faults than the loops
-   over it.
+1. Length of every context by the piece length rule (prep.tokens.costs), from a cumulative
+   cost array: the only array as long as the measurements, since fresh memory costs more
+   in page faults than the loops over it.
 2. Order contexts longest first (counting sort; equal lengths by index).
-3. Best fit: each context goes to the open row with the smallest gap that holds it, else
-   to a new row. Open rows sit in per-gap FIFO lists; a segment tree over gaps 0..row_len
-   finds the smallest non-empty gap >= x in O(log row_len). A row
-   leaves the lists when it is full or holds ``max_segments`` pieces.
-4. Fill (``split=True``): rows whose pieces have no timestamp that a cut would make absolute
-   (none-mode contexts) are "free": cutting them costs nothing. Free rows, least full first,
-   become donors one at a time as the other rows (in row order) need them, and every window
-   of a donor's pieces up to WINDOW_MAX tokens is listed by length. A row with gap g takes a
-   window of exactly g tokens, else g - 1 (bodies are even, so a timestamped row's odd gap
-   ends at 1), else the longest whose rest is still ``fillable``; a long gap takes a long
-   run of the opened donors; only what nothing fills takes the longest window that fits.
-   What the donors keep is laid into new rows in order, each closed the same way.
-   Timestamped contexts are never cut here, so the packer adds no tokens.
+3. Best fit: each context goes to the open row with the smallest gap that holds it, else to
+   a new row. Open rows sit in per-gap FIFO lists; a segment tree over gaps 0..row_len finds
+   the smallest non-empty gap >= x in O(log row_len). A row leaves the lists when it is
+   full or holds ``max_segments`` pieces.
+4. Fill (``split=True``): untimestamped rows are cut into windows that fill the other rows'
+   gaps exactly (prep.pack.fill). Timestamped contexts are never cut, so no token is added.
 5. Rows emptied by step 4 disappear; rows are renumbered in order; pieces are listed by
    (row, slot), slot = order of arrival in the row.
-6. Repack (``split=True``, no ``max_segments``), only while rows exceed the lower bound:
-   rows whose pieces are all at most SMALL tokens are dissolved and their pieces, whole,
-   pooled by length. They first fill the gaps of the kept rows (in row order), then make new
-   rows, each the largest subset sum <= row_len of the pool (bounded subset sum over the
-   lengths, long pieces preferred; an exact row is repeated while the pool holds it). Kept
-   rows keep their order, new rows follow. The result is taken only if it has fewer rows.
-   This is for single-measurement contexts (RIPE Atlas: mostly 23-token timestamped and
-   14-token untimestamped pings), which steps 3-4 cannot cut or mix: best fit lays the 23s
-   first, 44 x 23 = 1012, and no 14 fills the gap of 12; exact mixes exist (36 x 23 +
-   14 x 14, 22 x 23 + 37 x 14, 8 x 23 + 60 x 14 = 1024). No piece is cut, so no token added.
+6. Repack (``split=True``, no ``max_segments``): rows of small whole pieces are re-laid by
+   subset sums, kept only if that saves a row (prep.pack.repack).
 
-Modules: this one has the API and steps 1-3 and 5 (``_pack`` runs them all), step 4 is
-prep.pack.fill (with ``Pieces`` and ``Rows``, the working arrays that steps 3-5 share,
-namedtuples of arrays), step 6 prep.pack.repack.
-
-The planner (prep.pack.planner_kernels.cut_contexts) does its part: a context that the row length ends
-gives back up to BACKOFF last measurements until its gap is ``fillable`` (2-10 tokens fit
-no measurement; 16-24 are no sum of the common body sizes), since cut points are free.
-
-Measured (bench/bench_packing.py, 1024-token rows, 2 shared cores):
-
-    data                                   whole-context BFD   this packer   rows / lower bound
-    synthetic sparse mix (1-80 meas.)            0.09 %           0.05 %          1.0005
-    synthetic busy probes (all ~1010 tok.)       ~4 %             0.13 %          1.0013
-    `prep synth` data (busy-dominated)           ~4.8 %           0.12 %          1.0012
-    RIPE Atlas sample (../shared), train         1.06 %           0.21 %          1.0000
-
-Step 6 took busy from 0.17 % to 0.13 %, `prep synth` from 0.14 % to 0.12 % and the Atlas
-sample from 117 rows to 116, its lower bound (the whole dataset: 1.31 % to 0.54 %, 130 rows
-to 129), for ~2 ms of the ~110 ms that 80k contexts take.
-
-The whole-context column is higher than the planner's greedy cuts gave (1.4 %), because the
-planner now leaves fillable gaps on purpose. The lower bound is ceil(tokens of the plan's
-contexts / row_len); against the greedy plan's (slightly fewer) tokens the built-in data is
-at 1.0019. Speed (`make bench`): ~1M contexts/s or more on the built-in data (about 40M
-measurements/s), ~4M/s sparse.
+The planner (prep.pack.planner_kernels.cut_contexts) helps: a context the row length ends
+gives back up to BACKOFF measurements until its gap is ``fillable``. The padding achieved,
+against the lower bound ceil(tokens / row_len) and other strategies, is what ``make bench``
+prints (bench/bench_packing.py; README, "What it measures").
 """
 
 from __future__ import annotations
@@ -96,8 +58,7 @@ def _plen(cum, has_ts, abs_extra, s, e):
 @njit(cache=True)
 def _cumulative(cost):
     """cum[i] = cost[:i].sum(): the one array as long as the measurements that packing makes
-    (a fresh int64 array costs ~3 ns an element here in page faults, more than a loop over
-    it)."""
+    (a fresh array costs more in page faults than a loop over it)."""
     n = cost.shape[0]
     cum = np.empty(n + 1, np.int64)
     cum[0] = 0

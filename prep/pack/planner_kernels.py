@@ -1,8 +1,8 @@
 """The planner's Numba kernels: sort a bucket, index each probe's history, cut contexts.
 
 - ``argsort_probe_time``, ``history_index``: a stable radix sort by (probe, time) that
-  only runs the 11-bit passes whose digit varies (usually 4: 3-4x faster than numpy's
-  two stable argsorts), and each measurement's index in its probe's history;
+  only runs the 11-bit passes whose digit varies (usually 4; faster than numpy's two stable
+  argsorts: docs/measurements.md), and each measurement's index in its probe's history;
 - ``cut_contexts``: walks one sorted bucket once and decides, per context, the timestamp
   mode and where the context ends, and per measurement whether it carries a timestamp
   and how many tokens it costs (the numbers the packer plans with);

@@ -4,6 +4,12 @@ Rows whose pieces are all at most SMALL tokens are dissolved and their pieces, w
 by length. They first fill the gaps of the kept rows (in row order), then make new rows,
 each the largest subset sum <= row_len of the pool (bounded subset sum over the lengths,
 long pieces preferred; an exact row is repeated while the pool holds it). No piece is cut.
+The packer takes the result only while rows exceed the lower bound and it saves a row.
+
+This is for single-measurement contexts (RIPE Atlas: mostly 23-token timestamped and
+14-token untimestamped pings), which steps 3-4 cannot cut or mix: best fit lays the 23s
+first, 44 x 23 = 1012, and no 14 fills the gap of 12; exact mixes exist (36 x 23 +
+14 x 14, 22 x 23 + 37 x 14, 8 x 23 + 60 x 14 = 1024).
 """
 
 from __future__ import annotations

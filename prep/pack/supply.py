@@ -4,7 +4,7 @@ The packer fills the gaps that timestamped contexts leave with free (untimestamp
 measurements, whose bodies come in a few sizes (prep.tokens.costs: 14 and 12 tokens for
 IPv4, 38 and 36 for IPv6) and in whatever mix the data has. Gaps below 36 tokens only the
 IPv4 bodies fill: on data of mostly IPv6 probes those run out, and a gap that only they
-fill stays padding (a held-out 120k-row set, 83 % IPv6, once padded 0.61 %). And rows of
+fill stays padding (docs/measurements.md has the case that showed it). And rows of
 IPv6 bodies alone close exactly only as 26 x 38 + 36 or 8 x 38 + 20 x 36. So:
 
 - the planner (prep.pack.planner_kernels.cut_contexts) prices each body by a budget:

@@ -3,13 +3,11 @@
 Everything that touches a bucket goes through this module, on pyarrow's filesystems
 (``pyarrow.fs.S3FileSystem``; ``gs://`` through ``pyarrow.fs.FileSystem.from_uri``, same
 code, not tested here). The local runner's commands never read a bucket in place: inputs
-are downloaded into the run's local staging folder (``download_inputs``), outputs are
-written locally and uploaded (prep.jobs.remote_out), datasets are read from a local cache
-checked by sha256 (prep.schema.cache). So the pool's workers, ArrayRecord and Grain see
-local files only.
+are downloaded into the run's staging folder (``download_inputs``), outputs uploaded
+(prep.jobs.remote_out), datasets read from a cache checked by sha256 (prep.schema.cache),
+so the pool's workers, ArrayRecord and Grain see local files only.
 
-Where the bucket is and who may read it, from the standard AWS settings, as the AWS CLI
-reads them:
+Where the bucket is and who may read it, from the standard AWS settings (as the AWS CLI):
 
     AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL   an S3-compatible server (MinIO, Ceph, moto):
                                             http(s)://host:port, path-style addressing
@@ -20,13 +18,10 @@ reads them:
 A storage failure is one line (InputError, exit 2) naming the URI and the fix: wrong
 credentials, an endpoint that cannot be reached, no such bucket (``failure``).
 
-The Beam runner is the exception, because its workers may share no disk with the driver
-(Dataflow, Flink, Spark): there the same calls do a worker's part, from the worker's own
-environment: ``open_input_file`` reads an input's row groups in place (ranged GETs),
-``upload`` puts a finished shard into the run's generation prefix, ``write_bytes`` and
-``read_bytes`` carry the small JSON results (prep.shards.beam_worker.BucketStage); the
-driver hashes inputs it never downloads with ``digest``. ``is_remote`` tells a bucket path
-from a local one.
+The Beam runner is the exception, its workers sharing no disk with the driver: they read
+row groups in place (``open_input_file``, ranged GETs) and ``upload`` shards and JSON results
+(prep.shards.beam_worker.BucketStage); the driver hashes inputs it never downloads
+(``digest``).
 """
 
 from __future__ import annotations

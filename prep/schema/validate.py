@@ -1,11 +1,10 @@
 """Validation: the one gate every entry point (parquet, RIPE Atlas import, synth) passes.
 
 Columns (the input schema): ``event_time`` (timestamp in any unit, tz-aware or naive UTC,
-or integer Unix seconds), ``src_addr`` and ``dst_addr`` (strings), ``ip_version`` (integer),
-``rtt`` (float or integer ms; ``rtt_avg`` is accepted when ``rtt`` is absent), optional
-``prb_id`` (integer). A missing required column, a column that appears twice, or a wrong
-type is an ``InputError`` that names the file and the fix. Everything else is judged per
-row; no value is ever clamped or wrapped on the way in.
+or integer Unix seconds), ``src_addr``, ``dst_addr`` (strings), ``ip_version`` (integer),
+``rtt`` (ms; else ``rtt_avg``), optional ``prb_id``, each value field's (integer). A
+missing, doubled or mistyped column is an ``InputError`` naming the file and the fix;
+everything else is judged per row, and no value is clamped or wrapped on the way in.
 
 Rejection reasons, checked in this order (a row is counted under the first that applies):
 
@@ -24,13 +23,9 @@ Rejection reasons, checked in this order (a row is counted under the first that 
     bad_<field>         a value field's column (prep.schema.vocab.VALUE_FIELDS; none in this vocabulary)
                         is null, negative, or too big for its ``width`` bytes
 
-A value field's column is required, under its own name, of an integer type.
-
-Invariant, for every call: rows in == accepted rows + sum(rejected.values()).
-
-Addresses repeat heavily (a probe's own address, a few hundred targets), so each batch is
-dictionary-encoded by Arrow and only the distinct texts are parsed, with a cache that
-lives across the batches of one ``iter_validated`` run.
+Every call keeps rows in == accepted rows + sum(rejected.values()). Addresses repeat
+heavily, so each batch is dictionary-encoded by Arrow and only the distinct texts are
+parsed, with a cache across the batches of one ``iter_validated`` run.
 """
 
 from __future__ import annotations

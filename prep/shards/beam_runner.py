@@ -2,67 +2,26 @@
 
 The pipeline is the local runner's two passes with Beam doing the shuffle:
 
-1. ``Create(units)``: the inputs cut into units of whole parquet row groups
-   (``prep.shards.dataset.read_units``), so workers read in parallel and in bounded pieces.
-2. ``FlatMap(read_unit)``: validate a unit batch by batch and emit, per batch and bucket,
-   ``(bucket, Arrow IPC bytes of that bucket's rows)``; the unit's read counts go to
-   ``<stage>/read/unit-<n>.json``. Elements are ints and bytes with Beam's own coders: no pickle
-   of data.
+1. ``Create(units)``: units of whole parquet row groups (prep.shards.dataset.read_units).
+2. ``FlatMap(read_unit)``: validate a unit batch by batch and emit ``(bucket, Arrow IPC
+   bytes of that bucket's rows)``; the unit's read counts go to ``<stage>/read/``. Elements
+   are ints and bytes with Beam's own coders: no pickle of data.
 3. ``GroupByKey``: a bucket's pieces meet on one worker (memory bounded by the bucket).
 4. ``ParDo(BucketFn)``: the very ``prep.shards.bucket.process_bucket`` the local pool calls,
-   writing that bucket's shards under names derived from the bucket (temp, then rename) and its
-   result to ``<stage>/results/bucket-<b>.json``. ``setup`` warms the Numba kernels once
-   per worker. Beam's file sinks are not used: their shard assignment is random.
+   shards named from the bucket, its result in ``<stage>/results/``. Beam's file sinks are
+   not used: their shard assignment is random.
+A time split without ``--test-from`` also emits each unit's per-minute histogram;
+``resolve_cutoff`` sums them into the cutoff by the local runner's rule and ``BucketFn``
+takes it as a side input. This module is the driver's side (``BeamPasses``); what runs on
+the workers is prep.shards.beam_worker (with ``--out s3://…`` they stage straight into the
+bucket). The frame around the pipeline is the local runner's (prep.shards.dataset.build),
+so both give byte-identical shards and manifests.
 
-A time split without ``--test-from`` (``--split time|time+probe``) needs its cutoff before
-any bucket is written: ``read_unit`` then also emits, on the tagged output ``minutes``, each
-unit's per-minute histogram as ``(minute, count)`` pairs; ``CombinePerKey(sum)`` and
-``ToList`` gather them into one list, ``resolve_cutoff`` turns it into the cutoff (the
-local runner's very rule, ``prep.schema.splits.default_cutoff``) and records it in
-``<stage>/cutoff.json`` for the manifest (in the staging location, as the shards), and
-``BucketFn`` takes it as a singleton side input, so every bucket uses the same resolved
-config as the local runner would.
-
-This module is the driver's side: the pipeline built and run, its JSON files read back
-(``BeamPasses``), a failed pipeline turned into one line (``pipeline_error``). What runs on
-the workers is prep.shards.beam_worker: module-level functions and a DoFn that Beam
-pickles by reference, elements of JSON text, ints and bytes, and ``Stage``, the one place
-where the staging location is reached, so no worker needs anything from the driver's memory.
-The frame around the pipeline is the local runner's very one
-(``prep.shards.dataset.build``: the inputs listed and hashed, the start line, the manifest
-built and the staging folder published by prep.jobs.outdir: lock, ``--overwrite``, the
-swap), so both give byte-identical shards and the same manifest (timing fields aside).
-A failed pipeline publishes nothing: its staging folder
-``<out>/.tmp-beam-<pid>-<token>`` is removed (or, if the driver was killed, by the next
-run), and a dataset already in ``<out>`` stays as it was.
-
-With ``--out s3://…`` the staging location is in the bucket, not on the driver's disk: the
-run's new generation prefix ``<out>/g<time>-<token>/`` (prep.jobs.remote_out: its owner
-marker written first, by the driver, before the pipeline starts). The workers write their
-shards and JSON results there (``BucketStage``); the driver reads the results, removes
-them, checks that the generation holds exactly the shards the manifest lists and writes
-``manifest.json`` last, as for any bucket ``--out`` (the old dataset intact until that
-PUT, ``--overwrite`` checked again just before it). A failed or interrupted run removes
-the generation with what the workers had uploaded; a killed driver's is removed by the
-next run on this machine. Inputs in a bucket are never downloaded by the driver
-(``reads_buckets``): it reads their footers to cut units and hashes them for the manifest
-as they stream by; the workers read their row groups from the bucket.
-
-Failures are one line (``pipeline_error``): a worker's InputError as the worker said it,
-else the last line of its error. With worker processes here (multi_processing), the
-pipeline runs on a helper thread (``run_watched``): Beam's local runner would wait for ever
-for a worker process that died, and the workers' stderr (start-up chatter, tracebacks) goes
-to a log file that the error line names; ``--beam-option default_sdk_harness_log_level=INFO``
-shows it all on stderr instead.
-
-Runners: the default is Beam's ``FnApiRunner`` (pinned: Beam's default local runner,
-Prism, would download a binary at run time), in this process; with
-``--beam-option direct_running_mode=multi_processing --beam-option direct_num_workers=N`` it
-runs the workers as N separate Python processes (``tests/test_beam.py`` holds their shards
-to the local runner's, writing a local folder and a bucket). ``--beam-option
-runner=...`` picks another (Dataflow, Flink, Spark); then ``--out`` must be a bucket path
-(or a folder every worker can write, e.g. a shared filesystem mount), the inputs too, and
-the workers need this package installed (README, "Beam on a cluster").
+Failures are one line (``pipeline_error``). With worker processes here (multi_processing)
+the pipeline runs on a helper thread (``run_watched``), since Beam's local runner would wait
+for ever for a worker that died; the workers' stderr goes to a log file the error names.
+The default runner is ``FnApiRunner``, in this process (Beam's default, Prism, would fetch a
+binary at run time); ``--beam-option runner=...`` picks another (README, "Beam on a cluster").
 """
 
 from __future__ import annotations

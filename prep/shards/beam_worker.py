@@ -1,37 +1,27 @@
 """What the Beam pipeline of `prep shards --runner beam` runs on its workers.
 
-A worker gets nothing from the driver's memory: everything it needs travels in the
-pipeline or is read from files it can read. The steps are module-level functions and one
-DoFn class, which Beam pickles by reference (module and name), so a worker runs the code of
-*its own* installed ``prep`` (the same wheel as the driver's: README, "Beam on a cluster"),
-never a copy of the driver's objects. The elements are JSON text, ints and Arrow IPC bytes:
-
-- a read task: ``'[unit, [[path, [row group, …]], …]]'`` (JSON; prep.shards.dataset.read_units);
-  a path may be a bucket's (``s3://…``): the worker reads those row groups from the bucket
-  itself (prep.schema.validate.open_parquet, ranged reads), nothing is downloaded first;
-- the config: ``ShardsConfig`` as JSON (prep.shards.dataset.config_to_json), a DoFn argument;
-- the staging location, a string, opened with ``Stage.at`` on the worker;
-- a time split's cutoff: an int, as a side input.
+A worker gets nothing from the driver's memory: the steps are module-level functions and
+one DoFn, which Beam pickles by reference, so a worker runs its own installed ``prep`` (the
+driver's wheel: README, "Beam on a cluster"). What travels is JSON text, ints and Arrow IPC
+bytes: a read task ``'[unit, [[path, [row group, …]], …]]'`` (a path may be ``s3://…``,
+read in place by ranged reads), ``ShardsConfig`` as JSON, the staging location as a string
+(``Stage.at``) and a time split's cutoff as a side input.
 
 ``Stage`` is the one place the workers (and the driver, reading back) touch the run's
 output: the shards (``shard_dir``), each unit's read counts, each bucket's result and the
 cutoff (``write_json``, ``read_jsons``). Two kinds, picked by the location:
 
-- ``FolderStage``: the staging folder of a local ``--out`` (prep.jobs.outdir), which on a
-  cluster must be a mount every worker and the driver see;
+- ``FolderStage``: a local ``--out``'s staging folder (on a cluster, a shared mount);
 - ``BucketStage``: with ``--out s3://…`` (or ``gs://``), the run's new generation prefix in
   the bucket (prep.jobs.remote_out, ``stage_in_bucket``: made by the driver, marker first).
-  ``shard_dir`` hands out a local temporary folder on the worker and uploads what
-  ``process_bucket`` wrote there; the JSON results are objects beside the shards, which
-  the driver reads and removes before it writes the manifest. A worker reaches the bucket
-  with its own settings (AWS_ENDPOINT_URL, the credentials' chain: prep.schema.storage),
-  so it needs no disk shared with the driver: what Dataflow, Flink and Spark workers have.
+  ``shard_dir`` hands out a local temporary folder and uploads what ``process_bucket``
+  wrote there; the JSON results lie beside the shards until the driver reads and removes
+  them. A worker reaches the bucket with its own settings (prep.schema.storage), so it
+  needs no disk shared with the driver.
 
-Each worker also puts its identity (``host:pid``) and peak RSS in the JSON it writes, so
-the driver can say how many processes did the work (the manifest's ``timing``).
-
-This module imports Apache Beam at the top: prep.shards.beam_runner imports it only once
-Beam is known to be installed.
+Each worker puts its ``host:pid`` and peak RSS in its JSON (the manifest's ``timing``).
+This module imports Apache Beam at the top: beam_runner imports it only once Beam is known
+to be installed.
 """
 
 from __future__ import annotations

@@ -1,29 +1,26 @@
 """One bucket of probes → finished shard files: the pure unit of work of `prep shards`.
 
-``process_bucket(bucket, m, cfg, out_dir)`` is the function both the local process pool
-(prep/shards/local_runner.py) and the Apache Beam pipeline call. Its output depends only on
-(bucket, the multiset of measurements, cfg): measurements are sorted inside
-(``plan_contexts``), file names come from the bucket id, split and epoch, and nothing
-reads the clock, the worker id or the input order. So any runner, any number of workers
-and any file order write byte-identical shards.
-
-Steps, for one bucket:
+``process_bucket(bucket, m, cfg, out_dir)``, which both runners call, depends only on
+(bucket, the multiset of measurements, cfg): measurements are sorted inside, file names
+come from the bucket id, split and epoch, and nothing reads the clock, the worker id or the
+input order. So any runner, number of workers and file order write byte-identical shards.
+For one bucket:
 
 1. Split the measurements by the config's rule (``split_masks``; prep.schema.splits): ``probe``
    (default) by a salted stable hash of the probe key (``is_test_probe``), a probe's whole
    history to train or to test, never both; ``time`` by the cutoff ``test_from``;
    ``time+probe`` by both, the measurements that fit neither split counted as excluded.
    Contexts are planned per split, so none straddles the cutoff.
-2. For each split and each epoch k (seed ``epoch_seed(cfg.seed, k)``, so every pass has
-   its own field orders, timestamp modes and cut points):
-   plan contexts → pack pieces into rows → encode pieces (Numba) → assemble rows
-   (vectorized: a row's pieces are contiguous in the token stream) → record bytes
-   (prep.schema.rows) → ``<split>/shard-b<bucket>-e<k>.array_record``, written under a temp
-   name and renamed. A split with no measurements writes no file.
+2. For each split and each epoch k (seed ``epoch_seed(cfg.seed, k)``: every pass has its
+   own field orders, timestamp modes and cut points): plan contexts → pack pieces into
+   rows → encode pieces (Numba) → assemble rows (vectorized: a row's pieces are contiguous
+   in the token stream) → record bytes (prep.schema.rows) →
+   ``<split>/shard-b<bucket>-e<k>.array_record``, written under a temp name and renamed. A
+   split with no measurements writes no file.
 3. Return a plain, JSON-serializable dict (see ``process_bucket``).
 
-Hashes are splitmix64 over the uint64 probe key with different salts for bucketing and
-splitting, so a bucket holds both train and test probes in the configured proportion.
+Bucketing and splitting hash the probe key with different salts (splitmix64), so a bucket
+holds train and test probes in the configured proportion.
 """
 
 from __future__ import annotations
@@ -67,8 +64,8 @@ class ShardsConfig:
     # hash partitions, fixed here so outputs never depend on workers; 0 = from the input's
     # row count (resolve_buckets: one per BUCKET_ROWS, so a small input packs as one bucket)
     n_buckets: int = 16
-    # ArrayRecord compression: snappy writes 2.6x faster than zstd:1 (6 vs 16 µs a row)
-    # for 29 % instead of 22 % of the raw size, and reads faster too.
+    # ArrayRecord compression: snappy writes and reads faster than zstd for a little more
+    # size (docs/measurements.md)
     compression: str = "snappy"
 
     def __post_init__(self):

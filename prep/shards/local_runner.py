@@ -14,13 +14,11 @@ Two passes, both spread over a process pool, memory bounded by a batch and by a 
    ``prep.shards.bucket.process_bucket``, which writes that bucket's finished shards into the
    staging folder ``DIR/.tmp-shards-<pid>-<token>/``.
 
-This module holds only these passes (``LocalPasses``); the frame around them is
-``prep.shards.dataset.build``, the Beam runner's too: it lists and hashes the inputs, claims
-``DIR``, prints the start line, and at the end writes the manifest into the staging folder
-and has prep.jobs.outdir swap the new dataset in. prep.jobs.outdir owns ``DIR``: the lock
-against a second run, the refusals, ``--overwrite``, what a kill leaves at each step.
-Output bytes depend on (inputs, the resolved ShardsConfig) only: spill order does not
-matter because ``plan_contexts`` sorts, and shard names come from the bucket id.
+This module holds only these passes (``LocalPasses``); the frame around them, the Beam
+runner's too, is ``prep.shards.dataset.build`` (inputs listed and hashed, ``DIR`` claimed
+through prep.jobs.outdir, the manifest written and the dataset published). Output bytes
+depend on (inputs, the resolved ShardsConfig) only: spill order does not matter because
+``plan_contexts`` sorts, and shard names come from the bucket id.
 
 The pool is prep.jobs.pool's: a worker that dies (e.g. to the OOM killer) is an error naming
 the file or bucket it was on, the workers stop with the run and die with the driver.
@@ -57,8 +55,8 @@ from prep.shards.dataset import (
     own_rss_mb,
 )
 
-# LZ4 halves the spill's CPU in the kernel (page-cache writes are dear on small VMs) and
-# shrinks it 2.8x, for +0.3 s of user time per 10M rows.
+# LZ4: page-cache writes are dear on small VMs, and compressing the spill saves more kernel
+# time than it costs (docs/measurements.md).
 _SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 
 

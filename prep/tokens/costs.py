@@ -1,5 +1,4 @@
-"""Token costs: what a measurement costs in tokens, which the tokenizer writes and the
-planner and the packer count on. The one place these sizes live.
+"""Token costs: what the tokenizer writes and the planner and packer count on, in one place.
 
 A measurement is MEASUREMENT_START, then its blocks in a seeded order (prep.schema.vocab):
 
@@ -12,22 +11,16 @@ A measurement is MEASUREMENT_START, then its blocks in a seeded order (prep.sche
 
 so its body (no timestamp) is 14 (IPv4 reply), 12 (IPv4 failed), 38 and 36 (IPv6).
 
-The piece length rule, which the planner (prep.pack.contexts) states and the packer relies on
-exactly: ``cost[i]`` counts measurement i's tokens as encoded inside its whole context
-(its timestamp 0, DELTA1, DELTA4 or, for the context's first timestamped one, absolute),
-and ``abs_extra[i] = TS_ABS - its timestamp's tokens`` where it has one. A piece [s, e)
-of one context, encoded as a context of its own, has ``cost[s:e].sum() + abs_extra[f]``
-tokens, f its first timestamped measurement (no term if none): that one is written
-absolute.
+The piece length rule, which the planner and the packer rely on exactly: ``cost[i]`` counts
+measurement i's tokens as encoded inside its whole context (its timestamp none, DELTA1,
+DELTA4 or, for the context's first timestamped one, absolute), ``abs_extra[i] = TS_ABS -
+its timestamp's tokens``. A piece [s, e) of one context, encoded as a context of its own,
+has ``cost[s:e].sum() + abs_extra[f]`` tokens, f its first timestamped measurement (no term
+if none), which is written absolute (worked example: prep.pack.contexts).
 
 The planner ends a context up to BACKOFF measurements early when that leaves its row a gap
-the packer can fill (``fillable``, from the bodies above); the packer fills gaps of at
-least SMALLEST_BODY tokens.
-
-The Numba kernels (prep.tokens.kernel, prep.pack.planner_kernels, prep.pack.fill and through it
-prep.pack.packing) compile these numbers in as constants. Numba's cache only notices edits to
-the file that holds a function, so prep/__init__.py keys the cache folder on a hash of
-every module of prep/: after an edit anywhere in prep/ the kernels compile afresh.
+the packer can fill (``fillable``, from the bodies above; at least SMALLEST_BODY tokens).
+The Numba kernels compile these numbers in as constants (prep/__init__.py: the cache).
 """
 
 from __future__ import annotations

@@ -15,14 +15,12 @@ the position in the row it refers to. The checks, in the order they are made:
    of every value field. Which block a header opens and how many bytes follow it come
    from prep.schema.vocab (``BLOCK_OF``, ``WIDTH_OF``, ``REQUIRED_BLOCKS``), frozen into the kernel.
 
-Its plain-Python twin is ``check_rows_reference``: the layout checks above in numpy, then
-``prep.tokens.decode.decode_context`` on every segment. The kernel is stricter than the twin in
-one way: a measurement holding one block twice (two sources, RTT and FAILED, two
-timestamps) is ``DUPLICATE_BLOCK`` here, while ``decode_context`` lets the later block
-overwrite the earlier one. The tokenizer never writes a block twice. ``error_pos`` is the
-token ``decode_context`` names (relative to the row, not the segment): for
-``BAD_BYTES`` the first byte of the block, for ``INCOMPLETE``/``FAMILIES_DIFFER`` the
-token after the measurement; for a grammar error, ``segment_ids[error_pos - 1]`` is the
+Its plain-Python twin, ``check_rows_reference``, runs the layout checks in numpy, then
+``prep.tokens.decode.decode_context`` on every segment. The kernel is stricter in one way: a
+block written twice in a measurement (which the tokenizer never does) is
+``DUPLICATE_BLOCK``, where ``decode_context`` keeps the later one. ``error_pos`` is the row
+position ``decode_context`` names (``BAD_BYTES``: the block's first byte; ``INCOMPLETE``,
+``FAMILIES_DIFFER``: the token after the measurement); ``segment_ids[error_pos - 1]`` is the
 segment at fault.
 """
 

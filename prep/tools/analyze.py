@@ -5,27 +5,23 @@ size, padding fraction, tokens lost to truncation, segments per row (p50/p99/max
 useful (kept, non-padding) tokens per row:
 
 - ``pad-to-crop``: one context per row, padded to the crop (how ping-llm trained).
-- ``probe-window``: one crop-sized window of each probe's whole history, padded; the rest
-  of the history is truncated (ping-llm's "probe chunk" examples). A history's length is
-  the sum of its contexts' lengths.
+- ``probe-window``: one crop-sized window of each probe's whole history (the sum of its
+  contexts' lengths), padded, the rest truncated (ping-llm's "probe chunk" examples).
 - ``grain-first-fit-B`` / ``grain-best-fit-B``: Grain's own online packers
   (FirstFitPackIterDataset / BestFitPackIterDataset, B bins) run for real on the lengths;
-  being Python (~0.45 ms a context), they run on a seeded sample (order kept) when the
-  input has more than ``grain_sample`` contexts, and the rows are scaled to the whole but
-  never below the lower bound; the note says so (``--grain-sample 0``: all of them).
+  being slow Python, on a seeded sample (order kept) of ``grain_sample`` contexts, rows
+  scaled to the whole but never below the lower bound, as the note says (0: all of them).
 - ``packer`` / ``packer-capK``: our offline packer (prep.pack.packing), on the measurement-level
   arrays, so it may split contexts; ``capK`` with at most K segments per row. On a shards
   folder ``packer`` is what the shards hold (rows read back; equals the manifest).
 - ``lower-bound``: ceil(tokens / crop).
 
-Input is parquet (contexts planned exactly as ``prep shards`` plans them, with
-row_len = crop) or a shards folder, analyzed at its own row length. A shards folder
-stores the packer's pieces (contexts cut to fill rows), and other packers given those
-pieces would pack what ours already cut to fit; so the strategies run on its contexts as
-they were before packing, planned again from the manifest's inputs with the manifest's
-config (held to its sha256s and its context count), beside the rows the shards hold. When
-the inputs are not there, the report is the stored packing against the manifest's lower
-bound only, and says which input to analyze for the rest.
+Input is parquet (contexts planned as ``prep shards`` plans them, row_len = crop) or a
+shards folder at its own row length. A shards folder stores the packer's pieces, already
+cut to fit, so the strategies run on its contexts as planned again from the manifest's
+inputs and config (held to its sha256s and context count), beside the rows the shards
+hold; without those inputs the report is the stored packing against the lower bound only,
+and says which input to analyze for the rest.
 """
 
 from __future__ import annotations

@@ -2,34 +2,26 @@
 
 Checks, each failure one line naming the file (and record) at fault:
 
-1. The manifest is finished and of this format and vocabulary (prep.schema.manifest.load_manifest;
-   a folder without one is refused, exit code 2).
-2. Its counts add up: rows in = accepted + rejected; per split, rows, measurements,
-   tokens, contexts and segments equal the sums over its shards; every epoch encodes
-   every accepted measurement that its split rule does not exclude once (tokenized =
-   (accepted - measurements_excluded_by_split) × epochs; only ``time+probe`` excludes);
-   the segments-per-row histogram covers every row; padding = rows × row_len - tokens.
-   The config's split rule is known and a time split has an int cutoff ``test_from``.
-3. The folder holds the listed shards and no other shard files; every listed path lies
-   inside the folder (prep.schema.manifest.shard_path: else exit 2, nothing is opened).
-4. Per shard (in parallel): size (where listed), sha256 and record count as listed; a
-   damaged or truncated file is one line; every record is a row of
-   this format and row_len (the header's magic, version and row_len, as prep.schema.rows.decode_row
-   checks them, and its segment count); segment ids run 1, 2, … with padding only at the
-   end, every segment opens with MEASUREMENT_START, padding is token 0; every segment is
-   whole measurements as the tokenizer writes them (prep.tokens.grammar.check_rows, one Numba
-   pass per shard; a flagged segment's message comes from prep.tokens.decode.decode_context);
-   the rows' measurements, tokens and segments add up to the shard's listed counts.
-5. The split rule, for ``--split time`` and ``time+probe``: every measurement of a train
-   shard that carries a timestamp has time < test_from, every one of a test shard time >=
-   test_from (the rows decoded with prep.tokens.rowdecode.decode_rows; a breach is one line per
-   record, naming the shard, record, segment and time).
+1. The manifest is finished and of this format and vocabulary
+   (prep.schema.manifest.load_manifest; a folder without one is refused, exit code 2).
+2. Its counts add up: rows in = accepted + rejected; per split, rows, measurements, tokens,
+   contexts and segments equal the sums over its shards; tokenized = (accepted -
+   measurements_excluded_by_split) × epochs; the segments-per-row histogram covers every
+   row; padding = rows × row_len - tokens; the split rule is known, a time split's cutoff
+   an int.
+3. The folder holds the listed shards and no other shard files, every path inside it
+   (prep.schema.manifest.shard_path: else exit 2, nothing is opened).
+4. Per shard, in parallel: size, sha256 and record count as listed; every record a row of
+   this format and row_len (prep.schema.rows.decode_row), segment ids 1, 2, … with padding
+   (token 0) only at the end, every segment opening with MEASUREMENT_START and holding
+   whole measurements as the tokenizer writes them
+   (prep.tokens.grammar.check_rows, one Numba pass per shard); the counts add up.
+5. For ``--split time`` and ``time+probe``: every timestamped measurement of a train shard
+   has time < test_from, of a test shard time >= test_from (prep.tokens.rowdecode).
 
-What the rows cannot show: measurements encoded without a timestamp (the ``partial`` and
-``none`` timestamp modes, ``mode_weights``) carry no time, so the time rule is checked on
-the timestamped ones only. "No probe in both splits" (``probe``, ``time+probe``) is not
-checked: the probe key is not tokenized, and probes behind a NAT share source addresses,
-so a decoded row does not say which probe measured.
+What the rows cannot show: measurements encoded without a timestamp carry no time, so the
+time rule holds for the timestamped ones only; "no probe in both splits" is not checked,
+since the probe key is not tokenized and probes behind a NAT share source addresses.
 """
 
 from __future__ import annotations

@@ -1,42 +1,27 @@
 """Classic RTT predictors the trained model is scored against.
 
-Each baseline is fit on the train split's measurements (``src``, ``dst``: node ids in one
-id space; ``rtt``: ms, -1.0 for a failed ping; ``time``: Unix seconds, valid where
-``has_time``) and answers a query (src, dst) with a ``Prediction``: the RTT of a successful
-ping, the probability that the ping fails, and whether the RTT is the baseline's own or the
-global median it fell back to. RTTs are fit on successful pings only; failures feed p_fail.
+Each baseline is fit on the train split (``src``, ``dst``: node ids; ``rtt``: ms, -1.0 for a
+failed ping; ``time``: Unix seconds where ``has_time``) and answers (src, dst) with a
+``Prediction``: an RTT, P(failed), and whether the RTT is its own or the global median it
+fell back to. RTTs are fit on successful pings only; failures feed p_fail.
 
-- ``global_median``: the median RTT of all successful pings; p_fail is the failure rate.
-- ``dst_median``: per destination, the median of its successful RTTs and its failure rate:
-  where the target is says most of a ping's RTT when the source is new.
-- ``pair_last``: per ordered (src, dst) pair, its latest successful RTT; p_fail is 1 if its
-  latest measurement failed, else 0. What a monitoring dashboard shows.
-- ``pair_ema``: per pair, an exponential moving average (alpha 0.3, first value as is) of
-  its successful RTTs in time order, and the same average of its failure indicator.
-- ``pair_median``: per pair, the median of its successful RTTs and its failure rate.
-- ``vivaldi``: network coordinates (F. Dabek, R. Cox, F. Kaashoek, R. Morris, "Vivaldi: A
-  Decentralized Network Coordinate System", SIGCOMM 2004). Each node is a point in the
-  plane plus a height, the access link crossed on the way in and out (section 5.4), and
-  RTT(i, j) ~ ||x_i - x_j|| + h_i + h_j. Fit by replaying the pings as springs between
-  their two nodes, with the paper's adaptive timestep (c_c = c_e = 0.25).
-- ``matrix_factorization``: log RTT ~ mu + b_src + c_dst + <U_src, V_dst>, rank 10: unlike
-  a metric space it can represent asymmetric routes and triangle inequality violations.
-  Fit by SGD as in DMFSGD (Y. Liao, W. Du, P. Geurts, G. Leduc, "DMFSGD: A Decentralized
-  Matrix Factorization Algorithm for Network Distance Prediction", IEEE/ACM ToN 2013)
-  with the biases of Koren, Bell, Volinsky ("Matrix Factorization Techniques for
-  Recommender Systems", IEEE Computer 2009), L2 regularization, a decaying step and a
-  Huber clip on the residual. Log space because RTT errors are relative: 5 ms off matters
-  at 10 ms, not at 300 ms. A node seen only as a destination (a held-out probe that others
-  pinged) has no source factors; as RTT is a round trip over the same links, its ping to
-  j is answered as j's ping to it when j was a source.
+- ``global_median``, ``dst_median``, ``pair_median``: the (numpy) median RTT and failure
+  rate of all pings, per destination (where the target is says most), per ordered pair.
+- ``pair_last``: the pair's latest successful RTT; p_fail 1 if its latest ping failed.
+- ``pair_ema``: per pair, an EMA (alpha 0.3, first value as is) of its successful RTTs in
+  time order, and of its failure indicator.
+- ``vivaldi``: network coordinates (Dabek et al., "Vivaldi", SIGCOMM 2004): a point in the
+  plane plus a height, the access link (section 5.4), RTT(i, j) ~ ||x_i - x_j|| + h_i + h_j,
+  fit by replaying the pings as springs with the paper's adaptive timestep (c_c = c_e =
+  0.25). Springs move both ends, so a node seen only as a destination has coordinates too.
+- ``matrix_factorization``: log RTT ~ mu + b_src + c_dst + <U_src, V_dst>, rank 10, which,
+  unlike a metric space, holds asymmetric routes and triangle inequality violations. SGD as
+  in DMFSGD (Liao et al., IEEE/ACM ToN 2013) with Koren et al.'s biases (IEEE Computer
+  2009), L2, a decaying step and a Huber clip; log space because RTT errors are relative. A
+  node seen only as a destination answers its ping to j as j's ping to it.
 
-Vivaldi springs move both ends, so a node seen only as a destination has coordinates too.
-The Numba kernels are in train/eval/coord_kernels.py.
-
-Measurements without a timestamp cannot be ordered, so ``pair_last`` and ``pair_ema`` use
-only timestamped ones; the others use all. Neither coordinate model has a failure model:
-their p_fail is the global failure rate. Medians are numpy's (the mean of the two middle
-values for an even count). Same inputs and seed give bit-identical fits.
+``pair_last`` and ``pair_ema`` use only timestamped measurements; the coordinate models'
+p_fail is the global rate. Kernels: train.eval.coord_kernels; fits are bit-identical by seed.
 """
 
 from __future__ import annotations

@@ -1,34 +1,27 @@
 """Baselines that read exactly what the model reads: each query's earlier measurements in
 its own context (the probe's measurements before it in the same row segment).
 
-The queries come in context order (train.eval.evaluate.full_mode_queries: whole contexts, the
-last one possibly cut, which keeps a prefix), so "earlier in the context" is "earlier in
-the same run of queries". Nothing from later in the context and nothing outside it is read,
-except the train-split fits named below.
+The queries come in context order (train.eval.evaluate.full_mode_queries), so "earlier in
+the context" is "earlier in the same run of queries"; nothing later or outside it is read,
+but the train-split fits named below.
 
 - ``context_last``: the last reply (not a failure) to the same destination earlier in the
-  context. What a probe's own dashboard would show.
+  context: what a probe's own dashboard would show.
 - ``context_ema``: the EMA (alpha 0.3, first value as is) of those replies, in context order.
 - ``context_median``: the median of all earlier replies in the context, any destination.
-- ``context_vivaldi``: the context's source placed in the train split's Vivaldi space
-  (train.eval.baselines.Vivaldi): its coordinates and height fit to its earlier replies to
-  destinations that have trained coordinates, those held fixed, as a new host joins a
-  running Vivaldi system (train.eval.coord_kernels.place_in_contexts); then its distance to
-  the query's destination.
+- ``context_vivaldi``: the context's source placed in the train split's Vivaldi space, fit
+  to its earlier replies with the destinations' coordinates held fixed, as a new host joins
+  a running Vivaldi system (coord_kernels.place_in_contexts); then its distance to the
+  query's destination.
 
-Fallback: where a baseline has nothing (no such earlier reply; for context_vivaldi, no
-usable reply yet or a destination without coordinates), it answers with the **pair's
-train median**, else the **destination's train median**, else the **global median**
-(train.eval.baselines ``pair_median`` → ``dst_median`` → ``global_median``). ``covered`` counts
-only its own answers.
-
-P(failed), the same for all four: the context's earlier failure rate to that destination,
-else the context's earlier failure rate (any destination), else the train split's.
+Where a baseline has nothing (no earlier reply; for context_vivaldi, none usable yet or a
+destination without coordinates) it falls back to the train split's ``pair_median`` →
+``dst_median`` → ``global_median``; ``covered`` counts only its own answers. P(failed), the
+same for all four: the context's earlier failure rate to that destination, else to any,
+else the train split's.
 
 Cost: one Numba pass over the contexts, O(k²) in a context's length k (k <= row length /
-12), and the placement's few spring rounds per reply: 300,000 queries in contexts of 40
-take about 0.8 s on one core (0.1 s without the placement), where the model answers a few
-hundred to a few thousand queries a second.
+12), and the placement's few spring rounds per reply (rates: `make bench`, eval.*).
 """
 
 from __future__ import annotations

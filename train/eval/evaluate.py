@@ -1,40 +1,27 @@
-"""`train eval RUN_DIR`: the model against every predictor that had the same information,
-on the test split.
+"""`train eval RUN_DIR`: on the test split, the model against every predictor with its information.
 
 Steps (all on the test split's first epoch, so each measurement counts once):
 
-1. **Next-token loss and accuracy by token role.** The test rows exactly as stored (every
-   timestamp mode, random block orders), teacher-forced; each counted target (prep.schema.rows:
-   the next token in the same segment) is put under the role of the token it predicts
-   (prep.schema.vocab.ROLES: block markers, source bytes, destination bytes, timestamp bytes,
-   result choice, RTT bytes, and the bytes of each value field).
-2. **RTT queries.** Every measurement of every test context in ``full`` timestamp mode
-   (all of its measurements timestamped; 40 % of contexts under the default weights, drawn
-   by a hash, so an unbiased sample of contexts) is a query given the measurements before
-   it in its context. The contexts are re-encoded with the result block last
-   (train.predict.predictor.encode_context) and read in one teacher-forced pass, plus one probe
-   pass for the second RTT byte: P(failed) and the exact RTT median, p10 and p90
-   (train.predict.predictor). Contexts in ``partial``/``none`` mode lack timestamps, so they are
-   not queries; they are in step 1. ``model_no_context``: the same, each query encoded
-   alone (a one-measurement context): how much the model reads its context.
-3. **Baselines.** Train-fit (train.eval.baselines: fit on the train split's first epoch only,
-   answering from (source, destination)) and context baselines (train.eval.context_baselines:
-   each query's earlier measurements in its own context, as the model reads them).
-4. **Metrics** (train.eval.metrics) for the model and each baseline over the queries with a
-   reply: MAE, median absolute error, median relative error with a 95 % bootstrap interval,
-   p90 relative error; over all queries the Brier score and precision / recall of
-   P(failed) > 0.5; the model's [p10, p90] coverage; the same by stratum
-   (``pair_in_context``, ``node_known``, ``cold``) and by how many earlier measurements
-   the context held. The truth is each measurement as the shards hold it (RTT at its
-   code's bin value, within 1/4096 of the input). Fewer than 1,000 queries with a reply
-   is a warning (stderr and the report).
+1. **Next-token loss and accuracy by token role**: the test rows as stored, teacher-forced;
+   each counted target (prep.schema.rows) goes under the role of the token it predicts
+   (prep.schema.vocab.ROLES).
+2. **RTT queries**: every measurement of every test context in ``full`` timestamp mode (an
+   unbiased sample of contexts, drawn by a hash) is a query given the measurements before
+   it. Contexts are re-encoded with the result block last (train.predict.predictor) and read
+   in one teacher-forced pass plus one probe pass for the second RTT byte: P(failed) and the
+   exact RTT median, p10 and p90. ``partial``/``none`` contexts lack timestamps, so they are
+   in step 1 only. ``model_no_context`` encodes each query alone: how much the model reads
+   its context.
+3. **Baselines**: train-fit (train.eval.baselines: from (source, destination)) and context
+   baselines (train.eval.context_baselines: the query's earlier measurements, as the model).
+4. **Metrics** (train.eval.metrics) for the model and each baseline, overall, by stratum and
+   by context length. The truth is each measurement as the shards hold it (its RTT code's
+   bin value). Fewer than 1,000 queries with a reply is a warning.
 
-``--max-queries N`` takes test rows (step 1) in a seeded random order until they hold N
-measurements, and exactly N RTT queries (step 2): full-mode contexts in a seeded order,
-the last one cut to its first measurements. The result is a table
-(train.eval.report.format_report), a JSON document (also written to
+``--max-queries N`` takes test rows in a seeded order until they hold N measurements, and
+exactly N RTT queries. The result is a table (train.eval.report), a JSON document (also
 ``RUN_DIR/eval/step-<S>.json``, or ``step-<S>-q<N>.json`` for a sample) and optionally a
-figure (train.eval.plot.plot).
+figure (train.eval.plot).
 """
 
 from __future__ import annotations

@@ -4,32 +4,24 @@
     RUN_DIR/checkpoints/<step>/data/    the reader's iterator state (JSON, a few ints)
 
 Both halves of a step are written under one Orbax step directory that only appears once
-complete, so a checkpoint is never half state, half data. Restoring gives the state back
-with the shardings of an abstract template (replicated over the mesh) and the iterator
-state to pass to ``DatasetIterator.set_state``.
+complete, so a checkpoint is never half state, half data. A restore gives the state with an
+abstract template's shardings and the iterator state for ``DatasetIterator.set_state``.
 
-Once a save is complete (the next save or ``wait`` waits for it), the sha256 of every
-file of the step goes to ``RUN_DIR/checkpoints/<step>/sha256.json``; a restore checks
-them, so a checkpoint whose bytes changed on disk (flipped bits that still decode, e.g.
-to NaN optimizer moments) is damaged like a truncated one. A step without the file (a
-run killed between the save and its digests, or written by an older version) restores
-with a note that it was not verified.
+Once a save is complete, the sha256 of every file of the step goes to
+``<step>/sha256.json``; a restore checks them, so changed bytes that still decode (e.g. to
+NaN optimizer moments) are damage like a truncated file. A step without digests (killed
+between the save and them) restores with a note that it was not verified.
 
-A save that fails (a full, read-only or not writable disk; Orbax reports it from its
-background thread at the next ``check``, ``save`` or ``wait``) is one InputError line
-naming the step, what failed and the last good checkpoint; its partial folders
-(``<step>.orbax-checkpoint-tmp*``) are removed and Orbax's pages of log and echoes of
-its other failed writes are dropped (unraisable coroutines; asyncio's "Task exception was
-never retrieved", which can come after the run has stopped).
+A save that fails (a full, read-only or not writable disk, which Orbax reports from its
+background thread at the next ``check``, ``save`` or ``wait``) is one InputError line naming
+the step, what failed and the last good checkpoint; its partial folders are removed and
+Orbax's pages of log and echoes of its other failed writes are dropped.
 
-A step folder damaged afterwards (a half or its files deleted, truncated or changed, bad
-JSON, an empty folder) fails to restore; ``restore_intact`` then takes the newest step
-that restores, naming each one it skipped and why, and ``set_aside`` moves the damaged
-ones out of the way (so the run can write those steps again).
-
-With several processes (train.fit.multihost) every process saves and restores through
-Orbax (each its own shards, process 0 the metadata), in a folder they all see; process 0
-alone writes the digests, removes what a failed save left and sets damaged steps aside.
+A damaged step folder fails to restore; ``restore_intact`` takes the newest step that
+restores, naming each one it skipped and why, and ``set_aside`` moves the damaged ones out
+of the way (so the run can write those steps again). With several processes
+(train.fit.multihost) each saves and restores its own shards through Orbax, in a folder
+they all see; process 0 alone writes the digests, cleans up and sets damaged steps aside.
 """
 
 from __future__ import annotations

@@ -92,9 +92,9 @@ def start_warnings(cfg: TrainConfig, row_len: int, platform: str) -> list[str]:
     return out
 
 
-# Rows of 1024 tokens per GPU for the base model. Measured on one H200 (make gpu-check,
-# bench/results/gpu-nvidia-h200-batch.json): 48 rows peak at 46 GiB and train at 338k real
-# tokens/s; 64 rows ran at 225k (a step 2x as long for 1.33x the rows); 128 do not fit.
+# Rows of 1024 tokens per GPU for the base model: the batch with the most real tokens/s in
+# the H200 sweep of make gpu-check (bench/results/gpu-nvidia-h200-batch.json); larger ones
+# ran slower or did not fit.
 GPU_ROWS = 48
 
 
@@ -107,7 +107,7 @@ def defaults_for(platform: str, n_devices: int = 1, *, model: str | None = None)
         return dict(model="base", steps=5000, batch_size=GPU_ROWS * n_devices, lr=6e-4, warmup=200,
                     compute_dtype="bfloat16", log_every=50, eval_every=500, eval_rows=1024, ckpt_every=1000)
     # a CPU: the tiny model for about a minute, loss visibly falling. Small batches: the
-    # XLA attention over 1024-token rows costs ~0.3 s per row on a laptop core
+    # XLA attention over 1024-token rows is slow on a CPU core (docs/measurements.md)
     return dict(model="tiny", steps=100, batch_size=2 * n_devices, lr=3e-3, warmup=10,
                 compute_dtype="float32", log_every=10, eval_every=50, eval_rows=16,
                 ckpt_every=50)

@@ -4,36 +4,24 @@ One log line per ``log_every`` steps, e.g.
 
     step   200/300 | loss 2.7314 | 41.2 ms | 198,513 tok/s | mfu - | wait 0.4% | lr 1.1e-03
 
-with the loss averaged over those steps, real (non-padding) tokens/s, MFU (train.model.model
-counts the FLOPs on real tokens; "-" where the device's peak is unknown, e.g. CPUs) and
-the share of wall time spent waiting for the next batch. The step's outputs stay on the
-device until that line, but for one scalar pair: each step waits for the step before it
-and reads its loss and gradient norm, so the host runs at most one step ahead of the
-device. A loss or gradient norm that is not finite stops the run with one line naming
-the step, before any state of that step (or after it) is saved: the last checkpoint
-stays the last good one. The first step (compilation) is left out of the timings. The
-same numbers go to ``RUN_DIR/metrics.jsonl``, one JSON object per line, with
-``eval_loss`` records every ``eval_every`` steps, and as TensorBoard event files in
-``RUN_DIR`` (train.fit.board; the ``tensorboard`` extra).
+loss averaged over those steps, real (non-padding) tokens/s, MFU (FLOPs on real tokens,
+train.model.model; "-" where the device's peak is unknown) and the share of wall time spent
+waiting for a batch; the first step (compilation) is left out. The same numbers go to
+``RUN_DIR/metrics.jsonl`` (with ``eval_loss`` every ``eval_every`` steps) and TensorBoard
+(train.fit.board). Each step reads only the step before's loss and gradient norm, so the
+host runs at most one step ahead of the device; a value that is not finite stops the run
+naming the step, before anything of it is saved, so the last checkpoint is a good one.
 
-The first Ctrl-C (SIGINT) or SIGTERM (what a scheduler sends) finishes the step under way
-(the device is at most one step behind), names it ("SIGINT: stopping at step N"), saves a
-checkpoint (state + data iterator) and returns; a second one aborts at once.
+The first SIGINT or SIGTERM finishes the step under way, names it, saves a checkpoint
+(state + data iterator) and returns; a second aborts at once. One trainer per run folder
+(``RUN_DIR/.lock``, RunLock; a second is one line naming the holder's pid), and a run is
+bound to its config.json: ``resume`` takes the newest intact checkpoint (damaged ones named
+and moved to ``checkpoints-damaged/``) and refuses other settings (config.RUN_BINDING) or
+shards (``data_fingerprint``). Whatever can refuse a start is checked before the run folder
+is made, and a start that fails leaves no folder it made.
 
-One trainer per run folder: ``RUN_DIR/.lock`` (RunLock) is held from before the run is
-read to the end; a second `train` on it (a resume, or a new run with the same --run-dir)
-is one line naming the holder's pid. A run is bound to its folder's config.json:
-``resume`` takes the newest intact checkpoint
-(skipping damaged ones, named on stderr, and moving them to ``checkpoints-damaged/``) and
-refuses settings that differ from the run's (config.RUN_BINDING) or a dataset whose shard
-digests differ from the run's ``data_fingerprint``. Everything that can refuse a start
-(dataset, shards, settings, batch size) is checked before the run folder is made; a start
-that fails before its first step leaves no folder it made behind.
-
-On several processes (`train --distributed`, train.fit.multihost) every process runs this
-loop in step; process 0 alone takes the lock, logs, and writes config.json and
-metrics.jsonl, a refusal of its own reaching them all; a signal on any one stops every
-one after the same step (multihost.StopVote), with one checkpoint.
+With `train --distributed` (train.fit.multihost) every process runs this loop in step;
+process 0 alone locks, logs and writes; a signal on any one stops all after the same step.
 """
 
 from __future__ import annotations

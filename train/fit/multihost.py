@@ -3,8 +3,7 @@
     host A:  train --distributed --coordinator 10.0.0.1:5555 --num-processes 2 --process-id 0
     host B:  train --distributed --coordinator 10.0.0.1:5555 --num-processes 2 --process-id 1
 
-(or no flags where jax.distributed finds them: SLURM, Open MPI, Kubernetes, Cloud TPU, and
-``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``, see ``Hosts``).
+(or none where jax.distributed finds them: SLURM, Open MPI, Kubernetes, JAX_*; ``Hosts``).
 
 What changes with several processes (train.fit.loop, reader, checkpoint):
 
@@ -19,12 +18,10 @@ What changes with several processes (train.fit.loop, reader, checkpoint):
    (``gather``, train.fit.loop.check_agree) before anything else.
 3. A signal (Ctrl-C, a scheduler's SIGTERM) on any process stops every process after the
    same step, with one checkpoint (``StopVote``).
-4. A process that dies, or stops answering for ``--heartbeat-timeout`` seconds, stops the
-   others with one line each. jax's coordination client ends a process whose peer is
-   gone by aborting it (a fatal C++ log with a stack trace); so `train --distributed`
-   runs the trainer as a child of a small supervisor (``supervise``) that turns that end
-   into one line and exit 2, and forwards SIGINT/SIGTERM to it. The trainer dies with
-   its supervisor (PR_SET_PDEATHSIG), so killing `train` kills the trainer too.
+4. A process that dies, or is silent for ``--heartbeat-timeout`` seconds, stops the others.
+   jax's coordination client then aborts them with a C++ stack trace, so the trainer runs
+   as the child of a supervisor (``supervise``) that makes that one line and exit 2,
+   forwards SIGINT/SIGTERM, and takes the trainer with it (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@
       .to_iter_dataset() [.mp_prefetch(k)]    optional worker processes
       -> to_device(sharding)                  thread prefetch on host and on device
 
-Grain sees one element per batch, not per row: its per-element cost (~8 us through a
-shuffle) would otherwise equal the read itself. So the shuffle is a numpy permutation per
-epoch, and each batch is one C++ read per shard followed by one ``np.frombuffer`` over the
-joined bytes. Batches are ``{"tokens": uint16[B, L], "segment_ids": uint8[B, L]}``;
+Grain sees one element per batch, not per row: its per-element cost through a shuffle
+would otherwise equal the read itself (docs/measurements.md). So the shuffle is a numpy
+permutation per epoch, and each batch is one C++ read per shard followed by one
+``np.frombuffer`` over the joined bytes. Batches are ``{"tokens": uint16[B, L], "segment_ids": uint8[B, L]}``;
 positions and targets are derived on the device (train.model.model), so 3 bytes per token cross
 to the device. The iterator's state (a few ints) is saved with each checkpoint, so a
 resumed run sees exactly the batches an uninterrupted one would.
@@ -212,7 +212,7 @@ class EpochKeys:
     (devices are ordered by process), so the global batches, and the run, do not depend
     on how many processes read them: 2 processes of 1 device see what 1 process of 2
     devices sees. A permutation is computed once per epoch in numpy (4-8 bytes a row)
-    because Grain's per-element shuffle costs ~8 us a row, as much as the read.
+    because Grain's per-element shuffle costs as much as the read.
     """
 
     def __init__(self, n_rows: int, *, batch_size: int, seed: int, shuffle: bool,

@@ -9,23 +9,19 @@ to that). Two implementations of the same function:
   everywhere (CPU tests), costs O(T^2) mask memory and computes the masked blocks.
 - ``cudnn``: cuDNN's native packed ("ragged") layout on NVIDIA Hopper or newer. Each
   segment becomes a sequence of its own given by an offset and a length, under a
-  PADDING_CAUSAL mask, so masked blocks are never computed. This is reached through
-  ``jax._src.cudnn.fused_attention_stablehlo.dot_product_attention`` (``q_offsets`` /
-  ``kv_offsets`` are not in the public ``jax.nn`` API), a private module. Whether it works
-  is probed, not assumed from a version string: ``cudnn_available`` compiles the packed
-  attention (forward and gradient) for the device on tiny shapes at start-up and, if that
-  fails, ``resolve("auto")`` falls back to XLA with one line on stderr saying why.
-  tests/test_cudnn_lowering.py lowers it for CUDA on a CPU (``jax.export``), so a JAX
-  upgrade that changes the private API fails CI rather than a user's GPU run. Query and
-  key/value head counts are equal (no GQA), which the packed path needs.
+  PADDING_CAUSAL mask, so masked blocks are never computed. It is reached through a private
+  module, ``jax._src.cudnn.fused_attention_stablehlo`` (``q_offsets`` / ``kv_offsets`` are not
+  in ``jax.nn``), so it is probed, not assumed: ``cudnn_available`` compiles it (forward and
+  gradient) on tiny shapes at start-up, else ``resolve("auto")`` falls back to XLA with one
+  line saying why; tests/test_cudnn_lowering.py lowers it for CUDA on a CPU, so a JAX upgrade
+  that changes the private API fails CI. Query and key/value head counts are equal (no GQA).
 
 Padding tokens (segment 0) attend to earlier padding under XLA, which keeps every softmax
 row non-empty; under cuDNN they belong to no segment and their output is undefined, so
 it is zeroed. Nothing reads those outputs: padding is never a loss target and no real
 token attends to it.
 
-``AttentionConfig`` carries the settings the model's forward pass takes (the
-implementation, the segment-table size, the compute dtype) as one hashable value.
+``AttentionConfig``: the implementation, segment-table size and compute dtype, hashable.
 """
 
 from __future__ import annotations

@@ -5,33 +5,23 @@
     >>> model.predict("192.0.2.7", "193.0.14.129", time=1767312000)   # Unix seconds
     {'rtt_ms': …, 'p10_ms': …, 'p90_ms': …, 'p_failed': …, 'history_used': 0, …}
 
-A query is one measurement whose result is unknown, written as the model saw measurements
-in training in ``full`` timestamp mode with the result block last:
-``MEASUREMENT_START, source, destination, timestamp, RTT_START``, after the source probe's
-earlier measurements (its history, same block order, oldest first) in the same context.
-Where the vocabulary has value fields (prep.schema.vocab.VALUE_FIELDS), history measurements
-carry theirs before the result, and so do `train eval`'s queries; a query of `train
-predict` has none (its values are not known).
-From the model's next-token distributions:
+A query is one measurement whose result is unknown, written as in training in ``full``
+timestamp mode with the result block last (``MEASUREMENT_START, source, destination,
+timestamp, RTT_START``), after the probe's history in the same context. History carries its
+value fields (prep.schema.vocab.VALUE_FIELDS) before the result; a `train predict` query
+has none. From the model's next-token distributions:
 
 - ``p_failed`` = P(FAILED) / (P(FAILED) + P(RTT_START)) at the result position;
-- the RTT distribution is that of the two RTT bytes ``EEEEEMMM MMMMMMMM`` after RTT_START
-  (µs = mantissa × 2^exponent), over the codes the tokenizer can write: exponent 0 with
-  any mantissa, or exponent >= 1 with mantissa >= 1024 ("canonical" codes; others would be
-  a second spelling of a value, and no row holds one). On canonical codes the order of the
-  codes is the order of the values, so quantile q is found exactly in two steps: the
-  first-byte distribution P(b1) (renormalized over the 132 canonical first bytes) gives
-  the first byte b1* where the cumulative probability reaches q; the second byte's
-  distribution *given b1** (one probe, train.model.model.forward) finishes it. Median, p10 and
-  p90 cost one forward pass for the first bytes and one for at most three second-byte
-  distributions. tests/test_predictor.py holds this to a brute force over all 132 first
-  bytes. The value reported for a code is its bin's value (as prep.tokens.decode.rtt_ms).
-  The share of the first-byte mass on non-canonical bytes is reported as
-  ``non_canonical_mass`` (near 0 for a trained model).
-
-The same machinery scores every test measurement in ``train eval`` (train.eval.evaluate): there
-the true results stand in the row (teacher forcing) and each measurement is a query given
-the ones before it.
+- the RTT is the two bytes ``EEEEEMMM MMMMMMMM`` after RTT_START (µs = mantissa ×
+  2^exponent), over the "canonical" codes the tokenizer writes (exponent 0, or mantissa >=
+  1024). On those, code order is value order, so quantile q is exact in two steps: the
+  first-byte distribution (over the 132 canonical first bytes) gives the byte b1* where the
+  cumulative probability reaches q; one probe pass (train.model.model.forward) gives the
+  second byte's distribution given b1* (at most three for median, p10 and p90);
+  tests/test_predictor.py holds this to a brute force. A code reports its bin's value
+  (prep.tokens.decode.rtt_ms); ``non_canonical_mass`` is the first-byte mass off the
+  canonical bytes (near 0 for a trained model). `train eval` scores with the same machinery,
+  the true results standing in the row (teacher forcing).
 """
 
 from __future__ import annotations
