@@ -3,9 +3,9 @@
 Each trains with the real trainer (train.fit.loop.train: Grain reader, XLA packed attention,
 float32) on the same packed rows of 256 tokens from `prep synth` + `prep shards` (20k
 measurements), batch 8 (the recipe's), 160 steps; real (non-padding) tokens/s over the steps
-after compilation. `small` is `tiny` plus the grammar embedding, the destination-match head
-and byte waves (train.model.arch), so the ratio is their cost; the recipe's minutes on 2
-cores follow from it (docs/learning.md).
+after compilation. `small` is `tiny` plus the grammar embedding, the destination-match head,
+byte waves, the destination memory and prior and anonymous sources (train.model.arch), so
+the ratio is their cost; the recipe's minutes on 2 cores follow from it (docs/learning.md).
 """
 
 from __future__ import annotations
