@@ -5,10 +5,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-# the real RIPE Atlas sample (38 files, 7,725 results; its README says where each came
-# from), shipped with the tests so that a clone without ../shared runs the same suite
-ATLAS = REPO / "tests" / "fixtures" / "ripe-atlas"
+pytest.register_assert_rewrite("helpers")  # its asserts report like a test's own
+from helpers import ATLAS  # noqa: E402
+
 # set by pytest-xdist in each of `make test`'s worker processes
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
