@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 from click.testing import CliRunner
+from helpers import PREP
 
 from prep.cli import main
 from prep.schema import manifest as mf
@@ -28,7 +29,6 @@ from prep.tokens.decode import decode_context, rtt_ms
 from prep.tokens.reference import rtt_code
 from prep.tools.verify import verify_dir
 
-REPO = Path(__file__).resolve().parent.parent
 T0 = 1_767_225_600  # 2026-01-01
 
 
@@ -223,7 +223,7 @@ def test_killed_rerun_keeps_the_old_dataset_and_next_run_completes(tmp_path):
     out = tmp_path / "out"
     args = ["shards", str(inp), "--out", str(out), "--workers", "2", "--buckets", "32", "--quiet",
             "--seed", "1", "--overwrite"]
-    cmd = [str(REPO / ".venv" / "bin" / "prep")] + args
+    cmd = [str(PREP)] + args
     # Each bucket lingers after writing its shards, so the kill below always lands mid-run.
     slow = ("import sys, time, prep.shards.local_runner as s; from prep.cli import main\n"
             "real = s.process_bucket\n"
