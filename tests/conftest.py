@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 pytest.register_assert_rewrite("helpers")  # its asserts report like a test's own
-from helpers import ATLAS  # noqa: E402
 
 # set by pytest-xdist in each of `make test`'s worker processes
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
@@ -105,6 +104,8 @@ def no_cuda_probes(monkeypatch):
 
 @pytest.fixture(scope="session")
 def atlas_dir() -> Path:
+    from helpers import ATLAS  # here: helpers imports prep, which the modules import later
+
     assert ATLAS.is_dir(), f"{ATLAS} is missing from the checkout"
     return ATLAS
 

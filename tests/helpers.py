@@ -1,6 +1,7 @@
 """What two or more test modules use: the checkout's paths, the one-line error every command
-ends with, a read-only file system faked below one folder, the processes a run leaves, and
-the tiny training run of tests/test_train.py and tests/test_run_safety.py.
+ends with, a read-only file system faked below one folder, the processes a run leaves, small
+measurement inputs whose contents you can predict, and the tiny training run of
+tests/test_train.py and tests/test_run_safety.py.
 
 Test modules import it as ``from helpers import ...`` (pytest puts tests/ on sys.path);
 no test module imports another. Fixtures shared the same way live in tests/conftest.py.
@@ -12,6 +13,16 @@ import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from array_record.python.array_record_module import ArrayRecordReader
+
+from prep.schema import manifest as mf
+from prep.schema import rows
+from prep.shards.bucket import ShardsConfig
+from prep.tokens.decode import decode_context
 
 REPO = Path(__file__).resolve().parent.parent
 PREP = REPO / ".venv" / "bin" / "prep"
@@ -112,15 +123,95 @@ def running(pid: int) -> bool:
         return False
 
 
-# --- datasets and tiny training runs -----------------------------------------------------
+# --- small datasets: prep's input, a dataset's bytes --------------------------------------
+
+T0 = 1_767_225_600  # 2026-01-01: probe_data and tiny_input start here
+
+
+def write_parquet(path: Path, recs: list[dict]) -> Path:
+    cols = {k: [r[k] for r in recs] for k in recs[0]}
+    table = pa.table({"event_time": pa.array(cols["event_time"], pa.int64()),
+                      "prb_id": pa.array(cols["prb_id"], pa.int64()),
+                      "src_addr": cols["src_addr"], "dst_addr": cols["dst_addr"],
+                      "ip_version": pa.array(cols["ip_version"], pa.int8()),
+                      "rtt": pa.array(cols["rtt"], pa.float64())})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, row_group_size=4096)
+    return path
+
+
+def probe_data(n_probes: int, per_probe: int, seed: int) -> list[dict]:
+    """Each probe has its own source address, so a decoded segment names its probe."""
+    rng = np.random.default_rng(seed)
+    recs = []
+    for p in range(1, n_probes + 1):
+        v6 = p % 3 == 0
+        src = f"2001:db8::{p:x}" if v6 else f"10.0.{p // 256}.{p % 256}"
+        t = T0 + int(rng.integers(0, 3600))
+        for _ in range(per_probe):
+            t += int(rng.choice([60, 240, 300, 4000]))
+            dst = f"2001:500::{rng.integers(1, 6)}" if v6 else f"193.0.14.{rng.integers(1, 6)}"
+            rtt = -1.0 if rng.random() < 0.2 else float(rng.uniform(1, 300))
+            recs.append({"event_time": t, "prb_id": p, "src_addr": src, "dst_addr": dst,
+                         "ip_version": 6 if v6 else 4, "rtt": rtt})
+    return recs
+
+
+def read_split(d: Path, split: str) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    m = mf.load_manifest(d)
+    out = []
+    for path in mf.shard_paths(m, d, split):
+        r = ArrayRecordReader(str(path))
+        for rec in r.read_all():
+            tok, seg = rows.decode_row(rec)
+            out.append((path.name, tok, seg))
+        r.close()
+    return out
+
+
+def decoded_segments(d: Path, split: str):
+    for name, tok, seg in read_split(d, split):
+        for sid in range(1, int(seg.max()) + 1):
+            yield name, decode_context(tok[seg == sid].tolist())
+
+
+# tiny_input's rows you can count by hand, in one bucket, all in train
+TINY_CFG = ShardsConfig(row_len=64, n_buckets=1, test_fraction=0.0, mode_weights=(1.0, 0.0, 0.0))
+
+
+def tiny_input(tmp_path: Path) -> Path:
+    def rec(t, prb, src, rtt, dst="193.0.14.129", v=4):
+        return {"event_time": T0 + t, "prb_id": prb, "src_addr": src, "dst_addr": dst,
+                "ip_version": v, "rtt": rtt}
+    return write_parquet(tmp_path / "in" / "tiny.parquet", [
+        # IPv4 ping: START + 2 x (4 bytes + tag) + RTT (3) = 14 tokens, FAILED instead: 12;
+        # full timestamps: the first absolute (+9), later ones 1-byte deltas (+2).
+        rec(0, 3, "192.0.2.3", 5.0), rec(60, 3, "192.0.2.3", 6.0), rec(120, 3, "192.0.2.3", 7.0),  # 55
+        rec(0, 1, "192.0.2.1", 10.0), rec(60, 1, "192.0.2.1", 20.0),  # 23 + 16 = 39
+        rec(0, 2, "192.0.2.2", -1.0),  # 12 + 9 = 21
+        rec(0, 4, "", 1.0),  # rejected: empty_src_addr
+        rec(0, 4, "192.0.2.4", float("nan")),  # rejected: bad_rtt
+        rec(0, 4, "192.0.2.4", 1.0, dst="2001:db8::1"),  # rejected: family_mismatch
+    ])
+
+
+def tree_bytes(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()
+            and p.name != mf.MANIFEST_NAME}
+
+
+def manifest_sans_timing(d: Path) -> dict:
+    m = json.loads((d / mf.MANIFEST_NAME).read_text())
+    return {k: v for k, v in m.items() if k not in ("elapsed_s", "timing")}
+
 
 def dataset_bytes(d: Path) -> dict[str, bytes]:
     """manifest.json, train/*, test/*: what a reader reads."""
-    from prep.schema import manifest as mf
-
     files = [d / mf.MANIFEST_NAME] + sorted(d.glob("train/*")) + sorted(d.glob("test/*"))
     return {str(p.relative_to(d)): p.read_bytes() for p in files if p.is_file()}
 
+
+# --- the tiny training run -----------------------------------------------------------------
 
 def small(data, run_dir, **kw):
     """A tiny run's config: 20 steps of 4 rows, a metrics line a step, no eval or checkpoint."""
