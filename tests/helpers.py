@@ -19,10 +19,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from array_record.python.array_record_module import ArrayRecordReader
 
+from prep.pack.contexts import ContextConfig, plan_contexts
+from prep.pack.packing import pack
 from prep.schema import manifest as mf
 from prep.schema import rows
-from prep.shards.bucket import ShardsConfig
+from prep.schema.measurements import Measurements
+from prep.shards.bucket import ShardsConfig, assemble_rows
 from prep.tokens.decode import decode_context
+from prep.tokens.kernel import encode_pieces
 
 REPO = Path(__file__).resolve().parent.parent
 PREP = REPO / ".venv" / "bin" / "prep"
@@ -186,7 +190,8 @@ def tiny_input(tmp_path: Path) -> Path:
     return write_parquet(tmp_path / "in" / "tiny.parquet", [
         # IPv4 ping: START + 2 x (4 bytes + tag) + RTT (3) = 14 tokens, FAILED instead: 12;
         # full timestamps: the first absolute (+9), later ones 1-byte deltas (+2).
-        rec(0, 3, "192.0.2.3", 5.0), rec(60, 3, "192.0.2.3", 6.0), rec(120, 3, "192.0.2.3", 7.0),  # 55
+        rec(0, 3, "192.0.2.3", 5.0), rec(60, 3, "192.0.2.3", 6.0),
+        rec(120, 3, "192.0.2.3", 7.0),  # 23 + 16 + 16 = 55
         rec(0, 1, "192.0.2.1", 10.0), rec(60, 1, "192.0.2.1", 20.0),  # 23 + 16 = 39
         rec(0, 2, "192.0.2.2", -1.0),  # 12 + 9 = 21
         rec(0, 4, "", 1.0),  # rejected: empty_src_addr
@@ -209,6 +214,33 @@ def dataset_bytes(d: Path) -> dict[str, bytes]:
     """manifest.json, train/*, test/*: what a reader reads."""
     files = [d / mf.MANIFEST_NAME] + sorted(d.glob("train/*")) + sorted(d.glob("test/*"))
     return {str(p.relative_to(d)): p.read_bytes() for p in files if p.is_file()}
+
+
+# a short row keeps grammar's plain-Python twin fast and still packs several contexts a row
+PIPELINE_L = 256
+
+
+def pipeline_rows(seed: int, n: int = 3000, probes: int = 12):
+    """(tokens, segment_ids, measurements) of rows written by the real tokenizer and packer."""
+    rng = np.random.default_rng(seed)
+    probe = rng.integers(1, probes + 1, n).astype(np.uint64)
+    v6 = (probe % 3 == 0)
+    m = Measurements(
+        probe=probe, time=(1_767_225_600 + rng.integers(0, 3 * 86_400, n)).astype(np.int64),
+        family=np.where(v6, 6, 4).astype(np.uint8),
+        src_hi=np.where(v6, rng.integers(0, 2**63, n), 0).astype(np.uint64),
+        src_lo=rng.integers(0, 2**32, n).astype(np.uint64),
+        dst_hi=np.where(v6, rng.integers(0, 2**63, n), 0).astype(np.uint64),
+        dst_lo=rng.integers(0, 2**32, n).astype(np.uint64),
+        rtt=np.where(rng.random(n) < 0.2, -1.0, rng.uniform(0.01, 900, n)))
+    plan = plan_contexts(m, ContextConfig(row_len=PIPELINE_L, max_gap_s=3_600), seed)
+    packing = pack(plan.ctx_start, plan.ctx_end, plan.cost, plan.has_ts, plan.abs_extra,
+                   row_len=PIPELINE_L)
+    tokens, offsets = encode_pieces(plan.sorted, plan, packing.piece_start, packing.piece_end, seed)
+    block = assemble_rows(tokens, offsets, packing.piece_row, packing.n_rows, PIPELINE_L)
+    tok = np.ascontiguousarray(block[:, 16:16 + 2 * PIPELINE_L]).view("<u2")
+    seg = np.ascontiguousarray(block[:, 16 + 2 * PIPELINE_L:])
+    return tok, seg, n
 
 
 # --- the tiny training run -----------------------------------------------------------------
