@@ -40,7 +40,7 @@ FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_
 TWO_PROCESSES = ["direct_running_mode=multi_processing", "direct_num_workers=2"]
 
 
-# --- one line, exit 2 ------------------------------------------------------------------
+# --- one line, exit 2 ---------------------------------------------------------------------
 
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
@@ -67,7 +67,7 @@ def exit_2_one_line(result, *words: str) -> str:
     return line
 
 
-# --- a read-only file system -------------------------------------------------------------
+# --- a read-only file system --------------------------------------------------------------
 
 @contextmanager
 def read_only(monkeypatch, folder: Path):
@@ -95,7 +95,7 @@ def read_only(monkeypatch, folder: Path):
         yield
 
 
-# --- processes ---------------------------------------------------------------------------
+# --- processes ----------------------------------------------------------------------------
 
 def wait_for(cond, timeout: float = 60.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
@@ -127,7 +127,7 @@ def running(pid: int) -> bool:
         return False
 
 
-# --- small datasets: prep's input, a dataset's bytes --------------------------------------
+# --- small datasets: measurements, rows, a dataset's bytes --------------------------------
 
 T0 = 1_767_225_600  # 2026-01-01: probe_data and tiny_input start here
 
@@ -243,7 +243,7 @@ def pipeline_rows(seed: int, n: int = 3000, probes: int = 12):
     return tok, seg, n
 
 
-# --- the tiny training run -----------------------------------------------------------------
+# --- the tiny training run ----------------------------------------------------------------
 
 def small(data, run_dir, **kw):
     """A tiny run's config: 20 steps of 4 rows, a metrics line a step, no eval or checkpoint."""
