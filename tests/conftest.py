@@ -5,10 +5,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-# the real RIPE Atlas sample (38 files, 7,725 results; its README says where each came
-# from), shipped with the tests so that a clone without ../shared runs the same suite
-ATLAS = REPO / "tests" / "fixtures" / "ripe-atlas"
+pytest.register_assert_rewrite("helpers")  # its asserts report like a test's own
+
 # set by pytest-xdist in each of `make test`'s worker processes
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
@@ -91,8 +89,23 @@ def persistent_xla_cache(xla_cache):
         compilation_cache.reset_cache()  # read the settings again at the next compile
 
 
+@pytest.fixture
+def no_cuda_probes(monkeypatch):
+    """The cuDNN wrapper asks the CUDA runtime for cuDNN's version and the GPU's compute
+    capability while tracing; there is none here, so answer as a Hopper GPU with cuDNN 9.6
+    would."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+    monkeypatch.setattr(cudnn, "check_cudnn_version", lambda *a, **k: 90600)
+    monkeypatch.setattr(cudnn, "check_compute_capability", lambda *a, **k: True)
+    if hasattr(cudnn, "is_cuda_compute_capability_equal"):
+        monkeypatch.setattr(cudnn, "is_cuda_compute_capability_equal", lambda *a, **k: False)
+
+
 @pytest.fixture(scope="session")
 def atlas_dir() -> Path:
+    from helpers import ATLAS  # here: helpers imports prep, which the modules import later
+
     assert ATLAS.is_dir(), f"{ATLAS} is missing from the checkout"
     return ATLAS
 

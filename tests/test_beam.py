@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import TWO_PROCESSES, running
 
 beam = pytest.importorskip("apache_beam")
 
@@ -79,9 +80,6 @@ def test_beam_default_cutoff_equals_local(raw, tmp_path):
     assert viabeam["split"]["test_from"] == c
     assert viabeam["measurements_excluded_by_split"] > 0
 
-
-# Beam's local runner with worker processes: what a cluster runner does, on this machine.
-TWO_PROCESSES = ["direct_running_mode=multi_processing", "direct_num_workers=2"]
 
 
 def test_two_worker_processes_write_what_the_local_runner_writes(raw, tmp_path, monkeypatch):
@@ -157,7 +155,7 @@ def test_a_worker_process_killed_mid_run_is_one_line_not_a_hang(raw, tmp_path):
         _, err = p.communicate(timeout=60)  # not a hang
     finally:
         for pid in (p.pid, workers[1]):
-            if _alive(pid):
+            if running(pid):
                 os.kill(pid, signal.SIGKILL)
     assert p.returncode == 2
     last = err.strip().splitlines()[-1]
@@ -167,14 +165,7 @@ def test_a_worker_process_killed_mid_run_is_one_line_not_a_hang(raw, tmp_path):
     log = Path(last.rsplit("the workers' log: ", 1)[1])
     log.unlink()
     assert not (tmp_path / "out").exists()  # the run removed the folder it made
-    assert not _alive(workers[1])  # the run stopped its other worker before it ended
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert not running(workers[1])  # the run stopped its other worker before it ended
 
 
 def test_a_damaged_file_read_by_a_worker_process_is_one_line(tmp_path):

@@ -17,18 +17,6 @@ B, T, N, H, M = 2, 64, 2, 16, 4
 TARGETS = ("__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward")
 
 
-@pytest.fixture
-def no_cuda_probes(monkeypatch):
-    """The wrapper asks the CUDA runtime for cuDNN's version and the GPU's compute
-    capability; there is none here, so answer as a Hopper GPU with cuDNN 9.6 would."""
-    from jax._src.cudnn import fused_attention_stablehlo as cudnn
-
-    monkeypatch.setattr(cudnn, "check_cudnn_version", lambda *a, **k: 90600)
-    monkeypatch.setattr(cudnn, "check_compute_capability", lambda *a, **k: True)
-    if hasattr(cudnn, "is_cuda_compute_capability_equal"):
-        monkeypatch.setattr(cudnn, "is_cuda_compute_capability_equal", lambda *a, **k: False)
-
-
 def cuda_custom_calls(fn) -> list[dict]:
     """Every cuDNN custom call of ``fn`` exported for CUDA: target, mask, max segments,
     operand types."""

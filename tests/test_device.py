@@ -6,11 +6,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from prep.schema.errors import InputError
 from train.fit import device
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def fake_nvidia_smi(d: Path, cuda: str = "13.0") -> Path:

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from helpers import exit_2_one_line
 
 from bench import synthetic_shards as synthetic
 from prep.cli import main as prep
@@ -20,10 +21,7 @@ EMPTY = (np.zeros((0, 64), np.uint16), np.zeros((0, 64), np.uint8))
 
 
 def fails(cli, *args):
-    r = CliRunner().invoke(cli, [*map(str, args)])
-    assert r.exit_code == 2, r.output
-    lines = r.stderr.strip().splitlines()
-    return lines[-1]
+    return exit_2_one_line(CliRunner().invoke(cli, [*map(str, args)]))
 
 
 @pytest.fixture

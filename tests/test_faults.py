@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_outdir import PREP, children, dataset_bytes, error_lines, running
+from helpers import PREP, children, dataset_bytes, error_lines, one_line_error, running
 
 from prep.schema import manifest as mf
 from prep.tools.verify import verify_dir
@@ -60,14 +60,6 @@ def finish(proc: subprocess.Popen) -> str:
         pytest.fail(f"{proc.args}: still running after {TIMEOUT_S} s")
     assert "Traceback" not in err, err
     return err
-
-
-def the_error(err: str, *words: str) -> str:
-    lines = error_lines(err)
-    assert len(lines) == 1, err
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
 
 
 def wait_gone(pids: list[int], within: float) -> None:
@@ -146,7 +138,7 @@ def test_random_faults(raw, tmp_path):
                 else:
                     assert rc in (143, -signal.SIGTERM), err
                 if rc == 143:
-                    line = the_error(err, "stopped by SIGTERM")
+                    line = one_line_error(err, "stopped by SIGTERM")
                     if "holds what it held before" in line:
                         assert state == ("old" if old else "none")
                 assert state != "mid-swap"  # SIGTERM waits for the end of the swap
@@ -180,7 +172,7 @@ def test_random_faults(raw, tmp_path):
                 words = ["worker process", signal.Signals(sig).name, "nothing was published"]
                 if sig == signal.SIGKILL:
                     words += ["--buckets", "--workers"]
-                the_error(err, *words)
+                one_line_error(err, *words)
                 assert state == ("old" if old else "none")
             seen.append((kind, signal.Signals(sig).name, rc, state))
 
@@ -194,7 +186,7 @@ def test_random_faults(raw, tmp_path):
             assert 0 in codes and set(codes) <= {0, 2}, (codes, errs)
             for p, q in ((a, b), (b, a)):
                 if p.returncode == 2:
-                    the_error(errs[p], "another `prep shards`", f"pid {q.pid}")
+                    one_line_error(errs[p], "another `prep shards`", f"pid {q.pid}")
             won = {seed - 1 if p is a else seed for p in (a, b) if p.returncode == 0}
             state = classify(out, old, won)
             assert state == "new"
@@ -207,7 +199,7 @@ def test_random_faults(raw, tmp_path):
             proc = start(raw, out, seed, buckets)
             err = finish(proc)
             assert proc.returncode == 2
-            the_error(err, ".tmp-mywork", "did not write")
+            one_line_error(err, ".tmp-mywork", "did not write")
             assert (out / ".tmp-mywork" / "thesis.tex").read_text() == "mine"
             shutil.rmtree(out / ".tmp-mywork")
             state = classify(out, old, set())
@@ -246,7 +238,7 @@ def test_a_symlink_loop_is_named_as_one_not_as_a_missing_target(raw, tmp_path):
                  ["import-atlas", str(a), "--out", str(tmp_path / "y")]):
         r = CliRunner().invoke(main, args)
         assert r.exit_code == 2, r.output
-        line = the_error(r.output, loop)
+        line = one_line_error(r.output, loop)
         assert "does not exist" not in line, line
     d = tmp_path / "inputs"  # under a folder: skipped, with a warning that says so
     d.mkdir()

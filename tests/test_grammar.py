@@ -3,40 +3,13 @@ on rows the real pipeline writes and on damaged copies of them; exact codes on h
 
 import numpy as np
 import pytest
+from helpers import PIPELINE_L, pipeline_rows
 
-from prep.pack.contexts import ContextConfig, plan_contexts
-from prep.pack.packing import pack
 from prep.schema import vocab as V
-from prep.schema.measurements import Measurements
-from prep.shards.bucket import assemble_rows
 from prep.tokens import grammar as G
-from prep.tokens.kernel import encode_pieces
 
 B = V.BYTE_OFFSET
-L = 256  # a short row keeps the twin fast and still packs several contexts a row
-
-
-def pipeline_rows(seed: int, n: int = 3000, probes: int = 12):
-    """(tokens, segment_ids, measurements) of rows written by the real tokenizer and packer."""
-    rng = np.random.default_rng(seed)
-    probe = rng.integers(1, probes + 1, n).astype(np.uint64)
-    v6 = (probe % 3 == 0)
-    m = Measurements(
-        probe=probe, time=(1_767_225_600 + rng.integers(0, 3 * 86_400, n)).astype(np.int64),
-        family=np.where(v6, 6, 4).astype(np.uint8),
-        src_hi=np.where(v6, rng.integers(0, 2**63, n), 0).astype(np.uint64),
-        src_lo=rng.integers(0, 2**32, n).astype(np.uint64),
-        dst_hi=np.where(v6, rng.integers(0, 2**63, n), 0).astype(np.uint64),
-        dst_lo=rng.integers(0, 2**32, n).astype(np.uint64),
-        rtt=np.where(rng.random(n) < 0.2, -1.0, rng.uniform(0.01, 900, n)))
-    plan = plan_contexts(m, ContextConfig(row_len=L, max_gap_s=3_600), seed)
-    packing = pack(plan.ctx_start, plan.ctx_end, plan.cost, plan.has_ts, plan.abs_extra,
-                   row_len=L)
-    tokens, offsets = encode_pieces(plan.sorted, plan, packing.piece_start, packing.piece_end, seed)
-    block = assemble_rows(tokens, offsets, packing.piece_row, packing.n_rows, L)
-    tok = np.ascontiguousarray(block[:, 16:16 + 2 * L]).view("<u2")
-    seg = np.ascontiguousarray(block[:, 16 + 2 * L:])
-    return tok, seg, n
+L = PIPELINE_L  # pipeline_rows' rows
 
 
 def assert_agrees(tok, seg):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from test_shards import T0, TINY_CFG, probe_data, tiny_input, write_parquet
+from helpers import T0, TINY_CFG, probe_data, tiny_input, write_parquet
 
 from prep.cli import main
 from prep.schema import manifest as mf

@@ -70,18 +70,6 @@ def test_the_plain_forms_kept_3_8x_as_much(plain_model):
     assert got["bytes"] == pytest.approx(49_136.5, abs=0.5)
 
 
-@pytest.fixture
-def no_cuda_probes(monkeypatch):
-    """The cuDNN wrapper asks the CUDA runtime for versions while tracing; answer as a
-    Hopper GPU with cuDNN 9.6 would (as tests/test_cudnn_lowering.py does)."""
-    from jax._src.cudnn import fused_attention_stablehlo as cudnn
-
-    monkeypatch.setattr(cudnn, "check_cudnn_version", lambda *a, **k: 90600)
-    monkeypatch.setattr(cudnn, "check_compute_capability", lambda *a, **k: True)
-    if hasattr(cudnn, "is_cuda_compute_capability_equal"):
-        monkeypatch.setattr(cudnn, "is_cuda_compute_capability_equal", lambda *a, **k: False)
-
-
 def test_on_the_cudnn_path_the_softmax_statistics_grow_with_the_segment_table(no_cuda_probes):
     """The GPU's path, traced here: no T x T scores, but the kernel's output besides the
     zeroed one the model reads, and float32 softmax statistics of [rows * max_segments,

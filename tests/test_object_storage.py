@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import REPO, TWO_PROCESSES
 
 from bench import s3_server
 from bench import synthetic_shards as synthetic
@@ -34,7 +35,6 @@ from prep.schema.storage import Remote
 from prep.shards.bucket import ShardsConfig
 from prep.shards.local_runner import run_shards
 
-REPO = Path(__file__).resolve().parent.parent
 BUCKET = "pp-test"
 SHARDS = ("--quiet", "--workers", "1", "--buckets", "4", "--seed", "5")
 
@@ -469,8 +469,8 @@ def test_a_publish_cut_off_in_the_bucket_is_refused_until_finished(s3, env, atla
 
 
 # Beam with --out on a bucket: its workers write into the bucket and read the inputs there,
-# sharing no disk with the driver (Dataflow, Flink, Spark), here as 2 worker processes.
-TWO_PROCESSES = ["direct_running_mode=multi_processing", "direct_num_workers=2"]
+# sharing no disk with the driver (Dataflow, Flink, Spark), here as 2 worker processes
+# (TWO_PROCESSES).
 
 
 def test_beam_workers_write_into_the_bucket_and_equal_the_local_run(s3, env, raw, local,

@@ -21,6 +21,16 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import (
+    PREP,
+    REPO,
+    children,
+    dataset_bytes,
+    one_line_error,
+    read_only,
+    running,
+    wait_for,
+)
 
 from prep.cli import main
 from prep.ingest.synth import SynthConfig, synth
@@ -29,8 +39,6 @@ from prep.shards.bucket import ShardsConfig
 from prep.shards.local_runner import run_shards
 from prep.tools.verify import verify_dir
 
-REPO = Path(__file__).resolve().parent.parent
-PREP = REPO / ".venv" / "bin" / "prep"
 CFG = ShardsConfig(n_buckets=8)
 # `prep shards` with each bucket lingering after its shards are written, so that a kill
 # lands mid-run (SLOW_S seconds; the same patch the fault trial uses).
@@ -47,13 +55,7 @@ def raw(tmp_path_factory) -> Path:
     return out
 
 
-# --- helpers (the fault trial, tests/test_faults.py, uses them too) --------------------
-
-def dataset_bytes(d: Path) -> dict[str, bytes]:
-    """manifest.json, train/*, test/*: what a reader reads."""
-    files = [d / mf.MANIFEST_NAME] + sorted(d.glob("train/*")) + sorted(d.glob("test/*"))
-    return {str(p.relative_to(d)): p.read_bytes() for p in files if p.is_file()}
-
+# --- helpers ----------------------------------------------------------------------------
 
 def shards_cmd(raw: Path, out: Path, *args: str) -> list[str]:
     return [str(PREP), "shards", str(raw), "--out", str(out), "--quiet", *args]
@@ -65,53 +67,8 @@ def start_slow(raw: Path, out: Path, *args: str, slow_s: float = 0.3) -> subproc
                             env=os.environ | {"SLOW_S": str(slow_s)}, start_new_session=True)
 
 
-def wait_for(cond, timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
-
-
 def staged_shards(out: Path) -> list[Path]:
     return list(out.glob(".tmp-*/train/*.array_record"))
-
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        kids = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                kids.append(int(stat.parent.name))
-        return kids
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie (a container's init may never reap orphans)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def error_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("error:")]
-
-
-def one_line_error(r, *words: str) -> str:
-    """CliRunner result or CompletedProcess: exactly one error line, holding ``words``."""
-    err = r.stderr if hasattr(r, "stderr") else r.output
-    assert "Traceback" not in err, err
-    lines = error_lines(err)
-    assert len(lines) == 1, err
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
 
 
 def invoke(*args: str):
@@ -414,25 +371,8 @@ def test_disk_full_is_one_line_and_keeps_the_old_dataset(raw, tmp_path, monkeypa
 def test_read_only_and_dangling_symlink_out_are_one_line(raw, tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
-    real_open, real_mkdir = os.open, os.mkdir
-    inside = lambda p: str(Path(p).absolute()).startswith(str(out))  # noqa: E731
-
-    def ro_open(path, flags, *a, **k):  # a read-only mount, as root sees it too
-        if inside(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
-            raise OSError(errno.EROFS, "Read-only file system", str(path))
-        return real_open(path, flags, *a, **k)
-
-    def ro_mkdir(path, *a, **k):
-        if inside(path):
-            if os.path.lexists(path):
-                raise FileExistsError(errno.EEXIST, "File exists", str(path))
-            raise OSError(errno.EROFS, "Read-only file system", str(path))
-        return real_mkdir(path, *a, **k)
-
     def run_ro(*extra):
-        with monkeypatch.context() as m:
-            m.setattr(os, "open", ro_open)
-            m.setattr(os, "mkdir", ro_mkdir)
+        with read_only(monkeypatch, out):
             r = invoke(str(raw), "--out", str(out), *extra)
         assert r.exit_code == 2, r.output
         one_line_error(r, str(out), "read-only file system", "writable")

@@ -22,20 +22,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from test_outdir import one_line_error, wait_for
+from helpers import ATLAS, one_line_error, read_only, wait_for
 
 from prep.cli import main
 from prep.jobs.outdir import lock_folder, release
 from prep.tools.verify import verify_dir
 
-ATLAS = Path(__file__).resolve().parent / "fixtures" / "ripe-atlas" / "api"
+API = ATLAS / "api"
 N_FILES = 36  # the API downloads
 ROWS = 3_092  # the rows they make (3,092 results, none rejected)
 SYNTH = ["--rows", "3000", "--probes", "30", "--days", "1"]
 
 
 def atlas(out: Path, *extra: str):
-    return CliRunner().invoke(main, ["import-atlas", str(ATLAS), "--out", str(out),
+    return CliRunner().invoke(main, ["import-atlas", str(API), "--out", str(out),
                                      "--workers", "1", *extra])
 
 
@@ -62,7 +62,7 @@ def test_a_second_import_is_refused_and_the_first_publishes_every_row(tmp_path):
     slow = ("import prep.jobs.parquet_out as p\nreal = p.ParquetOut.publish\n"
             "def publish(self, names):\n    time.sleep(2); real(self, names)\n"
             "p.ParquetOut.publish = publish")
-    first = in_process(["import-atlas", str(ATLAS), "--out", str(out), "--workers", "2", "--json"],
+    first = in_process(["import-atlas", str(API), "--out", str(out), "--workers", "2", "--json"],
                        slow)
     wait_for(lambda: len(list(out.glob(".tmp-import-*/*.parquet"))) == N_FILES, 60,
              "the first run's staged files")
@@ -145,7 +145,7 @@ def test_killed_before_publishing_leaves_nothing_and_the_next_run_cleans_up(tmp_
     out = tmp_path / "out"
     die = ("import prep.jobs.parquet_out as p\n"
            "p.ParquetOut.publish = lambda self, names: os.kill(os.getpid(), signal.SIGKILL)")
-    proc = in_process(["import-atlas", str(ATLAS), "--out", str(out), "--workers", "2"], die)
+    proc = in_process(["import-atlas", str(API), "--out", str(out), "--workers", "2"], die)
     proc.communicate(timeout=60)
     assert proc.returncode == -9
     assert not list(out.glob("*.parquet"))  # nothing a reader would take as output
@@ -209,23 +209,8 @@ def test_full_disk_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch):
 def test_read_only_folder_is_one_line(tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
-    real_open, real_mkdir = os.open, os.mkdir
-    inside = lambda p: str(Path(p).absolute()).startswith(str(out))  # noqa: E731
-
-    def ro_open(path, flags, *a, **k):  # a read-only mount, as root sees it too
-        if inside(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
-            raise OSError(errno.EROFS, "Read-only file system", str(path))
-        return real_open(path, flags, *a, **k)
-
-    def ro_mkdir(path, *a, **k):
-        if inside(path):
-            raise OSError(errno.EROFS, "Read-only file system", str(path))
-        return real_mkdir(path, *a, **k)
-
     for run in (atlas, synth):
-        with monkeypatch.context() as m:
-            m.setattr(os, "open", ro_open)
-            m.setattr(os, "mkdir", ro_mkdir)
+        with read_only(monkeypatch, out):
             r = run(out)
         assert r.exit_code == 2, r.output
         one_line_error(r, str(out), "read-only file system", "writable")

@@ -11,11 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_outdir import PREP, children, error_lines, running
+from helpers import ATLAS, PREP, children, error_lines, running
 
 from prep.jobs.pool import Pool, WorkerDied, cores
-
-ATLAS = Path(__file__).resolve().parent / "fixtures" / "ripe-atlas"
 
 
 def _square(x):

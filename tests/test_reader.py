@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import REPO, running
 
 from bench import synthetic_shards as synthetic
 from prep.schema import manifest as manifest_lib
@@ -21,7 +22,6 @@ from prep.schema.rows import RowFormatError
 from train.cli import main
 from train.fit import reader
 
-REPO = Path(__file__).resolve().parent.parent
 N_ROWS, ROW_LEN, BATCH = 40, 32, 4
 
 
@@ -143,13 +143,6 @@ def _descendants(pid: int) -> set[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
 def test_grain_workers_die_with_a_killed_trainer(shards):
     """#36 item 19: SIGKILL (the OOM killer) left the Grain workers and the resource
@@ -165,9 +158,9 @@ def test_grain_workers_die_with_a_killed_trainer(shards):
         p.kill()
         p.wait()
         deadline = time.monotonic() + 10
-        while any(map(_alive, helpers)) and time.monotonic() < deadline:
+        while any(map(running, helpers)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert [h for h in helpers if _alive(h)] == []
+        assert [h for h in helpers if running(h)] == []
     finally:
         p.kill()
         for h in _descendants(p.pid) if p.poll() is None else ():

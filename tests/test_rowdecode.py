@@ -3,12 +3,12 @@ pipeline writes; token roles spelled out on a hand-made row."""
 
 import numpy as np
 import pytest
+from helpers import pipeline_rows
 
 from prep.schema import vocab as V
 from prep.schema.rows import RowFormatError
 from prep.tokens import rowdecode as RD
 from prep.tokens.decode import decode_context
-from tests.test_grammar import pipeline_rows
 
 B = V.BYTE_OFFSET
 

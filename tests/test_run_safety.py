@@ -2,7 +2,7 @@
 promises, resumes that would change the run, SIGTERM, damaged files and checkpoints.
 
 Every CLI case asserts the exit code, the one `error:` line (no traceback) and what is on
-disk afterwards. Runs are tiny (tests/test_train.py's `small()`), each a second or two.
+disk afterwards. Runs are tiny (tests/helpers.py's `small()`), each a second or two.
 """
 
 import json
@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import REPO, exit_2_one_line, final_params, records, small
 
 from bench import synthetic_shards as synthetic
 from prep.cli import main as prep_main
@@ -25,11 +26,9 @@ from prep.schema import manifest as mf
 from prep.schema.errors import InputError
 from train.cli import main as train_main
 from train.fit import reader
-from train.fit.checkpoint import Checkpointer
 from train.fit.config import TrainConfig
 from train.fit.loop import train
 
-REPO = Path(__file__).resolve().parent.parent
 ROW_LEN = 64
 
 
@@ -56,26 +55,8 @@ def copy(shards, tmp_path):
     return Path(shutil.copytree(shards, tmp_path / "data"))
 
 
-def small(data, run_dir, **kw):
-    base = dict(data=str(data), run_dir=str(run_dir), steps=20, batch_size=4, lr=3e-3,
-                warmup=3, log_every=1, eval_every=0, ckpt_every=0)
-    return TrainConfig(**{**base, **kw})
-
-
 FLAGS = ["--model", "tiny", "--steps", "20", "--batch-size", "4", "--lr", "3e-3",
          "--warmup", "3", "--log-every", "5", "--eval-every", "0", "--ckpt-every", "0"]
-
-
-def one_error_line(result, *needles) -> str:
-    """The run failed with exit 2 and exactly one `error:` line, the last on stderr."""
-    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
-    assert "Traceback" not in result.output
-    lines = [x for x in result.stderr.splitlines() if x.strip()]
-    errors = [x for x in lines if x.startswith("error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr
-    for n in needles:
-        assert n in errors[0], (n, errors[0])
-    return errors[0]
 
 
 def fit(args):
@@ -94,17 +75,6 @@ def edit_manifest(d: Path, change) -> None:
     m = json.loads((d / mf.MANIFEST_NAME).read_text())
     change(m)
     (d / mf.MANIFEST_NAME).write_text(json.dumps(m))
-
-
-def records(run):
-    return [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines()]
-
-
-def final_params(run):
-    ck = Checkpointer(Path(run) / "checkpoints")
-    state, data = ck.restore(ck.latest_step())
-    ck.close()
-    return state["params"], data
 
 
 def stop_at(step, sig=signal.SIGINT):
@@ -129,7 +99,7 @@ def test_shard_paths_must_stay_inside_the_dataset(copy, tmp_path, bad):
     for result in (fit(["--data", copy, "--run-dir", run, *FLAGS]),
                    prep(["verify", copy]), prep(["inspect", copy, "--rows", "0:1"]),
                    prep(["analyze-padding", copy])):
-        one_error_line(result, f"shard path {rel!r} leads outside {copy}", "prep shards")
+        exit_2_one_line(result, f"shard path {rel!r} leads outside {copy}", "prep shards")
     assert not run.exists()
 
 
@@ -140,9 +110,9 @@ def test_shards_that_differ_from_the_manifest_are_refused_at_open(copy, shards, 
     tmp = copy / "x"
     a.rename(tmp), c.rename(a), tmp.rename(c)
     want = f"{a}: 16 records, manifest.json lists 24; run `prep verify"
-    one_error_line(fit(["--data", copy, "--run-dir", run, *FLAGS]), want, "prep shards")
-    one_error_line(prep(["inspect", copy, "--rows", "0:1"]), want)
-    one_error_line(prep(["analyze-padding", copy]), want)
+    exit_2_one_line(fit(["--data", copy, "--run-dir", run, *FLAGS]), want, "prep shards")
+    exit_2_one_line(prep(["inspect", copy, "--rows", "0:1"]), want)
+    exit_2_one_line(prep(["analyze-padding", copy]), want)
     with pytest.raises(InputError, match="16 records, manifest.json lists 24"):
         reader.read_split(copy, mf.load_manifest(copy), "train")  # `train eval`'s reader
     assert not run.exists()
@@ -153,8 +123,8 @@ def test_shards_that_differ_from_the_manifest_are_refused_at_open(copy, shards, 
     shutil.copytree(shards, copy)
     shutil.copy(shard(other, 1), shard(copy, 1))
     want = f"{shard(copy, 1)}: sha256 "
-    one_error_line(fit(["--data", copy, "--run-dir", run, *FLAGS]), want, "prep verify")
-    one_error_line(prep(["analyze-padding", copy]), want)
+    exit_2_one_line(fit(["--data", copy, "--run-dir", run, *FLAGS]), want, "prep verify")
+    exit_2_one_line(prep(["analyze-padding", copy]), want)
     with pytest.raises(InputError, match="sha256 .* differs"):
         reader.read_split(copy, mf.load_manifest(copy), "train")
     assert not run.exists()
@@ -162,7 +132,7 @@ def test_shards_that_differ_from_the_manifest_are_refused_at_open(copy, shards, 
     # a size recorded in the manifest is held to as well
     shutil.copy(shard(shards, 1), shard(copy, 1))
     edit_manifest(copy, lambda m: m["splits"]["train"]["shards"][2].update(size=12345))
-    one_error_line(fit(["--data", copy, "--run-dir", run, *FLAGS]),
+    exit_2_one_line(fit(["--data", copy, "--run-dir", run, *FLAGS]),
                    f"{shard(copy, 2)}: {shard(copy, 2).stat().st_size:,} bytes, "
                    "manifest.json lists 12,345")
     assert not run.exists()
@@ -207,7 +177,7 @@ def test_resume_refuses_a_flag_that_differs_from_the_run(shards, run, tmp_path, 
         flags = ["--data", shards, *flags]  # the run's own
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     r = fit(["--run-dir", run, "--resume", *flags])
-    one_error_line(r, needle.format(run=run).replace("OTHER", str(other)), "--run-dir")
+    exit_2_one_line(r, needle.format(run=run).replace("OTHER", str(other)), "--run-dir")
     after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     assert after == before  # config.json, metrics and checkpoints untouched
 
@@ -215,7 +185,6 @@ def test_resume_refuses_a_flag_that_differs_from_the_run(shards, run, tmp_path, 
 def test_resume_compares_loss_weights_by_their_weights_and_names_an_empty_one():
     """#36 item 22: the same --loss-weights in another order were refused, and an empty
     one read "has  (its config.json)"."""
-    from train.fit.config import TrainConfig
     from train.fit.loop import check_resume
 
     saved = {"train": {"loss_weights": "rtt=10,result=10"}}
@@ -255,7 +224,7 @@ def test_resume_refuses_a_dataset_that_changed_under_the_run(shards, tmp_path):
     config = (run / "config.json").read_bytes()
     shutil.rmtree(data)
     write_dataset(data, seed=3)  # rebuilt in place with other rows
-    one_error_line(fit(["--run-dir", run, "--resume"]),
+    exit_2_one_line(fit(["--run-dir", run, "--resume"]),
                    f"{data}: its shards changed since the run in {run} started")
     assert (run / "config.json").read_bytes() == config
     assert step_dirs(run / "checkpoints") == [3]
@@ -263,16 +232,16 @@ def test_resume_refuses_a_dataset_that_changed_under_the_run(shards, tmp_path):
 
 def test_a_failed_start_leaves_no_run_and_resume_needs_a_checkpoint(shards, tmp_path):
     run = tmp_path / "run"
-    one_error_line(fit(["--data", shards, "--run-dir", run, *FLAGS[:4], "--batch-size", "100"]),
+    exit_2_one_line(fit(["--data", shards, "--run-dir", run, *FLAGS[:4], "--batch-size", "100"]),
                    "64 rows make no batch of 100")
     assert not run.exists()
-    one_error_line(fit(["--data", tmp_path / "nope", "--run-dir", run, *FLAGS]), "prep shards")
+    exit_2_one_line(fit(["--data", tmp_path / "nope", "--run-dir", run, *FLAGS]), "prep shards")
     assert not run.exists()
-    one_error_line(fit(["--run-dir", run, "--resume"]), f"{run}: no such run folder")
+    exit_2_one_line(fit(["--run-dir", run, "--resume"]), f"{run}: no such run folder")
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"train": {}}))
     (run / "checkpoints").mkdir()
-    one_error_line(fit(["--run-dir", run, "--resume"]), f"{run}: no checkpoint to resume")
+    exit_2_one_line(fit(["--run-dir", run, "--resume"]), f"{run}: no checkpoint to resume")
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
 
 
@@ -361,11 +330,11 @@ def test_train_names_a_damaged_shard(copy, tmp_path, damage):
         s.write_bytes(bytes(b))
         want = f"{s}: sha256 "
     run = tmp_path / "run"
-    one_error_line(fit(["--data", copy, "--run-dir", run, *FLAGS]), want, "prep verify")
+    exit_2_one_line(fit(["--data", copy, "--run-dir", run, *FLAGS]), want, "prep verify")
     assert not run.exists()
     if damage == "corrupted-record":  # without the digest check, the read names it
         r = fit(["--data", copy, "--run-dir", run, *FLAGS, "--check-data", "counts"])
-        one_error_line(r, f"{s}#", "unreadable record", "prep verify")
+        exit_2_one_line(r, f"{s}#", "unreadable record", "prep verify")
         assert not step_dirs(run / "checkpoints")
 
 
@@ -377,9 +346,9 @@ def test_train_names_a_damaged_shard(copy, tmp_path, damage):
 def test_a_malformed_manifest_is_one_line(copy, tmp_path, change, needle):
     edit_manifest(copy, change)
     run = tmp_path / "run"
-    one_error_line(fit(["--data", copy, "--run-dir", run, *FLAGS]), needle, "prep shards")
-    one_error_line(prep(["verify", copy]), needle)
-    one_error_line(prep(["inspect", copy]), needle)
+    exit_2_one_line(fit(["--data", copy, "--run-dir", run, *FLAGS]), needle, "prep shards")
+    exit_2_one_line(prep(["verify", copy]), needle)
+    exit_2_one_line(prep(["inspect", copy]), needle)
     assert not run.exists()
 
 
@@ -439,7 +408,7 @@ def test_no_intact_checkpoint_is_one_line_and_predict_falls_back(run):
     for s in (5, 10):
         shutil.rmtree(run / "checkpoints" / str(s) / "data")
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
-    one_error_line(fit(["--run-dir", run, "--resume"]),
+    exit_2_one_line(fit(["--run-dir", run, "--resume"]),
                    "no intact checkpoint (15: no state/; 10: no data/; 5: no data/)",
                    "start a new --run-dir")
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
@@ -453,15 +422,15 @@ DEEP = "[" * 100_000 + "]" * 100_000
 def test_a_deeply_nested_manifest_or_config_is_one_line(copy, run, tmp_path):
     (copy / mf.MANIFEST_NAME).write_text(DEEP)
     where = copy / mf.MANIFEST_NAME
-    one_error_line(prep(["verify", copy]), f"{where}: unreadable manifest (nested too deeply)")
-    one_error_line(fit(["--data", copy, "--run-dir", tmp_path / "new", *FLAGS]),
+    exit_2_one_line(prep(["verify", copy]), f"{where}: unreadable manifest (nested too deeply)")
+    exit_2_one_line(fit(["--data", copy, "--run-dir", tmp_path / "new", *FLAGS]),
                    f"{where}: unreadable manifest (nested too deeply)")
     assert not (tmp_path / "new").exists()
     (run / "config.json").write_text(DEEP)
     want = f"{run / 'config.json'}: missing or unreadable (nested too deeply)"
-    one_error_line(fit(["--run-dir", run, "--resume"]), want)
-    one_error_line(fit(["eval", run]), f"{run / 'config.json'}: unreadable (nested too deeply)")
-    one_error_line(fit(["predict", run, "--src", "192.0.2.7", "--dst", "192.0.2.8"]),
+    exit_2_one_line(fit(["--run-dir", run, "--resume"]), want)
+    exit_2_one_line(fit(["eval", run]), f"{run / 'config.json'}: unreadable (nested too deeply)")
+    exit_2_one_line(fit(["predict", run, "--src", "192.0.2.7", "--dst", "192.0.2.8"]),
                    f"{run / 'config.json'}: unreadable (nested too deeply)")
 
 
@@ -474,7 +443,7 @@ def test_a_run_dir_that_is_a_file_is_one_line(shards, tmp_path, where):
     run = f if where == "file" else f / "run"
     for args in ([], ["--resume"]):
         r = fit(["--data", shards, "--run-dir", run, *FLAGS, *args])
-        one_error_line(r, f"--run-dir {run}: " + (
+        exit_2_one_line(r, f"--run-dir {run}: " + (
             "a file, not a folder" if where == "file" else f"{f} is a file, not a folder"))
     assert f.read_text() == "x"
 
@@ -495,8 +464,8 @@ def test_a_run_that_is_training_is_locked(shards, tmp_path):
     s = train(small(shards, run, steps=6, schedule_steps=20, ckpt_every=2), on_step=second)
     assert s["step"] == 6 and not s["interrupted"]
     want = f"{run}: another `train` (pid {os.getpid()}) is training this run"
-    one_error_line(seen["resume"], want, "wait for it to end")
-    one_error_line(seen["again"], want)
+    exit_2_one_line(seen["resume"], want, "wait for it to end")
+    exit_2_one_line(seen["again"], want)
     assert step_dirs(run / "checkpoints") == [2, 4, 6]
     assert [x["step"] for x in records(run)] == list(range(1, 7))  # one writer only
     # the lock goes with its holder: the run resumes afterwards
@@ -547,7 +516,7 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
     _poisoned_steps(monkeypatch, at)
     run = tmp_path / "run"
     r = fit(["--data", shards, "--run-dir", run, *FLAGS[:-1], "5"])  # checkpoints every 5
-    one_error_line(r, f"step {at}: loss nan, gradient norm ",
+    exit_2_one_line(r, f"step {at}: loss nan, gradient norm ",
                    "not finite; training stopped without saving this state; the last good "
                    f"checkpoint is step 5 in {run / 'checkpoints'}: resume from it")
     assert step_dirs(run / "checkpoints") == [5]

@@ -15,8 +15,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from array_record.python.array_record_module import ArrayRecordReader
 from click.testing import CliRunner
+from helpers import (
+    PREP,
+    T0,
+    TINY_CFG,
+    decoded_segments,
+    manifest_sans_timing,
+    probe_data,
+    read_split,
+    tiny_input,
+    tree_bytes,
+    write_parquet,
+)
 
 from prep.cli import main
 from prep.schema import manifest as mf
@@ -28,56 +39,6 @@ from prep.tokens.decode import decode_context, rtt_ms
 from prep.tokens.reference import rtt_code
 from prep.tools.verify import verify_dir
 
-REPO = Path(__file__).resolve().parent.parent
-T0 = 1_767_225_600  # 2026-01-01
-
-
-def write_parquet(path: Path, recs: list[dict]) -> Path:
-    cols = {k: [r[k] for r in recs] for k in recs[0]}
-    table = pa.table({"event_time": pa.array(cols["event_time"], pa.int64()),
-                      "prb_id": pa.array(cols["prb_id"], pa.int64()),
-                      "src_addr": cols["src_addr"], "dst_addr": cols["dst_addr"],
-                      "ip_version": pa.array(cols["ip_version"], pa.int8()),
-                      "rtt": pa.array(cols["rtt"], pa.float64())})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path, row_group_size=4096)
-    return path
-
-
-def probe_data(n_probes: int, per_probe: int, seed: int) -> list[dict]:
-    """Each probe has its own source address, so a decoded segment names its probe."""
-    rng = np.random.default_rng(seed)
-    recs = []
-    for p in range(1, n_probes + 1):
-        v6 = p % 3 == 0
-        src = f"2001:db8::{p:x}" if v6 else f"10.0.{p // 256}.{p % 256}"
-        t = T0 + int(rng.integers(0, 3600))
-        for _ in range(per_probe):
-            t += int(rng.choice([60, 240, 300, 4000]))
-            dst = f"2001:500::{rng.integers(1, 6)}" if v6 else f"193.0.14.{rng.integers(1, 6)}"
-            rtt = -1.0 if rng.random() < 0.2 else float(rng.uniform(1, 300))
-            recs.append({"event_time": t, "prb_id": p, "src_addr": src, "dst_addr": dst,
-                         "ip_version": 6 if v6 else 4, "rtt": rtt})
-    return recs
-
-
-def read_split(d: Path, split: str) -> list[tuple[str, np.ndarray, np.ndarray]]:
-    m = mf.load_manifest(d)
-    out = []
-    for path in mf.shard_paths(m, d, split):
-        r = ArrayRecordReader(str(path))
-        for rec in r.read_all():
-            tok, seg = rows.decode_row(rec)
-            out.append((path.name, tok, seg))
-        r.close()
-    return out
-
-
-def decoded_segments(d: Path, split: str):
-    for name, tok, seg in read_split(d, split):
-        for sid in range(1, int(seg.max()) + 1):
-            yield name, decode_context(tok[seg == sid].tolist())
-
 
 def rtt_q(ms: float) -> float:
     return -1.0 if ms == -1.0 else rtt_ms(*rtt_code(ms))
@@ -87,26 +48,7 @@ def key(family, src_hi, src_lo, dst_hi, dst_lo, rtt):
     return (int(family), int(src_hi), int(src_lo), int(dst_hi), int(dst_lo), rtt)
 
 
-# --- a tiny input with rows you can count by hand ------------------------------------
-
-TINY_CFG = ShardsConfig(row_len=64, n_buckets=1, test_fraction=0.0, mode_weights=(1.0, 0.0, 0.0))
-
-
-def tiny_input(tmp_path: Path) -> Path:
-    def rec(t, prb, src, rtt, dst="193.0.14.129", v=4):
-        return {"event_time": T0 + t, "prb_id": prb, "src_addr": src, "dst_addr": dst,
-                "ip_version": v, "rtt": rtt}
-    return write_parquet(tmp_path / "in" / "tiny.parquet", [
-        # IPv4 ping: START + 2 x (4 bytes + tag) + RTT (3) = 14 tokens, FAILED instead: 12;
-        # full timestamps: the first absolute (+9), later ones 1-byte deltas (+2).
-        rec(0, 3, "192.0.2.3", 5.0), rec(60, 3, "192.0.2.3", 6.0), rec(120, 3, "192.0.2.3", 7.0),  # 55
-        rec(0, 1, "192.0.2.1", 10.0), rec(60, 1, "192.0.2.1", 20.0),  # 23 + 16 = 39
-        rec(0, 2, "192.0.2.2", -1.0),  # 12 + 9 = 21
-        rec(0, 4, "", 1.0),  # rejected: empty_src_addr
-        rec(0, 4, "192.0.2.4", float("nan")),  # rejected: bad_rtt
-        rec(0, 4, "192.0.2.4", 1.0, dst="2001:db8::1"),  # rejected: family_mismatch
-    ])
-
+# --- a tiny input with rows you can count by hand (tests/helpers.py's tiny_input) --------
 
 def test_tiny_input_exact_rows_and_counts(tmp_path):
     out = tmp_path / "out"
@@ -173,16 +115,6 @@ def test_nothing_lost_nothing_duplicated_and_splits_disjoint(tmp_path):
     assert verify_dir(tmp_path / "out") == []
 
 
-def _tree_bytes(d: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()
-            and p.name != mf.MANIFEST_NAME}
-
-
-def _manifest_sans_timing(d: Path) -> dict:
-    m = json.loads((d / mf.MANIFEST_NAME).read_text())
-    return {k: v for k, v in m.items() if k not in ("elapsed_s", "timing")}
-
-
 def test_same_bytes_for_any_worker_count_and_file_order(tmp_path):
     recs = probe_data(n_probes=40, per_probe=100, seed=2)
     a = write_parquet(tmp_path / "in" / "a.parquet", recs[::2])
@@ -190,9 +122,9 @@ def test_same_bytes_for_any_worker_count_and_file_order(tmp_path):
     cfg = ShardsConfig(n_buckets=3, test_fraction=0.25)
     run_shards([str(a), str(b)], str(tmp_path / "w1"), cfg, workers=1, progress=False)
     run_shards([str(b), str(a)], str(tmp_path / "w2"), cfg, workers=2, progress=False)
-    one, two = _tree_bytes(tmp_path / "w1"), _tree_bytes(tmp_path / "w2")
+    one, two = tree_bytes(tmp_path / "w1"), tree_bytes(tmp_path / "w2")
     assert len(one) == 6 and one == two  # 3 buckets x 2 splits
-    assert _manifest_sans_timing(tmp_path / "w1") == _manifest_sans_timing(tmp_path / "w2")
+    assert manifest_sans_timing(tmp_path / "w1") == manifest_sans_timing(tmp_path / "w2")
 
 
 def test_process_bucket_is_pure(tmp_path):
@@ -207,7 +139,7 @@ def test_process_bucket_is_pure(tmp_path):
     assert [s["path"] for s in r1["shards"]] == ["train/shard-b00007-e0.array_record",
                                                  "test/shard-b00007-e0.array_record"]
     assert sum(s["measurements"] for s in r1["shards"]) == len(recs)
-    assert _tree_bytes(tmp_path / "a") == _tree_bytes(tmp_path / "b")
+    assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")
 
 
 def _dataset_bytes(d: Path) -> dict[str, bytes]:
@@ -223,7 +155,7 @@ def test_killed_rerun_keeps_the_old_dataset_and_next_run_completes(tmp_path):
     out = tmp_path / "out"
     args = ["shards", str(inp), "--out", str(out), "--workers", "2", "--buckets", "32", "--quiet",
             "--seed", "1", "--overwrite"]
-    cmd = [str(REPO / ".venv" / "bin" / "prep")] + args
+    cmd = [str(PREP)] + args
     # Each bucket lingers after writing its shards, so the kill below always lands mid-run.
     slow = ("import sys, time, prep.shards.local_runner as s; from prep.cli import main\n"
             "real = s.process_bucket\n"

@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from test_shards import (
+from helpers import (
     T0,
-    _manifest_sans_timing,
-    _tree_bytes,
     decoded_segments,
+    manifest_sans_timing,
     probe_data,
+    read_split,
     tiny_input,
+    tree_bytes,
     write_parquet,
 )
 
@@ -146,10 +147,10 @@ def test_default_cutoff_is_exact_and_recorded(tmp_path, monkeypatch):
     assert m["splits"]["test"]["measurements"] == 8 and m["splits"]["train"]["measurements"] == 32
     assert sorted(t for _, t in decoded(tmp_path / "w1", "test")) == sorted(
         r["event_time"] for r in recs if r["event_time"] >= T0 + 3600)
-    one, two = _tree_bytes(tmp_path / "w1"), _tree_bytes(tmp_path / "w2")
+    one, two = tree_bytes(tmp_path / "w1"), tree_bytes(tmp_path / "w2")
     buckets = set(bucket_of(np.arange(1, 5, dtype=np.uint64), 3).tolist())
     assert len(one) == 2 * len(buckets) and one == two  # every probe measures in both splits
-    assert _manifest_sans_timing(tmp_path / "w1") == _manifest_sans_timing(tmp_path / "w2")
+    assert manifest_sans_timing(tmp_path / "w1") == manifest_sans_timing(tmp_path / "w2")
     assert verify_dir(tmp_path / "w1") == []
 
 
@@ -247,7 +248,6 @@ def test_verify_names_rows_that_break_the_rule(recs, time_dataset, tmp_path):
 
 def _records(d: Path, split: str):
     """(shard name, [(segment id, its decoded measurements)]) per record of a split."""
-    from test_shards import read_split
 
     from prep.tokens.decode import decode_context
 

@@ -4,7 +4,7 @@ runs them."""
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from helpers import REPO
 
 
 def test_a_skipped_test_is_listed_with_its_reason(tmp_path):

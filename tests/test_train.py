@@ -6,25 +6,22 @@ import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import FAST_COMPILE, REPO, final_params, records, small
 
 from bench import synthetic_shards as synthetic
 from prep.schema import vocab
 from prep.schema.errors import InputError
 from train.cli import main
 from train.fit import step as step_lib
-from train.fit.checkpoint import Checkpointer
 from train.fit.config import TrainConfig
 from train.fit.loop import train
 from train.model import model
 from train.model.arch import MODELS
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -33,24 +30,6 @@ def shards(tmp_path_factory):
     synthetic.write_shards(d, {"train": synthetic.counting_rows(64, 64, seed=0),
                                "test": synthetic.counting_rows(8, 64, seed=1)})
     return d
-
-
-def small(shards, run_dir, **kw):
-    base = dict(data=str(shards), run_dir=str(run_dir), steps=20, batch_size=4, lr=3e-3,
-                warmup=3, log_every=1, eval_every=0, ckpt_every=0)
-    return TrainConfig(**{**base, **kw})
-
-
-def records(run_dir):
-    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(x) for x in lines]
-
-
-def final_params(run_dir):
-    ck = Checkpointer(Path(run_dir) / "checkpoints")
-    state, data = ck.restore(ck.latest_step())
-    ck.close()
-    return state["params"], data
 
 
 def test_resume_after_ctrl_c_equals_straight_run(shards, tmp_path):
@@ -108,7 +87,6 @@ DP_SCRIPT = textwrap.dedent("""
 # XLA's CPU compiler without its costly LLVM passes (as tests/test_train_multihost.py): a
 # third of the compile time; both runs compared use the same flags, and the sharding under
 # test is decided before those passes
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 def test_data_parallel_on_4_cpu_devices_matches_1(shards, tmp_path):

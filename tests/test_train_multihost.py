@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import FAST_COMPILE, REPO
 
 from bench import synthetic_shards as synthetic
 from train.cli import main
@@ -24,7 +25,6 @@ from train.fit import multihost
 from train.fit.checkpoint import Checkpointer, step_dirs
 from train.fit.loop import RunLock
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.no_kernel_warmup  # synthetic shards: no prep kernel
 FLAGS = ["--model", "tiny", "--steps", "20", "--schedule-steps", "20", "--batch-size", "4",
          "--lr", "3e-3", "--warmup", "3", "--log-every", "1", "--eval-every", "10",
@@ -60,10 +60,6 @@ def cache(xla_cache):
     the first compile nothing."""
     return xla_cache
 
-
-# XLA's CPU compiler without its costly LLVM passes: a third of the compile time, and the
-# same flags for every run compared here
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 def _env(cache, devices=1):

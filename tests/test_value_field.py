@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from prep.schema import vocab as V
 
-REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PATCH = FIXTURES / "size_field.patch"
 # its copy of the code compiles its own kernels, into a folder of its own

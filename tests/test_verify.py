@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from test_shards import probe_data, write_parquet
+from helpers import probe_data, write_parquet
 
 from prep.cli import main
 from prep.schema import manifest as mf
