@@ -26,7 +26,7 @@ from pathlib import Path
 from bench.run import RESULTS, machine
 
 BASELINES = ("context_last", "context_ema", "context_median", "context_vivaldi", "dst_median",
-             "global_median")
+             "matrix_factorization", "global_median")
 
 
 def curve_point(report: dict, tokens: int) -> dict:
@@ -128,6 +128,7 @@ def plot(curve: dict, path: str) -> None:
     x = [p["tokens"] / 1e6 for p in curve["points"]]
     styles = {"context_last": ("tab:green", "--"), "context_ema": ("tab:olive", (0, (3, 1, 1, 1))),
               "context_median": ("tab:orange", ":"),
+              "matrix_factorization": ("tab:cyan", (0, (4, 2))),
               "context_vivaldi": ("tab:purple", "-."), "dst_median": ("tab:brown", (0, (1, 3))),
               "global_median": ("grey", (0, (5, 5)))}
     for ax, s in zip(axes, strata):
@@ -137,7 +138,7 @@ def plot(curve: dict, path: str) -> None:
                 lw=1.2, ms=3, label="model, query alone")
         last = curve["points"][-1]
         for name, (color, ls) in styles.items():
-            if last[name][s] is not None:
+            if name in last and last[name][s] is not None:
                 ax.axhline(last[name][s], color=color, ls=ls, lw=1.2, label=name.replace("_", " "))
         n = sum(curve["n_by_stratum"].values()) if s == "all" else curve["n_by_stratum"][s]
         ax.set_title(f"{s.replace('_', ' ')} (n = {n:,})", fontsize=9)

@@ -5,11 +5,14 @@ baseline in every stratum once it has the tokens? One command for a lent GPU.
 For each `prep synth` seed: the built-in data's flags (3M rows, 3,000 probes, 2 days),
 `prep shards --split time+probe --row-len 256`, then bench/learning.py with the recipe's
 objective at GPU batch sizes; writes bench/results/learning-<device>-small-synth<seed>.json
-(and its figure) per world. With ``--budget-s`` each world's run takes the steps its share
+(and its figure) per world; with ``--seattle DIR`` (the SeattleData_* frames, README:
+Seattle) the same on that real matrix, `learning-<device>-small-seattle.json`, where matrix
+factorization is the bar. With ``--budget-s`` each world's run takes the steps its share
 of the budget allows at ``--rate`` real tokens/s (the `small` of 11-27 ran 2.5M tokens/s on
 an H200 at 32 rows; the memory's tables add a little).
 
     python -m bench.recipe_gpu --budget-s 480 --results $OUT        # a lent machine
+    python -m bench.recipe_gpu --seattle ../shared/data/latency-matrices/seattle --budget-s 480
     python -m bench.recipe_gpu --rows 30000 --steps 20 --queries 200  # a CPU dry run
 """
 
@@ -38,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=2.0e6, help="assumed real tokens/s under --budget-s [2e6]")
     p.add_argument("--queries", type=int, default=5000, help="RTT queries per point [5000]")
     p.add_argument("--results", default=None, help="folder for the JSON [bench/results]")
+    p.add_argument("--seattle", default=None, help="a folder of SeattleData_* frames: one more world")
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
     import jax
@@ -48,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(args.results) if args.results else RESULTS
     results.mkdir(parents=True, exist_ok=True)
     device = re.sub(r"[^A-Za-z0-9]+", "-", jax.devices()[0].device_kind).strip("-").lower()
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",") if s] + (["seattle"] if args.seattle else [])
     t0 = time.perf_counter()
     failed = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -62,14 +66,19 @@ def main(argv: list[str] | None = None) -> int:
                     failed.append(f"seed {seed} (no time)")
                     continue
             raw, shards = f"{tmp}/raw{seed}", f"{tmp}/shards{seed}"
-            for cmd in (["synth", "--out", raw, "--rows", str(args.rows), "--probes", "3000",
-                         "--days", "2", "--seed", str(seed)],
+            frames = sorted(str(f) for f in Path(args.seattle or ".").glob("SeattleData_*"))
+            first = (["import-matrix", *frames, "--out", raw, "--interval", "300", "--unit", "s"]
+                     if seed == "seattle" else
+                     ["synth", "--out", raw, "--rows", str(args.rows), "--probes", "3000",
+                      "--days", "2", "--seed", str(seed)])
+            for cmd in (first,
                         ["shards", raw, "--out", shards, "--split", "time+probe",
                          "--row-len", "256", "--quiet"]):
                 subprocess.run([sys.executable, "-m", "prep.cli", *cmd], check=True, cwd=REPO)
             print(f"[recipe-gpu] seed {seed}: {steps:,} steps of {args.batch_size} rows of 256",
                   file=sys.stderr, flush=True)
-            out = results / f"learning-{device}-small-synth{seed}.json"
+            name = "seattle" if seed == "seattle" else f"synth{seed}"
+            out = results / f"learning-{device}-small-{name}.json"
             rc = learning.main(["--data", shards, "--model", "small", "--steps", str(steps),
                                 "--batch-size", str(args.batch_size), "--lr", "3e-3",
                                 "--warmup", str(max(10, steps // 40)),

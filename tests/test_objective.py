@@ -181,7 +181,7 @@ def shards(tmp_path_factory):
 
 
 def test_resume_with_more_steps_keeps_the_schedule(shards, tmp_path):
-    # small()'s settings (tests/test_train.py): the re-spanned run below is the 20-step
+    # small()'s settings (tests/helpers.py): the re-spanned run below is the 20-step
     # schedule whose step the session compiled already
     base = dict(data=str(shards), steps=10, batch_size=4, lr=3e-3, warmup=3,
                 log_every=1, eval_every=0, ckpt_every=0)
