@@ -28,14 +28,16 @@ def test_top_ops_reads_a_profiler_trace_of_the_train_step(tmp_path):
 
     from bench import gpu
 
-    def train_step(x):
-        return jnp.tanh(x @ x).sum()
+    def train_step(x):  # four 512^3 matmuls: milliseconds, even on a loaded core
+        for _ in range(4):
+            x = jnp.tanh(x @ x)
+        return x.sum()
 
-    def other(x):
-        return jnp.cos(x).sum()
+    def other(x):  # 64 cosines: microseconds, so a preempted thread cannot turn the order
+        return jnp.cos(x[:8, :8]).sum()
 
     step, noise = jax.jit(train_step), jax.jit(other)
-    x = jnp.ones((256, 256))
+    x = jnp.ones((512, 512)) / 512
     step(x).block_until_ready(), noise(x).block_until_ready()  # compiled before the trace
     with jax.profiler.trace(str(tmp_path)):
         for _ in range(3):
