@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# what a world costs besides its steps: data (~10 s), compiling, three evaluated points
-OVERHEAD_S = 75
+# what a world costs besides its steps: data (~10 s; the first also compiles the kernels,
+# ~30 s), compiling the step, four evaluated points (~15 s each)
+OVERHEAD_S = 100
 
 
 def main(argv: list[str] | None = None) -> int:
