@@ -243,11 +243,12 @@ def _memory_row(h: jax.Array, rows: int) -> jax.Array:
 
 
 def dst_memory_rows(tokens: jax.Array, segment_ids: jax.Array, rows: int, probes=None):
-    """(row int32[B, T], on bool[B, T]): each token's row of the destination memory
-    (ModelConfig.dst_memory), and whether its measurement's destination is whole at it (from
-    the token that completes the destination block to the measurement's end; off before,
-    on padding and on markers of a new measurement). With ``probes`` (forward's), also the
-    same two, [B, M], for them. Read from the token and those before it in its measurement."""
+    """(row int32[B, T], on bool[B, T], p_row, p_on): each token's row of the destination
+    memory (ModelConfig.dst_memory), and whether its measurement's destination is whole at
+    it (from the token that completes the destination block to the measurement's end; off
+    before, on padding and on markers of a new measurement); with ``probes`` (forward's),
+    the same two, [B, M], for them, else None. Read from the token and those before it in
+    its measurement."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     role, index, last = grammar(tokens, seg)
     is_dst = role == vocab.ROLES.index("dst")
