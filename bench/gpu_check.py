@@ -86,15 +86,15 @@ def prep(*args: str) -> None:
 
 
 def learning_steps(tokens_per_s: float | None, left_s: float, batch: int, row_len: int,
-                   points: int) -> int:
+                   points: int, *, most: int = LEARNING_STEPS) -> int:
     """Steps that fit ``left_s`` seconds at ``tokens_per_s`` real tokens a second, after
-    compiling and ``points`` evaluations; at most LEARNING_STEPS, at least 100."""
+    compiling and ``points`` evaluations; at most ``most``, at least 100."""
     if not tokens_per_s:
-        return LEARNING_STEPS
+        return most
     train_s = left_s - COMPILE_S - points * EVAL_POINT_S
     # the benchmark counts real tokens; a step holds batch x row_len slots, ~0.2 % padding
     steps = int(0.9 * train_s * tokens_per_s / (batch * row_len))
-    return max(100, min(LEARNING_STEPS, steps))
+    return max(100, min(most, steps))
 
 
 def batch_sweep(data: str, results: Path, name: str, gpu: bool, n_devices: int,

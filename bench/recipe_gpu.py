@@ -20,23 +20,24 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# what a world costs besides its steps: data (~10 s; the first also compiles the kernels,
-# ~30 s), compiling the step, four evaluated points (~15 s each)
-OVERHEAD_S = 100
+POINTS = 3  # checkpoints evaluated per world
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    head, _, examples = __doc__.partition("\n\n    python")
+    p = argparse.ArgumentParser(description=head.split("\n\n")[0],
+                                epilog="examples:\n    python" + examples,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="0,1", help="prep synth seeds, one world each [0,1]")
     p.add_argument("--rows", type=int, default=3_000_000, help="measurements per world [3000000]")
-    p.add_argument("--steps", type=int, default=12_000, help="steps per world, unless --budget-s [12000]")
+    p.add_argument("--steps", type=int, default=12_000,
+                   help="steps per world (at most, under --budget-s) [12000]")
     p.add_argument("--batch-size", type=int, default=32, help="rows of 256 a step [32]")
     p.add_argument("--budget-s", type=float, default=None, help="end within this many seconds [none]")
     p.add_argument("--rate", type=float, default=2.0e6, help="assumed real tokens/s under --budget-s [2e6]")
@@ -44,38 +45,48 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=None, help="folder for the JSON [bench/results]")
     p.add_argument("--seattle", default=None, help="a folder of SeattleData_* frames: one more world")
     args = p.parse_args(argv)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        p.error(f"--seeds {args.seeds!r}: comma-separated integers, e.g. 0,1")
+    frames = sorted(str(f) for f in Path(args.seattle or ".").glob("SeattleData_*"))
+    if args.seattle and not frames:
+        p.error(f"--seattle {args.seattle}: no SeattleData_* files there (README: Seattle)")
+    if args.seattle:
+        seeds.append("seattle")
+    if not seeds:
+        p.error("no world to run: give --seeds, --seattle or both")
     sys.path.insert(0, str(REPO))
     import jax
 
     from bench import learning
+    from bench.gpu_check import LEARNING_MIN_S, learning_steps, prep
     from bench.run import RESULTS
 
     results = Path(args.results) if args.results else RESULTS
     results.mkdir(parents=True, exist_ok=True)
     device = re.sub(r"[^A-Za-z0-9]+", "-", jax.devices()[0].device_kind).strip("-").lower()
-    seeds = [int(s) for s in args.seeds.split(",") if s] + (["seattle"] if args.seattle else [])
     t0 = time.perf_counter()
     failed = []
     with tempfile.TemporaryDirectory() as tmp:
         for k, seed in enumerate(seeds):
             steps = args.steps
-            if args.budget_s:
+            if args.budget_s:  # this world's share of what is left, as gpu_check's run
                 share = (args.budget_s - (time.perf_counter() - t0)) / (len(seeds) - k)
-                steps = int(max(0.0, share - OVERHEAD_S) * args.rate / (args.batch_size * 256))
-                if steps < 100:
+                if share < LEARNING_MIN_S:
                     print(f"[recipe-gpu] seed {seed}: skipped, {share:.0f} s left", file=sys.stderr)
                     failed.append(f"seed {seed} (no time)")
                     continue
+                steps = learning_steps(args.rate, share, args.batch_size, 256, POINTS,
+                                       most=args.steps)
             raw, shards = f"{tmp}/raw{seed}", f"{tmp}/shards{seed}"
-            frames = sorted(str(f) for f in Path(args.seattle or ".").glob("SeattleData_*"))
             first = (["import-matrix", *frames, "--out", raw, "--interval", "300", "--unit", "s"]
                      if seed == "seattle" else
                      ["synth", "--out", raw, "--rows", str(args.rows), "--probes", "3000",
                       "--days", "2", "--seed", str(seed)])
-            for cmd in (first,
-                        ["shards", raw, "--out", shards, "--split", "time+probe",
-                         "--row-len", "256", "--quiet"]):
-                subprocess.run([sys.executable, "-m", "prep.cli", *cmd], check=True, cwd=REPO)
+            prep(*first)
+            prep("shards", raw, "--out", shards, "--split", "time+probe", "--row-len", "256",
+                 "--quiet")
             print(f"[recipe-gpu] seed {seed}: {steps:,} steps of {args.batch_size} rows of 256",
                   file=sys.stderr, flush=True)
             name = "seattle" if seed == "seattle" else f"synth{seed}"
@@ -83,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             rc = learning.main(["--data", shards, "--model", "small", "--steps", str(steps),
                                 "--batch-size", str(args.batch_size), "--lr", "3e-3",
                                 "--warmup", str(max(10, steps // 40)),
-                                "--loss-weights", "rtt=10,result=10", "--points", "3",
+                                "--loss-weights", "rtt=10,result=10", "--points", str(POINTS),
                                 "--queries", str(args.queries), "--run-dir", f"{tmp}/run{seed}",
                                 "--out", str(out), "--plot", str(out.with_suffix(".png"))])
             if rc:

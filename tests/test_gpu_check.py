@@ -18,6 +18,7 @@ def test_learning_steps_bounds():
     assert gc.learning_steps(None, 600, 48, 1024, 4) == gc.LEARNING_STEPS  # no rate: full run
     assert gc.learning_steps(1e9, 10_000, 48, 1024, 4) == gc.LEARNING_STEPS  # never more
     assert gc.learning_steps(100_000, 100, 48, 1024, 4) == 100  # too little time: 100 steps
+    assert gc.learning_steps(1e9, 10_000, 32, 256, 3, most=12_000) == 12_000  # recipe_gpu's cap
 
 
 def test_top_ops_reads_a_profiler_trace_of_the_train_step(tmp_path):
