@@ -208,6 +208,13 @@ def _so_far(x: jax.Array, first: jax.Array) -> jax.Array:
     return csum - jnp.take_along_axis(csum - x, first, axis=1)
 
 
+def _addr_part(tokens: jax.Array, role: jax.Array, index: jax.Array, field: str) -> jax.Array:
+    """Each token's part of its ``field`` address's hash: (byte + 1) * _ADDR_MULT[index] on
+    the field's bytes, 0 elsewhere (summed over a block, with wrapping, that is the hash)."""
+    return jnp.where(role == vocab.ROLES.index(field),
+                     (tokens - vocab.BYTE_OFFSET + 1) * jnp.asarray(_ADDR_MULT)[index], 0)
+
+
 def address_hashes(tokens: jax.Array, segment_ids: jax.Array, field: str):
     """(so_far, full, meas), int32[B, T] each: the hash of the ``field`` ("src" or "dst")
     address that each token's measurement has named up to and including it (0 before the
@@ -215,8 +222,7 @@ def address_hashes(tokens: jax.Array, segment_ids: jax.Array, field: str):
     A hash is the sum of (byte + 1) * _ADDR_MULT[byte index] over the block (wrapping)."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     role, index, last = grammar(tokens, seg)
-    c = jnp.where(role == vocab.ROLES.index(field),
-                  (tokens - vocab.BYTE_OFFSET + 1) * jnp.asarray(_ADDR_MULT)[index], 0)
+    c = _addr_part(tokens, role, index, field)
     start = (tokens == vocab.MEASUREMENT_START) & (seg > 0)
     meas = jnp.cumsum(start, axis=1, dtype=jnp.int32)
     T = tokens.shape[1]
@@ -252,7 +258,7 @@ def dst_memory_rows(tokens: jax.Array, segment_ids: jax.Array, rows: int, probes
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     role, index, last = grammar(tokens, seg)
     is_dst = role == vocab.ROLES.index("dst")
-    c = jnp.where(is_dst, (tokens - vocab.BYTE_OFFSET + 1) * jnp.asarray(_ADDR_MULT)[index], 0)
+    c = _addr_part(tokens, role, index, "dst")
     width = jnp.asarray(_DST_WIDTH)[tokens]
     start = (tokens == vocab.MEASUREMENT_START) & (seg > 0)
     T = tokens.shape[1]
@@ -266,8 +272,7 @@ def dst_memory_rows(tokens: jax.Array, segment_ids: jax.Array, rows: int, probes
     p_dst = p_role == vocab.ROLES.index("dst")
     keep = p_tok != vocab.MEASUREMENT_START  # a probe that starts a measurement names nothing
     at = lambda x: jnp.where(keep, jnp.take_along_axis(x, p_prev, axis=1), 0)
-    p_h = at(h) + jnp.where(p_dst, (p_tok - vocab.BYTE_OFFSET + 1)
-                            * jnp.asarray(_ADDR_MULT)[p_index], 0)
+    p_h = at(h) + _addr_part(p_tok, p_role, p_index, "dst")
     p_n = at(n) + p_dst
     p_w = at(w) + jnp.asarray(_DST_WIDTH)[p_tok]
     p_on = (p_w > 0) & (p_n == p_w) & (jnp.take_along_axis(seg, p_prev, axis=1) > 0)
@@ -320,9 +325,8 @@ def same_destination(tokens: jax.Array, segment_ids: jax.Array, probes=None):
     p_start = p_tok == vocab.MEASUREMENT_START
     p_meas = jnp.take_along_axis(meas, p_prev, axis=1) + p_start
     p_role, p_index = _probe_grammar(tokens, seg, grammar(tokens, seg)[2], p_tok, p_prev)
-    p_c = jnp.where(p_role == vocab.ROLES.index("dst"),
-                    (p_tok - vocab.BYTE_OFFSET + 1) * jnp.asarray(_ADDR_MULT)[p_index], 0)
-    p_so_far = jnp.where(p_start, 0, jnp.take_along_axis(so_far, p_prev, axis=1)) + p_c
+    p_so_far = (jnp.where(p_start, 0, jnp.take_along_axis(so_far, p_prev, axis=1))
+                + _addr_part(p_tok, p_role, p_index, "dst"))
     p_seg = jnp.take_along_axis(seg, p_prev, axis=1)
     return (rule(so_far, meas) & same_seg,
             rule(p_so_far, p_meas) & (p_seg[:, :, None] == seg[:, None, :])[:, None])
