@@ -90,8 +90,10 @@ def top_ops(trace_dir: Path, steps: int, n: int = 25, module: str = "train_step"
                 if where == "host" and ("hlo_op" not in stats
                                         or str(stats["hlo_op"]).startswith(_NESTING)):
                     continue  # Python, the runtime's bookkeeping; a loop (its ops count)
-                events.append((str(stats.get("hlo_op") or e.name), e.name, e.duration_ns,
-                               str(stats.get("hlo_module", ""))))
+                op = str(stats.get("hlo_op") or e.name)
+                if op.startswith("command_buffer"):  # a CUDA graph of many ops: its kernel
+                    op = e.name
+                events.append((op, e.name, e.duration_ns, str(stats.get("hlo_module", ""))))
     matched = any(module in m for *_, m in events)
     ns, kernel = collections.Counter(), {}
     for op, name, t, m in events:
@@ -100,10 +102,41 @@ def top_ops(trace_dir: Path, steps: int, n: int = 25, module: str = "train_step"
         ns[op] += t
         kernel.setdefault(op, name)
     total = sum(ns.values()) or 1
+    kinds = collections.Counter()
+    for op, t in ns.items():
+        kinds[kernel_kind(kernel[op])] += t
     return {"where": where, "steps": steps, "module_matched": matched,
             "ms_per_step": sum(ns.values()) / 1e6 / steps,
+            "kinds": {k: {"ms_per_step": t / 1e6 / steps, "share": t / total}
+                      for k, t in kinds.most_common()},
             "ops": [{"op": op, "kernel": kernel[op][:120], "ms_per_step": t / 1e6 / steps,
                      "share": t / total} for op, t in ns.most_common(n)]}
+
+
+def _keep_trace(trace_dir: Path, path: Path) -> None:
+    """The newest *.xplane.pb under ``trace_dir``, gzipped, at ``path``."""
+    import gzip
+    import shutil
+
+    found = sorted(trace_dir.glob("plugins/profile/*/*.xplane.pb"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(found[-1], "rb") as src, gzip.open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+
+
+def kernel_kind(name: str) -> str:
+    """What a GPU kernel does, from its name: matmul (cuBLAS/nvjet, XLA's gemm fusions),
+    attention (cuDNN), copy (memcpy/memset), elementwise (XLA's other fusions), other."""
+    n = name.lower()
+    if "nvjet" in n or "gemm" in n or "cublas" in n or "cutlass" in n:
+        return "matmul"
+    if "cudnn" in n or "sdpa" in n:
+        return "attention"
+    if n.startswith(("memcpy", "memset")):
+        return "copy"
+    if n.startswith(("loop_", "input_", "wrapped_", "fusion", "triton")):
+        return "elementwise"
+    return "other"
 
 
 class _TraceFrom:
@@ -148,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-every", type=int, help="steps a timing window (default: 25 on a GPU, 5 on a CPU)")
     p.add_argument("--trace-steps", type=int, default=0,
                    help="profile the last N steps; their top ops go into the JSON [0: none]")
+    p.add_argument("--trace-out", help="with --trace-steps: also keep the trace, gzipped, at this "
+                                       "path (for TensorBoard or xprof) [not kept]")
     args = p.parse_args(argv)
 
     from prep.schema.errors import InputError
@@ -192,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         if tracer:
             try:
                 ops = {"error": tracer.error} if tracer.error else top_ops(tracer.dir, trace)
+                if args.trace_out and not tracer.error:
+                    _keep_trace(tracer.dir, Path(args.trace_out))
             except Exception as e:  # an unreadable trace: say so, keep the timings
                 ops = {"error": f"reading the trace: {type(e).__name__}: {e}"[:300]}
     # the first window still warms up; windows that reach into the traced steps are slowed
@@ -217,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:<24} {'-' if v is None else f'{v:,.4g}'}")
     if ops and "error" in ops:
         print(f"top ops: none ({ops['error']})")
+    for kind, v in (ops or {}).get("kinds", {}).items():
+        print(f"  {v['ms_per_step']:8.2f} ms/step {100 * v['share']:5.1f} %  {kind}")
     for op in (ops or {}).get("ops", [])[:10]:
         print(f"  {op['ms_per_step']:8.2f} ms/step {100 * op['share']:5.1f} %  {op['op']}  "
               f"({op['kernel'][:60]})")
