@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import re
 import sys
@@ -162,6 +163,29 @@ class _TraceFrom:
             self.on = False
 
 
+def _model_overrides(pairs: list[str]) -> dict:
+    """``--model-set KEY=VALUE`` pairs as ModelConfig fields of their declared types."""
+    from train.model.arch import ModelConfig
+
+    fields = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
+    out = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or key not in fields:
+            raise ValueError(f"--model-set {pair!r}: KEY=VALUE with KEY one of {', '.join(fields)}")
+        kind = fields[key] if isinstance(fields[key], str) else fields[key].__name__
+        if kind == "bool":
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"--model-set {pair!r}: {key} is true or false")
+            out[key] = value.lower() in ("true", "1")
+        else:
+            try:
+                out[key] = {"int": int, "float": float}.get(kind, str)(value)
+            except ValueError:
+                raise ValueError(f"--model-set {pair!r}: {key} is a {kind}") from None
+    return out
+
+
 def memory_gib() -> tuple[float | None, float | None]:
     """(peak allocation so far, the allocator's limit), GiB, of the first device, where the
     backend reports them (a GPU; the limit is XLA_PYTHON_CLIENT_MEM_FRACTION of the card,
@@ -183,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="profile the last N steps; their top ops go into the JSON [0: none]")
     p.add_argument("--trace-out", help="with --trace-steps: also keep the trace, gzipped, at this "
                                        "path (for TensorBoard or xprof) [not kept]")
+    p.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of the model's ModelConfig for this run, e.g. "
+                        "scan_layers=false (repeatable) [none]")
     args = p.parse_args(argv)
 
     from prep.schema.errors import InputError
@@ -194,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench-gpu] error: {e}", file=sys.stderr)
         return 2
     n = jax.device_count()
+    try:
+        overrides = _model_overrides(args.model_set)
+    except ValueError as e:
+        p.error(str(e))
     if gpu:
         settings = dict(model="base", steps=args.steps or 300, batch_size=args.batch_size or GPU_ROWS * n,
                         compute_dtype="bfloat16", log_every=args.log_every or 25, lr=6e-4,
@@ -205,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
         settings = dict(model="tiny", steps=args.steps or 30, batch_size=args.batch_size or 8,
                         compute_dtype="float32", log_every=args.log_every or 5, lr=3e-3, warmup=5)
         name = "cpu-tiny"
+    from train.model import arch
+
+    if overrides:  # this process's preset, changed before the trainer reads it
+        arch.MODELS[settings["model"]] = dataclasses.replace(arch.MODELS[settings["model"]],
+                                                             **overrides)
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or str(_synthetic_shards(Path(tmp) / "shards", 4096 if gpu else 256))
         cfg = TrainConfig(data=data, run_dir=str(Path(tmp) / "run"), eval_every=0,
@@ -245,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         "gpu.peak_gib": peak, "gpu.memory_limit_gib": limit,
     }
     out = {"machine": machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "gpu": gpu,
-           "config": {**settings, "attention": summary["attention"], "data": args.data or "synthetic"},
+           "config": {**settings, "attention": summary["attention"], "data": args.data or "synthetic",
+                      "model_set": overrides},
            "metrics": metrics, **({"top_ops": ops} if ops else {})}
     path = Path(args.out) if args.out else RESULTS / f"gpu-{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

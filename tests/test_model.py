@@ -290,3 +290,25 @@ def test_measurement_index_and_the_copied_source_bytes():
     assert float(out[8][0]) == 3 * 4
     src = vocab.ROLES.index("src")
     assert float(out[2][src]) == 5 * 4  # every source byte follows a token of its segment
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_unrolled_layers_equal_the_scan(name):
+    """scan_layers=False runs the same layers, each its own code: the same logits and the
+    same gradients, to float32 rounding, as the scan over stacked weights."""
+    scan = dataclasses.replace(MODELS[name], seq_len=32, n_layers=3)
+    unrolled = dataclasses.replace(scan, scan_layers=False)
+    p = jax.tree.map(jnp.asarray, model.init_params(scan, 0))
+    tokens, segs = packed_row(seed=2)
+    batch = {"tokens": tokens[None], "segment_ids": segs[None]}
+    fwd = lambda cfg: jax.jit(lambda p: model.forward(p, tokens[None], segs[None], cfg))(p)
+    np.testing.assert_allclose(fwd(scan), fwd(unrolled), rtol=1e-5, atol=1e-5)
+    grad = lambda cfg: jax.jit(jax.grad(lambda p: model.loss_sum(p, batch, cfg)[0]))(p)
+    ga, gb = grad(scan), grad(unrolled)
+    assert jax.tree.structure(ga) == jax.tree.structure(gb)
+    for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    # each layer its own weights: a loop that read layer 0 three times would differ
+    one = {**p, "layers": jax.tree.map(lambda a: jnp.stack([a[0]] * 3), p["layers"])}
+    assert not np.allclose(fwd(scan), jax.jit(
+        lambda q: model.forward(q, tokens[None], segs[None], unrolled))(one), atol=1e-3)

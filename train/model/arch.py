@@ -33,6 +33,10 @@ class ModelConfig:
     rope_base: float = 10_000.0
     norm_eps: float = 1e-6
     remat: bool = False  # recompute each layer in the backward pass (less memory, ~30% more FLOPs)
+    # the layers as one jax.lax.scan over stacked weights (compiles once, whatever the depth)
+    # or unrolled (each layer its own code: what a layer keeps for the backward pass is its
+    # own buffer, not a slice copied into and out of a stack; docs/measurements.md)
+    scan_layers: bool = True
     # add an embedding of each token's role (prep.schema.vocab.ROLES) and byte index in its block,
     # computed from the tokens before it (train.model.model.grammar): the parse a layer would
     # otherwise have to learn before any field can be matched or copied

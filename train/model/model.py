@@ -161,8 +161,11 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
 
     def block(carry, p):
         x, xp = carry
-        qkv = norm_matmul("btd,dsnh->sbtnh", x, p["attn_norm"], p["wqkv"].astype(dtype),
+        # [B, T, 3, N, H]: q, k and v are strided views of the matmul's output, read by the
+        # fusions that use them (an [3, B, T, N, H] output was a transpose of its own)
+        qkv = norm_matmul("btd,dsnh->btsnh", x, p["attn_norm"], p["wqkv"].astype(dtype),
                           cfg.norm_eps)
+        qkv = (qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
         q, k = rope(qkv[0], pos, cfg.rope_base), rope(qkv[1], pos, cfg.rope_base)
         bias = None if match is None else match.astype(dtype) * (head0 * p["match_gain"])
         a = attn.attention(q, k, qkv[2], seg, implementation=attention.implementation,
@@ -180,7 +183,11 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
 
     if cfg.remat:
         block = jax.checkpoint(block)
-    (x, xp), _ = jax.lax.scan(block, (x, xp), params["layers"])
+    if cfg.scan_layers:
+        (x, xp), _ = jax.lax.scan(block, (x, xp), params["layers"])
+    else:
+        for i in range(cfg.n_layers):
+            (x, xp), _ = block((x, xp), jax.tree.map(lambda a: a[i], params["layers"]))
     def head(x, at=None):
         logits = (rms_norm(x, params["final_norm"], cfg.norm_eps)
                   @ head_w.astype(dtype)).astype(jnp.float32)
