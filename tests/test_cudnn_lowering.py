@@ -94,3 +94,39 @@ def test_resolve_on_a_cpu():
     assert attention.resolve("auto") == "xla"
     with pytest.raises(InputError, match="--attention cudnn: no NVIDIA GPU"):
         attention.resolve("cudnn")
+
+
+def test_padding_gradients_are_zero_whatever_the_kernel_leaves_there(monkeypatch):
+    """cuDNN writes neither the output nor dq, dk, dv at padding tokens. A stand-in for its
+    kernel that leaves NaN there (the XLA attention elsewhere): cudnn_attention's output and
+    its gradients are the XLA path's at real tokens, 0 at padding, all finite."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+    segs = np.zeros((B, T), np.int32)
+    segs[0, :40], segs[0, 40:60] = 1, 2  # 4 tokens of padding
+    segs[1, :64] = 1
+    pad = jnp.asarray(segs == 0)[:, :, None, None]
+    ref = lambda q, k, v: attention.xla_attention(q, k, v, jnp.asarray(segs))
+
+    @jax.custom_vjp
+    def kernel(q, k, v):
+        return jnp.where(pad, jnp.nan, ref(q, k, v))
+
+    def kernel_bwd(res, g):
+        return tuple(jnp.where(pad, jnp.nan, d) for d in jax.vjp(ref, *res)[1](g))
+
+    kernel.defvjp(lambda q, k, v: (kernel(q, k, v), (q, k, v)), kernel_bwd)
+    monkeypatch.setattr(cudnn, "dot_product_attention", lambda q, k, v, **kw: kernel(q, k, v))
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(B, T, N, H)), jnp.float32) for _ in range(3))
+    w = jnp.asarray(rng.normal(size=(B, T, N, H)), jnp.float32)
+    loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v) * w)
+    ours = lambda q, k, v: attention.cudnn_attention(q, k, v, jnp.asarray(segs), max_segments=M)
+    out = ours(q, k, v)
+    assert np.isfinite(out).all() and (np.asarray(out)[segs == 0] == 0).all()
+    g = jax.grad(loss(ours), argnums=(0, 1, 2))(q, k, v)
+    g_ref = jax.grad(loss(lambda q, k, v: jnp.where(pad, 0, ref(q, k, v))), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(g, g_ref):
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.isfinite(a).all() and (a[segs == 0] == 0).all()
+        np.testing.assert_allclose(a[segs > 0], b[segs > 0], rtol=1e-5, atol=1e-6)
