@@ -124,17 +124,35 @@ def cudnn_attention(q, k, v, segment_ids, *, max_segments: int):
     from jax._src.cudnn import fused_attention_stablehlo as cudnn  # private: see the module doc
 
     seqlen, offsets = segment_layout(segment_ids, max_segments)
-    # cuDNN writes neither the output nor dq, dk, dv at padding tokens (no segment holds
-    # them): whatever their buffers held stays there. The select on the inputs makes those
-    # gradients 0 on the way back (a select drops the branch it does not take, NaN too);
-    # without it an H200 run with unrolled layers stopped at a NaN gradient norm
-    valid = (segment_ids > 0)[:, :, None, None]
-    q, k, v = (jnp.where(valid, a, jnp.zeros((), a.dtype)) for a in (q, k, v))
-    out = cudnn.dot_product_attention(
+    kernel = lambda q, k, v: cudnn.dot_product_attention(
         q, k, v, q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets, kv_offsets=offsets,
         scale=1.0 / float(q.shape[-1]) ** 0.5, mask_type=cudnn.MaskType.PADDING_CAUSAL,
         qkv_layout="BTNH")
-    return jnp.where(valid, out, 0).astype(q.dtype)
+    valid = (segment_ids > 0)[:, :, None, None]
+    return _zero_at_padding(kernel, q, k, v, valid).astype(q.dtype)
+
+
+def _zero_at_padding(kernel, q, k, v, valid):
+    """kernel(q, k, v) set to 0 where ``valid`` is False, and so are dq, dk, dv. cuDNN writes
+    neither the output nor dq, dk, dv at padding tokens (no segment holds them): whatever
+    their buffers held stays there (an H200 run with unrolled layers stopped at a NaN
+    gradient norm). The backward pass keeps what cuDNN's keeps, and the [B, T] mask."""
+    zero = lambda x: jnp.where(valid, x, jnp.zeros((), x.dtype))
+
+    @jax.custom_vjp
+    def f(q, k, v, valid):
+        return zero(kernel(q, k, v))
+
+    def fwd(q, k, v, valid):
+        out, vjp = jax.vjp(kernel, q, k, v)
+        return zero(out), (vjp, valid)
+
+    def bwd(res, g):
+        vjp, _ = res
+        return (*(zero(d) for d in vjp(zero(g))), None)
+
+    f.defvjp(fwd, bwd)
+    return f(q, k, v, valid)
 
 
 @functools.cache

@@ -96,12 +96,18 @@ def gelu_out(u, w):
     return jax.nn.gelu(u) @ w
 
 
-def rope(x, pos, base):
-    """Rotate pairs (i, i + H/2) of x [B, T, N, H] by pos * base^(-2i/H)."""
-    half = x.shape[-1] // 2
+def rope_tables(pos, head_dim, base):
+    """(cos, sin), float32 [B, T, 1, head_dim / 2], of positions pos [B, T]: computed once
+    for all layers (per layer, each unrolled layer would keep its own copy for the backward)."""
+    half = head_dim // 2
     freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
     angles = pos.astype(jnp.float32)[:, :, None, None] * freqs  # [B, T, 1, half]
-    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def rope(x, tables):
+    """Rotate pairs (i, i + H/2) of x [B, T, N, H] by pos * base^(-2i/H) (rope_tables)."""
+    cos, sin = tables
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
 
@@ -155,6 +161,9 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         match, p_match = same_destination(tokens, seg, probes)
     head0 = (jnp.arange(cfg.n_heads) == 0).astype(dtype)[None, :, None, None] * cfg.match_dst
 
+    rot = rope_tables(pos, cfg.head_dim, cfg.rope_base)
+    p_rot = rope_tables(p_pos, cfg.head_dim, cfg.rope_base) if probes is not None else None
+
     def mlp(x, p):
         u = norm_matmul("btd,df->btf", x, p["mlp_norm"], p["w_in"].astype(dtype), cfg.norm_eps)
         return x + gelu_out(u, p["w_out"].astype(dtype))
@@ -166,7 +175,7 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         qkv = norm_matmul("btd,dsnh->btsnh", x, p["attn_norm"], p["wqkv"].astype(dtype),
                           cfg.norm_eps)
         qkv = (qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
-        q, k = rope(qkv[0], pos, cfg.rope_base), rope(qkv[1], pos, cfg.rope_base)
+        q, k = rope(qkv[0], rot), rope(qkv[1], rot)
         bias = None if match is None else match.astype(dtype) * (head0 * p["match_gain"])
         a = attn.attention(q, k, qkv[2], seg, implementation=attention.implementation,
                            max_segments=attention.max_segments, bias=bias)
@@ -174,7 +183,7 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         if probes is not None:
             hp = rms_norm(xp, p["attn_norm"], cfg.norm_eps)
             qkv_p = jnp.einsum("bmd,dsnh->sbmnh", hp, p["wqkv"].astype(dtype))
-            qp, kp = rope(qkv_p[0], p_pos, cfg.rope_base), rope(qkv_p[1], p_pos, cfg.rope_base)
+            qp, kp = rope(qkv_p[0], p_rot), rope(qkv_p[1], p_rot)
             p_bias = (None if p_match is None
                       else p_match.astype(dtype) * (head0 * p["match_gain"]))
             ap = attn.probe_attention(qp, k, qkv[2], kp, qkv_p[2], p_mask, p_bias)
