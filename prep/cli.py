@@ -20,7 +20,7 @@ import sys
 
 import click
 
-from prep.schema.errors import InputError
+from prep.base.errors import InputError
 
 
 class _Group(click.Group):
@@ -104,9 +104,9 @@ def import_atlas(inputs, out, per_packet, source, errors, workers, strict, overw
     import json
     from pathlib import Path
 
+    from prep.base.storage import is_remote
     from prep.ingest.atlas import AtlasConfig
     from prep.ingest.atlas import import_atlas as run
-    from prep.schema.storage import is_remote
 
     summary = _interruptible(run, AtlasConfig(
         inputs=tuple(p if is_remote(p) else Path(p) for p in inputs),
@@ -121,7 +121,7 @@ def _interruptible(run, cfg, command: str):
     (the run's output folder, prep.jobs.parquet_out, has removed its staging folder)."""
     import signal
 
-    from prep.schema.signals import Interrupted
+    from prep.base.signals import Interrupted
 
     try:
         return run(cfg)
@@ -263,7 +263,7 @@ def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row
     """
     import signal
 
-    from prep.schema.signals import Interrupted, stop_on_signals
+    from prep.base.signals import Interrupted, stop_on_signals
 
     # SIGINT/SIGTERM: one line and exit 128 + the signal, never a traceback; the run
     # itself (prep.jobs.outdir.claim) stops its workers and removes its staging folder first.
@@ -332,7 +332,7 @@ def verify(shards_dir, workers):
     for p in problems:
         click.echo(p if str(local) == shards_dir else p.replace(str(local), shards_dir.rstrip("/")))
     if problems:
-        from prep.schema.words import count
+        from prep.base.words import count
 
         click.echo(f"{shards_dir}: {count(len(problems), 'problem')}; re-run `prep shards` to "
                    "rebuild it", err=True)

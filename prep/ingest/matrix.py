@@ -43,13 +43,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from prep.jobs.outdir import pid_alive
-from prep.schema import sniff
-from prep.schema.errors import InputError, first_line, fs_failure
+from prep.base import sniff
+from prep.base.errors import InputError, first_line, fs_failure
+from prep.base.lock import pid_alive
+from prep.base.words import count
 from prep.schema.hashing import GOLDEN, MASK, mix64
 from prep.schema.splits import format_time
 from prep.schema.validate import RTT_MAX_MS, TIME_MAX, format_rejected
-from prep.schema.words import count
 
 START = 1_767_225_600  # 2026-01-01T00:00:00Z, as prep synth
 UNITS = {"s": 1000.0, "ms": 1.0, "us": 0.001}  # to milliseconds

@@ -37,8 +37,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from prep.base.words import count
 from prep.jobs import parquet_out
-from prep.schema.words import count
 
 START = 1_767_225_600  # 2026-01-01T00:00:00Z
 ROOTS_V4 = ["198.41.0.4", "170.247.170.2", "192.33.4.12", "199.7.91.13", "192.203.230.10",

@@ -35,7 +35,7 @@ than delete it. A run, step by step:
    from the staging folder, which still holds the complete new dataset.
 8. Release: on failure the staging folder is removed; ``.lock`` is removed and unlocked, and
    a folder the run made is removed again. A disk failure anywhere is one line naming the
-   folder and the fix, exit 2 (prep.schema.errors.fs_failure).
+   folder and the fix, exit 2 (prep.base.errors.fs_failure).
 
 So the folder is the old dataset, the new one or none, never a mix. A reader that loaded
 the old manifest before the swap may find its shards gone or replaced (the manifest's
@@ -46,29 +46,26 @@ manifest and the folder are).
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
 import re
 import secrets
 import shutil
 import sys
-import time
 from pathlib import Path
 
-from prep.schema.signals import Guard, stop_on_signals
-from prep.schema import sniff
-from prep.schema.errors import InputError, fs_failure
+from prep.base import sniff
+from prep.base.atomic import fsync_dir
+from prep.base.errors import InputError, fs_failure
+from prep.base.lock import LOCK_NAME, lock_folder, release
+from prep.base.signals import Guard, stop_on_signals
 from prep.schema.manifest import SPLITS
 
-LOCK_NAME = ".lock"
 MARKER = ".ping-pack-owner"
 MANIFEST = "manifest.json"  # == prep.schema.manifest.MANIFEST_NAME (not imported: it pulls in numpy)
 SHARD_FILE = re.compile(r"shard-b\d+-e\d+\.array_record(\.tmp)?")
 _STAGE = re.compile(r"\.tmp-(shards|beam)-(\d+)-([0-9a-f]{12})")
 _OLD = re.compile(r"\.old-(\d+)-([0-9a-f]{12})")
-_LOCK_WAIT_S = 5.0  # a dead run's workers may hold its lock that long while they die
 
 
 class OutDir:
@@ -178,7 +175,7 @@ class OutDir:
                 remove_owned(old)
             raise
         self.published = self._guard.published = True
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         with contextlib.suppress(OSError):
             remove_owned(old)
 
@@ -311,96 +308,3 @@ def is_owned(d: Path, role: str, pid: str, token: str) -> bool:
         return names == {MARKER}
     return (isinstance(data, dict) and data.get("role") == role
             and str(data.get("pid")) == pid and data.get("token") == token)
-
-
-def lock_folder(folder: Path, command: str) -> int:
-    """Lock ``folder/.lock`` (flock, exclusive) for this run and write its pid there; the
-    open descriptor (``release`` gives it back). Another live run holding it is an
-    InputError naming its pid (``command`` says what it runs); a dead run's lock, which its
-    dying workers may hold a moment longer, is waited for up to a few seconds. The folder
-    is made again if a run that ended meanwhile removed it (an empty folder it had made)."""
-    path = folder / LOCK_NAME
-    deadline = time.monotonic() + _LOCK_WAIT_S
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        except FileNotFoundError:
-            if time.monotonic() >= deadline:
-                raise
-            folder.mkdir(parents=True, exist_ok=True)
-            continue
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise InputError(f"{folder}: {LOCK_NAME} is a symlink, which `{command}` did "
-                                 "not write; move it away") from None
-            raise
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_pid(fd)
-            os.close(fd)
-            if (holder is None or not pid_alive(holder)) and time.monotonic() < deadline:
-                # Dead: its workers are dying with it and drop the lock soon. None: a
-                # run that has just locked it and not yet written its pid.
-                time.sleep(0.05)
-                continue
-            who = f"pid {holder}" if holder is not None else "pid unknown"
-            if holder is not None and not pid_alive(holder):
-                raise InputError(f"{folder}: the workers of an earlier `{command}` "
-                                 f"({who}, gone) still hold {LOCK_NAME}; try again in "
-                                 "a few seconds") from None
-            raise InputError(f"{folder}: another `{command}` ({who}) is writing "
-                             "this folder; wait for it to end, or stop it, then run "
-                             "again") from None
-        # Locked; but if the file was removed (and maybe re-created) by a run that
-        # ended meanwhile, ours is a stale inode: lock the one at the path instead.
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
-
-
-def release(folder: Path, fd: int, made: bool) -> None:
-    """Unlock and remove ``folder/.lock`` (``fd`` from ``lock_folder``); then, if this run
-    ``made`` the folder and it is empty, remove the folder too: a failed run into a new
-    folder leaves nothing behind."""
-    with contextlib.suppress(OSError):
-        path = folder / LOCK_NAME
-        if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
-            path.unlink()  # still locked: a run waiting on it re-checks the inode
-    os.close(fd)
-    if made:
-        with contextlib.suppress(OSError):
-            folder.rmdir()  # fails, as it should, unless the folder is empty
-
-
-def _read_pid(fd: int) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        return int(os.pread(fd, 32, 0).decode().strip())
-    return None
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (one we may not signal counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _fsync_dir(d: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -20,7 +20,7 @@ A run, step by step (``claim``):
    SIGKILL in between leaves that list, and the next run finishes the publish.
 6. Release: the staging folder is removed, ``.lock`` removed and unlocked, and a folder
    this run made is removed again unless it was published. A disk failure anywhere is one
-   line naming the folder and the fix, exit 2 (prep.schema.errors.fs_failure).
+   line naming the folder and the fix, exit 2 (prep.base.errors.fs_failure).
 """
 
 from __future__ import annotations
@@ -32,17 +32,12 @@ import re
 import secrets
 from pathlib import Path
 
-from prep.jobs.outdir import (
-    LOCK_NAME,
-    close_claimed,
-    is_owned,
-    lock_folder,
-    make_owned_dir,
-    remove_owned,
-)
-from prep.schema.signals import stop_on_signals
-from prep.schema import sniff
-from prep.schema.errors import InputError, fs_failure
+from prep.base import sniff
+from prep.base.atomic import write_atomic
+from prep.base.errors import InputError, fs_failure
+from prep.base.lock import LOCK_NAME, lock_folder
+from prep.base.signals import stop_on_signals
+from prep.jobs.outdir import close_claimed, is_owned, make_owned_dir, remove_owned
 
 PUBLISH = sniff.PUBLISH  # in a staging folder: what its publish removes and moves in
 
@@ -105,10 +100,8 @@ class ParquetOut:
     def publish(self, names: list[str]) -> None:
         """Replace the folder's parquet files with ``names`` from the staging folder."""
         plan = {"remove": [n for n in self.old if n not in set(names)], "move": list(names)}
-        tmp = self.stage / (PUBLISH + ".tmp")
-        tmp.write_text(json.dumps(plan))
         self._guard.defer = True  # SIGINT/SIGTERM wait for the end of the publish
-        os.replace(tmp, self.stage / PUBLISH)  # from here on, the next run finishes it
+        write_atomic(self.stage / PUBLISH, json.dumps(plan))  # from here on, the next run finishes it
         _finish_publish(self.path, self.stage)
         self.published = self._guard.published = True
 

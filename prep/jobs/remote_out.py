@@ -42,7 +42,7 @@ A folder of parquet files on a bucket (`prep import-atlas --out s3://b/raw`)::
 Uploaded under the hidden prefix, then the list of files to remove and to copy in
 (``.publish``) is written there and carried out by server-side copies; a kill leaves the
 list, which the next run finishes, as prep.jobs.parquet_out does with renames. Until then
-readers refuse the prefix in one line (prep.schema.sniff.unfinished_publish).
+readers refuse the prefix in one line (prep.base.sniff.unfinished_publish).
 """
 
 from __future__ import annotations
@@ -59,14 +59,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from prep.base import storage
+from prep.base.errors import FS_PROBLEMS, InputError
+from prep.base.lock import pid_alive
+from prep.base.signals import Interrupted
+from prep.base.storage import Remote
 from prep.jobs import outdir, parquet_out
-from prep.jobs.outdir import MARKER, SHARD_FILE, pid_alive
-from prep.schema.signals import Interrupted
+from prep.jobs.outdir import MARKER, SHARD_FILE
 from prep.schema import manifest as mf
-from prep.schema import storage
-from prep.schema.errors import FS_PROBLEMS, InputError
 from prep.schema.manifest import MANIFEST_NAME, SPLITS
-from prep.schema.storage import Remote
 
 GEN = re.compile(r"g\d{8}T\d{6}Z-[0-9a-f]{12}")
 _TMP = re.compile(r"\.tmp-[a-z]+-\d+-[0-9a-f]{12}")

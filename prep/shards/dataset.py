@@ -2,7 +2,7 @@
 
 ``build`` is the one run of `prep shards`: it lists the inputs, claims the output folder
 (prep.jobs.outdir; prep.jobs.remote_out for ``--out s3://…``; inputs in a bucket are
-downloaded into its staging folder, prep.schema.storage, unless the runner's workers read
+downloaded into its staging folder, prep.base.storage, unless the runner's workers read
 them in place, ``Passes.reads_buckets``), hashes the inputs on a helper thread, cuts them
 into read units
 (``read_units``), resolves the bucket count, prints the start line, calls the runner's
@@ -36,15 +36,15 @@ from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path, PurePosixPath
 
+from prep.base import storage
+from prep.base.errors import InputError
+from prep.base.signals import signals_blocked
+from prep.base.words import count
 from prep.jobs import outdir, remote_out
-from prep.schema.signals import signals_blocked
 from prep.schema import manifest as mf
-from prep.schema import storage
-from prep.schema.errors import InputError
 from prep.schema.manifest import SPLITS
 from prep.schema.splits import TIME_RULES, format_time
 from prep.schema.validate import format_rejected, list_inputs, open_parquet
-from prep.schema.words import count
 from prep.shards.bucket import ShardsConfig, kernels_cached, resolve_buckets, warm_kernels
 
 UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
