@@ -118,7 +118,7 @@ def import_atlas(inputs, out, per_packet, source, errors, workers, strict, overw
 
 def _interruptible(run, cfg, command: str):
     """``run(cfg)``; SIGINT/SIGTERM: one line and exit 128 + the signal, never a traceback
-    (the run's output folder, prep.jobs.parquet_out, has removed its staging folder)."""
+    (the run's output folder, prep.jobs.claim, has removed its staging folder)."""
     import signal
 
     from prep.base.signals import Interrupted
@@ -189,9 +189,9 @@ def import_matrix(inputs, out, interval, unit, start, overwrite, as_json, quiet)
     from prep.ingest.matrix import MatrixConfig
     from prep.ingest.matrix import import_matrix as run
 
-    summary = run(MatrixConfig(inputs=tuple(Path(p) for p in inputs), out=Path(out),
-                               interval_s=interval, unit=unit, start=start,
-                               overwrite=overwrite, progress=not quiet))
+    summary = _interruptible(run, MatrixConfig(
+        inputs=tuple(Path(p) for p in inputs), out=Path(out), interval_s=interval, unit=unit,
+        start=start, overwrite=overwrite, progress=not quiet), "prep import-matrix")
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
 
@@ -266,7 +266,7 @@ def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row
     from prep.base.signals import Interrupted, stop_on_signals
 
     # SIGINT/SIGTERM: one line and exit 128 + the signal, never a traceback; the run
-    # itself (prep.jobs.outdir.claim) stops its workers and removes its staging folder first.
+    # itself (prep.jobs.claim.claim) stops its workers and removes its staging folder first.
     try:
         with stop_on_signals():
             _shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row_len,

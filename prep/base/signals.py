@@ -2,7 +2,7 @@
 128 + the signal, never a traceback.
 
 ``stop_on_signals`` turns them into ``Interrupted`` within a block (the whole command, in
-prep/cli.py; the run's output folder, in prep.jobs.outdir.claim, whose swap and clean-up hold
+prep/cli.py; the run's output folder, in prep.jobs.claim.claim, whose swap and clean-up hold
 them until they end; the answers file of train.predict.queries); ``StopSoftly`` only notes
 the first (train's loop finishes its step and saves), a second aborts; ``signals_blocked``
 blocks them while workers and threads start.
