@@ -52,8 +52,8 @@ def _same(a: Path, b: Path) -> float:
 
 def _same_in_bucket(folder: Path, uri: str) -> float:
     """``_same`` for the dataset at ``uri``: its shards read from the bucket."""
-    from prep.schema import storage
-    from prep.schema.storage import Remote
+    from prep.base import storage
+    from prep.base.storage import Remote
 
     loc = Remote.parse(uri)
     m = json.loads(storage.read_bytes(loc.child("manifest.json")))

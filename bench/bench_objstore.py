@@ -1,7 +1,7 @@
 """`make bench` part "objstore": a shards folder through object storage and back, beside a
 plain local copy of the same folder.
 
-- ``objstore.upload_mb_per_s``: the folder's files uploaded (prep.schema.storage.transfer,
+- ``objstore.upload_mb_per_s``: the folder's files uploaded (prep.base.storage.transfer,
   the calls `prep shards --out s3://…` makes) to a local S3-compatible server (moto's, on
   127.0.0.1: bench/s3_server.py), manifest last.
 - ``objstore.download_mb_per_s``: the dataset read back into an empty local cache as
@@ -47,8 +47,9 @@ def run() -> dict[str, float]:
     if s3_server.available() is not None:
         print(f"[bench] objstore skipped: {s3_server.available()}", file=sys.stderr)
         return {}
-    from prep.schema import cache, storage
-    from prep.schema.storage import Remote
+    from prep.base import storage
+    from prep.base.storage import Remote
+    from prep.schema import cache
 
     saved = dict(os.environ)
     with tempfile.TemporaryDirectory() as tmp, s3_server.S3Server() as s3:

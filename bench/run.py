@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from prep.base.atomic import write_atomic
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
@@ -57,9 +59,7 @@ def main(argv: list[str]) -> int:
         old["metrics"].update(metrics)
         old["machine"], old["time"] = out["machine"], out["time"]
         out = old
-    tmp = latest.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
-    tmp.replace(latest)
+    write_atomic(latest, json.dumps(out, indent=2, sort_keys=True) + "\n")
     width = max((len(k) for k in out["metrics"]), default=10)
     for k in sorted(out["metrics"]):
         v = out["metrics"][k]

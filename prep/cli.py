@@ -20,7 +20,7 @@ import sys
 
 import click
 
-from prep.schema.errors import InputError
+from prep.base.errors import InputError
 
 
 class _Group(click.Group):
@@ -104,9 +104,9 @@ def import_atlas(inputs, out, per_packet, source, errors, workers, strict, overw
     import json
     from pathlib import Path
 
+    from prep.base.storage import is_remote
     from prep.ingest.atlas import AtlasConfig
     from prep.ingest.atlas import import_atlas as run
-    from prep.schema.storage import is_remote
 
     summary = _interruptible(run, AtlasConfig(
         inputs=tuple(p if is_remote(p) else Path(p) for p in inputs),
@@ -118,10 +118,10 @@ def import_atlas(inputs, out, per_packet, source, errors, workers, strict, overw
 
 def _interruptible(run, cfg, command: str):
     """``run(cfg)``; SIGINT/SIGTERM: one line and exit 128 + the signal, never a traceback
-    (the run's output folder, prep.jobs.parquet_out, has removed its staging folder)."""
+    (the run's output folder, prep.jobs.claim, has removed its staging folder)."""
     import signal
 
-    from prep.schema.signals import Interrupted
+    from prep.base.signals import Interrupted
 
     try:
         return run(cfg)
@@ -189,9 +189,9 @@ def import_matrix(inputs, out, interval, unit, start, overwrite, as_json, quiet)
     from prep.ingest.matrix import MatrixConfig
     from prep.ingest.matrix import import_matrix as run
 
-    summary = run(MatrixConfig(inputs=tuple(Path(p) for p in inputs), out=Path(out),
-                               interval_s=interval, unit=unit, start=start,
-                               overwrite=overwrite, progress=not quiet))
+    summary = _interruptible(run, MatrixConfig(
+        inputs=tuple(Path(p) for p in inputs), out=Path(out), interval_s=interval, unit=unit,
+        start=start, overwrite=overwrite, progress=not quiet), "prep import-matrix")
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
 
@@ -263,10 +263,10 @@ def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row
     """
     import signal
 
-    from prep.schema.signals import Interrupted, stop_on_signals
+    from prep.base.signals import Interrupted, stop_on_signals
 
     # SIGINT/SIGTERM: one line and exit 128 + the signal, never a traceback; the run
-    # itself (prep.jobs.outdir.claim) stops its workers and removes its staging folder first.
+    # itself (prep.jobs.claim.claim) stops its workers and removes its staging folder first.
     try:
         with stop_on_signals():
             _shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row_len,
@@ -332,7 +332,7 @@ def verify(shards_dir, workers):
     for p in problems:
         click.echo(p if str(local) == shards_dir else p.replace(str(local), shards_dir.rstrip("/")))
     if problems:
-        from prep.schema.words import count
+        from prep.base.words import count
 
         click.echo(f"{shards_dir}: {count(len(problems), 'problem')}; re-run `prep shards` to "
                    "rebuild it", err=True)

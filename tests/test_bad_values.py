@@ -20,10 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from prep.base.errors import InputError
 from prep.cli import main
 from prep.ingest import atlas_read
 from prep.schema import validate
-from prep.schema.errors import InputError
 from prep.tokens.reference import rtt_code
 
 T0 = 1_700_000_000

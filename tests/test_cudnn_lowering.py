@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax import export
 
-from prep.schema.errors import InputError
+from prep.base.errors import InputError
 from train.model import attention
 
 B, T, N, H, M = 2, 64, 2, 16, 4

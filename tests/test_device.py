@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from prep.schema.errors import InputError
+from prep.base.errors import InputError
 from train.fit import device
 
 

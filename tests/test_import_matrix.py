@@ -184,14 +184,15 @@ def test_out_folder_rules(tmp_path):
     args = (m, "--out", out, "--interval", 60, "--unit", "ms")
     r = imp(*args)
     assert r.exit_code == 2 and r.stderr.strip() == (
-        f"error: {out}: not empty (holds x.parquet); use a new folder, or --overwrite to "
-        "replace the parquet files in it")
+        f"error: {out}: not empty (holds 1 parquet file: x.parquet); pass --overwrite to "
+        "replace them (they stay until the new output is complete), or use another --out")
     assert imp(*args, "--overwrite").exit_code == 0
     assert sorted(p.name for p in out.iterdir()) == ["matrix.parquet"]
     assert len(rows(out)) == 2
     write(out, "notes.txt", "mine")
     r = imp(*args, "--overwrite")
-    assert r.exit_code == 2 and "holds notes.txt, which is not a parquet file" in r.stderr
+    assert r.exit_code == 2 and (
+        "holds notes.txt, which `prep import-matrix` did not write" in r.stderr)
     shards = tmp_path / "shards"
     write(shards, "manifest.json", "{}")
     r = imp(*args, "--out", shards, "--overwrite")

@@ -6,9 +6,9 @@ import pytest
 from click.testing import CliRunner
 from helpers import T0, TINY_CFG, probe_data, tiny_input, write_parquet
 
+from prep.base.errors import InputError
 from prep.cli import main
 from prep.schema import manifest as mf
-from prep.schema.errors import InputError
 from prep.shards.bucket import ShardsConfig
 from prep.shards.local_runner import run_shards
 from prep.tools.inspect_rows import parse_range

@@ -25,13 +25,14 @@ from helpers import REPO, TWO_PROCESSES
 
 from bench import s3_server
 from bench import synthetic_shards as synthetic
+from prep.base import storage
+from prep.base.errors import InputError
+from prep.base.storage import Remote
 from prep.cli import main
 from prep.ingest.synth import SynthConfig, synth
 from prep.jobs.remote_out import GEN
-from prep.schema import cache, storage
+from prep.schema import cache
 from prep.schema import manifest as mf
-from prep.schema.errors import InputError
-from prep.schema.storage import Remote
 from prep.shards.bucket import ShardsConfig
 from prep.shards.local_runner import run_shards
 
@@ -224,16 +225,17 @@ def test_a_missing_bucket_is_said_at_once_not_after_the_build(s3, env, raw):
 def test_a_second_run_into_one_prefix_names_the_prefix_not_tmpdir(s3, env, raw):
     """#36 item 22: the refusal of a second run on this machine said "set TMPDIR to a disk
     with room for the output"."""
-    from prep.jobs import outdir, remote_out
+    from prep.base import lock
+    from prep.jobs import remote_out
 
     uri = f"s3://{BUCKET}/second/ds"
     local = remote_out._local_for(Remote.parse(uri))
     local.mkdir(parents=True, exist_ok=True)
-    fd = outdir.lock_folder(local, "prep shards")  # a first run, still writing
+    fd = lock.lock_folder(local, "prep shards")  # a first run, still writing
     try:
         r = prep("shards", str(raw), "--out", uri, *SHARDS)
     finally:
-        outdir.release(local, fd, True)
+        lock.release(local, fd, True)
     assert r.exit_code == 2
     assert r.stderr == (f"error: {uri} (staged in {local}): another `prep shards` (pid "
                         f"{os.getpid()}) is writing this folder; wait for it to end, or stop "
@@ -267,7 +269,7 @@ def test_a_dataset_needs_overwrite_and_foreign_objects_are_refused(s3, env, raw)
 # run on several threads; the 3rd to start finished while the 1st was still in flight on a
 # loaded machine, and the run died with 2 shards up)
 KILL_MID_UPLOAD = """
-import threading, prep.schema.storage as st
+import threading, prep.base.storage as st
 real, done, lock = st.upload, [0], threading.Lock()
 def upload(*a, **k):
     real(*a, **k)
@@ -309,7 +311,7 @@ def test_sigterm_mid_upload_removes_it_and_keeps_the_old_dataset(s3, env, raw, l
     old = {k: remote_bytes(s3, f"term/ds/{k}") for k in dataset_keys(s3, "term/ds")}
     # each upload, once done, waits until the run tells it to stop (up to 60 s): the run is
     # still uploading when the signal comes, however late a loaded machine delivers it
-    slow = ("import prep.schema.storage as st\nreal = st.upload\n"
+    slow = ("import prep.base.storage as st\nreal = st.upload\n"
             "def upload(local, loc, bar=None, stop=None):\n"
             "    real(local, loc, bar, stop); stop.wait(60)\nst.upload = upload\n")
     code = slow + "from prep.cli import main\nmain(sys.argv[1:])"
@@ -551,7 +553,7 @@ def test_beam_workers_write_into_the_bucket_and_equal_the_local_run(s3, env, raw
 # that dies (SIGKILL) once its first shard is in the bucket
 WORKER_HOOK = """
 import os, signal
-import prep.schema.storage as st
+import prep.base.storage as st
 real = st.upload
 def upload(local, loc, *a):
     if os.environ["HOOK"] == "kill":

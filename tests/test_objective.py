@@ -140,7 +140,7 @@ def test_grammar_embedding_probes_equal_writing_the_token(extra):
 def test_a_model_with_a_score_bias_runs_the_xla_attention():
     """match_dst adds a bias to the scores, which the cuDNN kernel does not take: auto picks
     XLA, an explicit cudnn is one line naming the way out."""
-    from prep.schema.errors import InputError
+    from prep.base.errors import InputError
     from train.model import attention
 
     assert attention.resolve("auto", bias=True) == "xla"

@@ -98,7 +98,8 @@ def test_second_writer_is_refused_at_once_and_the_first_completes(raw, tmp_path)
 
 
 def test_dead_runs_leftovers_are_removed(raw, tmp_path):
-    from prep.jobs import outdir
+    from prep.base.lock import LOCK_NAME
+    from prep.jobs.owned import make_owned_dir
 
     out = tmp_path / "out"
     out.mkdir()
@@ -106,13 +107,13 @@ def test_dead_runs_leftovers_are_removed(raw, tmp_path):
     dead.wait()  # a pid that is gone
     token = "0123456789ab"
     stage = out / f".tmp-shards-{dead.pid}-{token}"
-    outdir.make_owned_dir(stage, "staging", dead.pid, token)
+    make_owned_dir(stage, "staging", dead.pid, token)
     (stage / "train").mkdir()
     (stage / "train" / "shard-b00000-e0.array_record").write_bytes(b"half")
     old = out / f".old-{dead.pid}-{token}"
-    outdir.make_owned_dir(old, "old", dead.pid, token)
+    make_owned_dir(old, "old", dead.pid, token)
     (out / ".tmp-shards-1-ffffffffffff").mkdir()  # killed between mkdir and its marker
-    (out / outdir.LOCK_NAME).write_text(f"{dead.pid}\n")  # a SIGKILLed run's lock file
+    (out / LOCK_NAME).write_text(f"{dead.pid}\n")  # a SIGKILLed run's lock file
     r = invoke(str(raw), "--out", str(out), "--workers", "1")
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "test", "train"]

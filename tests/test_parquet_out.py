@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from helpers import ATLAS, one_line_error, read_only, wait_for
 
 from prep.cli import main
-from prep.jobs.outdir import lock_folder, release
+from prep.base.lock import lock_folder, release
 from prep.tools.verify import verify_dir
 
 API = ATLAS / "api"

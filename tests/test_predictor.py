@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
+from prep.base.errors import InputError
 from prep.schema import vocab as V
-from prep.schema.errors import InputError
 from prep.tokens.decode import decode_context
 from train.model import model
 from train.model.arch import MODELS

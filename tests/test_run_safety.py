@@ -21,9 +21,9 @@ from click.testing import CliRunner
 from helpers import REPO, exit_2_one_line, final_params, records, small
 
 from bench import synthetic_shards as synthetic
+from prep.base.errors import InputError
 from prep.cli import main as prep_main
 from prep.schema import manifest as mf
-from prep.schema.errors import InputError
 from train.cli import main as train_main
 from train.fit import reader
 from train.fit.config import TrainConfig

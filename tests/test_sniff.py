@@ -1,4 +1,4 @@
-"""Wrong inputs get the right command: prep.schema.sniff on each kind, and `prep shards` given
+"""Wrong inputs get the right command: prep.base.sniff on each kind, and `prep shards` given
 Atlas JSON, CSV, a shards folder or a run folder answers with one line naming the fix."""
 
 import json
@@ -7,8 +7,8 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
+from prep.base import sniff
 from prep.cli import main
-from prep.schema import sniff
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from helpers import FAST_COMPILE, REPO, final_params, records, small
 
 from bench import synthetic_shards as synthetic
+from prep.base.errors import InputError
 from prep.schema import vocab
-from prep.schema.errors import InputError
 from train.cli import main
 from train.fit import step as step_lib
 from train.fit.config import TrainConfig

@@ -23,7 +23,7 @@ from bench import synthetic_shards as synthetic
 from train.cli import main
 from train.fit import multihost
 from train.fit.checkpoint import Checkpointer, step_dirs
-from train.fit.loop import RunLock
+from train.fit.loop import run_lock
 
 pytestmark = pytest.mark.no_kernel_warmup  # synthetic shards: no prep kernel
 FLAGS = ["--model", "tiny", "--steps", "20", "--schedule-steps", "20", "--batch-size", "4",
@@ -240,7 +240,7 @@ def test_a_process_that_dies_or_hangs_stops_the_other_with_one_line(shards, cach
 def test_a_refusal_on_process_0_reaches_process_1(shards, cache, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    lock = RunLock(run)
+    lock = run_lock(run)
     lock.acquire()  # another trainer holds the run
     try:
         results = finish(launch(["--data", str(shards), "--run-dir", str(run), *FLAGS], cache))

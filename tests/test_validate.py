@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prep.base.errors import InputError
 from prep.schema import validate
-from prep.schema.errors import InputError
 from prep.schema.measurements import stable_key
 
 T0 = 1_700_000_000

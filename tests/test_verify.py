@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 from helpers import probe_data, write_parquet
 
+from prep.base.errors import InputError
 from prep.cli import main
 from prep.schema import manifest as mf
-from prep.schema.errors import InputError
 from prep.shards.bucket import ShardsConfig
 from prep.shards.local_runner import run_shards
 from prep.tools.verify import check_counts, verify_dir

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import click
 
-from prep.schema.errors import InputError
+from prep.base.errors import InputError
 from prep.schema.rows import RowFormatError
 from train.fit.config import SMALL_CPU, SMALL_ROW_LEN, preset_text
 from train.model.arch import MODELS
@@ -233,7 +233,7 @@ def _fit(data, run_dir, resume, device, flags, hosts=None) -> int:
     check_backend(device)  # before anything asks jax for devices (after jax.distributed)
     import jax  # after click parsed the flags: --help stays fast
 
-    from prep.schema.storage import is_remote
+    from prep.base.storage import is_remote
     from train.fit.config import TrainConfig, defaults_for
     from train.fit.loop import load_run, train
 
@@ -373,7 +373,7 @@ def predict(run_dir, src, dst, when, history, queries, out, step, as_json):
             raise InputError("--queries needs --out FILE.parquet (or --json to print them)")
         import signal
 
-        from prep.schema.signals import Interrupted
+        from prep.base.signals import Interrupted
 
         def emit(answers):  # each piece as it is answered
             click.echo("\n".join(json.dumps(a) for a in answers))

@@ -3,5 +3,5 @@
 (`prep synth`).
 
 Owns: atlas, atlas_json, atlas_read, atlas_rows, matrix, synth.
-Imports: prep.jobs and prep.schema; nothing of prep.shards (its sibling).
+Imports: prep.jobs, prep.schema and prep.base; nothing of prep.shards (its sibling).
 """

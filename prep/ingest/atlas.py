@@ -39,16 +39,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from prep.base import storage
+from prep.base.errors import InputError, first_line, fs_failure
+from prep.base.words import count
 from prep.ingest import atlas_read
 from prep.ingest.atlas_json import MALFORMED, Fast
 from prep.ingest.atlas_read import read_results
 from prep.ingest.atlas_rows import SCHEMA, Mode, Rows, convert, convert_fast
-from prep.jobs import parquet_out, remote_out
+from prep.jobs.claim import claim
 from prep.jobs.pool import Pool, WorkerDied, cores
-from prep.schema import storage
-from prep.schema.errors import InputError, first_line, fs_failure
 from prep.schema.validate import find_files, format_rejected, validate_rows
-from prep.schema.words import count
 
 BATCH = 65_536  # rows per parquet write (a row group: rows BATCH*i .. BATCH*(i+1)-1 before validation)
 SUFFIXES = (".json", ".jsonl", ".ndjson", ".bz2", ".gz")
@@ -218,8 +218,7 @@ def import_atlas(cfg: AtlasConfig) -> dict:
     results_read = rows_in = rows_written = logged = 0
     rejected: Counter = Counter()
     log: list[str] = []
-    claim = remote_out.claim_parquet if storage.is_remote(str(cfg.out)) else parquet_out.claim
-    with claim(str(cfg.out), command="prep import-atlas", runner="import",
+    with claim(str(cfg.out), layout="parquet", command="prep import-atlas", runner="import",
                overwrite=cfg.overwrite) as od:
         if remote:  # into the staging folder: removed with it, whatever happens
             files = sorted(files + list_atlas_inputs(storage.download_inputs(

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from prep.schema.errors import InputError
+from prep.base.errors import InputError
 
 MALFORMED = object()  # a value that could not be read (JSON's null is a value: None is taken)
 _BOM = b"\xef\xbb\xbf"

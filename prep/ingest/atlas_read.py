@@ -22,6 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
+from prep.base.errors import InputError
 from prep.ingest.atlas_json import (
     DECODER,
     MALFORMED,
@@ -36,7 +37,6 @@ from prep.ingest.atlas_json import (
     opens_array,
     typed,
 )
-from prep.schema.errors import InputError
 
 try:  # parallel bzip2 decompression; optional: stdlib bz2 otherwise
     import indexed_bzip2

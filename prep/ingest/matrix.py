@@ -20,17 +20,16 @@ number, a ragged or non-square matrix, or frames of different N are an error nam
 
 Arrow parses each file (one that fails is re-read to say where). Output: ``DIR/matrix.parquet``,
 time-ordered, row groups of whole frames (at least ROW_GROUP rows, so `prep shards` reads it
-in parallel), written in ``DIR/.import-matrix-<pid>/`` and moved in at the end; a non-empty
-DIR needs ``--overwrite``; a shards or run folder is refused.
+in parallel), staged and published by prep.jobs.claim (the parquet layout, as `prep
+import-atlas`'s output): parquet files already in DIR need ``--overwrite``; anything else
+there, or a shards or run folder, is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
-import os
 import re
-import shutil
 import sys
 import time
 from collections import Counter
@@ -43,20 +42,19 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from prep.jobs.outdir import pid_alive
-from prep.schema import sniff
-from prep.schema.errors import InputError, first_line, fs_failure
+from prep.base import sniff
+from prep.base.errors import InputError, first_line
+from prep.base.words import count
+from prep.jobs.claim import claim
 from prep.schema.hashing import GOLDEN, MASK, mix64
 from prep.schema.splits import format_time
 from prep.schema.validate import RTT_MAX_MS, TIME_MAX, format_rejected
-from prep.schema.words import count
 
 START = 1_767_225_600  # 2026-01-01T00:00:00Z, as prep synth
 UNITS = {"s": 1000.0, "ms": 1.0, "us": 0.001}  # to milliseconds
 REASONS = ("diagonal", "missing_rtt", "rtt_out_of_range")
 OUT_NAME = "matrix.parquet"
 ROW_GROUP = 65_536
-_STAGE = re.compile(r"\.import-matrix-(\d+)")
 _NOT_DATA = re.compile(r"(readme|license|licence|copying).*|.*\.md", re.IGNORECASE)
 # IANA special-purpose IPv4 ranges, multicast and reserved: never a node's address. A fixed
 # list (not ipaddress.is_global, whose table changes between Python releases), so a node's
@@ -255,37 +253,6 @@ def _table(parts: list[dict], frames: list[int], addrs: pa.Array) -> pa.Table:
         "msm_id": msm})
 
 
-def _claim(out: Path, overwrite: bool) -> tuple[list[Path], bool]:
-    """Check --out before anything is read: the parquet files to replace, and whether the
-    folder is new. Dead runs' staging folders are removed."""
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out}: is a file; --out must name a folder")
-    if not out.exists():
-        return [], True
-    k = sniff.kind(out)
-    if k in ("shards", "run"):
-        what = "a shards folder (the output of `prep shards`)" if k == "shards" else "a run"
-        raise InputError(f"{out}: is {what}; import-matrix writes parquet measurements: "
-                         "use a new --out folder")
-    old = []
-    for e in sorted(out.iterdir()):
-        if (m := _STAGE.fullmatch(e.name)) and e.is_dir():
-            if int(m[1]) != os.getpid() and pid_alive(int(m[1])):
-                raise InputError(f"{out}: another import-matrix (pid {m[1]}) is writing into "
-                                 "it; wait for it or use another --out")
-            shutil.rmtree(e, ignore_errors=True)
-            continue
-        if not overwrite:
-            raise InputError(f"{out}: not empty (holds {e.name}); use a new folder, or "
-                             "--overwrite to replace the parquet files in it")
-        if not (e.name.endswith(".parquet") and e.is_file() and not e.is_symlink()):
-            raise InputError(f"{out}: holds {e.name}, which is not a parquet file; "
-                             "--overwrite replaces only parquet files: move it away or use "
-                             "a new folder")
-        old.append(e)
-    return old, False
-
-
 def import_matrix(cfg: MatrixConfig) -> dict:
     """Convert every frame into ``cfg.out/matrix.parquet``; returns the summary (also
     printed on stderr). Nothing appears in ``cfg.out`` unless every frame converted."""
@@ -309,65 +276,53 @@ def import_matrix(cfg: MatrixConfig) -> dict:
         raise InputError(f"--start {cfg.start} and --interval {cfg.interval_s} put the "
                          f"{len(files):,} frames at {format_time(cfg.start)} .. "
                          f"{format_time(end)}; event times must lie in 1970 .. 2099")
-    old, made = _claim(out, cfg.overwrite)
-    stage = out / f".import-matrix-{os.getpid()}"
     rejected: Counter = Counter()
     written = n = 0
     rtt_sample = []
     writer = None
-    try:
-        stage.mkdir(parents=True)
-        parts, frames = [], []
-        with tqdm(total=len(files), unit=" frames", desc="import-matrix", file=sys.stderr,
-                  disable=not cfg.progress or None) as bar:
-            for k, (f, path) in enumerate(frames_of):
-                m = read_matrix(path)
-                if k == 0:
-                    n = len(m)
-                    addrs = pa.array(node_addresses(n), pa.string())
-                    offsets = frame_offsets(n, cfg.interval_s)
-                elif len(m) != n:
-                    raise InputError(f"{path}: a {len(m):,}×{len(m):,} matrix, but {files[0]} "
-                                     f"is {n:,}×{n:,}; every frame must hold the same nodes in "
-                                     "the same order (import each set of frames on its own)")
-                cols, rej = frame_columns(m * UNITS[cfg.unit], f, offsets,
-                                          cfg.start, cfg.interval_s)
-                rejected.update(rej)
-                written += len(cols["time"])
-                rtt_sample.append(cols["rtt"][:: max(1, len(cols["rtt"]) // 1000)])
-                parts.append(cols)
-                frames.append(f)
-                if sum(len(p["time"]) for p in parts) >= ROW_GROUP or k == len(files) - 1:
-                    table = _table(parts, frames, addrs)
-                    if writer is None:
-                        writer = pq.ParquetWriter(stage / OUT_NAME, table.schema,
-                                                  compression="zstd", compression_level=1)
-                    writer.write_table(table)
-                    parts, frames = [], []
-                bar.update(1)
-        writer.close()
-        writer = None
+    with claim(out, layout="parquet", command="prep import-matrix", runner="matrix",
+               overwrite=cfg.overwrite) as od:
+        try:
+            parts, frames = [], []
+            with tqdm(total=len(files), unit=" frames", desc="import-matrix", file=sys.stderr,
+                      disable=not cfg.progress or None) as bar:
+                for k, (f, path) in enumerate(frames_of):
+                    m = read_matrix(path)
+                    if k == 0:
+                        n = len(m)
+                        addrs = pa.array(node_addresses(n), pa.string())
+                        offsets = frame_offsets(n, cfg.interval_s)
+                    elif len(m) != n:
+                        raise InputError(f"{path}: a {len(m):,}×{len(m):,} matrix, but {files[0]} "
+                                         f"is {n:,}×{n:,}; every frame must hold the same nodes in "
+                                         "the same order (import each set of frames on its own)")
+                    cols, rej = frame_columns(m * UNITS[cfg.unit], f, offsets,
+                                              cfg.start, cfg.interval_s)
+                    rejected.update(rej)
+                    written += len(cols["time"])
+                    rtt_sample.append(cols["rtt"][:: max(1, len(cols["rtt"]) // 1000)])
+                    parts.append(cols)
+                    frames.append(f)
+                    if sum(len(p["time"]) for p in parts) >= ROW_GROUP or k == len(files) - 1:
+                        table = _table(parts, frames, addrs)
+                        if writer is None:
+                            writer = pq.ParquetWriter(od.stage / OUT_NAME, table.schema,
+                                                      compression="zstd", compression_level=1)
+                        writer.write_table(table)
+                        parts, frames = [], []
+                    bar.update(1)
+            writer.close()
+            writer = None
+        finally:
+            if writer is not None:
+                with contextlib.suppress(Exception):
+                    writer.close()
         if not written:
             raise InputError(f"import-matrix: no measurements in {len(files):,} frame"
                              f"{'s' if len(files) > 1 else ''} of {n:,} node"
                              f"{'s' if n > 1 else ''} (rejected: {format_rejected(rejected)}); "
                              f"nothing was written to {out}")
-        for p in old:  # first, so a kill never leaves old and new files mixed
-            p.unlink()
-        (stage / OUT_NAME).replace(out / OUT_NAME)
-    except OSError as e:
-        err = fs_failure(e, out)
-        if err is None:
-            raise
-        raise err from None
-    finally:
-        if writer is not None:
-            with contextlib.suppress(Exception):
-                writer.close()
-        shutil.rmtree(stage, ignore_errors=True)
-        if made and not (out / OUT_NAME).exists():
-            with contextlib.suppress(OSError):
-                out.rmdir()  # an empty folder left behind would look like output
+        od.publish([OUT_NAME])
     elapsed = time.perf_counter() - t0
     sample = np.concatenate(rtt_sample)
     summary = {"frames": len(files), "nodes": n, "entries": len(files) * n * n,

@@ -37,8 +37,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from prep.jobs import parquet_out
-from prep.schema.words import count
+from prep.base.words import count
+from prep.jobs.claim import claim
 
 START = 1_767_225_600  # 2026-01-01T00:00:00Z
 ROOTS_V4 = ["198.41.0.4", "170.247.170.2", "192.33.4.12", "199.7.91.13", "192.203.230.10",
@@ -205,8 +205,8 @@ def synth(cfg: SynthConfig) -> dict:
     hour = (cols["time"] - START) // 3600
     cuts = np.searchsorted(hour, np.arange(cfg.days * 24 + 1))
     names = []
-    with parquet_out.claim(out, command="prep synth", runner="synth",
-                           overwrite=cfg.overwrite) as od, \
+    with claim(out, layout="parquet", command="prep synth", runner="synth",
+               overwrite=cfg.overwrite) as od, \
             tqdm(total=cfg.rows, unit=" rows", unit_scale=True, desc="synth", file=sys.stderr,
                  disable=None) as bar:
         for h in range(cfg.days * 24):

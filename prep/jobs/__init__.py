@@ -1,7 +1,8 @@
 """The machinery a command that writes runs on: the output folder (claim, stage, publish,
-replace; on a bucket too) and the one worker pool of `prep shards`, `prep verify` and
-`prep import-atlas`. (The signal guard they use is prep.schema.signals, which train shares.)
+release: prep.jobs.claim, with its two layouts, outdir and parquet_out, and its bucket
+backend, remote_out) and the one worker pool of `prep shards`, `prep verify` and
+`prep import-atlas`.
 
-Owns: outdir, parquet_out, remote_out, pool.
-Imports: prep.schema only.
+Owns: claim, owned, outdir, parquet_out, remote_out, pool.
+Imports: prep.schema and prep.base only.
 """

@@ -1,28 +1,14 @@
-"""The output folder of `prep shards`: claim, staging, publish, replace, clean up.
-
-Both runners write ``--out`` through this module alone. What it may hold::
+"""The shards layout of an output folder (prep.jobs.claim describes the protocol): what
+`prep shards` writes into ``--out``, and its publish by renames. What the folder may hold::
 
     out/manifest.json, out/train/, out/test/   the finished dataset (manifest.json makes it one)
-    out/.lock                                  locked (flock) by the run writing the folder
+    out/.lock                                  locked by the run writing the folder
     out/.tmp-shards-<pid>-<token>/             a run's staging folder (.tmp-beam-… for Beam)
     out/.old-<pid>-<token>/                    the dataset being replaced, during the swap
 
-The dot-folders are ours by name AND marker (``.ping-pack-owner``: role, pid, token);
-anything else that is not a shard file is not ours, and the run refuses the folder rather
-than delete it. A run, step by step:
-
-1. Lock ``.lock`` (flock, exclusive, non-blocking) for the whole run, pid written in it; a
-   second run fails at once naming that pid. Forked workers inherit the lock, so a folder
-   whose lock is free has no live writer.
-2. Check before touching anything: ``out`` is a folder, every entry is ours, ``train/`` and
-   ``test/`` are real folders of shard files. Else one line, exit 2.
-3. Recover and clean: a dead run killed inside the swap (7b to 7d) is finished first; dead
-   runs' staging and ``.old-*`` folders are removed, their marker last.
-4. A dataset (``manifest.json`` or any shard) needs ``--overwrite``.
-5. Stage ``.tmp-<runner>-<pid>-<token>/``: everything the run writes goes there.
-6. Build: the runner writes every shard, then the manifest, into the staging folder; its
-   file list is checked against the manifest.
-7. Swap, by renames, SIGINT and SIGTERM held. What a reader sees if killed after:
+``train/`` and ``test/`` must be real folders of shard files. The runner writes every shard,
+then the manifest, into the staging folder; its file list is checked against the manifest.
+Then the swap, by renames, SIGINT and SIGTERM held. What a reader sees if killed after:
 
    a. ``mkdir .old-<pid>-<token>/`` (+ marker)          the old dataset (or none)
    b. ``manifest.json`` → ``.old-*/``                   no dataset (no manifest.json)
@@ -31,69 +17,47 @@ than delete it. A run, step by step:
    d. the staging ``manifest.json`` → ``out``           the new dataset
    e. remove ``.old-*/``, then the staging folder       the new dataset
 
-   Killed between b and d (SIGKILL only), the next run into the folder finishes c and d
-   from the staging folder, which still holds the complete new dataset.
-8. Release: on failure the staging folder is removed; ``.lock`` is removed and unlocked, and
-   a folder the run made is removed again. A disk failure anywhere is one line naming the
-   folder and the fix, exit 2 (prep.schema.errors.fs_failure).
-
-So the folder is the old dataset, the new one or none, never a mix. A reader that loaded
-the old manifest before the swap may find its shards gone or replaced (the manifest's
-sha256 per shard tells). Kill-safe, not power-loss-safe: shards are not fsynced (the
-manifest and the folder are).
+Killed between b and d (SIGKILL only), the next run into the folder finishes c and d from
+the staging folder, which still holds the complete new dataset. So the folder is the old
+dataset, the new one or none, never a mix. A reader that loaded the old manifest before the
+swap may find its shards gone or replaced (the manifest's sha256 per shard tells).
+Kill-safe, not power-loss-safe: shards are not fsynced (the manifest and the folder are).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import json
 import os
 import re
-import secrets
-import shutil
 import sys
-import time
 from pathlib import Path
 
-from prep.schema.signals import Guard, stop_on_signals
-from prep.schema import sniff
-from prep.schema.errors import InputError, fs_failure
+from prep.base.atomic import fsync_dir
+from prep.base.errors import InputError
+from prep.base.lock import LOCK_NAME
+from prep.jobs.owned import (
+    MARKER,
+    Claim,
+    foreign,
+    holds_dataset,
+    is_owned,
+    make_owned_dir,
+    remove_owned,
+)
 from prep.schema.manifest import SPLITS
 
-LOCK_NAME = ".lock"
-MARKER = ".ping-pack-owner"
 MANIFEST = "manifest.json"  # == prep.schema.manifest.MANIFEST_NAME (not imported: it pulls in numpy)
 SHARD_FILE = re.compile(r"shard-b\d+-e\d+\.array_record(\.tmp)?")
 _STAGE = re.compile(r"\.tmp-(shards|beam)-(\d+)-([0-9a-f]{12})")
 _OLD = re.compile(r"\.old-(\d+)-([0-9a-f]{12})")
-_LOCK_WAIT_S = 5.0  # a dead run's workers may hold its lock that long while they die
 
 
-class OutDir:
-    """``--out`` held by this run (see the module docstring); made by ``claim``."""
+class OutDir(Claim):
+    """``--out`` of `prep shards` held by this run; made by prep.jobs.claim.claim."""
 
-    def __init__(self, path: Path, *, overwrite: bool, runner: str, guard: Guard):
-        self.path, self.overwrite, self.runner, self._guard = path, overwrite, runner, guard
-        self.stage: Path | None = None
-        self.published = False
-        self.made = False  # this run made ``path``: removed again if the run fails
-        self._lock_fd: int | None = None
-        self._token = secrets.token_hex(6)
-
-    # steps 1-5 ------------------------------------------------------------------------
-    def _open(self) -> None:
+    def _check(self) -> None:
         out = self.path
-        if out.is_symlink() and not out.exists():
-            raise InputError(f"{out}: a broken symbolic link ({sniff.broken_link(out)}); "
-                             "create that folder or use another --out")
-        if out.exists() and not out.is_dir():
-            raise InputError(f"{out}: is a file; --out must name a folder")
-        self.made = not out.exists()
-        out.mkdir(parents=True, exist_ok=True)
-        self._lock()
-        stages, olds, dataset = self._check()
+        stages, olds, dataset = self._scan()
         if not (out / MANIFEST).exists():
             self._recover(stages, olds)
             dataset = (out / MANIFEST).exists() or dataset
@@ -102,18 +66,9 @@ class OutDir:
                 remove_owned(d)
         (out / (MANIFEST + ".tmp")).unlink(missing_ok=True)  # earlier versions wrote it here
         if dataset and not self.overwrite:
-            what = ("a finished dataset (manifest.json)" if (out / MANIFEST).exists()
-                    else "shards of an unfinished dataset (train/, test/ without manifest.json)")
-            raise InputError(f"{out}: holds {what}; pass --overwrite to replace it (the old "
-                             "one stays intact until the new one is complete), or use "
-                             "another --out")
-        self.stage = out / f".tmp-{self.runner}-{os.getpid()}-{self._token}"
-        make_owned_dir(self.stage, "staging", os.getpid(), self._token)
+            raise holds_dataset(out, (out / MANIFEST).exists())
 
-    def _lock(self) -> None:
-        self._lock_fd = lock_folder(self.path, "prep shards")
-
-    def _check(self) -> tuple[list[Path], list[Path], bool]:
+    def _scan(self) -> tuple[list[Path], list[Path], bool]:
         """Our dead folders and whether a dataset (or its shards) is there; refuse the rest."""
         out, stages, olds, dataset = self.path, [], [], False
         for entry in sorted(out.iterdir()):
@@ -132,9 +87,7 @@ class OutDir:
                     for f in sorted(entry.iterdir()):
                         if not (SHARD_FILE.fullmatch(f.name) and f.is_file()
                                 and not f.is_symlink()):
-                            raise InputError(f"{out}: {f} was not written by `prep shards`; "
-                                             "use an empty or new --out folder, or move "
-                                             "that file away")
+                            raise foreign(out, f"{name}/{f.name}", "prep shards")
                         dataset = True
                     continue
             if (m := _STAGE.fullmatch(name)) and is_owned(entry, "staging", m[2], m[3]):
@@ -143,12 +96,11 @@ class OutDir:
             if (m := _OLD.fullmatch(name)) and is_owned(entry, "old", m[1], m[2]):
                 olds.append(entry)
                 continue
-            raise InputError(f"{out}: holds {name}, which `prep shards` did not write; use "
-                             "an empty or new --out folder, or move it away")
+            raise foreign(out, name, "prep shards")
         return stages, olds, dataset
 
     def _recover(self, stages: list[Path], olds: list[Path]) -> None:
-        """A dead run got past step 7b (its ``.old-*`` exists, ``out`` has no manifest, its
+        """A dead run got past the swap's step b (its ``.old-*`` exists, ``out`` has no manifest, its
         staging folder still holds the new one): finish its swap."""
         for old in olds:
             pid, token = _OLD.fullmatch(old.name).groups()
@@ -159,16 +111,15 @@ class OutDir:
                           f"interrupted run (pid {pid})", file=sys.stderr)
                     return
 
-    # step 7 ---------------------------------------------------------------------------
     def publish(self, manifest: dict) -> None:
         """Write ``manifest`` into the staging folder, check the staged files against it,
-        and swap it in (step 7)."""
+        and swap it in (steps a-e)."""
         from prep.schema import manifest as mf
 
         stage = self.stage
         check_staged(stage, manifest)
         mf.write_manifest(stage, manifest)
-        self._guard.defer = True  # SIGINT/SIGTERM wait for the end of the swap
+        self.guard.defer = True  # SIGINT/SIGTERM wait for the end of the swap
         old = self.path / f".old-{os.getpid()}-{self._token}"
         make_owned_dir(old, "old", os.getpid(), self._token)
         try:
@@ -177,19 +128,10 @@ class OutDir:
             if set(os.listdir(old)) <= {MARKER}:  # undone: the old dataset is back in place
                 remove_owned(old)
             raise
-        self.published = self._guard.published = True
-        _fsync_dir(self.path)
+        self._published()
+        fsync_dir(self.path)
         with contextlib.suppress(OSError):
             remove_owned(old)
-
-    @property
-    def guard(self) -> Guard:
-        """The run's signal guard: set ``guard.defer`` to hold SIGINT/SIGTERM a while."""
-        return self._guard
-
-    # step 8 ---------------------------------------------------------------------------
-    def _close(self) -> None:
-        close_claimed(self)
 
 
 def check_staged(stage: Path, manifest: dict) -> list[str]:
@@ -206,41 +148,8 @@ def check_staged(stage: Path, manifest: dict) -> list[str]:
     return sorted(staged)
 
 
-def close_claimed(od) -> None:
-    """Step 8 for a claimed folder (an OutDir here, a prep.jobs.parquet_out.ParquetOut):
-    remove its staging folder and release the lock (and the folder, if the run made it and
-    published nothing). A second Ctrl-C does not cut it short."""
-    od._guard.defer = True
-    if od.stage is not None:
-        with contextlib.suppress(OSError):
-            remove_owned(od.stage)
-    if od._lock_fd is not None:
-        release(od.path, od._lock_fd, od.made and not od.published)
-        od._lock_fd = None
-
-
-@contextlib.contextmanager
-def claim(out: str | os.PathLike, *, overwrite: bool = False, runner: str = "shards"):
-    """Steps 1-5 on entry, 8 on exit; yields the OutDir (``.stage``, ``.publish``).
-    Within the block SIGINT/SIGTERM raise Interrupted, and a full, read-only or not
-    writable disk becomes a one-line InputError naming the folder."""
-    out = Path(out)
-    with stop_on_signals(out) as guard:
-        od = OutDir(out, overwrite=overwrite, runner=runner, guard=guard)
-        try:
-            od._open()
-            yield od
-        except (OSError, RuntimeError) as e:
-            err = fs_failure(e, out)
-            if err is None:
-                raise
-            raise err from None
-        finally:
-            od._close()
-
-
 def _swap(out: Path, stage: Path, old: Path, undo_on_error: bool = False) -> None:
-    """Steps 7b-d; idempotent per split, so a dead run's half-done swap is finished by
+    """Steps b-d; idempotent per split, so a dead run's half-done swap is finished by
     the same code (a split no longer in the staging folder was already moved in)."""
     done: list[tuple[Path, Path]] = []
 
@@ -267,140 +176,3 @@ def _swap(out: Path, stage: Path, old: Path, undo_on_error: bool = False) -> Non
 
 def _rename(src: Path, dst: Path) -> None:
     os.rename(src, dst)  # one name for the tests to interrupt between renames
-
-
-def make_owned_dir(d: Path, role: str, pid: int, token: str) -> None:
-    os.mkdir(d)
-    fd = os.open(d / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:  # one small write: a kill leaves it whole or empty, and an empty folder is ours
-        os.write(fd, json.dumps({"tool": "ping-pack prep shards", "role": role,
-                                 "pid": pid, "token": token}).encode())
-    finally:
-        os.close(fd)
-
-
-def remove_owned(d: Path) -> None:
-    """Remove one of our folders, its marker last: a kill half-way leaves it recognisable."""
-    if not d.exists():
-        return
-    for entry in os.scandir(d):
-        if entry.name != MARKER:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path)
-            else:
-                os.unlink(entry.path)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(d / MARKER)
-    os.rmdir(d)
-
-
-def is_owned(d: Path, role: str, pid: str, token: str) -> bool:
-    """``d`` (named like ours) is ours: its marker says so, or it holds nothing but a
-    marker not yet written (a kill between mkdir and write: nothing to lose)."""
-    if d.is_symlink() or not d.is_dir():
-        return False
-    names = set(os.listdir(d))
-    marker = d / MARKER
-    if MARKER not in names or marker.is_symlink() or not marker.is_file():
-        return not names
-    try:
-        data = json.loads(marker.read_text()[:4096] or "null")
-    except (OSError, ValueError):
-        return names == {MARKER} and marker.stat().st_size == 0
-    if data is None:
-        return names == {MARKER}
-    return (isinstance(data, dict) and data.get("role") == role
-            and str(data.get("pid")) == pid and data.get("token") == token)
-
-
-def lock_folder(folder: Path, command: str) -> int:
-    """Lock ``folder/.lock`` (flock, exclusive) for this run and write its pid there; the
-    open descriptor (``release`` gives it back). Another live run holding it is an
-    InputError naming its pid (``command`` says what it runs); a dead run's lock, which its
-    dying workers may hold a moment longer, is waited for up to a few seconds. The folder
-    is made again if a run that ended meanwhile removed it (an empty folder it had made)."""
-    path = folder / LOCK_NAME
-    deadline = time.monotonic() + _LOCK_WAIT_S
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        except FileNotFoundError:
-            if time.monotonic() >= deadline:
-                raise
-            folder.mkdir(parents=True, exist_ok=True)
-            continue
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise InputError(f"{folder}: {LOCK_NAME} is a symlink, which `{command}` did "
-                                 "not write; move it away") from None
-            raise
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_pid(fd)
-            os.close(fd)
-            if (holder is None or not pid_alive(holder)) and time.monotonic() < deadline:
-                # Dead: its workers are dying with it and drop the lock soon. None: a
-                # run that has just locked it and not yet written its pid.
-                time.sleep(0.05)
-                continue
-            who = f"pid {holder}" if holder is not None else "pid unknown"
-            if holder is not None and not pid_alive(holder):
-                raise InputError(f"{folder}: the workers of an earlier `{command}` "
-                                 f"({who}, gone) still hold {LOCK_NAME}; try again in "
-                                 "a few seconds") from None
-            raise InputError(f"{folder}: another `{command}` ({who}) is writing "
-                             "this folder; wait for it to end, or stop it, then run "
-                             "again") from None
-        # Locked; but if the file was removed (and maybe re-created) by a run that
-        # ended meanwhile, ours is a stale inode: lock the one at the path instead.
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
-
-
-def release(folder: Path, fd: int, made: bool) -> None:
-    """Unlock and remove ``folder/.lock`` (``fd`` from ``lock_folder``); then, if this run
-    ``made`` the folder and it is empty, remove the folder too: a failed run into a new
-    folder leaves nothing behind."""
-    with contextlib.suppress(OSError):
-        path = folder / LOCK_NAME
-        if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
-            path.unlink()  # still locked: a run waiting on it re-checks the inode
-    os.close(fd)
-    if made:
-        with contextlib.suppress(OSError):
-            folder.rmdir()  # fails, as it should, unless the folder is empty
-
-
-def _read_pid(fd: int) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        return int(os.pread(fd, 32, 0).decode().strip())
-    return None
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (one we may not signal counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _fsync_dir(d: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -26,9 +26,9 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from prep.schema.signals import signals_blocked
-from prep.schema.errors import InputError
-from prep.schema.lifetime import die_with_parent
+from prep.base.errors import InputError
+from prep.base.lifetime import die_with_parent
+from prep.base.signals import signals_blocked
 
 
 def cores() -> int:
@@ -199,7 +199,7 @@ def _labelled(fn, task, label: str, labels: str):
 
 def _worker_init(parent: int | None) -> None:
     """A worker's signals: it starts with SIGINT and SIGTERM blocked (they are, while the
-    driver forks it: prep.schema.signals.signals_blocked) and with the driver's handlers; it
+    driver forks it: prep.base.signals.signals_blocked) and with the driver's handlers; it
     ignores SIGINT, dies of SIGTERM, and dies with the driver (``parent`` is its pid when
     forked from it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -1,10 +1,10 @@
-"""``--out s3://…``: the output of `prep shards` and `prep import-atlas` on a bucket.
+"""The bucket backend of an output folder (prep.jobs.claim describes the protocol):
+``--out s3://…`` of `prep shards` and `prep import-atlas`.
 
 Files are written into a local staging folder under ``$TMPDIR/ping-pack-out/``, claimed as a
-local ``--out`` is (prep.jobs.outdir, prep.jobs.parquet_out: a lock, so a second run on this
-machine into the same URI fails at once), and uploaded when the run is done. S3 has no
-rename and no lock, so what the local runner does with renames is done here with a
-manifest written last, whole, in one PUT.
+local ``--out`` is (so a second run on this machine into the same URI fails at once), and
+uploaded when the run is done. S3 has no rename and no lock, so what the local backend does
+with renames is done here with a manifest written last, whole, in one PUT.
 
 A dataset on a bucket (`prep shards --out s3://b/p`)::
 
@@ -42,7 +42,7 @@ A folder of parquet files on a bucket (`prep import-atlas --out s3://b/raw`)::
 Uploaded under the hidden prefix, then the list of files to remove and to copy in
 (``.publish``) is written there and carried out by server-side copies; a kill leaves the
 list, which the next run finishes, as prep.jobs.parquet_out does with renames. Until then
-readers refuse the prefix in one line (prep.schema.sniff.unfinished_publish).
+readers refuse the prefix in one line (prep.base.sniff.unfinished_publish).
 """
 
 from __future__ import annotations
@@ -59,14 +59,23 @@ import tempfile
 import time
 from pathlib import Path
 
+from prep.base import storage
+from prep.base.errors import FS_PROBLEMS, InputError
+from prep.base.lock import pid_alive
+from prep.base.signals import Interrupted
+from prep.base.storage import Remote
 from prep.jobs import outdir, parquet_out
-from prep.jobs.outdir import MARKER, SHARD_FILE, pid_alive
-from prep.schema.signals import Interrupted
+from prep.jobs.outdir import SHARD_FILE
+from prep.jobs.owned import (
+    MARKER,
+    claim_local,
+    foreign,
+    holds_dataset,
+    holds_parquet,
+    not_for_parquet,
+)
 from prep.schema import manifest as mf
-from prep.schema import storage
-from prep.schema.errors import FS_PROBLEMS, InputError
 from prep.schema.manifest import MANIFEST_NAME, SPLITS
-from prep.schema.storage import Remote
 
 GEN = re.compile(r"g\d{8}T\d{6}Z-[0-9a-f]{12}")
 _TMP = re.compile(r"\.tmp-[a-z]+-\d+-[0-9a-f]{12}")
@@ -133,12 +142,12 @@ def _by_top(files: dict[str, int]) -> dict[str, list[str]]:
 
 
 @contextlib.contextmanager
-def _claimed(loc: Remote, claim, **kw):
+def _claimed(loc: Remote, kind, **kw):
     """The local staging claim for ``loc``; its Interrupted names ``loc``, not the stage."""
     local = _local_for(loc)
     try:
         try:
-            with claim(local, overwrite=True, **kw) as od:
+            with claim_local(kind, local, overwrite=True, **kw) as od:
                 yield od
         finally:
             with contextlib.suppress(OSError):  # nothing is ever published there
@@ -157,7 +166,7 @@ def _claimed(loc: Remote, claim, **kw):
 
 class RemoteDataset:
     """``--out`` of `prep shards` on a bucket: what prep.jobs.outdir.OutDir offers the
-    runners (``path``, ``stage``, ``publish``); made by ``claim_dataset``."""
+    runners (``path``, ``stage``, ``publish``); made by ``claim``."""
 
     def __init__(self, loc: Remote, local, overwrite: bool, progress: bool):
         self.loc, self.path, self.stage = loc, loc.uri, local.stage
@@ -200,20 +209,14 @@ class RemoteDataset:
                 continue
             for rel in rels:
                 if not (top in SPLITS and SHARD_FILE.fullmatch(rel)):
-                    raise InputError(f"{loc}: holds {top}/{rel}, which `prep shards` did not "
-                                     "write; use an empty or new --out prefix, or move it away")
+                    raise foreign(loc, f"{top}/{rel}", "prep shards", "prefix")
                 stray |= f"{top}/{rel}" not in listed
         for rel in files:
             if "/" not in rel and rel != MANIFEST_NAME:
-                raise InputError(f"{loc}: holds {rel}, which `prep shards` did not write; use "
-                                 "an empty or new --out prefix, or move it away")
+                raise foreign(loc, rel, "prep shards", "prefix")
         _leftovers(loc, gens, "an unfinished dataset")
         if (self.old is not None or stray) and not self.overwrite:
-            what = ("a finished dataset (manifest.json)" if self.old is not None
-                    else "shards of an unfinished dataset (train/, test/ without manifest.json)")
-            raise InputError(f"{loc}: holds {what}; pass --overwrite to replace it (the old "
-                             "one stays intact until the new one is complete), or use "
-                             "another --out")
+            raise holds_dataset(loc, self.old is not None)
 
     def _new_generation(self) -> Remote:
         """This run's generation prefix, its marker written first."""
@@ -283,25 +286,9 @@ class RemoteDataset:
             _remove_tree(self.loc.child(self.gen))
 
 
-@contextlib.contextmanager
-def claim_dataset(out: str, *, overwrite: bool = False, runner: str = "shards",
-                  progress: bool = True):
-    """prep.jobs.outdir.claim for a bucket: yields a RemoteDataset (``.stage``, ``.publish``).
-    A run that fails or is interrupted removes what it uploaded; the old dataset stays."""
-    loc = Remote.parse(out)
-    with _claimed(loc, outdir.claim, runner=runner) as local:
-        od = RemoteDataset(loc, local, overwrite, progress)
-        try:
-            od._open()
-            yield od
-        finally:
-            local.guard.defer = True
-            od._abandon()
-
-
 class RemoteParquet:
     """``--out`` of `prep import-atlas` on a bucket: what prep.jobs.parquet_out.ParquetOut
-    offers (``path``, ``stage``, ``publish``); made by ``claim_parquet``."""
+    offers (``path``, ``stage``, ``publish``); made by ``claim``."""
 
     def __init__(self, loc: Remote, local, command: str, runner: str, overwrite: bool):
         self.loc, self.path, self.stage, self.command = loc, loc.uri, local.stage, command
@@ -315,18 +302,15 @@ class RemoteParquet:
             raise InputError(f"{loc}: an object, not a prefix; --out names a prefix "
                              "(a folder) of the bucket")
         if MANIFEST_NAME in files:
-            raise InputError(f"{loc}: is a shards dataset (the output of `prep shards`); "
-                             f"{cmd} writes parquet measurements and never into a dataset: "
-                             "use a new --out prefix")
+            raise not_for_parquet(loc, "a shards dataset (the output of `prep shards`)", cmd,
+                                  "prefix")
         trees = _by_top(files)
         for top, rels in trees.items():
             if not (_TMP.fullmatch(top) and MARKER in rels):
-                raise InputError(f"{loc}: holds {top}/{rels[0]}, which `{cmd}` did not write; "
-                                 "use an empty or new --out prefix, or move it away")
+                raise foreign(loc, f"{top}/{rels[0]}", cmd, "prefix")
         for rel in files:
             if "/" not in rel and not rel.endswith(".parquet"):
-                raise InputError(f"{loc}: holds {rel}, which `{cmd}` did not write; use an "
-                                 "empty or new --out prefix, or move it away")
+                raise foreign(loc, rel, cmd, "prefix")
         for top, rels in sorted(trees.items()):
             if PUBLISH in rels:  # killed while publishing: finish it
                 self._finish(loc.child(top))
@@ -334,11 +318,7 @@ class RemoteParquet:
         _leftovers(loc, {t: r for t, r in trees.items() if PUBLISH not in r}, "the upload")
         self.old = sorted(r for r in storage.list_files(loc) if "/" not in r)
         if self.old and not self.overwrite:
-            n = len(self.old)
-            raise InputError(f"{loc}: not empty (holds {n:,} parquet file{'s' if n > 1 else ''}: "
-                             f"{self.old[0]}{', …' if n > 1 else ''}); pass --overwrite to "
-                             "replace them (they stay until the new output is complete), or "
-                             "use another --out")
+            raise holds_parquet(loc, self.old)
 
     def _finish(self, up: Remote) -> None:
         plan = json.loads(storage.read_bytes(up.child(PUBLISH)) or b"{}")
@@ -371,11 +351,16 @@ class RemoteParquet:
 
 
 @contextlib.contextmanager
-def claim_parquet(out: str, *, command: str, runner: str, overwrite: bool = False):
-    """prep.jobs.parquet_out.claim for a bucket: yields a RemoteParquet."""
+def claim(out: str, *, layout: str, command: str, runner: str, overwrite: bool = False,
+          progress: bool = True):
+    """prep.jobs.claim.claim for a bucket: yields a RemoteDataset (``layout="shards"``) or a
+    RemoteParquet. A run that fails or is interrupted removes what it uploaded; the old
+    output stays."""
     loc = Remote.parse(out)
-    with _claimed(loc, parquet_out.claim, command=command, runner=runner) as local:
-        od = RemoteParquet(loc, local, command, runner, overwrite)
+    kind = {"shards": outdir.OutDir, "parquet": parquet_out.ParquetOut}[layout]
+    with _claimed(loc, kind, command=command, runner=runner) as local:
+        od = (RemoteDataset(loc, local, overwrite, progress) if layout == "shards"
+              else RemoteParquet(loc, local, command, runner, overwrite))
         try:
             od._open()
             yield od

@@ -43,8 +43,9 @@ import json
 import os
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
+from prep.base.atomic import write_atomic
+from prep.base.errors import InputError, first_line
 from prep.schema import rows, vocab
-from prep.schema.errors import InputError, first_line
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "ping-pack-shards"
@@ -65,16 +66,9 @@ def header(row_len: int) -> dict:
 
 def write_manifest(out_dir: str | os.PathLike, manifest: dict) -> Path:
     """Atomically write ``manifest`` (with ``finished: true``) as the folder's last file."""
-    path = Path(out_dir) / MANIFEST_NAME
-    tmp = path.with_name(MANIFEST_NAME + ".tmp")
     data = dict(manifest, finished=True)
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    return write_atomic(Path(out_dir) / MANIFEST_NAME,
+                        json.dumps(data, indent=2, sort_keys=True) + "\n", fsync=True)
 
 
 def load_manifest(shards_dir: str | os.PathLike) -> dict:
@@ -91,7 +85,7 @@ def load_manifest(shards_dir: str | os.PathLike) -> dict:
     if not d.is_dir():
         raise InputError(f"{d}: no such folder; {fix}")
     if not path.is_file():
-        from prep.schema import sniff  # a folder of something else: name the command that takes it
+        from prep.base import sniff  # a folder of something else: name the command that takes it
 
         kind = sniff.kind(d)
         hint = sniff.advice(d, kind, "train") if kind.startswith("folder:") or kind == "run" else None

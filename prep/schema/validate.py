@@ -41,8 +41,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from prep.schema import storage
-from prep.schema.errors import InputError, first_line
+from prep.base import storage
+from prep.base.errors import InputError, first_line
 from prep.schema.measurements import DTYPES, Measurements, addr_words, empty, stable_key
 from prep.schema.vocab import VALUE_FIELDS
 
@@ -88,10 +88,10 @@ def find_files(paths: Iterable[str | Path], suffixes: tuple[str, ...], none_foun
     A link under a folder whose target is missing is skipped with a warning on stderr
     (its rows are not read, so the run must say so); one named directly is InputError.
     With ``command``, a folder that is a shards or run folder, a file named directly whose
-    content (prep.schema.sniff) is not one of ``kinds``, and a folder with nothing to read are
+    content (prep.base.sniff) is not one of ``kinds``, and a folder with nothing to read are
     InputError naming the command that takes what they hold.
     """
-    from prep.schema import sniff
+    from prep.base import sniff
 
     paths = list(paths)
     found: set[Path] = set()
@@ -295,7 +295,7 @@ def validate_table(table: pa.Table, *, source: str) -> tuple[Measurements, dict[
 
 def open_parquet(path: str | Path) -> pq.ParquetFile:
     """The file, its columns and their types checked up front (InputError naming it if not).
-    A bucket path (``s3://…``) is read in place, by ranged reads (prep.schema.storage)."""
+    A bucket path (``s3://…``) is read in place, by ranged reads (prep.base.storage)."""
     try:
         if storage.is_remote(path):
             pf = pq.ParquetFile(storage.open_input_file(storage.Remote.parse(path)))

@@ -3,5 +3,5 @@ write), the one run of `prep shards` both runners share (dataset.build: inputs, 
 folder, start line, manifest), and each runner's own passes (local processes, Apache Beam).
 
 Owns: bucket, dataset, local_runner, beam_runner, beam_worker (what Beam's workers run).
-Imports: prep.pack, prep.tokens, prep.jobs, prep.schema; nothing of prep.ingest.
+Imports: prep.pack, prep.tokens, prep.jobs, prep.schema, prep.base; nothing of prep.ingest.
 """

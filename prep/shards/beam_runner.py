@@ -39,11 +39,11 @@ import threading
 import time
 from pathlib import Path
 
+from prep.base.errors import InputError
+from prep.base.signals import signals_blocked
+from prep.base.words import count
 from prep.jobs.remote_out import RemoteDataset
-from prep.schema.signals import signals_blocked
-from prep.schema.errors import InputError
 from prep.schema.measurements import empty
-from prep.schema.words import count
 from prep.shards.bucket import ShardsConfig, process_bucket
 from prep.shards.dataset import (
     Passes,

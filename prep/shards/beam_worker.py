@@ -16,7 +16,7 @@ cutoff (``write_json``, ``read_jsons``). Two kinds, picked by the location:
   the bucket (prep.jobs.remote_out, ``stage_in_bucket``: made by the driver, marker first).
   ``shard_dir`` hands out a local temporary folder and uploads what ``process_bucket``
   wrote there; the JSON results lie beside the shards until the driver reads and removes
-  them. A worker reaches the bucket with its own settings (prep.schema.storage), so it
+  them. A worker reaches the bucket with its own settings (prep.base.storage), so it
   needs no disk shared with the driver.
 
 Each worker puts its ``host:pid`` and peak RSS in its JSON (the manifest's ``timing``).
@@ -41,8 +41,9 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from prep.schema import storage
-from prep.schema.errors import InputError
+from prep.base import storage
+from prep.base.atomic import write_atomic
+from prep.base.errors import InputError
 from prep.schema.measurements import ARROW_SCHEMA, DTYPES, Measurements, from_arrow, to_arrow
 from prep.schema.splits import default_cutoff, merge_histograms, minute_histogram
 from prep.schema.validate import validated_batches
@@ -100,9 +101,7 @@ class FolderStage(Stage):
     def write_json(self, name: str, obj: dict) -> None:
         path = self.path / name  # temp, then rename
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(obj, sort_keys=True))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(obj, sort_keys=True))
 
     def read_json(self, name: str) -> dict:
         return json.loads((self.path / name).read_text())
@@ -119,7 +118,7 @@ class FolderStage(Stage):
 
 class BucketStage(Stage):
     """A bucket prefix: the run's generation prefix (prep.jobs.remote_out, ``stage_in_bucket``),
-    reached through prep.schema.storage with this process's own settings (AWS_ENDPOINT_URL,
+    reached through prep.base.storage with this process's own settings (AWS_ENDPOINT_URL,
     the credentials' chain), so a worker needs no disk shared with the driver.
 
     A JSON result is one PUT (an object is visible only once whole); shards are written

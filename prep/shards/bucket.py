@@ -26,13 +26,13 @@ holds train and test probes in the configured proportion.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from prep.base.atomic import replacing
 from prep.pack.contexts import ContextConfig, epoch_seed, plan_contexts
 from prep.pack.packing import pack
 from prep.schema import rows
@@ -164,16 +164,15 @@ def assemble_rows(tokens: np.ndarray, offsets: np.ndarray, piece_row: np.ndarray
 def write_shard(path: Path, block: np.ndarray, compression: str) -> str:
     """Write one record per row of ``block`` under a temp name, rename; return the sha256."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    writer = ArrayRecordWriter(str(tmp), f"group_size:1,{compression}")
-    for r in range(len(block)):
-        writer.write(block[r].tobytes())
-    writer.close()
-    digest = hashlib.sha256()
-    with open(tmp, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        writer = ArrayRecordWriter(str(tmp), f"group_size:1,{compression}")
+        for r in range(len(block)):
+            writer.write(block[r].tobytes())
+        writer.close()
+        digest = hashlib.sha256()
+        with open(tmp, "rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -2,7 +2,7 @@
 
 ``build`` is the one run of `prep shards`: it lists the inputs, claims the output folder
 (prep.jobs.outdir; prep.jobs.remote_out for ``--out s3://…``; inputs in a bucket are
-downloaded into its staging folder, prep.schema.storage, unless the runner's workers read
+downloaded into its staging folder, prep.base.storage, unless the runner's workers read
 them in place, ``Passes.reads_buckets``), hashes the inputs on a helper thread, cuts them
 into read units
 (``read_units``), resolves the bucket count, prints the start line, calls the runner's
@@ -36,15 +36,16 @@ from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path, PurePosixPath
 
-from prep.jobs import outdir, remote_out
-from prep.schema.signals import signals_blocked
+from prep.base import storage
+from prep.base.errors import InputError
+from prep.base.signals import signals_blocked
+from prep.base.words import count
+from prep.jobs import outdir
+from prep.jobs.claim import claim
 from prep.schema import manifest as mf
-from prep.schema import storage
-from prep.schema.errors import InputError
 from prep.schema.manifest import SPLITS
 from prep.schema.splits import TIME_RULES, format_time
 from prep.schema.validate import format_rejected, list_inputs, open_parquet
-from prep.schema.words import count
 from prep.shards.bucket import ShardsConfig, kernels_cached, resolve_buckets, warm_kernels
 
 UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
@@ -54,7 +55,7 @@ class Passes(abc.ABC):
     """A runner's own part of `prep shards`; ``build`` calls, in this order: ``start``,
     ``describe``, ``run``, ``stop`` (always, once ``start`` was called), ``timing``."""
 
-    runner = "shards"  # prep.jobs.outdir.claim's runner (its staging folder's name)
+    runner = "shards"  # prep.jobs.claim.claim's runner (its staging folder's name)
     says = "prep shards"  # how the run's lines on stderr start
     # Whether the workers read bucket inputs (``s3://…``) in place; else ``build``
     # downloads them into the staging folder first, as the local pool needs.
@@ -104,12 +105,8 @@ def build(inputs: list[str], out: str, cfg: ShardsConfig, passes: Passes, *,
     local = [p for p in inputs if not storage.is_remote(p)]
     paths = list_inputs(local) if local or not remote else []
     progress = getattr(passes, "progress", True)
-    if storage.is_remote(out):
-        claimed = remote_out.claim_dataset(out, overwrite=overwrite, runner=passes.runner,
-                                           progress=progress)
-    else:
-        claimed = outdir.claim(Path(out), overwrite=overwrite, runner=passes.runner)
-    with claimed as od:
+    with claim(out, layout="shards", command="prep shards", runner=passes.runner,
+               overwrite=overwrite, progress=progress) as od:
         names: dict = {}
         if remote and passes.reads_buckets:  # the workers read the objects themselves
             names = {loc.uri: loc.uri for loc, _ in remote}

@@ -36,13 +36,13 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
+from prep.base.errors import InputError
+from prep.base.words import count
 from prep.jobs import outdir
 from prep.jobs.pool import Pool, WorkerDied
-from prep.schema.errors import InputError
 from prep.schema.measurements import ARROW_SCHEMA, FIELDS, Measurements, from_arrow
 from prep.schema.splits import MinuteHistogram, default_cutoff, minute_histogram
 from prep.schema.validate import validated_batches
-from prep.schema.words import count
 from prep.shards.bucket import ShardsConfig, bucket_of, process_bucket
 from prep.shards.dataset import (
     Passes,

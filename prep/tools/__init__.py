@@ -2,5 +2,5 @@
 `prep inspect`.
 
 Owns: analyze, verify, inspect_rows.
-Imports: prep.shards, prep.pack, prep.tokens, prep.jobs, prep.schema.
+Imports: prep.shards, prep.pack, prep.tokens, prep.jobs, prep.schema, prep.base.
 """

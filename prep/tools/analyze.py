@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from prep.base.words import count
 from prep.pack import packing
-from prep.schema.words import count
 
 HIST_BIN = 64  # tokens per bar of the length histogram
 
@@ -200,7 +200,7 @@ def from_shards(shards_dir: str, cfg: AnalyzeConfig) -> Contexts:
     beside its stored rows, else its stored segments alone. Each shard is held to the
     manifest first, sha256 included (prep.tools.inspect_rows.iter_rows): a shard of another
     build or a damaged one is InputError naming it."""
-    from prep.schema.errors import InputError
+    from prep.base.errors import InputError
     from prep.schema.manifest import load_manifest
     from prep.shards.dataset import config_from_dict
     from prep.tools.inspect_rows import iter_rows
@@ -324,7 +324,7 @@ def plot(r: dict, path: str, *, title: str | None = None) -> None:
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
     except ImportError:
-        from prep.schema.errors import InputError
+        from prep.base.errors import InputError
         raise InputError("--plot needs matplotlib: pip install 'ping-pack[plots]'") from None
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5.6), gridspec_kw={"width_ratios": [1, 1.3]})
     h = r["length_histogram"]

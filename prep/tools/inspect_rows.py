@@ -25,13 +25,13 @@ from typing import Iterator
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
+from prep.base.errors import InputError, first_line
+from prep.base.words import count
 from prep.schema import manifest as mf
 from prep.schema import rows
-from prep.schema.errors import InputError
 from prep.schema.manifest import SPLITS
 from prep.schema.measurements import addr_text
 from prep.schema.vocab import VALUE_FIELDS
-from prep.schema.words import count
 from prep.tokens.decode import DecodeError, decode_context
 
 
@@ -70,7 +70,7 @@ def iter_rows(shards_dir: str | Path, *, split: str | None = None, start: int = 
                     records = reader.read(lo - first, hi - first)
                     reader.close()
                 except Exception as e:  # array_record raises plain RuntimeError on damage
-                    raise InputError(f"{path}: unreadable ({mf.first_line(e)}); "
+                    raise InputError(f"{path}: unreadable ({first_line(e)}); "
                                      "run `prep verify`, then `prep shards` to rebuild") from None
                 for i, rec in enumerate(records, lo - first):
                     where = f"{path}#{i}"

@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
+from prep.base.errors import InputError, first_line
 from prep.jobs.pool import Pool, WorkerDied
 from prep.schema import manifest as mf
 from prep.schema import rows
-from prep.schema.errors import InputError
 from prep.schema.manifest import SPLITS
 from prep.schema.splits import SPLIT_RULES, TIME_RULES, format_time
 from prep.tokens import grammar
@@ -52,7 +52,7 @@ def verify_dir(shards_dir: str | Path, *, workers: int = 1) -> list[str]:
     except KeyError as e:
         problems = [f"{mf.MANIFEST_NAME}: no field {e}; re-run `prep shards` to rebuild it"]
     except (TypeError, ValueError, AttributeError) as e:
-        problems = [f"{mf.MANIFEST_NAME}: a malformed field ({mf.first_line(e)}); re-run "
+        problems = [f"{mf.MANIFEST_NAME}: a malformed field ({first_line(e)}); re-run "
                     "`prep shards` to rebuild it"]
     entries = [e for s in SPLITS for e in m.get("splits", {}).get(s, {}).get("shards", [])]
     listed = {e["path"] for e in entries}
@@ -155,7 +155,7 @@ def check_shard(task: tuple[str, dict, int, int | None]) -> list[str]:
     except InputError as e:
         return out + [str(e)]
     except Exception as e:  # array_record raises plain RuntimeError/ValueError on damage
-        return out + [f"{path}: not a readable ArrayRecord file ({mf.first_line(e)})"]
+        return out + [f"{path}: not a readable ArrayRecord file ({first_line(e)})"]
     if len(records) != entry["records"]:
         out.append(f"{path}: {len(records):,} records, the manifest lists {entry['records']:,}")
 

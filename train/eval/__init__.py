@@ -3,5 +3,5 @@ train-fit and context baselines, the metrics and strata, the report and its figu
 
 Owns: evaluate, registry (every predictor's name, label, kind, fallback), baselines,
 context_baselines, coord_kernels, metrics, report, plot.
-Imports: train.predict, train.fit, train.model, prep.schema and prep.tokens.
+Imports: train.predict, train.fit, train.model, prep.base, prep.schema and prep.tokens.
 """

@@ -35,8 +35,8 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from prep.base.errors import InputError
 from prep.schema import manifest as manifest_lib
-from prep.schema.errors import InputError
 from prep.tokens import rowdecode
 from train.eval import baselines, context_baselines, registry
 from train.eval import metrics as EM

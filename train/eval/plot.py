@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from prep.schema.errors import InputError
+from prep.base.errors import InputError
 from train.eval import registry
 from train.eval.metrics import STRATA
 from train.eval.report import fell_back, label

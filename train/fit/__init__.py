@@ -3,5 +3,5 @@ loop, checkpoints of a run folder, the CPU/GPU defaults and the device.
 
 Owns: config, device, reader, checkpoint, step, loop, board (TensorBoard), multihost
 (`train --distributed`).
-Imports: train.model, and prep.schema and prep.tokens (rows, their decoding).
+Imports: train.model, prep.base (the plumbing), and prep.schema and prep.tokens (rows, their decoding).
 """

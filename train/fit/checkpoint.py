@@ -33,7 +33,6 @@ import hashlib
 import inspect
 import json
 import logging
-import os
 import shutil
 import sys
 import time
@@ -42,7 +41,8 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
-from prep.schema.errors import InputError, first_line
+from prep.base.atomic import write_atomic
+from prep.base.errors import DISK, DISK_WORDS, InputError, disk_errno, first_line
 from train.fit import multihost
 
 
@@ -177,28 +177,22 @@ def _digests(step_dir: Path) -> dict[str, str]:
             if p.is_file() and not p.is_symlink() and p.name not in (DIGESTS, DIGESTS + ".tmp")}
 
 
-_DISK = {  # errno: (what, the fix) of a save that failed for want of a writable disk
-    errno.ENOSPC: ("no space left on the device", "free some space"),
-    errno.EDQUOT: ("disk quota exceeded", "free some space"),
-    errno.EROFS: ("read-only file system", "make it writable"),
-    errno.EACCES: ("permission denied", "make it writable"),
-    errno.EPERM: ("operation not permitted", "make it writable"),
-}
-_DISK_WORDS = {"No space left on device": errno.ENOSPC, "RESOURCE_EXHAUSTED": errno.ENOSPC,
-               "Disk quota exceeded": errno.EDQUOT, "Read-only file system": errno.EROFS,
-               "Permission denied": errno.EACCES}
+# a save that failed for want of a writable disk: the fix, by the kind prep.base.errors.DISK
+# gives it; TensorStore says RESOURCE_EXHAUSTED for a full disk
+_DISK_FIX = {"space": "free some space", "read-only": "make it writable",
+             "permission": "make it writable"}
+_DISK_WORDS = {**DISK_WORDS, "RESOURCE_EXHAUSTED": errno.ENOSPC}
 
 
 def _save_failure(e: BaseException) -> tuple[str, str]:
-    """(what went wrong, the fix) of a failed save, from the first errno (or TensorStore's
-    words for one) in its chain of exceptions."""
+    """(what went wrong, the fix) of a failed save, from the first disk errno (or the words
+    for one) in its chain of exceptions."""
     seen, x = 0, e
     while x is not None and seen < 20:
-        code = x.errno if isinstance(x, OSError) else None
-        if code is None:
-            code = next((n for w, n in _DISK_WORDS.items() if w in str(x)), None)
-        if code in _DISK:
-            return _DISK[code]
+        code = disk_errno(x, _DISK_WORDS)
+        if code is not None:
+            what, kind = DISK[code]
+            return what, _DISK_FIX[kind]
         x, seen = x.__cause__ or x.__context__, seen + 1
     return first_line(e), "see what stopped it"
 
@@ -264,12 +258,10 @@ class Checkpointer:
         for step in self._unsealed if multihost.is_primary() else ():
             d = self.directory / str(step)
             if d.is_dir():  # not already dropped by max_to_keep
-                tmp = d / (DIGESTS + ".tmp")
                 try:
-                    tmp.write_text(json.dumps(_digests(d), indent=1, sort_keys=True) + "\n")
-                    os.replace(tmp, d / DIGESTS)
+                    write_atomic(d / DIGESTS, json.dumps(_digests(d), indent=1, sort_keys=True)
+                                 + "\n")
                 except OSError as e:  # the checkpoint is whole: kept, without digests
-                    tmp.unlink(missing_ok=True)
                     raise self._fail(e, drop=False) from None
         self._unsealed = []
 

@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 
-from prep.schema.errors import InputError
+from prep.base.errors import InputError
 
 INSTALL = "pip install -e '.[cuda13]' (or '.[cuda12]' for a CUDA 12 driver; `make setup` picks one)"
 

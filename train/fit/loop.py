@@ -14,7 +14,7 @@ naming the step, before anything of it is saved, so the last checkpoint is a goo
 
 The first SIGINT or SIGTERM finishes the step under way, names it, saves a checkpoint
 (state + data iterator) and returns; a second aborts at once. One trainer per run folder
-(``RUN_DIR/.lock``, RunLock; a second is one line naming the holder's pid), and a run is
+(``RUN_DIR/.lock``, ``run_lock``; a second is one line naming the holder's pid), and a run is
 bound to its config.json: ``resume`` takes the newest intact checkpoint (damaged ones named
 and moved to ``checkpoints-damaged/``) and refuses other settings (config.RUN_BINDING) or
 shards (``data_fingerprint``). Whatever can refuse a start is checked before the run folder
@@ -28,22 +28,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import json
 import math
 import os
 import shutil
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from prep.schema.errors import InputError
+from prep.base.atomic import write_atomic
+from prep.base.errors import InputError
+from prep.base.lock import FolderLock
+from prep.base.signals import StopSoftly
 from train.fit import multihost, reader
 from train.fit import step as step_lib
 from train.fit.board import MISSING, Board
@@ -54,23 +54,9 @@ from train.model.arch import model_config
 from train.model.attention import AttentionConfig
 
 
-class GracefulStop:
-    """SIGINT or SIGTERM sets ``requested`` and ``signum`` (the loop saves and leaves); a
-    second one aborts."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __enter__(self):
-        self.requested, self.signum = False, None
-        self._prev = {}
-        if threading.current_thread() is threading.main_thread():
-            self._prev = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def _handle(self, signum, _frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested, self.signum = True, signum  # the loop names the step it stops at
+class GracefulStop(StopSoftly):
+    """SIGINT or SIGTERM: the loop saves and leaves after the step under way; a second
+    one aborts."""
 
     def announce(self, step: int, signum: int | None = None) -> None:
         """Say where the run stops (``signum``: the signal that stopped it, on whichever
@@ -78,10 +64,6 @@ class GracefulStop:
         again = " (again to abort)" if self.requested else ""
         print(f"{signal.Signals(signum or self.signum).name}: stopping at step {step} and "
               f"saving a checkpoint{again}", file=sys.stderr, flush=True)
-
-    def __exit__(self, *exc):
-        for s, prev in self._prev.items():
-            signal.signal(s, prev)
 
 
 class Meter:
@@ -296,9 +278,7 @@ def check_resume(saved: dict, cfg: TrainConfig, fingerprint: str) -> list[str]:
 
 def _write_json(path: Path, obj) -> None:
     """Whole or not at all (temp file + rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 def _trim_metrics(path: Path, step: int) -> None:
@@ -312,68 +292,13 @@ def _trim_metrics(path: Path, step: int) -> None:
                 keep.append(line)
         except (ValueError, KeyError, TypeError, RecursionError):
             continue  # a torn last line of a killed run
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(x + "\n" for x in keep))
-    os.replace(tmp, path)
+    write_atomic(path, "".join(x + "\n" for x in keep))
 
 
-class RunLock:
-    """One trainer per run folder: an exclusive ``flock`` on ``RUN_DIR/.lock`` (holding
-    the trainer's pid), released when it ends, however it ends (the kernel drops it)."""
-
-    NAME = ".lock"
-
-    def __init__(self, run_dir: Path):
-        self.run_dir, self.fd = run_dir, None
-
-    def acquire(self) -> None:
-        """Take the lock (once); InputError (one line) naming the pid that holds it."""
-        if self.fd is not None:
-            return
-        path = self.run_dir / self.NAME
-        while True:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            except OSError as e:
-                if e.errno == errno.ELOOP:
-                    raise InputError(f"{path}: a symlink, which `train` did not write; move "
-                                     "it away") from None
-                raise
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                try:
-                    holder = f"pid {int(os.pread(fd, 32, 0).decode().strip())}"
-                except (OSError, ValueError):
-                    holder = "pid unknown"
-                os.close(fd)
-                raise InputError(f"{self.run_dir}: another `train` ({holder}) is training "
-                                 "this run; wait for it to end, or stop it (Ctrl-C saves a "
-                                 "checkpoint), then --resume") from None
-            # the holder we waited for may have removed the file (release): lock the one
-            # at the path, not a stale inode
-            with contextlib.suppress(FileNotFoundError):
-                if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
-                    break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
-
-    @property
-    def held(self) -> bool:
-        return self.fd is not None
-
-    def release(self) -> None:
-        """Remove the lock file (still locked: a trainer that opened it meanwhile sees
-        it gone and takes the one at the path) and unlock."""
-        if self.fd is not None:
-            path = self.run_dir / self.NAME
-            with contextlib.suppress(OSError):
-                if os.path.samestat(os.fstat(self.fd), os.stat(path, follow_symlinks=False)):
-                    path.unlink()
-            os.close(self.fd)
-            self.fd = None
+def run_lock(run_dir: Path) -> FolderLock:
+    """One trainer per run folder: prep.base.lock on ``RUN_DIR/.lock``."""
+    return FolderLock(run_dir, "train", doing="is training this run",
+                      stop="stop it (Ctrl-C saves a checkpoint), then --resume")
 
 
 def train(cfg: TrainConfig, *, devices=None, on_step=None, preset: dict | None = None) -> dict:
@@ -381,14 +306,14 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None, preset: dict | None =
 
     ``devices``: the mesh (default: all); ``on_step(step)`` runs after each step (tests);
     ``preset``: the settings a --model preset chose (the config line names them).
-    The run folder is locked (RunLock) from before its config is read to the end, by
+    The run folder is locked (``run_lock``) from before its config is read to the end, by
     process 0 of a run on several processes (train.fit.multihost), whose refusal stops
     them all.
     """
     run_dir = Path(cfg.run_dir)
     check_agree(cfg)  # several processes: the same run, before any of them acts on it
     check_run_dir(run_dir)
-    lock = RunLock(run_dir)
+    lock = run_lock(run_dir)
     refused = None
     if multihost.is_primary() and run_dir.is_dir():  # before reading the run: a live
         try:                                         # trainer may be writing it
@@ -402,7 +327,7 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None, preset: dict | None =
         lock.release()
 
 
-def _train(cfg: TrainConfig, run_dir: Path, lock: RunLock, devices, on_step, preset) -> dict:
+def _train(cfg: TrainConfig, run_dir: Path, lock: FolderLock, devices, on_step, preset) -> dict:
     saved = load_run(run_dir) if cfg.resume else None
     if not cfg.schedule_steps:  # fixed for the run's life: its own, or this start's --steps
         old = saved["train"] if saved is not None else {}

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 
-from prep.schema.errors import InputError
+from prep.base.errors import InputError, first_line
 
 CHILD_ENV = "PING_PACK_TRAINER"  # "PID:FD" (the supervisor, its log pipe) for the trainer
 KEY = "ping-pack"  # prefix of this program's keys in the coordinator's key-value store
@@ -133,11 +133,6 @@ def join_message(hosts: Hosts, detail: str) -> str:
             f"{hosts.coordinator or 'the detected coordinator'} within {hosts.join_timeout} s "
             f"({detail}); start `train --distributed` on every host with the same "
             "--coordinator and --num-processes, or raise --join-timeout")
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def count() -> int:
@@ -269,7 +264,7 @@ def lost_peer(e: BaseException) -> bool:
 def short_reason(e: BaseException) -> str:
     """A collective's or the coordination client's error in a few words: "Gloo all-reduce
     failed: Connection reset by peer" (no source locations, status codes or addresses)."""
-    text = re.sub(r"\[[^\]]*\]:?\d*:?|\b[A-Z_]{6,}: ", "", first_line(e))
+    text = re.sub(r"\[[^\]]*\]:?\d*:?|\b[A-Z_]{6,}: ", "", first_line(e, width=None))
     parts = [p.strip() for p in text.split(":") if p.strip()]
     return re.sub(r"\s+", " ", ": ".join(parts[:1] + parts[-1:] if len(parts) > 1 else parts))[:160]
 

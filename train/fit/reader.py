@@ -33,11 +33,11 @@ from absl import flags as absl_flags
 from array_record.python.array_record_data_source import ArrayRecordDataSource
 from array_record.python.array_record_module import ArrayRecordReader
 
+from prep.base.errors import InputError, first_line
+from prep.base.lifetime import die_with_parent
 from prep.schema import cache
 from prep.schema import manifest as manifest_lib
 from prep.schema import rows as rows_lib
-from prep.schema.errors import InputError
-from prep.schema.lifetime import die_with_parent
 
 
 def local_copy(data: str | os.PathLike, splits=None) -> Path:
@@ -128,7 +128,7 @@ class RowReader:
             for p in self.paths:  # name the file (the check at open usually did already)
                 manifest_lib.record_count(p)
             raise InputError(f"{self.paths[0] if len(self.paths) == 1 else 'one of the shards'}"
-                             f": unreadable ({manifest_lib.first_line(e)}); {_FIX}") from None
+                             f": unreadable ({first_line(e)}); {_FIX}") from None
 
     def __len__(self) -> int:
         return len(self.source)
@@ -149,10 +149,10 @@ class RowReader:
             try:
                 ArrayRecordDataSource([self.paths[shard]])[int(key) - int(bounds[shard])]
             except Exception as e:
-                raise InputError(f"{where}: unreadable record ({manifest_lib.first_line(e)}); "
+                raise InputError(f"{where}: unreadable record ({first_line(e)}); "
                                  f"{_FIX}") from None
         raise InputError(f"{', '.join(self.paths)}: a batch failed to read "
-                         f"({manifest_lib.first_line(error)}); {_FIX}") from None
+                         f"({first_line(error)}); {_FIX}") from None
 
     def decode(self, records, keys) -> dict[str, np.ndarray]:
         block = rows_lib.decode_block(records, self.row_len)
@@ -282,7 +282,7 @@ def read_split(shards_dir, manifest: dict, split: str, *, epoch: int = 0,
             records = reader.read_all()
             reader.close()
         except Exception as err:  # array_record raises plain RuntimeError on damage
-            raise InputError(f"{path}: unreadable ({manifest_lib.first_line(err)}); "
+            raise InputError(f"{path}: unreadable ({first_line(err)}); "
                              f"{_FIX}") from None
         block = rows_lib.decode_block(records, L)
         if not block.sound:

@@ -2,5 +2,5 @@
 read from files.
 
 Owns: predictor, queries.
-Imports: train.fit (checkpoints), train.model, prep.schema and prep.tokens.
+Imports: train.fit (checkpoints), train.model, prep.base, prep.schema and prep.tokens.
 """

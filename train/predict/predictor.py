@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prep.base.errors import InputError, first_line
 from prep.schema import vocab as V
-from prep.schema.errors import InputError, first_line
 from prep.schema.measurements import addr_words
 from prep.tokens.reference import addr_block, result_block, timestamp_block, value_block
 from train.model import attention, model

@@ -18,7 +18,7 @@
   queries: each piece's answers are appended to ``OUT.part`` (renamed to ``OUT`` when all
   are there) and printed (``--json``) as they come, so memory holds one piece's contexts
   and an interrupted or failed run leaves the old ``OUT`` (or none), never a part of it.
-  SIGINT and SIGTERM stop it with one line (prep.schema.signals), exit 128 + the signal.
+  SIGINT and SIGTERM stop it with one line (prep.base.signals), exit 128 + the signal.
 - A query's context is found by bisection in its source's history (sorted by time once),
   and only its newest ``row_len // 12`` measurements are kept: no measurement is shorter
   than 12 tokens, so older ones cannot fit its row.
@@ -37,9 +37,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from prep.schema.errors import InputError
+from prep.base.atomic import replacing
+from prep.base.errors import InputError
+from prep.base.signals import stop_on_signals
 from prep.schema.measurements import Measurements
-from prep.schema.signals import stop_on_signals
 from prep.schema.splits import format_time, parse_time
 from prep.schema.validate import TIME_MAX, TIME_MIN, column_times, read_validated
 from prep.tokens.reference import rtt_code
@@ -156,11 +157,11 @@ def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
     pred = P.load(run_dir, step=step)
     hist = Histories(history_of(history), history, {(q.family, q.src_hi, q.src_lo) for q in qs},
                      pred.max_history)
-    part = Path(str(out) + ".part") if out else None
     writer = None
     with stop_on_signals(Path(out) if out else None, "train predict"), tqdm(
             total=len(qs), unit=" queries", desc="predict", file=sys.stderr,
-            disable=not progress or None) as bar:
+            disable=not progress or None) as bar, (
+            replacing(out, ".part") if out else contextlib.nullcontext()) as part:
         try:
             for a in range(0, len(qs), PIECE):
                 b = min(a + PIECE, len(qs))
@@ -180,13 +181,10 @@ def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
                 writer = writer or _writer(part)  # no queries: an empty answers file
                 writer.close()
                 writer = None
-                part.replace(out)
         finally:
             if writer is not None:
                 with contextlib.suppress(Exception):
                     writer.close()
-            if part is not None:
-                part.unlink(missing_ok=True)
     if out:
         print(f"wrote {len(qs):,} answers to {out}", file=sys.stderr)
     return len(qs)

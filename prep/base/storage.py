@@ -35,8 +35,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from prep.schema import sniff
-from prep.schema.errors import InputError, first_line
+from prep.base import sniff
+from prep.base.atomic import replacing
+from prep.base.errors import InputError, first_line
 
 SCHEMES = ("s3", "gs")
 CHUNK = 8 << 20  # bytes per read/write of a transfer
@@ -318,16 +319,12 @@ def download(loc: Remote, local: Path, bar=None,
     renamed when whole); its sha256, and the ETag of the object version it read."""
     fs = filesystem(loc.scheme)
     local.parent.mkdir(parents=True, exist_ok=True)
-    part = local.with_name(local.name + ".part")
     h = hashlib.sha256()
-    try:
+    with replacing(local, ".part") as part:
         with errors(loc, "downloading it"), fs.open_input_stream(loc.path) as src:
             tag = _etag_of(src)
             with open(part, "wb") as dst:
                 _pump(src.read, dst.write, bar, stop or threading.Event(), h)
-        os.replace(part, local)
-    finally:
-        part.unlink(missing_ok=True)
     return h.hexdigest(), tag
 
 

@@ -1,11 +1,11 @@
-"""SIGINT and SIGTERM in `prep shards`, `prep import-atlas`, `prep synth` and `train predict`:
-one line and exit 128 + the signal, never a traceback.
+"""SIGINT and SIGTERM, the one guard every command stands under: one line and exit
+128 + the signal, never a traceback.
 
 ``stop_on_signals`` turns them into ``Interrupted`` within a block (the whole command, in
-prep/cli.py; the run's output folder, in prep.jobs.outdir.claim, whose swap and clean-up hold
-them until they end; the answers file of train.predict.queries); ``signals_blocked`` blocks
-them while workers and threads start. It lives in prep.schema, below both prep.jobs and
-train, which share it.
+prep/cli.py; the run's output folder, in prep.jobs.claim.claim, whose swap and clean-up hold
+them until they end; the answers file of train.predict.queries); ``StopSoftly`` only notes
+the first (train's loop finishes its step and saves), a second aborts; ``signals_blocked``
+blocks them while workers and threads start.
 """
 
 from __future__ import annotations
@@ -68,6 +68,27 @@ def stop_on_signals(out: Path | None = None, command: str = "prep shards"):
             signal.signal(s, h)
     if guard.pending:  # held during the swap or the clean-up: honoured now
         raise Interrupted(guard.pending, out, guard.published, command)
+
+
+class StopSoftly:
+    """Within the block the first SIGINT or SIGTERM sets ``requested`` and ``signum`` (the
+    code looks at them when it can stop cleanly); a second raises KeyboardInterrupt."""
+
+    def __enter__(self):
+        self.requested, self.signum = False, None
+        self._prev = {}
+        if threading.current_thread() is threading.main_thread():
+            self._prev = {s: signal.signal(s, self._handle) for s in _STOP_SIGNALS}
+        return self
+
+    def _handle(self, signum, _frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested, self.signum = True, signum
+
+    def __exit__(self, *exc):
+        for s, prev in self._prev.items():
+            signal.signal(s, prev)
 
 
 @contextlib.contextmanager
