@@ -96,27 +96,56 @@ def test_resolve_on_a_cpu():
         attention.resolve("cudnn")
 
 
-def test_padding_gradients_are_zero_whatever_the_kernel_leaves_there(monkeypatch):
-    """cuDNN writes neither the output nor dq, dk, dv at padding tokens. A stand-in for its
-    kernel that leaves NaN there (the XLA attention elsewhere): cudnn_attention's output and
-    its gradients are the XLA path's at real tokens, 0 at padding, all finite."""
+def stand_in_kernel(q, k, v, *, q_seqlen, q_offsets, **_):
+    """What cuDNN's packed kernel computes, from its own segment tables (the XLA attention
+    over the segments they describe), leaving NaN in the output and in dq, dk, dv at
+    padding tokens, where the kernel writes nothing."""
+    T = q.shape[1]
+    t = jnp.arange(T)[None, :, None]
+    start, n = q_offsets[:, None, :-1], q_seqlen[:, None, :]
+    inside = (n > 0) & (t >= start) & (t < start + n)  # [B, T, M]
+    segs = jnp.where(inside.any(-1), jnp.argmax(inside, -1) + 1, 0)
+    return _nan_at_padding(q, k, v, segs)
+
+
+def _attend(q, k, v, segs):
+    return attention.xla_attention(q, k, v, segs)
+
+
+@jax.custom_vjp
+def _nan_at_padding(q, k, v, segs):
+    return jnp.where((segs == 0)[:, :, None, None], jnp.nan, _attend(q, k, v, segs))
+
+
+def _nan_fwd(q, k, v, segs):
+    return _nan_at_padding(q, k, v, segs), (q, k, v, segs)
+
+
+def _nan_bwd(res, g):
+    q, k, v, segs = res
+    grads = jax.vjp(lambda q, k, v: _attend(q, k, v, segs), q, k, v)[1](g)
+    return (*(jnp.where((segs == 0)[:, :, None, None], jnp.nan, d) for d in grads), None)
+
+
+_nan_at_padding.defvjp(_nan_fwd, _nan_bwd)
+
+
+@pytest.fixture
+def stand_in_cudnn(monkeypatch):
     from jax._src.cudnn import fused_attention_stablehlo as cudnn
 
+    monkeypatch.setattr(cudnn, "dot_product_attention", stand_in_kernel)
+
+
+def test_padding_gradients_are_zero_whatever_the_kernel_leaves_there(stand_in_cudnn):
+    """cuDNN writes neither the output nor dq, dk, dv at padding tokens. With a stand-in
+    that leaves NaN there, cudnn_attention's output and its gradients are the XLA path's at
+    real tokens, 0 at padding, all finite."""
     segs = np.zeros((B, T), np.int32)
     segs[0, :40], segs[0, 40:60] = 1, 2  # 4 tokens of padding
     segs[1, :64] = 1
     pad = jnp.asarray(segs == 0)[:, :, None, None]
-    ref = lambda q, k, v: attention.xla_attention(q, k, v, jnp.asarray(segs))
-
-    @jax.custom_vjp
-    def kernel(q, k, v):
-        return jnp.where(pad, jnp.nan, ref(q, k, v))
-
-    def kernel_bwd(res, g):
-        return tuple(jnp.where(pad, jnp.nan, d) for d in jax.vjp(ref, *res)[1](g))
-
-    kernel.defvjp(lambda q, k, v: (kernel(q, k, v), (q, k, v)), kernel_bwd)
-    monkeypatch.setattr(cudnn, "dot_product_attention", lambda q, k, v, **kw: kernel(q, k, v))
+    ref = lambda q, k, v: jnp.where(pad, 0, attention.xla_attention(q, k, v, jnp.asarray(segs)))
     rng = np.random.default_rng(0)
     q, k, v = (jnp.asarray(rng.normal(size=(B, T, N, H)), jnp.float32) for _ in range(3))
     w = jnp.asarray(rng.normal(size=(B, T, N, H)), jnp.float32)
@@ -124,9 +153,48 @@ def test_padding_gradients_are_zero_whatever_the_kernel_leaves_there(monkeypatch
     ours = lambda q, k, v: attention.cudnn_attention(q, k, v, jnp.asarray(segs), max_segments=M)
     out = ours(q, k, v)
     assert np.isfinite(out).all() and (np.asarray(out)[segs == 0] == 0).all()
+    np.testing.assert_allclose(out, ref(q, k, v), rtol=1e-5, atol=1e-6)
     g = jax.grad(loss(ours), argnums=(0, 1, 2))(q, k, v)
-    g_ref = jax.grad(loss(lambda q, k, v: jnp.where(pad, 0, ref(q, k, v))), argnums=(0, 1, 2))(q, k, v)
+    g_ref = jax.grad(loss(ref), argnums=(0, 1, 2))(q, k, v)
     for a, b in zip(g, g_ref):
         a, b = np.asarray(a), np.asarray(b)
         assert np.isfinite(a).all() and (a[segs == 0] == 0).all()
         np.testing.assert_allclose(a[segs > 0], b[segs > 0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_biased_head_0_runs_apart_from_the_kernel(no_cuda_probes):
+    """With a bias on head 0 (ModelConfig.match_dst), the cuDNN path sends the other heads
+    to the packed kernel, and head 0 to the XLA attention (the kernel takes no bias)."""
+    bias = jnp.zeros((B, 1, T, T), jnp.float32)
+    fn = lambda q, k, v, s: attention.attention(q, k, v, s, implementation="cudnn",
+                                                max_segments=M, bias=bias)
+    (call,) = cuda_custom_calls(fn)
+    assert call["operands"] == [f"{B}x{T}x{N - 1}x{H}xbf16"] * 3 + TABLES
+
+
+@pytest.mark.parametrize("model_name", ["small"])
+def test_the_recipe_on_the_cudnn_path_equals_the_xla_path(stand_in_cudnn, model_name):
+    """`small` (a match head on head 0) through the cuDNN path (head 0 on XLA, the rest
+    through a stand-in for the kernel that leaves NaN at padding): the XLA path's logits
+    and gradients, to float32 rounding."""
+    import dataclasses
+
+    from train.model import arch, model
+    from train.model.attention import AttentionConfig
+
+    cfg = dataclasses.replace(arch.MODELS[model_name], seq_len=T)
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    rng = np.random.default_rng(1)
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, T)))
+    segs = np.repeat(np.arange(1, 5), T // 4)[None].repeat(B, 0)
+    segs[:, -3:] = 0
+    batch = {"tokens": tokens, "segment_ids": jnp.asarray(segs)}
+    runs = {}
+    for impl in ("xla", "cudnn"):
+        att = AttentionConfig(impl, max_segments=M)
+        runs[impl] = jax.value_and_grad(lambda p: model.loss_sum(p, batch, cfg, att)[0])(params)
+    (l_x, g_x), (l_c, g_c) = runs["xla"], runs["cudnn"]
+    assert float(l_c) == pytest.approx(float(l_x), rel=1e-6)
+    for a, b in zip(jax.tree.leaves(g_c), jax.tree.leaves(g_x)):
+        assert np.isfinite(a).all()
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)

@@ -137,14 +137,14 @@ def test_grammar_embedding_probes_equal_writing_the_token(extra):
                                    rtol=2e-5, atol=5e-5)
 
 
-def test_a_model_with_a_score_bias_runs_the_xla_attention():
-    """match_dst adds a bias to the scores, which the cuDNN kernel does not take: auto picks
-    XLA, an explicit cudnn is one line naming the way out."""
+def test_a_model_with_a_score_bias_resolves_to_xla_unless_told():
+    """match_dst's bias on head 0: auto keeps XLA; an explicit cudnn is the split path (head
+    0 apart, tests/test_cudnn_lowering.py), checked like any other: on this CPU, it says why not."""
     from prep.base.errors import InputError
     from train.model import attention
 
     assert attention.resolve("auto", bias=True) == "xla"
-    with pytest.raises(InputError, match="match_dst .* use --attention xla"):
+    with pytest.raises(InputError, match="--attention cudnn: no NVIDIA GPU"):
         attention.resolve("cudnn", bias=True)
 
 

@@ -54,7 +54,8 @@ class ModelConfig:
     # on keys of earlier measurements whose destination is the one the query's measurement
     # has named so far (train.model.model.same_destination): "the earlier pings to this
     # destination" is given, as the grammar is; the head learns what to read there. 0: off.
-    # XLA attention only (the cuDNN kernel takes no bias).
+    # The cuDNN kernel takes no bias: `--attention cudnn` runs head 0 on the XLA attention and
+    # the other heads on the packed kernel (train.model.attention.attention); auto keeps XLA.
     match_dst: float = 0.0
     # a learned memory of destinations: a table of this many rows (a power of two; 0: off),
     # one row per destination address, hashed on the device from its bytes

@@ -124,35 +124,35 @@ def cudnn_attention(q, k, v, segment_ids, *, max_segments: int):
     from jax._src.cudnn import fused_attention_stablehlo as cudnn  # private: see the module doc
 
     seqlen, offsets = segment_layout(segment_ids, max_segments)
-    kernel = lambda q, k, v: cudnn.dot_product_attention(
+    kernel = lambda q, k, v, seqlen, offsets: cudnn.dot_product_attention(
         q, k, v, q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets, kv_offsets=offsets,
         scale=1.0 / float(q.shape[-1]) ** 0.5, mask_type=cudnn.MaskType.PADDING_CAUSAL,
         qkv_layout="BTNH")
     valid = (segment_ids > 0)[:, :, None, None]
-    return _zero_at_padding(kernel, q, k, v, valid).astype(q.dtype)
+    return _zero_at_padding(kernel, q, k, v, seqlen, offsets, valid).astype(q.dtype)
 
 
-def _zero_at_padding(kernel, q, k, v, valid):
-    """kernel(q, k, v) set to 0 where ``valid`` is False, and so are dq, dk, dv. cuDNN writes
-    neither the output nor dq, dk, dv at padding tokens (no segment holds them): whatever
-    their buffers held stays there (an H200 run with unrolled layers stopped at a NaN
-    gradient norm). The backward pass keeps what cuDNN's keeps, and the [B, T] mask."""
-    zero = lambda x: jnp.where(valid, x, jnp.zeros((), x.dtype))
+def _zero_at_padding(kernel, q, k, v, seqlen, offsets, valid):
+    """kernel(q, k, v, seqlen, offsets) set to 0 where ``valid`` is False, and so are dq, dk,
+    dv. cuDNN writes neither the output nor dq, dk, dv at padding tokens (no segment holds
+    them): whatever their buffers held stays there (an H200 run with unrolled layers stopped
+    at a NaN gradient norm). The backward pass keeps what cuDNN's keeps, and the mask."""
+    zero = lambda valid, x: jnp.where(valid, x, jnp.zeros((), x.dtype))
 
-    @jax.custom_vjp
-    def f(q, k, v, valid):
-        return zero(kernel(q, k, v))
+    @jax.custom_vjp  # (what it closes over is static: a custom VJP takes no outer tracers)
+    def f(q, k, v, seqlen, offsets, valid):
+        return zero(valid, kernel(q, k, v, seqlen, offsets))
 
-    def fwd(q, k, v, valid):
-        out, vjp = jax.vjp(kernel, q, k, v)
-        return zero(out), (vjp, valid)
+    def fwd(q, k, v, seqlen, offsets, valid):
+        out, vjp = jax.vjp(lambda q, k, v: kernel(q, k, v, seqlen, offsets), q, k, v)
+        return zero(valid, out), (vjp, valid)
 
     def bwd(res, g):
-        vjp, _ = res
-        return (*(zero(d) for d in vjp(zero(g))), None)
+        vjp, valid = res
+        return (*(zero(valid, d) for d in vjp(zero(valid, g))), None, None, None)
 
     f.defvjp(fwd, bwd)
-    return f(q, k, v, valid)
+    return f(q, k, v, seqlen, offsets, valid)
 
 
 @functools.cache
@@ -187,16 +187,15 @@ def why_not_cudnn() -> str | None:
 
 def resolve(implementation: str, *, bias: bool = False) -> str:
     """"auto" -> "cudnn" where it works, else "xla" with one line on stderr saying why
-    (on a GPU); an explicit choice is checked. ``bias``: the model adds a bias to its scores
-    (ModelConfig.match_dst), which only the XLA attention takes."""
-    if bias and implementation in ("auto", "cudnn"):
-        if implementation == "cudnn":
-            raise InputError("--attention cudnn: the model's match_dst head adds a bias to its "
-                             "scores, which the cuDNN kernel does not take; use --attention xla")
+    (on a GPU); an explicit choice is checked. ``bias``: the model adds a bias to head 0's
+    scores (ModelConfig.match_dst): "auto" keeps such a model on the XLA attention (one
+    line on a GPU), "cudnn" runs head 0 on XLA and the other heads on the packed kernel
+    (``attention``; checked on a CPU against the XLA path, not yet timed on a GPU)."""
+    if bias and implementation == "auto":
         if jax.devices()[0].platform == "gpu":
-            print("attention: the model's match_dst head adds a bias to its scores, which the "
-                  "cuDNN kernel does not take; using the masked XLA attention (computes all "
-                  "T x T scores: slower)", file=sys.stderr)
+            print("attention: the model's match_dst head adds a bias to its scores; using the "
+                  "masked XLA attention (all T x T scores; --attention cudnn runs that head "
+                  "on XLA and the others on cuDNN's packed kernel)", file=sys.stderr)
         return "xla"
     if implementation == "auto":
         reason = why_not_cudnn()
@@ -214,9 +213,19 @@ def resolve(implementation: str, *, bias: bool = False) -> str:
 
 
 def attention(q, k, v, segment_ids, *, implementation: str, max_segments: int, bias=None):
+    """q, k, v [B, T, N, H] -> [B, T, N, H] under segment_ids [B, T]. ``bias``: None, or
+    float[B, 1, T, T] added to head 0's scores only (ModelConfig.match_dst). The XLA path
+    adds it as an [B, N, T, T] bias that is 0 on the other heads; the cuDNN path, which takes
+    no bias, runs head 0 on the XLA attention (T x T scores for one head) and the other heads
+    on cuDNN's packed kernel."""
+    if bias is not None:
+        n = q.shape[2]
+        if implementation == "cudnn":
+            a0 = xla_attention(q[:, :, :1], k[:, :, :1], v[:, :, :1], segment_ids, bias)
+            rest = cudnn_attention(q[:, :, 1:], k[:, :, 1:], v[:, :, 1:], segment_ids,
+                                   max_segments=max_segments)
+            return jnp.concatenate([a0.astype(rest.dtype), rest], axis=2)
+        bias = bias * (jnp.arange(n) == 0).astype(bias.dtype)[None, :, None, None]
     if implementation == "cudnn":
-        if bias is not None:
-            raise ValueError("cuDNN attention takes no bias: a model with match_dst runs with "
-                             "--attention xla")
         return cudnn_attention(q, k, v, segment_ids, max_segments=max_segments)
     return xla_attention(q, k, v, segment_ids, bias)

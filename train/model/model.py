@@ -160,6 +160,8 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     if cfg.match_dst:  # bool [B, 1, T, T] (and [B, 1, M, T] for probes): same destination
         match, p_match = same_destination(tokens, seg, probes)
     head0 = (jnp.arange(cfg.n_heads) == 0).astype(dtype)[None, :, None, None] * cfg.match_dst
+    # head 0's bias [B, 1, T, T] (train.model.attention.attention spreads it over the heads
+    # or runs that head apart): the same values as match * head0 * gain on head 0
 
     rot = rope_tables(pos, cfg.head_dim, cfg.rope_base)
     p_rot = rope_tables(p_pos, cfg.head_dim, cfg.rope_base) if probes is not None else None
@@ -176,7 +178,7 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
                           cfg.norm_eps)
         qkv = (qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
         q, k = rope(qkv[0], rot), rope(qkv[1], rot)
-        bias = None if match is None else match.astype(dtype) * (head0 * p["match_gain"])
+        bias = None if match is None else match.astype(dtype) * (cfg.match_dst * p["match_gain"])
         a = attn.attention(q, k, qkv[2], seg, implementation=attention.implementation,
                            max_segments=attention.max_segments, bias=bias)
         x = mlp(x + jnp.einsum("btnh,nhd->btd", a, p["wo"].astype(dtype)), p)
