@@ -163,7 +163,7 @@ class _TraceFrom:
             self.on = False
 
 
-def _model_overrides(pairs: list[str]) -> dict:
+def model_overrides(pairs: list[str]) -> dict:
     """``--model-set KEY=VALUE`` pairs as ModelConfig fields of their declared types."""
     from train.model.arch import ModelConfig
 
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     n = jax.device_count()
     try:
-        overrides = _model_overrides(args.model_set)
+        overrides = model_overrides(args.model_set)
     except ValueError as e:
         p.error(str(e))
     if gpu:

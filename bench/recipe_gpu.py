@@ -14,6 +14,8 @@ an H200 at 32 rows; the memory's tables add a little).
     python -m bench.recipe_gpu --budget-s 480 --results $OUT        # a lent machine
     python -m bench.recipe_gpu --seattle ../shared/data/latency-matrices/seattle --budget-s 480
     python -m bench.recipe_gpu --rows 30000 --steps 20 --queries 200  # a CPU dry run
+    python -m bench.recipe_gpu --seeds 0 --budget-s 300 --model-set n_layers=6 \
+        --model-set d_model=256 --model-set head_dim=64 --model-set d_mlp=1024   # wider
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queries", type=int, default=5000, help="RTT queries per point [5000]")
     p.add_argument("--results", default=None, help="folder for the JSON [bench/results]")
     p.add_argument("--seattle", default=None, help="a folder of SeattleData_* frames: one more world")
+    p.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a field of small's ModelConfig, e.g. n_layers=6 d_model=256 "
+                        "(repeatable; the JSON's config says what ran) [none]")
     args = p.parse_args(argv)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -57,7 +62,19 @@ def main(argv: list[str] | None = None) -> int:
     if not seeds:
         p.error("no world to run: give --seeds, --seattle or both")
     sys.path.insert(0, str(REPO))
+    import dataclasses
+
     import jax
+
+    from bench.gpu import model_overrides
+    from train.model import arch
+
+    try:
+        overrides = model_overrides(args.model_set)
+    except ValueError as e:
+        p.error(str(e))
+    if overrides:  # this process's `small`, changed before bench.learning reads it
+        arch.MODELS["small"] = dataclasses.replace(arch.MODELS["small"], **overrides)
 
     from bench import learning
     from bench.gpu_check import LEARNING_MIN_S, learning_steps, prep
