@@ -207,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="profile the last N steps; their top ops go into the JSON [0: none]")
     p.add_argument("--trace-out", help="with --trace-steps: also keep the trace, gzipped, at this "
                                        "path (for TensorBoard or xprof) [not kept]")
+    p.add_argument("--segment-table", type=int, default=None, metavar="M",
+                   help="size cuDNN's segment tables for M segments a row (at least what "
+                        "the data holds; the synthetic rows hold 16, the built-in shards 68) "
+                        "[the data's]")
     p.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the model's ModelConfig for this run, e.g. "
                         "scan_layers=false (repeatable) [none]")
@@ -238,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         name = "cpu-tiny"
     from train.model import arch
 
+    if args.segment_table:  # the trainer sizes the tables from the manifest: a larger one
+        from train.fit import reader
+
+        data_max = reader.max_segments
+        reader.max_segments = lambda manifest: max(args.segment_table, data_max(manifest))
     if overrides:  # this process's preset, changed before the trainer reads it
         arch.MODELS[settings["model"]] = dataclasses.replace(arch.MODELS[settings["model"]],
                                                              **overrides)
@@ -282,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = {"machine": machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "gpu": gpu,
            "config": {**settings, "attention": summary["attention"], "data": args.data or "synthetic",
-                      "model_set": overrides},
+                      "model_set": overrides, "segment_table": args.segment_table},
            "metrics": metrics, **({"top_ops": ops} if ops else {})}
     path = Path(args.out) if args.out else RESULTS / f"gpu-{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
