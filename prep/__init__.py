@@ -5,8 +5,9 @@ ours inline code and constants from other modules (prep.tokens.costs, prep.token
 prep.pack.fill, ...): an edit there would leave stale machine code in use. So the
 cache folder is named after a hash of every module of prep/ and its subpackages, and of
 train/ (whose kernels share the folder): ``prep/__pycache__/numba-<hash>``. Any edit there
-compiles the kernels afresh (~20 s once). Folders of other versions are
-removed a day after they were last written. A NUMBA_CACHE_DIR set by the user wins.
+compiles the kernels afresh (once; `make bench`'s compile.cold_s). Folders of other
+versions are removed a day after they were last written. A NUMBA_CACHE_DIR set by the
+user wins.
 """
 
 import contextlib as _contextlib

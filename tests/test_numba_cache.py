@@ -50,3 +50,47 @@ def test_this_process_uses_the_folder_of_these_sources():
     if os.environ.get("NUMBA_CACHE_DIR") != prep._numba_cache_dir():
         pytest.skip("NUMBA_CACHE_DIR was set by the environment")
     assert numba.config.CACHE_DIR == prep._numba_cache_dir()
+
+
+# every kernel warm_kernels compiles: those Python calls and those they call
+KERNELS = [
+    "prep.pack.closing.close_gap", "prep.pack.closing.demand",
+    "prep.pack.closing.refresh_quota", "prep.pack.closing.rest_table",
+    "prep.pack.closing.step",
+    "prep.pack.fill._close_row", "prep.pack.fill._fill_rows", "prep.pack.fill._free_rows",
+    "prep.pack.fill._lay_kept", "prep.pack.fill._long_run", "prep.pack.fill._open_donor",
+    "prep.pack.packing._best_fit", "prep.pack.packing._cumulative",
+    "prep.pack.packing._lengths", "prep.pack.packing._longest_first",
+    "prep.pack.packing._plen", "prep.pack.packing._renumber", "prep.pack.packing._tree_ge",
+    "prep.pack.planner_kernels._radix_pass_all",
+    "prep.pack.planner_kernels.argsort_probe_time", "prep.pack.planner_kernels.body_price",
+    "prep.pack.planner_kernels.cut_contexts", "prep.pack.planner_kernels.history_index",
+    "prep.pack.repack._by_row", "prep.pack.repack._pool", "prep.pack.repack._subset",
+    "prep.pack.repack._take", "prep.pack.repack.repack",
+    "prep.pack.supply.cheapest_fills", "prep.pack.supply.slack_target",
+    "prep.tokens.costs.piece_lengths_kernel",
+    "prep.tokens.kernel.encode_kernel",
+]
+
+
+def test_each_kernel_compiles_once(tmp_path):
+    """A cold compile of what `prep shards` runs (prep.shards.bucket.warm_kernels) makes one
+    machine-code version of each kernel: a literal argument at a call inside a kernel (a
+    counter starting at 0) would make a second one, seconds each."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import gc, json, sys\n"
+            "from numba.core.registry import CPUDispatcher\n"
+            "from prep.shards.bucket import warm_kernels\n"
+            "warm_kernels(sys.argv[1])\n"
+            "print(json.dumps({d.py_func.__module__ + '.' + d.py_func.__qualname__:\n"
+            "                  len(d.signatures) for d in gc.get_objects()\n"
+            "                  if isinstance(d, CPUDispatcher) and d.signatures\n"
+            "                  and d.py_func.__module__.startswith('prep.')}))\n")
+    env = os.environ | {"NUMBA_CACHE_DIR": str(tmp_path / "numba")}  # cold: nothing cached
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, text=True,
+                       capture_output=True, check=True, cwd=os.path.dirname(prep.__path__[0]))
+    versions = json.loads(r.stdout.splitlines()[-1])
+    assert versions == dict.fromkeys(KERNELS, 1)

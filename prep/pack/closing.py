@@ -275,7 +275,8 @@ def demand(gap, free, left):
         if not free[r] and SMALLEST_BODY <= gap[r] <= CLOSE_MAX:
             hist[gap[r]] += 1
     cost, via = np.empty(CLOSE_MAX + 1, np.int64), np.empty(CLOSE_MAX + 1, np.int64)
-    cheapest_fills(size, np.ones(size.shape[0], np.int64), CLOSE_MAX, cost, via)
+    cheapest_fills(size, np.ones(size.shape[0], np.int64), np.int64(CLOSE_MAX), cost,
+                   via)  # int64 as `budget` passes it: one compiled version
     for g in range(SMALLEST_BODY, CLOSE_MAX + 1):
         if hist[g] > 0:
             t = slack_target(cost, g)

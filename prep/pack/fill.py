@@ -16,6 +16,7 @@ a closing set. Windows and runs pass over measurements of a scarce size.
 
 Also the packer's working arrays, which steps 3-5 share and this step grows: ``Pieces``
 and ``Rows``, namedtuples of arrays (immutable: a grown array comes in a new tuple).
+``fill_gaps`` runs in Python and calls the step's kernels (see prep.pack.packing._pack).
 """
 
 from __future__ import annotations
@@ -51,20 +52,15 @@ Pieces = namedtuple("Pieces", "ps pe pr pnext alive")
 Rows = namedtuple("Rows", "gap nseg rfirst rlast")
 
 
-@njit(cache=True)
 def _grow(a, n):
     b = np.empty(max(n, 2 * a.shape[0]), a.dtype)
     b[: a.shape[0]] = a
     return b
 
 
-@njit(cache=True)
 def _grown(p, rows, n_pieces, n_rows):
     """The piece and row arrays, grown to hold at least ``n_pieces`` and ``n_rows``."""
-    return (Pieces(_grow(p.ps, n_pieces), _grow(p.pe, n_pieces), _grow(p.pr, n_pieces),
-                   _grow(p.pnext, n_pieces), _grow(p.alive, n_pieces)),
-            Rows(_grow(rows.gap, n_rows), _grow(rows.nseg, n_rows), _grow(rows.rfirst, n_rows),
-                 _grow(rows.rlast, n_rows)))
+    return (Pieces(*(_grow(a, n_pieces) for a in p)), Rows(*(_grow(a, n_rows) for a in rows)))
 
 
 @njit(cache=True, inline="always")
@@ -194,9 +190,13 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
     """Fills the gaps of the rows in ``order`` from the front, opening donors from its end
     (free rows) as they are needed; returns (k, the donors opened, listed in donors)."""
     gap, nseg = rows.gap, rows.nseg
-    nd = nw = ns = 0
+    # Counters that a kernel call takes start as np.int64, not a literal 0: Numba types a
+    # call at the first sight of its arguments, and a literal there compiles the callee
+    # twice (once for Literal[int](0), once for int64), several seconds each cold.
+    nd = nw = ns = np.int64(0)
     ti, dj = 0, order.shape[0] - 1
-    cur, cq, ca = 0, -1, 0  # long gaps: donor, piece and measurement to take runs from
+    # long gaps: donor, piece and measurement to take runs from
+    cur, cq, ca = np.int64(0), np.int64(-1), np.int64(0)
     while ti <= dj:
         t = order[ti]
         ti += 1
@@ -261,7 +261,7 @@ def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
     cum, used, scarce, ok, st = f.cum, f.used, f.scarce, f.ok, f.st
     gap, nseg, rfirst, rlast = rows
     ps, pe, pnext = p.ps, p.pe, p.pnext
-    r = -1
+    r = np.int64(-1)  # not a literal: see _fill_rows
     skips = 0
     for pass_ in range(2):
         for d in donors:
@@ -312,16 +312,15 @@ def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
     return k, n_rows
 
 
-@njit(cache=True)
 def fill_gaps(cum, has_ts, abs_extra, row_len, cap, p, rows, k, n_rows):
     """Step 4 on pieces p[:k] in rows[:n_rows]: returns (p, rows, k, n_rows), the arrays
     grown. Donor rows stay, their pieces no longer alive."""
     n0 = n_rows
     free, m_free, cheapest, left = _free_rows(cum, has_ts, abs_extra, p, rows, n0)
     fill = row_len - rows.gap[:n0]
-    fr = np.nonzero(free)[0]
-    fr = fr[np.argsort(-fill[fr], kind="mergesort")]
-    order = np.concatenate((np.nonzero(~free)[0], fr))  # fill from the front, donors from the end
+    fr = np.flatnonzero(free)
+    fr = fr[np.argsort(-fill[fr], kind="stable")]
+    order = np.concatenate((np.flatnonzero(~free), fr))  # fill from the front, donors from the end
     dem, scarce = demand(rows.gap[:n0], free, left)
     if cap > 0:
         scarce[:] = False  # under a cap on pieces, single measurements would fill rows up

@@ -1,7 +1,7 @@
 """Offline packing of contexts into fixed-length rows: best-fit decreasing, splitting, repacking.
 
 ``pack`` turns contexts (ranges of tokenized measurements) into pieces placed in rows of
-``row_len`` tokens, in one Numba pass over integer arrays (``_pack`` runs the steps):
+``row_len`` tokens, by Numba kernels over integer arrays (``_pack`` calls them in turn):
 
 1. Length of every context by the piece length rule (prep.tokens.costs), from a cumulative
    cost array: the only array as long as the measurements, since fresh memory costs more
@@ -86,7 +86,7 @@ def context_lengths(ctx_start, ctx_end, cost, has_ts, abs_extra) -> np.ndarray:
 OpenRows = namedtuple("OpenRows", "head tail nxt prv tree")  # inlined: see prep.pack.fill
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")  # called with literals 1 and -1
 def _tree_add(tree, leaf, d):
     i = leaf + tree.shape[0] // 2
     while i >= 1:
@@ -240,8 +240,10 @@ def _renumber(cum, has_ts, abs_extra, p, rows, k, n_rows):
     return o_s, o_e, o_l, o_r, n_out
 
 
-@njit(cache=True)
 def _pack(ctx_start, ctx_end, cum, has_ts, abs_extra, clen, row_len, cap, split):
+    """Steps 2-6, each a kernel called from Python: Numba optimizes and compiles a kernel
+    again inside every kernel that calls it, so one kernel over all steps cost a first run
+    twice the compile time of its parts (the steps take microseconds to call)."""
     order = _longest_first(clen, row_len)  # 2.
     p, rows, k, n_rows = _best_fit(ctx_start, ctx_end, clen, order, row_len, cap)  # 3.
     if split and n_rows > 1:  # 4.

@@ -120,7 +120,7 @@ def repack(o_l, o_r, n_rows, row_len):
         fill[o_r[j]] += o_l[j]
         big[o_r[j]] = max(big[o_r[j]], o_l[j])
     kid = np.full(n_rows, -1, np.int64)  # kept rows, renumbered in order
-    n_new = 0
+    n_new = np.int64(0)  # not a literal (prep.pack.fill._fill_rows)
     for r in range(n_rows):
         if big[r] > top:
             kid[r] = n_new

@@ -1,0 +1,82 @@
+"""Numba kernels' first compile: what a new user's first `prep shards`, and every test
+process of a fresh checkout, waits for before any work.
+
+Each figure is one fresh Python process that imports prep and runs
+``prep.shards.bucket.warm_kernels`` (the planner, packer and encoder on a tiny bucket, as
+`prep shards` does before its passes), timed inside the process from just before that call:
+
+- ``cold_s``: with an empty Numba cache (NUMBA_CACHE_DIR a new temp folder), best of
+  ``--repeat`` (default 2): everything compiled;
+- ``cached_s``: again in a new process on the cache the cold run filled: machine code
+  loaded, nothing compiled (the reference: what every later run pays);
+- ``cold_over_cached``: the ratio of the two.
+
+``python -m bench.bench_compile --against DIR`` also times the checkout at DIR (another
+worktree, e.g. the commit before a change) in the same run, alternating with this one,
+and prints both: an A/B on the same machine at the same time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# the timed part runs in the child: ``prep`` is the checkout it starts in (sys.path[0])
+CHILD = """import json, sys, tempfile, time
+import prep.shards.bucket as b
+t = time.perf_counter()
+with tempfile.TemporaryDirectory() as d:
+    b.warm_kernels(d)
+print(json.dumps({"s": time.perf_counter() - t}))
+"""
+
+
+def warm_seconds(repo: Path, cache: Path) -> float:
+    """Seconds of warm_kernels in a fresh process of the checkout ``repo``, Numba caching
+    into ``cache``."""
+    env = os.environ | {"NUMBA_CACHE_DIR": str(cache)}
+    env.pop("PYTHONPATH", None)  # the checkout's own prep, not this one's
+    r = subprocess.run([sys.executable, "-c", CHILD], cwd=repo, env=env, text=True,
+                       capture_output=True)
+    if r.returncode:
+        raise RuntimeError(f"warm_kernels failed in {repo}:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])["s"]
+
+
+def measure(repos: list[Path], repeat: int) -> list[dict[str, float]]:
+    """Best cold and best cached seconds per checkout, the checkouts taking turns."""
+    best = [{"cold_s": float("inf"), "cached_s": float("inf")} for _ in repos]
+    for _ in range(repeat):
+        for repo, b in zip(repos, best):
+            with tempfile.TemporaryDirectory(prefix="numba-cold-") as d:
+                b["cold_s"] = min(b["cold_s"], warm_seconds(repo, Path(d)))
+                b["cached_s"] = min(b["cached_s"], warm_seconds(repo, Path(d)))
+    for b in best:
+        b["cold_over_cached"] = b["cold_s"] / b["cached_s"]
+    return best
+
+
+def run(repeat: int = 2) -> dict[str, float]:
+    (ours,) = measure([REPO], repeat)
+    return {f"compile.{k}": v for k, v in ours.items()}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--against", type=Path, help="another checkout, timed in the same run")
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args(argv)
+    repos = [REPO] + ([args.against.resolve()] if args.against else [])
+    for repo, fig in zip(repos, measure(repos, args.repeat)):
+        print(f"{str(repo):<40} " + "  ".join(f"{k} {v:8.2f}" for k, v in fig.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
