@@ -270,3 +270,68 @@ def test_anonymize_sources_keeps_each_address_within_its_context():
     np.testing.assert_array_equal(a, again)
     assert (later != a).any()
     assert ((a >= B) & (a < B + 256))[role == 2].all()
+
+
+def _reply(b1, b2, dst_last=129):
+    """ROW with its RTT bytes (and the last destination byte) replaced."""
+    r = list(ROW)
+    r[10], r[12], r[13] = B + dst_last, B + b1, B + b2
+    return r
+
+
+# three replies to 193.0.14.129, a failed ping to it, a reply to 193.0.14.130, the query
+FAILED_ROW = ROW[:11] + [V.FAILED, V.TIMESTAMP_DELTA1, B + 240]
+COPY_ROW = (_reply(0x68, 0x20) + _reply(0x68, 0x30) + FAILED_ROW + _reply(0x69, 0x05)
+            + _reply(0x10, 0x10, dst_last=130) + _reply(0x68, 0x25))
+Q = len(COPY_ROW) - len(ROW)  # the query's first token
+A = 0.3  # the alpha of the test
+
+
+def test_context_copy_weighs_the_earlier_replies_as_an_ema():
+    """Before the query's first RTT byte: the first bytes of the three earlier replies to
+    its destination, weighted 0.49, 0.21, 0.3 (an EMA of 0.3, oldest first); the failed
+    ping and the other destination's reply count for nothing. Before its second byte (0x68
+    written): the second bytes of the two replies whose first byte is 0x68 (0.7, 0.3). A
+    probe 0x69 in place of the first byte asks for 0x05 alone."""
+    tok, seg = jnp.asarray([COPY_ROW]), jnp.asarray([[1] * len(COPY_ROW)])
+    m, p_m = model.same_destination(tok, seg)
+    (dist, on), _ = model.context_copy(tok, seg, m, A)
+    dist, on = np.asarray(dist)[0], np.asarray(on)[0]
+    rs, b1 = Q + 11, Q + 12  # the query's RTT_START and its first RTT byte
+    assert sorted(np.flatnonzero(on)) == [len(ROW) + 11, len(ROW) + 12, 2 * len(ROW) + 14 + 11,
+                                          rs, b1]
+    want1 = np.zeros(256)
+    want1[0x68], want1[0x69] = 0.49 + 0.21, 0.3
+    np.testing.assert_allclose(dist[rs], want1, atol=1e-6)
+    want2 = np.zeros(256)
+    want2[0x20], want2[0x30] = 0.7, 0.3
+    np.testing.assert_allclose(dist[b1], want2, atol=1e-6)
+    # the second reply reads the first alone; the fourth's first byte (0x69) has no match
+    assert dist[len(ROW) + 11, 0x68] == pytest.approx(1.0)
+    probes = (jnp.asarray([[B + 0x69, B + 0x68]]), jnp.asarray([[rs, rs]]))
+    m, p_m = model.same_destination(tok, seg, probes)
+    _, (p_dist, p_on) = model.context_copy(tok, seg, m, A, probes, p_m)
+    assert np.asarray(p_on)[0].tolist() == [True, True]
+    assert np.asarray(p_dist)[0, 0, 0x05] == pytest.approx(1.0)
+    np.testing.assert_allclose(np.asarray(p_dist)[0, 1], want2, atol=1e-6)
+
+
+@pytest.mark.parametrize("bias, copied", [(30.0, True), (-30.0, False)])
+def test_context_copy_gate_mixes_the_copy_into_the_distribution(bias, copied):
+    """A gate held open gives the copy's distribution where it is on; held shut, the model's
+    own (the same as with the copy off, everywhere)."""
+    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(COPY_ROW), context_copy=A)
+    off = dataclasses.replace(cfg, context_copy=0.0)
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    params = {**params, "copy_gate": params["copy_gate"] * 0, "copy_bias": jnp.float32(bias)}
+    tok, seg = jnp.asarray([COPY_ROW]), jnp.asarray([[1] * len(COPY_ROW)])
+    lp = np.asarray(jax.nn.log_softmax(model.forward(params, tok, seg, cfg)))[0]
+    own = np.asarray(jax.nn.log_softmax(model.forward(
+        {k: v for k, v in params.items() if not k.startswith("copy_")}, tok, seg, off)))[0]
+    rs = Q + 11
+    if copied:
+        assert np.exp(lp[rs, B + 0x68]) == pytest.approx(0.7, abs=1e-4)
+        assert np.exp(lp[rs, B + 0x69]) == pytest.approx(0.3, abs=1e-4)
+        np.testing.assert_allclose(lp[:len(ROW) + 11], own[:len(ROW) + 11], atol=1e-5)
+    else:
+        np.testing.assert_allclose(lp, own, atol=1e-5)

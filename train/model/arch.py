@@ -79,6 +79,14 @@ class ModelConfig:
     # the model learns about a training probe's address can carry a prediction: the test
     # probes are unseen
     anonymize_src: bool = False
+    # a copy of the context in the output (a pointer-generator's, over values): where an RTT
+    # byte is next and the row holds earlier replies to the measurement's destination, the
+    # model's distribution is mixed, by a learned gate on the final residual, with the
+    # distribution of those replies' byte weighted as an EMA of this alpha would weigh
+    # them (the second byte: among the replies whose first byte is the one written;
+    # train.model.model.context_copy). The context_ema baseline is one setting of the gate
+    # away. 0: off
+    context_copy: float = 0.0
 
     def __post_init__(self):
         if self.dst_memory and self.dst_memory & (self.dst_memory - 1):
@@ -147,6 +155,8 @@ def param_specs(cfg: ModelConfig) -> dict:
                                         decay=False),
                    "prior_out": Param((PRIOR_DIM, V), std),
                    "prior_gate": Param((D,), std)}
+    if cfg.context_copy:  # the copy's gate: a logit from the final residual, starting at 0
+        memory |= {"copy_gate": Param((D,), std), "copy_bias": Param((), 0.0, decay=False)}
     return {
         **grammar,
         **waves,

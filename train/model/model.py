@@ -157,8 +157,8 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         if probes is not None:
             xp = xp + jnp.where(p_on[..., None], mem[p_row], 0).astype(dtype)
     match = p_match = None
-    if cfg.match_dst:  # bool [B, 1, T, T] (and [B, 1, M, T] for probes): same destination
-        match, p_match = same_destination(tokens, seg, probes)
+    if cfg.match_dst or cfg.context_copy:  # bool [B, 1, T, T] (and [B, 1, M, T] for probes)
+        match, p_match = same_destination(tokens, seg, probes)  # same destination
     head0 = (jnp.arange(cfg.n_heads) == 0).astype(dtype)[None, :, None, None] * cfg.match_dst
     # head 0's bias [B, 1, T, T] (train.model.attention.attention spreads it over the heads
     # or runs that head apart): the same values as match * head0 * gain on head 0
@@ -178,7 +178,7 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
                           cfg.norm_eps)
         qkv = (qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
         q, k = rope(qkv[0], rot), rope(qkv[1], rot)
-        bias = None if match is None else match.astype(dtype) * (cfg.match_dst * p["match_gain"])
+        bias = None if not cfg.match_dst else match.astype(dtype) * (cfg.match_dst * p["match_gain"])
         a = attn.attention(q, k, qkv[2], seg, implementation=attention.implementation,
                            max_segments=attention.max_segments, bias=bias)
         x = mlp(x + jnp.einsum("btnh,nhd->btd", a, p["wo"].astype(dtype)), p)
@@ -186,7 +186,7 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
             hp = rms_norm(xp, p["attn_norm"], cfg.norm_eps)
             qkv_p = jnp.einsum("bmd,dsnh->sbmnh", hp, p["wqkv"].astype(dtype))
             qp, kp = rope(qkv_p[0], p_rot), rope(qkv_p[1], p_rot)
-            p_bias = (None if p_match is None
+            p_bias = (None if not cfg.match_dst
                       else p_match.astype(dtype) * (head0 * p["match_gain"]))
             ap = attn.probe_attention(qp, k, qkv[2], kp, qkv_p[2], p_mask, p_bias)
             xp = mlp(xp + jnp.einsum("bmnh,nhd->bmd", ap, p["wo"].astype(dtype)), p)
@@ -211,7 +211,73 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
 
     prior = bool(cfg.dst_memory and cfg.dst_prior_scale)
     out = head(x, (row, on) if prior else None)
-    return out if probes is None else (out, head(xp, (p_row, p_on) if prior else None))
+    out_p = None if probes is None else head(xp, (p_row, p_on) if prior else None)
+    if cfg.context_copy:
+        (dist, c_on), p_copy = context_copy(tokens, seg, match, cfg.context_copy, probes, p_match)
+        out = _mix_copy(params, out, x, dist, c_on)
+        if probes is not None:
+            out_p = _mix_copy(params, out_p, xp, *p_copy)
+    return out if probes is None else (out, out_p)
+
+
+def _ema_weights(cand: jax.Array, alpha: float) -> jax.Array:
+    """float32[..., T]: the weight an EMA of ``alpha`` (the first value as is) gives each
+    candidate key of bool ``cand`` [..., T], in key order; rows without one are 0."""
+    c = cand.astype(jnp.int32)
+    n = c.sum(-1, keepdims=True)
+    after = (jnp.flip(jnp.cumsum(jnp.flip(c, -1), -1), -1) - c).astype(jnp.float32)
+    w = jnp.where(after == (n - 1).astype(jnp.float32), (1.0 - alpha) ** after,
+                  alpha * (1.0 - alpha) ** after)
+    return jnp.where(cand, w, 0.0)
+
+
+def context_copy(tokens: jax.Array, segment_ids: jax.Array, match: jax.Array, alpha: float,
+                 probes=None, p_match=None):
+    """((dist float32[B, T, 256], on bool[B, T]), (p_dist, p_on) or None): at each token
+    whose next one is an RTT byte (the result header RTT_START: the first byte; the first
+    byte: the second), the distribution of that byte over the earlier replies to the
+    measurement's destination in the row (``match``, same_destination's), each weighted as
+    an EMA of ``alpha`` in row order weighs it; for the second byte, only the replies whose
+    first byte is the one written. ``on``: such a token with at least one such reply. With
+    ``probes`` (forward's; a probe that is a first RTT byte asks for the second) and
+    ``p_match``, the same for them."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    role, index, last = grammar(tokens, seg)
+    rtt = vocab.ROLES.index("rtt")
+    key = (role == rtt) & (index == 1)  # the second byte of a reply: the reply is whole
+    b2 = jnp.clip(tokens - vocab.BYTE_OFFSET, 0, 255)
+    b1 = jnp.clip(jnp.concatenate([tokens[:, :1], tokens[:, :-1]], 1) - vocab.BYTE_OFFSET,
+                  0, 255)
+    onehot1, onehot2 = jax.nn.one_hot(b1, 256), jax.nn.one_hot(b2, 256)
+    cand = match[:, 0] & key[:, None, :]  # [B, Q, T]
+
+    def second(cand, q, first):  # q: asks for the second byte, its first byte ``first``
+        c2 = cand & q[..., None] & (b1[:, None, :] == first[..., None])
+        return jnp.einsum("bqt,btv->bqv", _ema_weights(c2, alpha), onehot2), c2.any(-1)
+
+    q1 = tokens == vocab.RTT_START
+    w1 = _ema_weights(cand & q1[..., None], alpha)
+    d1, on1 = jnp.einsum("bqt,btv->bqv", w1, onehot1), (cand & q1[..., None]).any(-1)
+    d2, on2 = second(cand, (role == rtt) & (index == 0), tokens - vocab.BYTE_OFFSET)
+    out = (jnp.where(q1[..., None], d1, d2), on1 | on2)
+    if probes is None:
+        return out, None
+    p_tok, p_prev = (x.astype(jnp.int32) for x in probes)
+    p_role, p_index = _probe_grammar(tokens, seg, last, p_tok, p_prev)
+    p_cand = p_match[:, 0] & key[:, None, :]
+    return out, second(p_cand, (p_role == rtt) & (p_index == 0), p_tok - vocab.BYTE_OFFSET)
+
+
+def _mix_copy(params: dict, logits: jax.Array, x: jax.Array, dist: jax.Array, on: jax.Array):
+    """log((1 - g) softmax(logits) + g dist) where ``on`` (dist over the 256 byte tokens),
+    g = sigmoid(x . copy_gate + copy_bias); the logits elsewhere."""
+    z = x.astype(jnp.float32) @ params["copy_gate"] + params["copy_bias"]
+    lo = vocab.BYTE_OFFSET
+    copy = jnp.full(logits.shape, -jnp.inf, jnp.float32).at[..., lo:lo + 256].set(
+        jnp.log(jnp.where(on[..., None], dist, 1.0)))
+    mixed = jnp.logaddexp(jax.nn.log_sigmoid(-z)[..., None] + jax.nn.log_softmax(logits),
+                          jax.nn.log_sigmoid(z)[..., None] + copy)
+    return jnp.where(on[..., None], mixed, logits)
 
 
 # one odd multiplier per byte index: an address's hash is the sum of (byte + 1) * M[index]
