@@ -323,7 +323,8 @@ def test_context_copy_gate_mixes_the_copy_into_the_distribution(bias, copied):
     cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(COPY_ROW), context_copy=A)
     off = dataclasses.replace(cfg, context_copy=0.0)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
-    params = {**params, "copy_gate": params["copy_gate"] * 0, "copy_bias": jnp.float32(bias)}
+    params = {**params, "copy_gate": params["copy_gate"] * 0, "copy_bias": jnp.float32(bias),
+              "copy_width": jnp.full(2, -40.0)}  # copied bytes one-hot
     tok, seg = jnp.asarray([COPY_ROW]), jnp.asarray([[1] * len(COPY_ROW)])
     lp = np.asarray(jax.nn.log_softmax(model.forward(params, tok, seg, cfg)))[0]
     own = np.asarray(jax.nn.log_softmax(model.forward(
@@ -335,3 +336,21 @@ def test_context_copy_gate_mixes_the_copy_into_the_distribution(bias, copied):
         np.testing.assert_allclose(lp[:len(ROW) + 11], own[:len(ROW) + 11], atol=1e-5)
     else:
         np.testing.assert_allclose(lp, own, atol=1e-5)
+
+
+def test_a_copied_byte_spreads_as_a_laplace_kernel():
+    """A reply's byte b becomes weights exp(-|v - b| / width) over the 256 values, summing
+    to 1; the copy of the planted row with widths 1 and 4 is the one-hot copy so spread."""
+    k = np.asarray(model._byte_kernel(jnp.asarray([100, 0]), 2.0))
+    assert k.sum(-1) == pytest.approx([1.0, 1.0])
+    assert k[0, 100] / k[0, 102] == pytest.approx(np.e) and k[0, 99] == pytest.approx(k[0, 101])
+    assert k[1].argmax() == 0 and k[1, 0] / k[1, 2] == pytest.approx(np.e)
+    tok, seg = jnp.asarray([COPY_ROW]), jnp.asarray([[1] * len(COPY_ROW)])
+    m, _ = model.same_destination(tok, seg)
+    (sharp, _), _ = model.context_copy(tok, seg, m, A)
+    (smooth, _), _ = model.context_copy(tok, seg, m, A, widths=(1.0, 4.0))
+    rs, b1 = Q + 11, Q + 12
+    for pos, w in ((rs, 1.0), (b1, 4.0)):
+        kern = np.asarray(model._byte_kernel(jnp.arange(256), w))  # [b, v]
+        np.testing.assert_allclose(np.asarray(smooth)[0, pos], np.asarray(sharp)[0, pos] @ kern,
+                                   atol=1e-6)

@@ -155,8 +155,10 @@ def param_specs(cfg: ModelConfig) -> dict:
                                         decay=False),
                    "prior_out": Param((PRIOR_DIM, V), std),
                    "prior_gate": Param((D,), std)}
-    if cfg.context_copy:  # the copy's gate: a logit from the final residual, starting at 0
-        memory |= {"copy_gate": Param((D,), std), "copy_bias": Param((), 0.0, decay=False)}
+    if cfg.context_copy:  # the copy's gate: a logit from the final residual, bias 1 (0.73)
+        memory |= {"copy_gate": Param((D,), std), "copy_bias": Param((), 0.0, decay=False),
+                   # the spread of a copied byte: train.model.model.COPY_WIDTH
+                   "copy_width": Param((2,), 0.0, decay=False)}
     return {
         **grammar,
         **waves,

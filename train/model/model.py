@@ -213,11 +213,19 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     out = head(x, (row, on) if prior else None)
     out_p = None if probes is None else head(xp, (p_row, p_on) if prior else None)
     if cfg.context_copy:
-        (dist, c_on), p_copy = context_copy(tokens, seg, match, cfg.context_copy, probes, p_match)
+        widths = tuple(jax.nn.softplus(params["copy_width"][i]) * COPY_WIDTH[i] for i in range(2))
+        (dist, c_on), p_copy = context_copy(tokens, seg, match, cfg.context_copy, probes,
+                                            p_match, widths)
         out = _mix_copy(params, out, x, dist, c_on)
         if probes is not None:
             out_p = _mix_copy(params, out_p, xp, *p_copy)
     return out if probes is None else (out, out_p)
+
+
+# the copied bytes' spread (in byte values) is softplus(copy_width) times these (the
+# parameter starts at 1: 0.66 and 13): a first-byte step is 1/8 of an octave, a second-byte
+# one 1/2,048, and replies to one destination scatter by a few per cent
+COPY_WIDTH = (0.5, 10.0)
 
 
 def _ema_weights(cand: jax.Array, alpha: float) -> jax.Array:
@@ -231,8 +239,15 @@ def _ema_weights(cand: jax.Array, alpha: float) -> jax.Array:
     return jnp.where(cand, w, 0.0)
 
 
+def _byte_kernel(b: jax.Array, width) -> jax.Array:
+    """float32[..., 256]: a Laplace kernel of ``width`` (bytes) around byte values b [...],
+    normalized: a reply's byte as a smooth distribution (one-hot as width goes to 0)."""
+    d = jnp.abs(jnp.arange(256, dtype=jnp.float32) - b[..., None].astype(jnp.float32))
+    return jax.nn.softmax(-d / width, axis=-1)
+
+
 def context_copy(tokens: jax.Array, segment_ids: jax.Array, match: jax.Array, alpha: float,
-                 probes=None, p_match=None):
+                 probes=None, p_match=None, widths=(None, None)):
     """((dist float32[B, T, 256], on bool[B, T]), (p_dist, p_on) or None): at each token
     whose next one is an RTT byte (the result header RTT_START: the first byte; the first
     byte: the second), the distribution of that byte over the earlier replies to the
@@ -240,7 +255,8 @@ def context_copy(tokens: jax.Array, segment_ids: jax.Array, match: jax.Array, al
     an EMA of ``alpha`` in row order weighs it; for the second byte, only the replies whose
     first byte is the one written. ``on``: such a token with at least one such reply. With
     ``probes`` (forward's; a probe that is a first RTT byte asks for the second) and
-    ``p_match``, the same for them."""
+    ``p_match``, the same for them. ``widths`` (first byte, second): each reply's byte
+    spread by a Laplace kernel of that many byte values, or one-hot (None)."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     role, index, last = grammar(tokens, seg)
     rtt = vocab.ROLES.index("rtt")
@@ -248,7 +264,9 @@ def context_copy(tokens: jax.Array, segment_ids: jax.Array, match: jax.Array, al
     b2 = jnp.clip(tokens - vocab.BYTE_OFFSET, 0, 255)
     b1 = jnp.clip(jnp.concatenate([tokens[:, :1], tokens[:, :-1]], 1) - vocab.BYTE_OFFSET,
                   0, 255)
-    onehot1, onehot2 = jax.nn.one_hot(b1, 256), jax.nn.one_hot(b2, 256)
+    w1, w2 = widths  # smooth each reply's byte (a kernel of that width), or not (None)
+    onehot1 = jax.nn.one_hot(b1, 256) if w1 is None else _byte_kernel(b1, w1)
+    onehot2 = jax.nn.one_hot(b2, 256) if w2 is None else _byte_kernel(b2, w2)
     cand = match[:, 0] & key[:, None, :]  # [B, Q, T]
 
     def second(cand, q, first):  # q: asks for the second byte, its first byte ``first``
