@@ -354,3 +354,14 @@ def test_a_copied_byte_spreads_as_a_laplace_kernel():
         kern = np.asarray(model._byte_kernel(jnp.arange(256), w))  # [b, v]
         np.testing.assert_allclose(np.asarray(smooth)[0, pos], np.asarray(sharp)[0, pos] @ kern,
                                    atol=1e-6)
+
+
+def test_context_copy_gradients_are_finite():
+    """The spread copy's far bytes underflow to 0: their log is clamped, so the gradient
+    (the widths' among them) stays finite, and the widths and the gate receive one."""
+    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(COPY_ROW), context_copy=A)
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    batch = {"tokens": jnp.asarray([COPY_ROW]), "segment_ids": jnp.asarray([[1] * len(COPY_ROW)])}
+    g = jax.grad(lambda p: model.loss_sum(p, batch, cfg)[0])(params)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(g))
+    assert np.abs(np.asarray(g["copy_width"])).min() > 0 and abs(float(g["copy_bias"])) > 0

@@ -292,7 +292,7 @@ def _mix_copy(params: dict, logits: jax.Array, x: jax.Array, dist: jax.Array, on
     z = x.astype(jnp.float32) @ params["copy_gate"] + params["copy_bias"]
     lo = vocab.BYTE_OFFSET
     copy = jnp.full(logits.shape, -jnp.inf, jnp.float32).at[..., lo:lo + 256].set(
-        jnp.log(jnp.where(on[..., None], dist, 1.0)))
+        jnp.log(jnp.maximum(jnp.where(on[..., None], dist, 1.0), 1e-30)))  # (0 x log'(0): NaN)
     mixed = jnp.logaddexp(jax.nn.log_sigmoid(-z)[..., None] + jax.nn.log_softmax(logits),
                           jax.nn.log_sigmoid(z)[..., None] + copy)
     return jnp.where(on[..., None], mixed, logits)
