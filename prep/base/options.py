@@ -51,7 +51,10 @@ def options(cls):
             o = f.metadata[_KEY]
             default = f.default if o["default"] is _SAME else o["default"]
             text = o["help"]() if callable(o["help"]) else o["help"]
-            fn = click.option(o["flag"], f.name, default=default, help=text, **o["click"])(fn)
+            kw = dict(o["click"], help=text)
+            if not (kw.get("is_flag") and default is False):  # a flag is off unless given
+                kw["default"] = default
+            fn = click.option(o["flag"], f.name, **kw)(fn)
         return fn
 
     return decorate
