@@ -32,8 +32,8 @@ from pathlib import Path
 import click
 
 from prep.base.errors import InputError
-from prep.schema.rows import RowFormatError
 from prep.base.options import options
+from prep.schema.rows import RowFormatError
 from train.fit.config import SMALL_CPU, TrainConfig
 
 RUNS = Path("runs")
@@ -177,7 +177,8 @@ def _fit(data, run_dir, resume, device, flags, hosts=None) -> int:
 
     from prep.base.storage import is_remote
     from train.fit.config import defaults_for
-    from train.fit.loop import load_run, train
+    from train.fit.loop import train
+    from train.fit.runfolder import load_run
 
     given = {k: v for k, v in flags.items() if v is not None}
     if resume:  # the run's own settings and data, unless given (train() refuses conflicts)
