@@ -21,6 +21,8 @@ import sys
 import click
 
 from prep.base.errors import InputError
+from prep.base.options import options
+from prep.shards.config import TIME, ShardsConfig
 
 
 class _Group(click.Group):
@@ -117,35 +119,12 @@ def import_atlas(inputs, out, per_packet, source, errors, workers, strict, overw
 
 
 def _interruptible(run, cfg, command: str):
-    """``run(cfg)``; SIGINT/SIGTERM: one line and exit 128 + the signal, never a traceback
-    (the run's output folder, prep.jobs.claim, has removed its staging folder)."""
-    import signal
+    """``run(cfg)`` under prep.base.signals.exit_on_interrupt (the run's output folder,
+    prep.jobs.claim, has removed its staging folder)."""
+    from prep.base.signals import exit_on_interrupt
 
-    from prep.base.signals import Interrupted
-
-    try:
+    with exit_on_interrupt(command):
         return run(cfg)
-    except KeyboardInterrupt as e:
-        if not isinstance(e, Interrupted):
-            e = Interrupted(signal.SIGINT, command=command)  # before or after the handlers
-        click.echo(f"error: {e}", err=True)
-        sys.exit(128 + e.signum)
-
-
-class _Time(click.ParamType):
-    """ISO-8601 (UTC unless it carries an offset) or Unix seconds → int Unix seconds."""
-
-    name = "TIME"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        from prep.schema.splits import parse_time
-
-        try:
-            return parse_time(value)
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
 
 
 @main.command("import-matrix")
@@ -157,7 +136,7 @@ class _Time(click.ParamType):
                    "start + (f+1)*interval).")
 @click.option("--unit", required=True, type=click.Choice(["s", "ms", "us"]),
               help="The matrices' RTT unit (Seattle's is s); converted to ms.")
-@click.option("--start", type=_Time(), default="2026-01-01T00:00:00Z", show_default=True,
+@click.option("--start", type=TIME, default="2026-01-01T00:00:00Z", show_default=True,
               metavar="TIME", help="Frame 0's start: ISO-8601 (UTC unless an offset is "
                                    "given) or Unix seconds.")
 @click.option("--overwrite", is_flag=True,
@@ -203,39 +182,7 @@ def import_matrix(inputs, out, interval, unit, start, overwrite, as_json, quiet)
 @click.option("--workers", default=0, show_default="0: one per core", type=click.IntRange(0),
               help="Processes (--runner local; for Beam's, --beam-option "
                    "direct_num_workers=N); never changes the output bytes.")
-@click.option("--seed", default=0, show_default=True, help="Seeds the encoding and the cuts.")
-@click.option("--test-fraction", default=0.1, show_default=True, type=click.FloatRange(0, 1),
-              help="Share of probes held out for test (--split probe, time+probe); with a "
-                   "time split and no --test-from, also the share of measurements at or "
-                   "after the default cutoff.")
-@click.option("--split", "split_rule", type=click.Choice(["probe", "time", "time+probe"]),
-              default="probe", show_default=True,
-              help="probe: each probe's whole history in train or test; time: measurements "
-                   "before --test-from in train, the others in test; time+probe: test = the "
-                   "held-out probes from --test-from on, train = the other probes before it, "
-                   "the rest in neither split (counted in the manifest).")
-@click.option("--test-from", type=_Time(), default=None,
-              show_default="the earliest whole minute with at most --test-fraction of the "
-                           "measurements at or after it",
-              help="Cutoff of the time splits: ISO-8601 (2026-01-02T12:00:00Z, 2026-01-02; "
-                   "UTC unless an offset is given) or Unix seconds; test = time >= it.")
-@click.option("--row-len", default=1024, show_default=True, type=click.IntRange(64, 65535),
-              help="Tokens per row, the model's sequence length; no context is longer. "
-                   "256 for the CPU recipe (`train --model small`, docs/learning.md) and "
-                   "for latency matrices.")
-@click.option("--max-segments", default=0, show_default=True, type=click.IntRange(0, 255),
-              help="Cap on contexts per row (0 = none).")
-@click.option("--max-measurements", default=0, show_default=True, type=click.IntRange(0),
-              help="Cap on measurements per context (0 = none).")
-@click.option("--max-gap", default=86_400, show_default=True, type=click.IntRange(0),
-              help="Cut a context after a silence longer than this many seconds (0 = never).")
-@click.option("--epochs", default=1, show_default=True, type=click.IntRange(1),
-              help="Passes over the data, each encoded and cut with its own seed.")
-@click.option("--buckets", default=0, show_default="0: one per 250,000 input rows", type=click.IntRange(0),
-              help="Hash partitions of the probes: more bound the memory per worker, fewer "
-                   "pack tighter (each ends in part-filled rows).")
-@click.option("--compression", default="snappy", show_default=True,
-              help="ArrayRecord compression: zstd:N, snappy or uncompressed.")
+@options(ShardsConfig)
 @click.option("--runner", type=click.Choice(["local", "beam"]), default="local", show_default=True,
               help="local: a process pool; beam: Apache Beam (same bytes; needs ping-pack[beam]).")
 @click.option("--beam-option", "beam_options", multiple=True, metavar="KEY=VALUE",
@@ -248,9 +195,7 @@ def import_matrix(inputs, out, interval, unit, start, overwrite, as_json, quiet)
                    "is complete.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row_len,
-           max_segments, max_measurements, max_gap, epochs, buckets, compression, runner,
-           beam_options, overwrite, as_json, quiet):
+def shards(inputs, out, workers, runner, beam_options, overwrite, as_json, quiet, **settings):
     """Validate, tokenize and pack INPUT parquet files or folders into shards in --out.
 
     \b
@@ -261,51 +206,31 @@ def shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row
           --beam-option direct_running_mode=multi_processing --beam-option direct_num_workers=2
       prep shards s3://bucket/atlas --out s3://bucket/shards   # AWS_* settings, see README
     """
-    import signal
-
-    from prep.base.signals import Interrupted, stop_on_signals
-
-    # SIGINT/SIGTERM: one line and exit 128 + the signal, never a traceback; the run
-    # itself (prep.jobs.claim.claim) stops its workers and removes its staging folder first.
-    try:
-        with stop_on_signals():
-            _shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row_len,
-                    max_segments, max_measurements, max_gap, epochs, buckets, compression,
-                    runner, beam_options, overwrite, as_json, quiet)
-    except KeyboardInterrupt as e:
-        if not isinstance(e, Interrupted):
-            e = Interrupted(signal.SIGINT)  # before or after the handlers
-        click.echo(f"error: {e}", err=True)
-        sys.exit(128 + e.signum)
-
-
-def _shards(inputs, out, workers, seed, test_fraction, split_rule, test_from, row_len,
-            max_segments, max_measurements, max_gap, epochs, buckets, compression, runner,
-            beam_options, overwrite, as_json, quiet):
     import json
 
-    from prep.shards.bucket import ShardsConfig
+    from prep.base.signals import exit_on_interrupt, stop_on_signals
     from prep.shards.dataset import format_summary
-    from prep.shards.local_runner import run_shards
 
-    if test_from is not None and split_rule == "probe":
+    if settings["test_from"] is not None and settings["split"] == "probe":
         raise InputError("--test-from applies to --split time or time+probe; --split probe "
                          "holds out --test-fraction of the probes whatever the time")
     try:
-        cfg = ShardsConfig(seed=seed, row_len=row_len, max_segments=max_segments,
-                           max_measurements=max_measurements, max_gap_s=max_gap, epochs=epochs,
-                           test_fraction=test_fraction, split=split_rule, test_from=test_from,
-                           n_buckets=buckets, compression=compression)
+        cfg = ShardsConfig(**settings)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
-    if runner == "beam":
-        from prep.shards.beam_runner import run_beam
+    # the run itself (prep.jobs.claim.claim) stops its workers and removes its staging
+    # folder before the signal's one line
+    with exit_on_interrupt(), stop_on_signals():
+        if runner == "beam":
+            from prep.shards.beam_runner import run_beam
 
-        summary = run_beam(list(inputs), out, cfg, beam_options_kv=beam_options,
-                           progress=not quiet, overwrite=overwrite)
-    else:
-        summary = run_shards(list(inputs), out, cfg, workers=_workers(workers),
-                             progress=not quiet, overwrite=overwrite)
+            summary = run_beam(list(inputs), out, cfg, beam_options_kv=beam_options,
+                               progress=not quiet, overwrite=overwrite)
+        else:
+            from prep.shards.local_runner import run_shards
+
+            summary = run_shards(list(inputs), out, cfg, workers=_workers(workers),
+                                 progress=not quiet, overwrite=overwrite)
     click.echo(format_summary(summary), err=True)
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))

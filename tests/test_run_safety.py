@@ -185,7 +185,7 @@ def test_resume_refuses_a_flag_that_differs_from_the_run(shards, run, tmp_path, 
 def test_resume_compares_loss_weights_by_their_weights_and_names_an_empty_one():
     """#36 item 22: the same --loss-weights in another order were refused, and an empty
     one read "has  (its config.json)"."""
-    from train.fit.loop import check_resume
+    from train.fit.runfolder import check_resume
 
     saved = {"train": {"loss_weights": "rtt=10,result=10"}}
     assert check_resume(saved, TrainConfig(run_dir="r", loss_weights="result=10, rtt=10"),

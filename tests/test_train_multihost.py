@@ -23,7 +23,7 @@ from bench import synthetic_shards as synthetic
 from train.cli import main
 from train.fit import multihost
 from train.fit.checkpoint import Checkpointer, step_dirs
-from train.fit.loop import run_lock
+from train.fit.runfolder import run_lock
 
 pytestmark = pytest.mark.no_kernel_warmup  # synthetic shards: no prep kernel
 FLAGS = ["--model", "tiny", "--steps", "20", "--schedule-steps", "20", "--batch-size", "4",

@@ -32,22 +32,11 @@ from pathlib import Path
 import click
 
 from prep.base.errors import InputError
+from prep.base.options import options
 from prep.schema.rows import RowFormatError
-from train.fit.config import SMALL_CPU, SMALL_ROW_LEN, preset_text
-from train.model.arch import MODELS
+from train.fit.config import SMALL_CPU, TrainConfig
 
 RUNS = Path("runs")
-
-
-def _default(key: str, scale: str = "") -> str:
-    """"[default: A on a CPU, B on a GPU]" from train.fit.config.defaults_for (one device)."""
-    from train.fit.config import TrainConfig, defaults_for
-
-    cpu, gpu = defaults_for("cpu"), defaults_for("gpu")
-    c, g = cpu.get(key, getattr(TrainConfig, key)), gpu.get(key, getattr(TrainConfig, key))
-    if c == g:
-        return f"[default: {c}]"
-    return f"[default: {c} on a CPU, {g}{scale} on a GPU]"
 
 
 def _newest_run() -> Path | None:
@@ -104,54 +93,7 @@ def main():
               epilog="Then: `train eval RUN_DIR` (the model against RTT baselines) and "
               "`train predict RUN_DIR --src A --dst B` (RTT and P(failed) of one ping); "
               "`train --help` lists the commands.")
-@click.option("--data", type=click.Path(), default=None,
-              help="A shards folder written by `prep shards`, or s3://BUCKET/PREFIX (copied to "
-                   "a local cache checked by sha256) [default: shards; with --resume, the "
-                   "run's own].")
-@click.option("--run-dir", type=click.Path(), default=None,
-              help="Checkpoints and metrics.jsonl [default: runs/<model>-<time>].")
-@click.option("--resume", is_flag=True,
-              help="Continue the run in --run-dir (or the newest under runs/: the one that "
-                   "saved a checkpoint last).")
-@click.option("--model", type=click.Choice(list(MODELS)), default=None,
-              help="[default: base on a GPU, tiny elsewhere] small: the CPU recipe (rows of "
-                   f"{SMALL_ROW_LEN}, docs/learning.md); on a CPU it also sets "
-                   f"{preset_text(SMALL_CPU)}, each overridden by its flag")
-@click.option("--steps", type=click.IntRange(1), default=None,
-              help=f"Total optimizer steps. {_default('steps')}")
-@click.option("--batch-size", type=click.IntRange(1), default=None,
-              help=f"Rows per step, all devices. {_default('batch_size', ' per GPU')}")
-@click.option("--lr", type=float, default=None, help=f"Peak learning rate. {_default('lr')}")
-@click.option("--warmup", type=click.IntRange(0), default=None,
-              help=f"Linear warmup steps. {_default('warmup')}")
-@click.option("--schedule-steps", type=click.IntRange(0), default=None,
-              help="Steps the warmup + cosine LR schedule spans [default: --steps of the run's "
-                   "start; a resume with more --steps keeps it and runs on at the final rate].")
-@click.option("--loss-weights", default=None, metavar="ROLE=W,...",
-              help="Weight of each target role in the training objective, e.g. "
-                   "'rtt=10,result=10' (roles: marker, src, dst, timestamp, result, rtt; "
-                   "unnamed roles 1) [default: every target alike; small on a CPU: "
-                   "rtt=10,result=10]; the logged loss stays the plain mean.")
-@click.option("--log-every", type=click.IntRange(1), default=None,
-              help=f"Steps between log lines. {_default('log_every')}")
-@click.option("--eval-every", type=click.IntRange(0), default=None,
-              help=f"Steps between evals (0: never). {_default('eval_every')}")
-@click.option("--eval-rows", type=click.IntRange(1), default=None,
-              help=f"Test rows each eval reads (a fixed sample, seeded by --seed). "
-                   f"{_default('eval_rows')}")
-@click.option("--ckpt-every", type=click.IntRange(0), default=None,
-              help=f"Steps between checkpoints (0: only at the end). {_default('ckpt_every')}")
-@click.option("--seed", type=int, default=None, help=f"Parameters and data order. {_default('seed')}")
-@click.option("--attention", type=click.Choice(["auto", "xla", "cudnn"]), default=None,
-              help="Packed attention kernel [default: auto = cuDNN packed where it compiles, else XLA].")
-@click.option("--dtype", "compute_dtype", type=click.Choice(["float32", "bfloat16"]),
-              default=None,
-              help=f"Compute dtype; parameters stay float32. {_default('compute_dtype')}")
-@click.option("--workers", "num_workers", type=click.IntRange(0), default=None,
-              help="Grain mp_prefetch worker processes (0: read in this process). [default: 0]")
-@click.option("--check-data", "data_check", type=click.Choice(["auto", "counts", "sha256"]),
-              default=None, help="How the shards are held to the manifest at start: record "
-              "counts and sizes, or also every sha256 [default: auto = sha256 up to 2 GiB].")
+@options(TrainConfig)
 @click.option("--distributed", is_flag=True,
               help="One of several processes (hosts) training one model: jax.distributed "
                    "with the flags below, else what it finds (SLURM, Open MPI, Kubernetes, "
@@ -234,8 +176,9 @@ def _fit(data, run_dir, resume, device, flags, hosts=None) -> int:
     import jax  # after click parsed the flags: --help stays fast
 
     from prep.base.storage import is_remote
-    from train.fit.config import TrainConfig, defaults_for
-    from train.fit.loop import load_run, train
+    from train.fit.config import defaults_for
+    from train.fit.loop import train
+    from train.fit.runfolder import load_run
 
     given = {k: v for k, v in flags.items() if v is not None}
     if resume:  # the run's own settings and data, unless given (train() refuses conflicts)
@@ -371,21 +314,14 @@ def predict(run_dir, src, dst, when, history, queries, out, step, as_json):
             raise InputError("--queries takes the queries from the file; drop --src/--dst/--time")
         if not out and not as_json:
             raise InputError("--queries needs --out FILE.parquet (or --json to print them)")
-        import signal
-
-        from prep.base.signals import Interrupted
+        from prep.base.signals import exit_on_interrupt
 
         def emit(answers):  # each piece as it is answered
             click.echo("\n".join(json.dumps(a) for a in answers))
 
-        try:
+        with exit_on_interrupt("train predict"):  # out as it was
             queries_lib.predict_file(run_dir, queries, history, out, step=step,
                                      emit=emit if as_json else None)
-        except KeyboardInterrupt as e:  # one line, exit 128 + the signal (out as it was)
-            if not isinstance(e, Interrupted):
-                e = Interrupted(signal.SIGINT, command="train predict")
-            click.echo(f"error: {e}", err=True)
-            sys.exit(128 + e.signum)
         return
     if not src or not dst:
         raise InputError("give --src and --dst (or --queries FILE.parquet); "

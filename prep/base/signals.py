@@ -5,13 +5,15 @@
 prep/cli.py; the run's output folder, in prep.jobs.claim.claim, whose swap and clean-up hold
 them until they end; the answers file of train.predict.queries); ``StopSoftly`` only notes
 the first (train's loop finishes its step and saves), a second aborts; ``signals_blocked``
-blocks them while workers and threads start.
+blocks them while workers and threads start; ``exit_on_interrupt`` is the commands' end of
+it, the one line and the exit status.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -34,6 +36,19 @@ class Interrupted(KeyboardInterrupt):
             return f"{cmd}: stopped by {name} just after publishing {self.out}"
         return (f"{cmd}: stopped by {name}; the unfinished output was removed and "
                 f"{self.out} holds what it held before")
+
+
+@contextlib.contextmanager
+def exit_on_interrupt(command: str = "prep shards"):
+    """A command's body: Interrupted (or a KeyboardInterrupt that came before or after the
+    handlers) is its one line on stderr and exit status 128 + the signal."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if not isinstance(e, Interrupted):
+            e = Interrupted(signal.SIGINT, command=command)
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(128 + e.signum)
 
 
 class Guard:

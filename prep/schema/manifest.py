@@ -9,7 +9,7 @@ without it, or with one that is not ``finished``, is not a dataset. Fields reade
       "vocab_version": 1, "vocab_fingerprint": "…", "vocab_size": 267,
       "row_len": 1024,
       "finished": true,
-      "config": {…, "test_fraction": 0.1,   # the resolved ShardsConfig (prep.shards.bucket)
+      "config": {…, "test_fraction": 0.1,   # the resolved ShardsConfig (prep.shards.config)
                  "split": "probe",            # probe | time | time+probe (prep.schema.splits)
                  "test_from": null},          # time splits: the cutoff, int Unix seconds
                                               # (test = time >= it), given or the default

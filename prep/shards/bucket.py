@@ -26,76 +26,29 @@ holds train and test probes in the configured proportion.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from prep.base.atomic import replacing
-from prep.pack.contexts import ContextConfig, epoch_seed, plan_contexts
+from prep.pack.contexts import epoch_seed, plan_contexts
 from prep.pack.packing import pack
 from prep.schema import rows
 from prep.schema.hashing import splitmix64
 from prep.schema.manifest import SPLITS
 from prep.schema.measurements import Measurements
-from prep.schema.splits import SPLIT_RULES, TIME_RULES
+from prep.shards.config import ShardsConfig
 from prep.tokens.kernel import encode_pieces
 
 _BUCKET_SALT = np.uint64(0x5EED_B0C4_E7B1_0001)
 _SPLIT_SALT = np.uint64(0x5EED_5B11_7000_0002)
 
-
-@dataclass(frozen=True)
-class ShardsConfig:
-    """Everything that decides the bytes of the shards (saved in the manifest)."""
-
-    seed: int = 0  # base seed; epoch k uses epoch_seed(seed, k)
-    row_len: int = 1024  # tokens per row; no context is longer
-    max_segments: int = 0  # cap on contexts per row (0 = none; ids are uint8, so <= 255)
-    max_measurements: int = 0  # measurements per context (0 = no cap)
-    max_gap_s: int = 86_400  # cut a context after a silence longer than this (0 = never)
-    max_span_s: int = 0  # cut a context covering more than this many seconds (0 = never)
-    mode_weights: tuple[float, float, float] = (0.4, 0.3, 0.3)  # timestamp modes full/partial/none
-    epochs: int = 1  # passes over the data, each with its own seeded encoding and cuts
-    test_fraction: float = 0.1  # share of probes held out (probe, time+probe); default cutoff
-    split: str = "probe"  # probe | time | time+probe (prep.schema.splits)
-    test_from: int | None = None  # cutoff, Unix seconds: test is time >= test_from (time splits)
-    # hash partitions, fixed here so outputs never depend on workers; 0 = from the input's
-    # row count (resolve_buckets: one per BUCKET_ROWS, so a small input packs as one bucket)
-    n_buckets: int = 16
-    # ArrayRecord compression: snappy writes and reads faster than zstd for a little more
-    # size (docs/measurements.md)
-    compression: str = "snappy"
-
-    def __post_init__(self):
-        if not 0.0 <= self.test_fraction <= 1.0:
-            raise ValueError(f"test_fraction {self.test_fraction}: must be within [0, 1]")
-        if self.epochs < 1 or self.n_buckets < 0:
-            raise ValueError("epochs must be >= 1 and n_buckets >= 0 (0: from the input)")
-        if not 0 <= self.max_segments <= rows.MAX_SEGMENTS:
-            raise ValueError(f"max_segments {self.max_segments}: 0 (no cap) to {rows.MAX_SEGMENTS}")
-        if self.split not in SPLIT_RULES:
-            raise ValueError(f"split {self.split!r}: one of {', '.join(SPLIT_RULES)}")
-        if self.test_from is not None:
-            if self.split not in TIME_RULES:
-                raise ValueError(f"test_from applies to split {' or '.join(TIME_RULES)}, "
-                                 f"not {self.split!r}")
-            if (isinstance(self.test_from, bool) or not isinstance(self.test_from, int)
-                    or not -(1 << 63) <= self.test_from < (1 << 63)):
-                raise ValueError(f"test_from {self.test_from!r}: must be int Unix seconds")
-        self.context_config()  # its own checks (row_len, limits, weights)
-
-    def context_config(self) -> ContextConfig:
-        return ContextConfig(row_len=self.row_len, max_measurements=self.max_measurements,
-                             max_gap_s=self.max_gap_s, max_span_s=self.max_span_s,
-                             mode_weights=tuple(self.mode_weights))
-
-
 BUCKET_ROWS = 250_000  # input rows per bucket with n_buckets 0: memory per worker stays flat
 
 
-def resolve_buckets(cfg: "ShardsConfig", rows_total: int) -> "ShardsConfig":
+def resolve_buckets(cfg: ShardsConfig, rows_total: int) -> ShardsConfig:
     """``cfg`` with n_buckets 0 replaced by one bucket per BUCKET_ROWS input rows (at least
     one). Every bucket ends in part-filled rows (one per split and epoch), so fewer buckets
     pack tighter; more bound the memory of a worker, which holds one bucket at a time."""

@@ -1,7 +1,7 @@
 """TensorBoard event files in the run folder, beside ``metrics.jsonl``, so a run can be
 watched live with ``tensorboard --logdir runs/`` (each run folder one run there).
 
-The same records as ``metrics.jsonl`` (train.fit.loop), as scalars:
+The same records as ``metrics.jsonl`` (train.fit.runfolder), as scalars:
 
     train/loss, train/grad_norm, train/lr, train/step_ms, train/tokens_per_s, train/mfu,
     train/data_wait, eval/loss, eval/loss_<role>

@@ -15,7 +15,7 @@ between the save and them) restores with a note that it was not verified.
 A save that fails (a full, read-only or not writable disk, which Orbax reports from its
 background thread at the next ``check``, ``save`` or ``wait``) is one InputError line naming
 the step, what failed and the last good checkpoint; its partial folders are removed and
-Orbax's pages of log and echoes of its other failed writes are dropped.
+Orbax's pages of log and echoes of its other failed writes are dropped (train.fit.orbax_echoes).
 
 A damaged step folder fails to restore; ``restore_intact`` takes the newest step that
 restores, naming each one it skipped and why, and ``set_aside`` moves the damaged ones out
@@ -30,7 +30,6 @@ import contextlib
 import errno
 import gc
 import hashlib
-import inspect
 import json
 import logging
 import shutil
@@ -43,7 +42,7 @@ import orbax.checkpoint as ocp
 
 from prep.base.atomic import write_atomic
 from prep.base.errors import DISK, DISK_WORDS, InputError, disk_errno, first_line
-from train.fit import multihost
+from train.fit import multihost, orbax_echoes
 
 
 def step_dirs(directory: str | Path) -> list[int]:
@@ -73,84 +72,12 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {first[:120]}" if first else type(e).__name__
 
 
-def _read_echo(u) -> bool:
-    """An unraisable exception that is the echo of a failed checkpoint read: an Orbax or
-    TensorStore coroutine finalized with its error, or its event loop closed under it."""
-    if isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value):
-        return True
-    if not inspect.iscoroutine(u.object):
-        return False
-    code = getattr(u.object, "cr_code", None)
-    where = f"{getattr(code, 'co_filename', '')} {u.object!r}"
-    tb, frames = u.exc_traceback, []
-    while tb is not None:
-        frames.append(tb.tb_frame.f_code.co_filename)
-        tb = tb.tb_next
-    return any(k in x for x in [where, *frames] for k in ("orbax", "tensorstore"))
-
-
-_echo_filter = None  # the unraisablehook installed by the first Checkpointer
-
-
-def _drop_read_echoes() -> None:
-    """From now on (the first Checkpointer), drop the echoes of failed reads and writes (``_read_echo``): the concurrent reads
-    of a damaged checkpoint can fail after restore() has raised, the last ones after the
-    run has ended, each as "Exception ignored in <coroutine …>" and a page of TensorStore
-    spec. Everything else still reaches the hook that was there."""
-    global _echo_filter
-    if _echo_filter is not None and sys.unraisablehook is _echo_filter:
-        return
-    prev = sys.unraisablehook
-
-    def hook(u):
-        if not _read_echo(u):
-            prev(u)
-
-    _echo_filter = sys.unraisablehook = hook
-
-
-def _orbax_task_echo(record: logging.LogRecord) -> bool:
-    """A log record of asyncio's for an Orbax or TensorStore task or future that failed and
-    was never awaited ("Task exception was never retrieved"), by its text or its frames."""
-    text = record.getMessage()
-    if "exception was never retrieved" not in text:
-        return False
-    frames, tb = [], record.exc_info[2] if record.exc_info else None
-    while tb is not None:
-        frames.append(tb.tb_frame.f_code.co_filename)
-        tb = tb.tb_next
-    return any(k in x for x in [text, *frames] for k in ("orbax", "tensorstore"))
-
-
-class _DropTaskEchoes(logging.Filter):
-    """When one write of a save fails, Orbax gives up the others; those failing later are
-    tasks nobody awaits, which asyncio logs when they are collected, after the run has
-    stopped (a page of traceback under "Task exception was never retrieved"). The save's
-    failure is reported once, as the Checkpointer's one line: the echoes are dropped, and
-    every other record of asyncio's passes."""
-
-    def filter(self, record):
-        return not _orbax_task_echo(record)
-
-
-_task_filter = _DropTaskEchoes()
-
-
-def _drop_task_echoes() -> None:
-    """From now on (the first Checkpointer), for the life of the process: the echoes come
-    from tasks collected at any time, up to the interpreter's exit."""
-    log = logging.getLogger("asyncio")
-    if _task_filter not in log.filters:
-        log.addFilter(_task_filter)
-
-
 @contextlib.contextmanager
 def _quiet_failed_reads():
-    """Orbax reads a checkpoint's arrays concurrently; when one read fails, the others'
-    coroutines fail after restore() has raised, some only once the run is over. The one
-    failure that counts is reported by the caller; these echoes are dropped, then and
-    later (``_drop_read_echoes``: the filter stays, it passes on everything else)."""
-    _drop_read_echoes()
+    """A restore: when one of its concurrent reads fails, the others are collected here
+    once their threads are done, their echoes dropped (train.fit.orbax_echoes), and the
+    one failure that counts goes on to the caller."""
+    orbax_echoes.drop_late_echoes()
     try:
         yield
     except BaseException:
@@ -197,14 +124,6 @@ def _save_failure(e: BaseException) -> tuple[str, str]:
     return first_line(e), "see what stopped it"
 
 
-class _DropOrbaxErrors(logging.Filter):
-    """Orbax logs a failed background save as pages of tracebacks (absl ERROR); the
-    Checkpointer reports it as one line instead."""
-
-    def filter(self, record):
-        return not (record.levelno >= logging.ERROR and "orbax" in record.pathname)
-
-
 class Checkpointer:
     def __init__(self, directory: str | Path, *, max_to_keep: int = 3):
         self.directory = Path(directory).absolute()
@@ -216,10 +135,10 @@ class Checkpointer:
         self._cached = None  # (step, state, data) found by newest_intact_step
         self._unsealed: list[int] = []  # saved, digests not yet written
         self.failed = False  # a save failed (reported once, as an InputError)
-        _drop_read_echoes()  # a failed save's echoes come from its threads, before we know
-        _drop_task_echoes()
-        self._log_filter = _DropOrbaxErrors()
-        logging.getLogger("absl").addFilter(self._log_filter)
+        # a failed save echoes from its threads before check() knows of it
+        orbax_echoes.drop_late_echoes()
+        self._absl_errors = orbax_echoes.AbslErrors()
+        logging.getLogger("absl").addFilter(self._absl_errors)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -269,7 +188,7 @@ class Checkpointer:
         """A failed save: remove what it left (``<step>.orbax-checkpoint-tmp*``, a
         ``<step>`` folder it did not finish), stop saving, and say so in one line."""
         steps, self._unsealed, self.failed = self._unsealed, [], True
-        _drop_read_echoes()  # its other writes fail too, some after the loop has closed
+        orbax_echoes.drop_late_echoes()  # its other writes fail too, some after the loop closed
         for step in steps if multihost.is_primary() else ():
             for d in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
                 shutil.rmtree(d, ignore_errors=True)
@@ -419,6 +338,6 @@ class Checkpointer:
         try:
             self.wait()
         finally:
-            logging.getLogger("absl").removeFilter(self._log_filter)
+            logging.getLogger("absl").removeFilter(self._absl_errors)
             with contextlib.suppress(Exception) if self.failed else contextlib.nullcontext():
                 self.manager.close()

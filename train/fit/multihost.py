@@ -5,7 +5,7 @@
 
 (or none where jax.distributed finds them: SLURM, Open MPI, Kubernetes, JAX_*; ``Hosts``).
 
-What changes with several processes (train.fit.loop, reader, checkpoint):
+What changes with several processes (train.fit.loop, runfolder, reader, checkpoint):
 
 1. The mesh spans every device of every process; each process reads its own contiguous
    slice of each global batch (reader.EpochKeys) and puts it on its own devices, so the
@@ -15,7 +15,7 @@ What changes with several processes (train.fit.loop, reader, checkpoint):
    process (the folder must be one every host sees: a shared file system). A refusal that
    only one process can see (the run lock) reaches every process (``check_all``), and
    the processes hold their settings and their dataset's fingerprint to process 0's
-   (``gather``, train.fit.loop.check_agree) before anything else.
+   (``gather``, train.fit.runfolder.check_agree) before anything else.
 3. A signal (Ctrl-C, a scheduler's SIGTERM) on any process stops every process after the
    same step, with one checkpoint (``StopVote``).
 4. A process that dies, or is silent for ``--heartbeat-timeout`` seconds, stops the others.
