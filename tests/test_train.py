@@ -187,8 +187,9 @@ def test_small_preset_and_its_cpu_recipe():
     """The CPU recipe (docs/learning.md): tiny's shape plus the grammar embedding (7 role
     rows and 17 byte-index rows of 64), the destination match's gain per layer (2), the
     byte waves' mixes (14 waves by 64, in and out), the destination memory (8,192 rows of
-    64) and prior (8,192 rows of 16, their map to the 267 tokens, the gate's 64), trained on
-    anonymous sources, and its own CPU defaults under --model small."""
+    64) and prior (8,192 rows of 16, their map to the 267 tokens, the gate's 64), the
+    context copy's gate (64, a bias, two widths), trained on anonymous sources, and its own
+    CPU defaults under --model small."""
     from train.fit.config import defaults_for
     from train.model.arch import n_params
 
@@ -197,8 +198,10 @@ def test_small_preset_and_its_cpu_recipe():
     assert (small.match_dst, small.byte_features, tiny.match_dst, tiny.byte_features) == (
         4.0, 7, 0.0, 0)
     assert (small.dst_memory, small.dst_prior_scale, small.anonymize_src) == (8192, 30.0, True)
+    assert small.context_copy == 0.3 and not tiny.context_copy
     assert n_params(small) == (n_params(tiny) + (7 + 17) * 64 + 2 + 2 * 14 * 64
-                               + 8192 * 64 + 8192 * 16 + 16 * 267 + 64) == 795_826
+                               + 8192 * 64 + 8192 * 16 + 16 * 267 + 64
+                               + 64 + 1 + 2) == 795_893
     d = defaults_for("cpu", model="small")
     assert (d["model"], d["steps"], d["batch_size"], d["lr"], d["warmup"], d["loss_weights"]) == (
         "small", 2400, 8, 3e-3, 100, "rtt=10,result=10")
