@@ -365,3 +365,33 @@ def test_context_copy_gradients_are_finite():
     g = jax.grad(lambda p: model.loss_sum(p, batch, cfg)[0])(params)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(g))
     assert np.abs(np.asarray(g["copy_width"])).min() > 0 and abs(float(g["copy_bias"])) > 0
+
+
+def test_copy_aux_adds_the_own_distributions_loss():
+    """copy_aux w: the objective is the mixed loss plus w times the loss of the model's own
+    distribution before the copy (the same targets, the same role weights); the sums it
+    reports stay the mixed ones."""
+    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(COPY_ROW), context_copy=A)
+    aux = dataclasses.replace(cfg, copy_aux=0.5)
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    batch = {"tokens": jnp.asarray([COPY_ROW]), "segment_ids": jnp.asarray([[1] * len(COPY_ROW)])}
+    w = (1.0,) * 5 + (10.0, 10.0)
+    t0, n0, obj0 = model.loss_sum(params, batch, cfg, role_weights=w)
+    t1, n1, obj1 = model.loss_sum(params, batch, aux, role_weights=w)
+    assert (float(t1), float(n1)) == pytest.approx((float(t0), float(n0)), rel=1e-6)
+    logits, own = model.forward(params, batch["tokens"], batch["segment_ids"], cfg, own=True)
+    targets, mask = model.targets_and_mask(batch["tokens"], batch["segment_ids"])
+    roles = np.asarray(model.target_roles(batch["tokens"], batch["segment_ids"]))[0]
+    wt = np.zeros(model.N_ROLES)
+    wt[:len(w)] = w
+    ce = lambda lg: np.asarray(optax_ce(lg, targets))[0]
+    m = np.asarray(mask)[0]
+    want = ((wt[roles] * (ce(logits) + 0.5 * ce(own)))[m].sum() / wt[roles][m].sum())
+    assert float(obj1) == pytest.approx(want, rel=1e-5)
+    assert not np.allclose(np.asarray(logits), np.asarray(own))  # the copy is on somewhere
+
+
+def optax_ce(logits, targets):
+    import optax
+
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets)

@@ -87,6 +87,11 @@ class ModelConfig:
     # train.model.model.context_copy). The context_ema baseline is one setting of the gate
     # away. 0: off
     context_copy: float = 0.0
+    # with context_copy: the training objective also counts, this many times, the loss of
+    # the model's own distribution before the copy is mixed in, so that what it knows alone
+    # (a destination's cost, where no reply is in the context) keeps learning where the copy
+    # answers (docs/learning.md section 8.6). 0: off
+    copy_aux: float = 0.0
 
     def __post_init__(self):
         if self.dst_memory and self.dst_memory & (self.dst_memory - 1):

@@ -114,7 +114,7 @@ def rope(x, tables):
 
 def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
             attention: attn.AttentionConfig = attn.AttentionConfig(), *,
-            probes: tuple[jax.Array, jax.Array] | None = None):
+            probes: tuple[jax.Array, jax.Array] | None = None, own: bool = False):
     """float32 logits [B, T, V] of int tokens [B, T] under segment_ids [B, T], computed as
     ``attention`` says (implementation, segment-table size, compute dtype).
 
@@ -126,6 +126,9 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     once; evaluation reads the second RTT byte's distribution given each candidate first
     byte this way (train.predict.predictor). A probe attends to its segment up to ``probe_prev``
     and to itself, never to other probes.
+
+    ``own`` (no probes): also the logits before the context copy is mixed in
+    (ModelConfig.context_copy): (logits, own logits).
     """
     dtype = attention.dtype
     seg = segment_ids.astype(jnp.int32)
@@ -212,6 +215,7 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     prior = bool(cfg.dst_memory and cfg.dst_prior_scale)
     out = head(x, (row, on) if prior else None)
     out_p = None if probes is None else head(xp, (p_row, p_on) if prior else None)
+    own_out = out
     if cfg.context_copy:
         widths = tuple(jax.nn.softplus(params["copy_width"][i]) * COPY_WIDTH[i] for i in range(2))
         (dist, c_on), p_copy = context_copy(tokens, seg, match, cfg.context_copy, probes,
@@ -219,6 +223,8 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         out = _mix_copy(params, out, x, dist, c_on)
         if probes is not None:
             out_p = _mix_copy(params, out_p, xp, *p_copy)
+    if own:
+        return out, own_out
     return out if probes is None else (out, out_p)
 
 
@@ -579,13 +585,26 @@ def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
     the training objective). The objective is the mean cross-entropy, or, with
     ``role_weights`` (one weight per prep.schema.vocab.ROLES entry), the mean weighted by the role
     of each target: sum(w * ce) / sum(w)."""
-    loss, _, count = loss_by_role(params, batch["tokens"], batch["segment_ids"], cfg, attention)
+    aux = cfg.copy_aux if cfg.context_copy else 0.0
+    if aux:  # the mixed distribution's loss, and its own's before the copy (copy_aux)
+        tokens, seg = (batch[k].astype(jnp.int32) for k in ("tokens", "segment_ids"))
+        logits, own = forward(params, tokens, seg, cfg, attention, own=True)
+        targets, mask = targets_and_mask(tokens, seg)
+        roles = target_roles(tokens, seg).ravel()
+        by_role = lambda x: jax.ops.segment_sum(x.astype(jnp.float32).ravel(), roles, N_ROLES)
+        ce = lambda lg: jnp.where(mask, optax.softmax_cross_entropy_with_integer_labels(
+            lg, targets), 0.0)
+        loss, count, extra = by_role(ce(logits)), by_role(mask), aux * by_role(ce(own))
+    else:
+        loss, _, count = loss_by_role(params, batch["tokens"], batch["segment_ids"], cfg,
+                                      attention)
+        extra = 0.0
     total, n = loss.sum(), count.sum()
     if role_weights is None:
-        return total, n, total / jnp.maximum(n, 1)
+        return total, n, (total + jnp.sum(extra)) / jnp.maximum(n, 1)
     w = jnp.zeros(N_ROLES, jnp.float32).at[:len(role_weights)].set(
         jnp.asarray(role_weights, jnp.float32))
-    return total, n, (w * loss).sum() / jnp.maximum((w * count).sum(), 1e-9)
+    return total, n, (w * (loss + extra)).sum() / jnp.maximum((w * count).sum(), 1e-9)
 
 
 def token_losses(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
