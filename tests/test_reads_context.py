@@ -34,8 +34,8 @@ def test_small_recipe_reads_its_context(builtin_shards, tmp_path):
 
 
 # measured on 2026-11-27 (2 cores), the small preset with its destination memory and prior,
-# anonymous sources and the context copy (docs/learning.md sections 8 and 8.6): loss 3.30 at
-# step 300 of 8 rows; pair_in_context (n = 326) model 0.0182, model alone 0.619,
-# context_last 0.0157 (without the copy: 0.186 against 0.624; before the memory and prior,
-# 0.081 against 0.637)
+# anonymous sources and the context copy with its auxiliary loss (docs/learning.md sections 8
+# and 8.6): loss 3.32 at step 300 of 8 rows; pair_in_context (n = 326) model 0.0188, model
+# alone 0.595, context_last 0.0157 (without the copy: 0.186 against 0.624; before the memory
+# and prior, 0.081 against 0.637)
 LOSS_BELOW, MARGIN, NEAR_LAST = 3.45, 0.1, 1.5

@@ -198,7 +198,7 @@ def test_small_preset_and_its_cpu_recipe():
     assert (small.match_dst, small.byte_features, tiny.match_dst, tiny.byte_features) == (
         4.0, 7, 0.0, 0)
     assert (small.dst_memory, small.dst_prior_scale, small.anonymize_src) == (8192, 30.0, True)
-    assert small.context_copy == 0.3 and not tiny.context_copy
+    assert (small.context_copy, small.copy_aux, tiny.context_copy) == (0.3, 1.0, 0.0)
     assert n_params(small) == (n_params(tiny) + (7 + 17) * 64 + 2 + 2 * 14 * 64
                                + 8192 * 64 + 8192 * 16 + 16 * 267 + 64
                                + 64 + 1 + 2) == 795_893
