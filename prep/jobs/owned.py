@@ -4,6 +4,7 @@ dot-folders, and the refusals, one wording each."""
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import os
@@ -48,7 +49,7 @@ def not_for_parquet(where, what: str, command: str, noun: str = "folder") -> Inp
                       f"into a dataset: use a new --out {noun}")
 
 
-class Claim:
+class Claim(abc.ABC):
     """A local ``--out`` held by this run (steps 1-4 in ``_open``, 6 in ``_close``); a
     layout adds ``_check`` (steps 2-3: what it finds there) and ``publish`` (step 5)."""
 
@@ -79,8 +80,10 @@ class Claim:
     def _check_kind(self) -> None:
         """Refuse a folder this layout never writes into (before it is locked)."""
 
+    @abc.abstractmethod
     def _check(self) -> None:
-        raise NotImplementedError
+        """Refuse what the locked folder holds that this layout may not replace (each
+        layout says what: outdir.OutDir, parquet_out.ParquetOut)."""
 
     def _published(self) -> None:
         self.published = self.guard.published = True
