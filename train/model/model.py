@@ -547,19 +547,15 @@ def loss_by_role(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: M
     IPv4 ones does not): how well the model copies, and what it could copy."""
     tokens, segment_ids = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     ce, logits, targets, mask = token_losses(params, tokens, segment_ids, cfg, attention)
-    roles = target_roles(tokens, segment_ids).ravel()
+    by_role = _by_role(tokens, segment_ids)
     right = (jnp.argmax(logits, axis=-1) == targets) & mask
-
-    def by_role(x):
-        return jax.ops.segment_sum(x.astype(jnp.float32).ravel(), roles, N_ROLES)
-
     sums = (by_role(jnp.where(mask, ce, 0.0)), by_role(right), by_role(mask))
     if not copied_src:
         return sums
     # the target t + 1 is a source byte and lies past the segment's first measurement
     later = measurement_index(tokens, segment_ids) >= 1
     later = jnp.concatenate([later[:, 1:], jnp.zeros_like(later[:, :1])], axis=1)
-    sel = mask & later & (roles.reshape(mask.shape) == vocab.ROLES.index("src"))
+    sel = mask & later & (target_roles(tokens, segment_ids) == vocab.ROLES.index("src"))
     _, full, meas = address_hashes(tokens, segment_ids, "src")
     seen = ((full[:, :, None] == full[:, None, :]) & (meas[:, None, :] < meas[:, :, None])
             & (segment_ids[:, :, None] == segment_ids[:, None, :])).any(-1)
@@ -567,6 +563,12 @@ def loss_by_role(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: M
     copied = tuple(jnp.where(c, x, 0).astype(jnp.float32).sum()[None]
                    for c in (sel, sel & seen) for x in (ce, right, c))
     return sums + copied
+
+
+def _by_role(tokens: jax.Array, segment_ids: jax.Array):
+    """x [B, T] -> float32[N_ROLES]: its sums by the role of the token each position predicts."""
+    roles = target_roles(tokens, segment_ids).ravel()
+    return lambda x: jax.ops.segment_sum(x.astype(jnp.float32).ravel(), roles, N_ROLES)
 
 
 def measurement_index(tokens: jax.Array, segment_ids: jax.Array) -> jax.Array:
@@ -588,13 +590,10 @@ def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
     aux = cfg.copy_aux if cfg.context_copy else 0.0
     if aux:  # the mixed distribution's loss, and its own's before the copy (copy_aux)
         tokens, seg = (batch[k].astype(jnp.int32) for k in ("tokens", "segment_ids"))
-        logits, own = forward(params, tokens, seg, cfg, attention, own=True)
-        targets, mask = targets_and_mask(tokens, seg)
-        roles = target_roles(tokens, seg).ravel()
-        by_role = lambda x: jax.ops.segment_sum(x.astype(jnp.float32).ravel(), roles, N_ROLES)
-        ce = lambda lg: jnp.where(mask, optax.softmax_cross_entropy_with_integer_labels(
-            lg, targets), 0.0)
-        loss, count, extra = by_role(ce(logits)), by_role(mask), aux * by_role(ce(own))
+        ce, own_ce, mask = token_losses(params, tokens, seg, cfg, attention, own=True)
+        by_role = _by_role(tokens, seg)
+        loss, count = by_role(jnp.where(mask, ce, 0.0)), by_role(mask)
+        extra = aux * by_role(jnp.where(mask, own_ce, 0.0))
     else:
         loss, _, count = loss_by_role(params, batch["tokens"], batch["segment_ids"], cfg,
                                       attention)
@@ -608,13 +607,17 @@ def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
 
 
 def token_losses(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
-                 attention: attn.AttentionConfig = attn.AttentionConfig()):
+                 attention: attn.AttentionConfig = attn.AttentionConfig(), *, own: bool = False):
     """(next-token cross-entropy, logits, targets, mask) at every position of a batch: the
-    loss of training, of the eval during training and of `train eval`; count it where mask."""
+    loss of training, of the eval during training and of `train eval`; count it where mask.
+    ``own``: (cross-entropy, that of the distribution before the context copy, mask)."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
-    logits = forward(params, tokens, seg, cfg, attention)
+    out = forward(params, tokens, seg, cfg, attention, own=own)
     targets, mask = targets_and_mask(tokens, seg)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, targets), logits, targets, mask
+    ce = lambda lg: optax.softmax_cross_entropy_with_integer_labels(lg, targets)
+    if own:
+        return ce(out[0]), ce(out[1]), mask
+    return ce(out), out, targets, mask
 
 
 # --- FLOPs, for MFU ----------------------------------------------------------------------
