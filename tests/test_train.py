@@ -21,7 +21,7 @@ from train.fit import step as step_lib
 from train.fit.config import TrainConfig
 from train.fit.loop import train
 from train.model import model
-from train.model.arch import MODELS
+from train.model.arch import MODELS, STORE_K
 
 
 @pytest.fixture(scope="module")
@@ -199,9 +199,11 @@ def test_small_preset_and_its_cpu_recipe():
         4.0, 7, 0.0, 0)
     assert (small.dst_memory, small.dst_prior_scale, small.anonymize_src) == (8192, 30.0, True)
     assert (small.context_copy, small.copy_aux, tiny.context_copy) == (0.3, 1.0, 0.0)
+    assert (small.dst_store, tiny.dst_store, STORE_K) == (32768, 0, 64)
+    # the store (32,768 rows of 64 quantiles, a count and a check) is data, not counted
     assert n_params(small) == (n_params(tiny) + (7 + 17) * 64 + 2 + 2 * 14 * 64
                                + 8192 * 64 + 8192 * 16 + 16 * 267 + 64
-                               + 64 + 1 + 2) == 795_893
+                               + 64 + 1 + 2 + 64 + 2 + 2) == 795_961
     d = defaults_for("cpu", model="small")
     assert (d["model"], d["steps"], d["batch_size"], d["lr"], d["warmup"], d["loss_weights"]) == (
         "small", 2400, 8, 3e-3, 100, "rtt=10,result=10")

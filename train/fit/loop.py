@@ -34,6 +34,7 @@ from train.fit.config import TrainConfig, preset_text, start_warnings
 from train.fit.meter import EvalSample, Meter, format_line
 from train.fit.runfolder import RunLog
 from train.model import attention, model
+from train.model import store as store_lib
 from train.model.arch import model_config
 from train.model.attention import AttentionConfig
 
@@ -123,9 +124,11 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: FolderLock, devices, on_step, 
         raise InputError(f"--batch-size {cfg.batch_size} does not split over {mesh.size} "
                          f"devices; use a multiple of {mesh.size}")
     state = step_lib.init_state(mcfg, step_lib.make_optimizer(cfg, mcfg), cfg.seed, rep)
+    per_batch = (impl == "cudnn" and cfg.segment_tables == "batch"
+                 and jax.process_count() == 1)
     it = iter(reader.to_device(reader.batches(
         data, "train", batch_size=cfg.batch_size // jax.process_count(), seed=cfg.seed,
-        num_workers=cfg.num_workers, manifest=manifest), rows))
+        num_workers=cfg.num_workers, manifest=manifest), rows, segments=per_batch))
     ckpt = log = None
     primary = multihost.is_primary()  # writes the run folder's own files, and logs
     say = (lambda msg: print(msg, file=sys.stderr)) if primary else (lambda msg: None)
@@ -150,6 +153,8 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: FolderLock, devices, on_step, 
         ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.keep_checkpoints)
         if saved is not None:
             start, state = _resume(ckpt, state, it, run_dir, notes, say)
+        elif mcfg.dst_store:  # the train split's replies by destination (a resume has them)
+            state = _fill_store(state, mcfg, data, manifest, rep, say)
         if primary:
             runfolder.write_json(run_dir / "config.json", {
                 "train": dataclasses.asdict(cfg), "model": dataclasses.asdict(mcfg),
@@ -157,7 +162,8 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: FolderLock, devices, on_step, 
                 "devices": [str(d) for d in mesh.devices.flat],
                 "processes": jax.process_count(), "jax": jax.__version__})
         log = RunLog(run_dir, resumed_at=start if saved is not None else None, say=say)
-        return _run(cfg, mcfg, att, mesh, state, it, ckpt, log, eval_sample, start, on_step)
+        return _run(cfg, mcfg, att, mesh, state, it, ckpt, log, eval_sample, start, on_step,
+                    per_batch)
     finally:
         it.close()
         if ckpt is not None:
@@ -166,6 +172,16 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: FolderLock, devices, on_step, 
             log.close()
         if primary and created and lock.held and runfolder.never_started(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)  # a start that made no step
+
+
+def _fill_store(state: dict, mcfg, data, manifest: dict, rep, say) -> dict:
+    """``state`` with its destination store (ModelConfig.dst_store) filled from the train
+    split (train.model.store); one line says what it holds."""
+    tok, seg = reader.read_split(data, manifest, "train", sha256=False)
+    table, summary = store_lib.build(tok, seg, mcfg.dst_store)
+    say(summary.line())
+    params = dict(state["params"], dst_store=jax.device_put(table, rep))
+    return dict(state, params=params)
 
 
 def _resume(ckpt: Checkpointer, state: dict, it, run_dir: Path, notes: list[str], say):
@@ -198,11 +214,22 @@ def _check_finite(k: int, metrics: dict, ckpt: Checkpointer) -> None:
                      f"training stopped without saving this state; {keep}")
 
 
+def table_size(segments: int, most: int) -> int:
+    """cuDNN's segment-table size for a batch whose fullest row holds ``segments``: the
+    smallest power of two that holds them (at least 2: a table of one reads as "not
+    packed"), at most ``most`` (the dataset's)."""
+    return min(max(2, 1 << max(segments - 1, 0).bit_length()), max(most, 2))
+
+
 def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
-         ckpt: Checkpointer, run_log: RunLog, eval_sample, start: int, on_step) -> dict:
+         ckpt: Checkpointer, run_log: RunLog, eval_sample, start: int, on_step,
+         per_batch: bool = False) -> dict:
     """The loop proper: steps ``start``..``cfg.steps``, logs, evals, checkpoints; a signal
-    (GracefulStop) ends it after the current step with a checkpoint."""
+    (GracefulStop) ends it after the current step with a checkpoint. ``per_batch``: the
+    iterator yields (batch, most segments in a row) and each batch runs the step compiled
+    for its segment-table size (``table_size``); a step that compiled one is not timed."""
     train_step, eval_step = step_lib.compile_steps(mesh, mcfg, cfg, att)
+    tables: dict[int, int] = {}  # table size -> steps run with it
     peak = step_lib.peak_flops()
     flops_of = lambda tok, ctx: model.train_flops(mcfg, tok, ctx)
     primary = multihost.is_primary()  # process 0 logs (train.fit.multihost)
@@ -210,7 +237,9 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
     hosts = f" on {jax.process_count()} processes" if jax.process_count() > 1 else ""
     log(f"model {cfg.model}: {model.count_params(state['params']):,} parameters, "
         f"{mcfg.n_layers} layers, d_model {mcfg.d_model}, seq {mcfg.seq_len} | attention "
-        f"{att.implementation} | {mesh.size} x {mesh.devices.flat[0].device_kind}{hosts} | "
+        f"{att.implementation}"
+        + (f" (segment tables per batch, up to {att.max_segments})" if per_batch else "")
+        + f" | {mesh.size} x {mesh.devices.flat[0].device_kind}{hosts} | "
         f"batch {cfg.batch_size} | {cfg.compute_dtype}", file=sys.stderr)
 
     meter, step, last, eval_loss = Meter(), start, {}, None
@@ -233,12 +262,26 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
             t0 = time.perf_counter()
             batch = next(it)
             wait = time.perf_counter() - t0
+            fresh = False
+            if per_batch:
+                batch, most = batch
+                size = table_size(most, att.max_segments)
+                fresh = size not in tables
+                tables[size] = tables.get(size, 0) + 1
+                train_step = step_lib.compile_steps(
+                    mesh, mcfg, cfg, dataclasses.replace(att, max_segments=size))[0]
+            if fresh and prev is not None:  # the steps before end inside the window's time
+                jax.block_until_ready(prev[1]["loss"])
+            t_step = time.perf_counter()
             state, metrics = train_step(state, batch)
             step += 1
+            if fresh and step > start + 1:  # it compiled: its time leaves the window's
+                jax.block_until_ready(metrics["loss"])
+                meter.t0 += time.perf_counter() - t_step
             if prev is not None:  # waits for the step before: the host runs at most one
                 _check_finite(*prev, ckpt)  # step ahead of the device, so a stop is one away
             prev = (step, metrics)
-            meter.add(metrics, wait, timed=step > start + 1)
+            meter.add(metrics, wait, timed=step > start + 1 and not fresh)
             if step == start + 1:  # compilation: start the clock after it
                 jax.block_until_ready(metrics["loss"])
                 meter.t0 = time.perf_counter()
@@ -286,4 +329,5 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
             "tokens_per_s": t["tokens"] / t["time"] if t["time"] else None,
             "data_wait": t["wait"] / t["time"] if t["time"] else None,
             "mfu": t["flops"] / t["time"] / (peak * mesh.size) if t["time"] and peak else None,
-            "params": model.count_params(state["params"]), "attention": att.implementation}
+            "params": model.count_params(state["params"]), "attention": att.implementation,
+            "segment_tables": {str(k): v for k, v in sorted(tables.items())} or None}

@@ -87,15 +87,28 @@ class ModelConfig:
     # train.model.model.context_copy). The context_ema baseline is one setting of the gate
     # away. 0: off
     context_copy: float = 0.0
-    # with context_copy: the training objective also counts, this many times, the loss of
-    # the model's own distribution before the copy is mixed in, so that what it knows alone
-    # (a destination's cost, where no reply is in the context) keeps learning where the copy
-    # answers (docs/learning.md section 8.6). 0: off
+    # with context_copy (or dst_store): the training objective also counts, this many times,
+    # the loss of the model's own distribution before the copy (and the store) is mixed in,
+    # so that what it knows alone (a destination's cost, where no reply is in the context)
+    # keeps learning where the copy answers (docs/learning.md section 8.6). 0: off
     copy_aux: float = 0.0
+    # a store of the train split's replies by destination, read as the copy reads the
+    # context (a retrieval memory, as kNN-LM's datastore): a table of this many rows (a
+    # power of two; 0: off), one per destination address hashed as dst_memory's, holding
+    # the STORE_K quantiles of its RTTs in the train split, filled from the train split when
+    # a run starts (train.model.store) and not learned. Where an RTT byte is next and the
+    # measurement's destination has at least STORE_MIN replies there, the distribution is
+    # mixed, by a gate of its own, with those quantiles' byte, spread as the copy's. What
+    # dst_median knows of a destination is then the model's too, whatever the context holds.
+    # The gate's bias is one where the context holds a reply to the destination and another
+    # where not (docs/learning.md section 8.7)
+    dst_store: int = 0
 
     def __post_init__(self):
-        if self.dst_memory and self.dst_memory & (self.dst_memory - 1):
-            raise ValueError(f"dst_memory must be 0 or a power of two, not {self.dst_memory}")
+        for name in ("dst_memory", "dst_store"):
+            n = getattr(self, name)
+            if n < 0 or n & (n - 1):
+                raise ValueError(f"{name} must be 0 or a power of two, not {n}")
 
 
 MODELS = {
@@ -108,7 +121,7 @@ MODELS = {
     "small": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256,
                          grammar_embed=True, init_std=0.08, match_dst=4.0, byte_features=7,
                          dst_memory=8192, dst_prior_scale=30.0, anonymize_src=True,
-                         context_copy=0.3, copy_aux=1.0),
+                         context_copy=0.3, copy_aux=1.0, dst_store=32768),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,
@@ -123,6 +136,10 @@ def model_config(name: str, *, seq_len: int) -> ModelConfig:
 
 
 PRIOR_DIM = 16  # width of the destination prior's rows (ModelConfig.dst_prior_scale)
+STORE_K = 64  # quantiles of a destination's train-split RTTs in its store row (dst_store)
+# a store row is read only with at least this many replies behind it: fewer, and a training
+# measurement would find itself among the quantiles it is asked to predict
+STORE_MIN = 32
 
 # grammar embedding: one row per byte index a block can hold, and one for headers/markers
 N_INDEX = int(vocab.WIDTH_OF.max()) + 1
@@ -130,10 +147,13 @@ N_INDEX = int(vocab.WIDTH_OF.max()) + 1
 
 class Param(NamedTuple):
     """One parameter: its shape, its initialization (normal with this std; 0 means ones)
-    and whether AdamW's weight decay pulls it toward 0."""
+    and whether AdamW's weight decay pulls it toward 0. ``data``: not learned but filled
+    from the train split when a run starts (zeros until then; the model reads it through
+    stop_gradient, so Adam never moves it): the destination store."""
     shape: tuple[int, ...]
     std: float
     decay: bool = True
+    data: bool = False
 
 
 def _gain(*shape: int) -> Param:
@@ -165,6 +185,13 @@ def param_specs(cfg: ModelConfig) -> dict:
         memory |= {"copy_gate": Param((D,), std), "copy_bias": Param((), 0.0, decay=False),
                    # the spread of a copied byte: train.model.model.COPY_WIDTH
                    "copy_width": Param((2,), 0.0, decay=False)}
+    if cfg.dst_store:  # filled by train.model.store; a gate and spreads of its own, as the copy's
+        memory |= {"dst_store": Param((cfg.dst_store, STORE_K + 2), 0.0, decay=False, data=True),
+                   "store_gate": Param((D,), std),
+                   # the gate's bias where the context holds no reply to the destination,
+                   # and where it does (the copy's case): one gate would compromise
+                   "store_bias": Param((2,), 0.0, decay=False),
+                   "store_width": Param((2,), 0.0, decay=False)}
     return {
         **grammar,
         **waves,
@@ -197,7 +224,8 @@ def _leaves(tree: dict) -> list:
 
 
 def n_params(cfg: ModelConfig) -> int:
-    return sum(math.prod(p.shape) for p in _leaves(param_specs(cfg)))
+    """Learned parameters (not the destination store, which is data)."""
+    return sum(math.prod(p.shape) for p in _leaves(param_specs(cfg)) if not p.data)
 
 
 def decay_mask(cfg: ModelConfig) -> dict:

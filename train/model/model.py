@@ -38,13 +38,15 @@ def init_params(cfg: ModelConfig, seed: int) -> dict:
     """float32 parameters (train.model.arch.param_specs), drawn on the host: a jitted init costs
     seconds of compilation."""
     rng = np.random.default_rng(seed)
-    draw = lambda p: (p.std * rng.standard_normal(p.shape, np.float32) if p.std
+    draw = lambda p: (np.zeros(p.shape, np.float32) if p.data
+                      else p.std * rng.standard_normal(p.shape, np.float32) if p.std
                       else np.ones(p.shape, np.float32))
     return arch.map_params(draw, arch.param_specs(cfg))
 
 
 def count_params(params: dict) -> int:
-    return sum(x.size for x in jax.tree.leaves(params))
+    """Learned parameters: all but the destination store, which is data (ModelConfig.dst_store)."""
+    return sum(x.size for k, v in params.items() if k != "dst_store" for x in jax.tree.leaves(v))
 
 
 def positions(segment_ids: jax.Array) -> jax.Array:
@@ -127,8 +129,8 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     byte this way (train.predict.predictor). A probe attends to its segment up to ``probe_prev``
     and to itself, never to other probes.
 
-    ``own`` (no probes): also the logits before the context copy is mixed in
-    (ModelConfig.context_copy): (logits, own logits).
+    ``own`` (no probes): also the logits before the destination store and the context copy
+    are mixed in (ModelConfig.dst_store, context_copy): (logits, own logits).
     """
     dtype = attention.dtype
     seg = segment_ids.astype(jnp.int32)
@@ -216,11 +218,22 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     out = head(x, (row, on) if prior else None)
     out_p = None if probes is None else head(xp, (p_row, p_on) if prior else None)
     own_out = out
+    copy = p_copy = None
     if cfg.context_copy:
         widths = tuple(jax.nn.softplus(params["copy_width"][i]) * COPY_WIDTH[i] for i in range(2))
-        (dist, c_on), p_copy = context_copy(tokens, seg, match, cfg.context_copy, probes,
-                                            p_match, widths)
-        out = _mix_copy(params, out, x, dist, c_on)
+        copy, p_copy = context_copy(tokens, seg, match, cfg.context_copy, probes, p_match, widths)
+    if cfg.dst_store:  # the train split's replies to the destination (not learned)
+        widths = tuple(jax.nn.softplus(params["store_width"][i]) * COPY_WIDTH[i] for i in range(2))
+        (dist, s_on), p_store = store_dists(jax.lax.stop_gradient(params["dst_store"]), tokens,
+                                            seg, probes, widths)
+        # the gate's bias: one where the context holds a reply to the destination, one where not
+        c_on = jnp.zeros_like(s_on) if copy is None else copy[1]
+        out = _mix_copy(params, out, x, dist, s_on, "store", c_on)
+        if probes is not None:
+            p_c_on = jnp.zeros_like(p_store[1]) if p_copy is None else p_copy[1]
+            out_p = _mix_copy(params, out_p, xp, *p_store, "store", p_c_on)
+    if copy is not None:
+        out = _mix_copy(params, out, x, *copy)
         if probes is not None:
             out_p = _mix_copy(params, out_p, xp, *p_copy)
     if own:
@@ -292,10 +305,14 @@ def context_copy(tokens: jax.Array, segment_ids: jax.Array, match: jax.Array, al
     return out, second(p_cand, (p_role == rtt) & (p_index == 0), p_tok - vocab.BYTE_OFFSET)
 
 
-def _mix_copy(params: dict, logits: jax.Array, x: jax.Array, dist: jax.Array, on: jax.Array):
+def _mix_copy(params: dict, logits: jax.Array, x: jax.Array, dist: jax.Array, on: jax.Array,
+              name: str = "copy", case: jax.Array | None = None):
     """log((1 - g) softmax(logits) + g dist) where ``on`` (dist over the 256 byte tokens),
-    g = sigmoid(x . copy_gate + copy_bias); the logits elsewhere."""
-    z = x.astype(jnp.float32) @ params["copy_gate"] + params["copy_bias"]
+    g = sigmoid(x . {name}_gate + {name}_bias), the bias indexed by bool ``case`` [B, T]
+    where given (one bias per case); the logits elsewhere."""
+    bias = params[f"{name}_bias"]
+    z = x.astype(jnp.float32) @ params[f"{name}_gate"] + (bias if case is None
+                                                           else bias[case.astype(jnp.int32)])
     lo = vocab.BYTE_OFFSET
     copy = jnp.full(logits.shape, -jnp.inf, jnp.float32).at[..., lo:lo + 256].set(
         jnp.log(jnp.maximum(jnp.where(on[..., None], dist, 1.0), 1e-30)))  # (0 x log'(0): NaN)
@@ -349,16 +366,16 @@ _DST_WIDTH = np.zeros(vocab.VOCAB_SIZE, np.int32)
 _DST_WIDTH[[vocab.DST_IPV4, vocab.DST_IPV6]] = vocab.WIDTH_OF[[vocab.DST_IPV4, vocab.DST_IPV6]]
 
 
-def _memory_row(h: jax.Array, rows: int) -> jax.Array:
+def memory_row(h: jax.Array, rows: int) -> jax.Array:
     """A destination hash's row of a table of ``rows`` (a power of two): Fibonacci hashing,
     the top bits of h times 2^32 / golden ratio."""
     shift = 32 - int(rows).bit_length() + 1
     return ((h.astype(jnp.uint32) * jnp.uint32(2654435769)) >> shift).astype(jnp.int32)
 
 
-def dst_memory_rows(tokens: jax.Array, segment_ids: jax.Array, rows: int, probes=None):
-    """(row int32[B, T], on bool[B, T], p_row, p_on): each token's row of the destination
-    memory (ModelConfig.dst_memory), and whether its measurement's destination is whole at
+def dst_hashes(tokens: jax.Array, segment_ids: jax.Array, probes=None):
+    """(h int32[B, T], on bool[B, T], p_h, p_on): the hash of each token's measurement's
+    destination address (address_hashes' hash), and whether that destination is whole at
     it (from the token that completes the destination block to the measurement's end; off
     before, on padding and on markers of a new measurement); with ``probes`` (forward's),
     the same two, [B, M], for them, else None. Read from the token and those before it in
@@ -374,7 +391,7 @@ def dst_memory_rows(tokens: jax.Array, segment_ids: jax.Array, rows: int, probes
     h, n, w = (_so_far(x, first) for x in (c, is_dst.astype(jnp.int32), width))
     on = (w > 0) & (n == w) & (seg > 0)
     if probes is None:
-        return _memory_row(h, rows), on, None, None
+        return h, on, None, None
     p_tok, p_prev = (x.astype(jnp.int32) for x in probes)
     p_role, p_index = _probe_grammar(tokens, seg, last, p_tok, p_prev)
     p_dst = p_role == vocab.ROLES.index("dst")
@@ -384,7 +401,63 @@ def dst_memory_rows(tokens: jax.Array, segment_ids: jax.Array, rows: int, probes
     p_n = at(n) + p_dst
     p_w = at(w) + jnp.asarray(_DST_WIDTH)[p_tok]
     p_on = (p_w > 0) & (p_n == p_w) & (jnp.take_along_axis(seg, p_prev, axis=1) > 0)
-    return _memory_row(h, rows), on, _memory_row(p_h, rows), p_on
+    return h, on, p_h, p_on
+
+
+def dst_memory_rows(tokens: jax.Array, segment_ids: jax.Array, rows: int, probes=None):
+    """(row int32[B, T], on bool[B, T], p_row, p_on): each token's row of the destination
+    memory (ModelConfig.dst_memory) and whether it is on (``dst_hashes``); with ``probes``,
+    the same two for them, else None."""
+    h, on, p_h, p_on = dst_hashes(tokens, segment_ids, probes)
+    return (memory_row(h, rows), on, None if p_h is None else memory_row(p_h, rows), p_on)
+
+
+def store_check(h):
+    """What a destination store row holds to say whose it is: the low 16 bits of the
+    destination's hash (its row comes from the high bits), exact in float32. numpy or jax."""
+    return (h & 0xFFFF).astype(np.float32)
+
+
+def store_dists(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, probes=None,
+                widths=(1.0, 1.0)):
+    """((dist float32[B, T, 256], on bool[B, T]), (p_dist, p_on) or None): at each token
+    whose next one is an RTT byte, the distribution of that byte over the STORE_K quantiles
+    of the measurement's destination's train-split RTTs (ModelConfig.dst_store; the table
+    from train.model.store: codes, count, check), each spread by a Laplace kernel of
+    ``widths`` (first byte, second) byte values; for the second byte, over the quantiles
+    whose first byte is the one written. ``on``: such a token whose destination is whole,
+    has its own row (the check matches) and at least STORE_MIN replies there, and (second
+    byte) one such quantile. With ``probes``, the same for them (a probe that is a first
+    RTT byte asks for the second)."""
+    K = arch.STORE_K
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    role, index, last = grammar(tokens, seg)
+    h, on, p_h, p_on = dst_hashes(tokens, seg, probes)
+    rtt = vocab.ROLES.index("rtt")
+    lo = vocab.BYTE_OFFSET
+    kern = [_byte_kernel(jnp.arange(256), w) for w in widths]  # [256, 256]: row v spread
+
+    def dists(h, on, tok, first, second):
+        r = store[memory_row(h, store.shape[0])]  # [B, T, K + 2]
+        ok = on & (r[..., K] >= arch.STORE_MIN) & (r[..., K + 1] == store_check(h))
+        code = r[..., :K].astype(jnp.int32)
+        b1, b2 = code >> 8, code & 255
+        d1 = jnp.mean(jax.nn.one_hot(b1, 256), axis=-2) @ kern[0]
+        hit = b1 == (tok - lo)[..., None]  # [B, T, K]: quantiles with the written first byte
+        n = hit.sum(-1)
+        h2 = jnp.einsum("btk,btkv->btv", hit / jnp.maximum(n, 1)[..., None],
+                        jax.nn.one_hot(b2, 256))
+        d2 = h2 @ kern[1]
+        dist = jnp.where(first[..., None], d1, d2)
+        return dist, ok & (first | (second & (n > 0)))
+
+    out = dists(h, on, tokens, tokens == vocab.RTT_START, (role == rtt) & (index == 0))
+    if probes is None:
+        return out, None
+    p_tok, p_prev = (x.astype(jnp.int32) for x in probes)
+    p_role, p_index = _probe_grammar(tokens, seg, last, p_tok, p_prev)
+    return out, dists(p_h, p_on, p_tok, p_tok == vocab.RTT_START,
+                      (p_role == rtt) & (p_index == 0))
 
 
 # an odd multiplier per (what, index) for the source anonymization's mix
@@ -587,7 +660,7 @@ def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
     the training objective). The objective is the mean cross-entropy, or, with
     ``role_weights`` (one weight per prep.schema.vocab.ROLES entry), the mean weighted by the role
     of each target: sum(w * ce) / sum(w)."""
-    aux = cfg.copy_aux if cfg.context_copy else 0.0
+    aux = cfg.copy_aux if cfg.context_copy or cfg.dst_store else 0.0
     if aux:  # the mixed distribution's loss, and its own's before the copy (copy_aux)
         tokens, seg = (batch[k].astype(jnp.int32) for k in ("tokens", "segment_ids"))
         ce, own_ce, mask = token_losses(params, tokens, seg, cfg, attention, own=True)
@@ -610,7 +683,7 @@ def token_losses(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: M
                  attention: attn.AttentionConfig = attn.AttentionConfig(), *, own: bool = False):
     """(next-token cross-entropy, logits, targets, mask) at every position of a batch: the
     loss of training, of the eval during training and of `train eval`; count it where mask.
-    ``own``: (cross-entropy, that of the distribution before the context copy, mask)."""
+    ``own``: (cross-entropy, that of the distribution before the store and the copy, mask)."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     out = forward(params, tokens, seg, cfg, attention, own=own)
     targets, mask = targets_and_mask(tokens, seg)
