@@ -211,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="size cuDNN's segment tables for M segments a row (at least what "
                         "the data holds; the synthetic rows hold 16, the built-in shards 68) "
                         "[the data's]")
+    p.add_argument("--segment-tables", default="batch", choices=["batch", "data"],
+                   help="cuDNN's segment tables sized per batch or once for the dataset "
+                        "(train --segment-tables) [batch]")
     p.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the model's ModelConfig for this run, e.g. "
                         "scan_layers=false (repeatable) [none]")
@@ -253,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or str(_synthetic_shards(Path(tmp) / "shards", 4096 if gpu else 256))
         cfg = TrainConfig(data=data, run_dir=str(Path(tmp) / "run"), eval_every=0,
-                          ckpt_every=0, attention=args.attention, **settings)
+                          ckpt_every=0, attention=args.attention,
+                          segment_tables=args.segment_tables, **settings)
         trace = args.trace_steps
         if trace and cfg.steps - trace < 2 * cfg.log_every:  # the first window warms up
             print(f"[bench-gpu] error: --trace-steps {trace} leaves no timed window of "
@@ -288,16 +292,19 @@ def main(argv: list[str] | None = None) -> int:
         "gpu.final_loss": summary["loss"], "gpu.params": summary["params"],
         "gpu.devices": n, "gpu.batch_size": cfg.batch_size, "gpu.wall_s": wall,
         "gpu.peak_gib": peak, "gpu.memory_limit_gib": limit,
+        # steps run at each segment-table size (per batch), None with one size
+        "gpu.segment_tables": summary.get("segment_tables"),
     }
     out = {"machine": machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "gpu": gpu,
            "config": {**settings, "attention": summary["attention"], "data": args.data or "synthetic",
-                      "model_set": overrides, "segment_table": args.segment_table},
+                      "model_set": overrides, "segment_table": args.segment_table,
+                      "segment_tables": args.segment_tables},
            "metrics": metrics, **({"top_ops": ops} if ops else {})}
     path = Path(args.out) if args.out else RESULTS / f"gpu-{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
     for k, v in metrics.items():
-        print(f"{k:<24} {'-' if v is None else f'{v:,.4g}'}")
+        print(f"{k:<24} {'-' if v is None else v if isinstance(v, dict) else f'{v:,.4g}'}")
     if ops and "error" in ops:
         print(f"top ops: none ({ops['error']})")
     for kind, v in (ops or {}).get("kinds", {}).items():

@@ -198,3 +198,47 @@ def test_the_recipe_on_the_cudnn_path_equals_the_xla_path(stand_in_cudnn, model_
     for a, b in zip(jax.tree.leaves(g_c), jax.tree.leaves(g_x)):
         assert np.isfinite(a).all()
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
+
+
+def test_table_size_is_the_next_power_of_two_within_the_datasets():
+    from train.fit.loop import table_size
+
+    got = [table_size(n, 68) for n in (0, 1, 2, 3, 4, 5, 16, 17, 33, 64, 65, 68)]
+    assert got == [2, 2, 2, 4, 4, 8, 16, 32, 64, 64, 68, 68]
+    assert table_size(3, 2) == 2 and table_size(1, 1) == 2
+
+
+def test_segment_tables_per_batch_train_as_one_table_does(stand_in_cudnn, monkeypatch, tmp_path):
+    """`--segment-tables batch` on the cuDNN path (a stand-in kernel that reads its tables,
+    so a table too small would drop segments): each batch runs at the power of two that
+    holds its fullest row, counted per size in the summary, and the losses are those of one
+    table for the whole dataset, step for step."""
+    import json
+
+    from bench import synthetic_shards as synthetic
+    from train.fit import reader
+    from train.fit.config import TrainConfig
+    from train.fit.loop import table_size, train
+
+    monkeypatch.setattr(attention, "resolve", lambda *a, **k: "cudnn")
+    d = tmp_path / "shards"
+    synthetic.write_shards(d, {"train": synthetic.counting_rows(48, 64, seed=0, max_segments=12),
+                               "test": synthetic.counting_rows(8, 64, seed=1)})
+    want = {}
+    for b in reader.batches(d, "train", batch_size=4, seed=0):
+        size = table_size(int(b["segment_ids"].max()), 12)
+        want[str(size)] = want.get(str(size), 0) + 1
+        if sum(want.values()) == 10:
+            break
+    assert len(want) >= 2, want  # the test needs batches of more than one size
+    losses = {}
+    for mode in ("batch", "data"):
+        run = tmp_path / mode
+        out = train(TrainConfig(data=str(d), run_dir=str(run), steps=10, batch_size=4,
+                                lr=3e-3, warmup=2, log_every=1, eval_every=0, ckpt_every=0,
+                                segment_tables=mode))
+        assert out["segment_tables"] == (want if mode == "batch" else None)
+        losses[mode] = [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").open())
+                        if "loss" in r]
+    assert len(losses["batch"]) == 10
+    np.testing.assert_allclose(losses["batch"], losses["data"], rtol=1e-6)

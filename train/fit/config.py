@@ -117,6 +117,14 @@ class TrainConfig:
         "auto", "--attention", type=click.Choice(["auto", "xla", "cudnn"]),
         help="Packed attention kernel [default: auto = cuDNN packed where it compiles, else "
              "XLA].")
+    # cuDNN's per-row segment tables: sized per batch (the smallest power of two that holds
+    # the batch's most segments in a row: one compiled step per size met) or once for the
+    # whole dataset (its most segments in any row); the kernel's cost grows with the table
+    # (docs/learning.md 6.4). One size on several processes, which must run one program
+    segment_tables: str = setting(
+        "batch", "--segment-tables", type=click.Choice(["batch", "data"]),
+        help="cuDNN's segment tables sized per batch (powers of two, a compiled step each) or "
+             "once for the dataset's fullest row [default: batch].")
     compute_dtype: str = setting(
         "float32", "--dtype", "Compute dtype; parameters stay float32.",
         type=click.Choice(["float32", "bfloat16"]), cpu="float32", gpu="bfloat16",

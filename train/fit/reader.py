@@ -251,11 +251,14 @@ def key_batches(n_rows: int, *, batch_size: int, seed: int, train: bool = True,
 
 
 def to_device(ds: grain.IterDataset, sharding: jax.sharding.Sharding, *,
-              host_buffer: int = 4, device_buffer: int = 2) -> grain.IterDataset:
-    """Prefetch on the host, then put each batch on the devices (global arrays) ahead of use."""
+              host_buffer: int = 4, device_buffer: int = 2,
+              segments: bool = False) -> grain.IterDataset:
+    """Prefetch on the host, then put each batch on the devices (global arrays) ahead of use.
+    ``segments``: each item is (batch, the most segments a row of it holds), the count read
+    on the host before the transfer (the trainer sizes cuDNN's tables by it)."""
     ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=host_buffer)
-    ds = ds.map(lambda b: {k: jax.make_array_from_process_local_data(sharding, v)
-                           for k, v in b.items()})
+    put = lambda b: {k: jax.make_array_from_process_local_data(sharding, v) for k, v in b.items()}
+    ds = ds.map((lambda b: (put(b), int(b["segment_ids"].max(initial=0)))) if segments else put)
     return grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=device_buffer)
 
 

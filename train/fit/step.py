@@ -136,7 +136,7 @@ def compile_steps(mesh: Mesh, mcfg: ModelConfig, cfg: TrainConfig, attention: At
     return _compile_steps(mesh, mcfg, opt_cfg, attention)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)  # a run's segment-table sizes (train.fit.loop.table_size)
 def _compile_steps(mesh: Mesh, mcfg: ModelConfig, cfg: TrainConfig, attention: AttentionConfig):
     rep, rows = shardings(mesh)
     step_fn = functools.partial(train_step, mcfg=mcfg, opt=make_optimizer(cfg, mcfg),
