@@ -203,7 +203,7 @@ def test_small_preset_and_its_cpu_recipe():
     # the store (32,768 rows of 64 quantiles, a count and a check) is data, not counted
     assert n_params(small) == (n_params(tiny) + (7 + 17) * 64 + 2 + 2 * 14 * 64
                                + 8192 * 64 + 8192 * 16 + 16 * 267 + 64
-                               + 64 + 1 + 2 + 64 + 2 + 2) == 795_961
+                               + 64 + 1 + 2 + 64 + 1 + 2) == 795_960
     d = defaults_for("cpu", model="small")
     assert (d["model"], d["steps"], d["batch_size"], d["lr"], d["warmup"], d["loss_weights"]) == (
         "small", 2400, 8, 3e-3, 100, "rtt=10,result=10")

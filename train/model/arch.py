@@ -99,9 +99,9 @@ class ModelConfig:
     # a run starts (train.model.store) and not learned. Where an RTT byte is next and the
     # measurement's destination has at least STORE_MIN replies there, the distribution is
     # mixed, by a gate of its own, with those quantiles' byte, spread as the copy's. What
-    # dst_median knows of a destination is then the model's too, whatever the context holds.
-    # The gate's bias is one where the context holds a reply to the destination and another
-    # where not (docs/learning.md section 8.7)
+    # dst_median knows of a destination is then the model's too. Only where the context
+    # holds no earlier reply to the destination (with context_copy, the copy answers there;
+    # docs/learning.md section 8.7)
     dst_store: int = 0
 
     def __post_init__(self):
@@ -187,10 +187,7 @@ def param_specs(cfg: ModelConfig) -> dict:
                    "copy_width": Param((2,), 0.0, decay=False)}
     if cfg.dst_store:  # filled by train.model.store; a gate and spreads of its own, as the copy's
         memory |= {"dst_store": Param((cfg.dst_store, STORE_K + 2), 0.0, decay=False, data=True),
-                   "store_gate": Param((D,), std),
-                   # the gate's bias where the context holds no reply to the destination,
-                   # and where it does (the copy's case): one gate would compromise
-                   "store_bias": Param((2,), 0.0, decay=False),
+                   "store_gate": Param((D,), std), "store_bias": Param((), 0.0, decay=False),
                    "store_width": Param((2,), 0.0, decay=False)}
     return {
         **grammar,

@@ -226,12 +226,15 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         widths = tuple(jax.nn.softplus(params["store_width"][i]) * COPY_WIDTH[i] for i in range(2))
         (dist, s_on), p_store = store_dists(jax.lax.stop_gradient(params["dst_store"]), tokens,
                                             seg, probes, widths)
-        # the gate's bias: one where the context holds a reply to the destination, one where not
-        c_on = jnp.zeros_like(s_on) if copy is None else copy[1]
-        out = _mix_copy(params, out, x, dist, s_on, "store", c_on)
+        # only where the context holds no reply to the destination: where it does, the copy
+        # answers, and the store mixed in there too diluted what the layers read of the
+        # context (docs/learning.md section 8.7)
+        if copy is not None:
+            s_on = s_on & ~copy[1]
+        out = _mix_copy(params, out, x, dist, s_on, "store")
         if probes is not None:
-            p_c_on = jnp.zeros_like(p_store[1]) if p_copy is None else p_copy[1]
-            out_p = _mix_copy(params, out_p, xp, *p_store, "store", p_c_on)
+            p_on = p_store[1] if p_copy is None else p_store[1] & ~p_copy[1]
+            out_p = _mix_copy(params, out_p, xp, p_store[0], p_on, "store")
     if copy is not None:
         out = _mix_copy(params, out, x, *copy)
         if probes is not None:
@@ -306,13 +309,10 @@ def context_copy(tokens: jax.Array, segment_ids: jax.Array, match: jax.Array, al
 
 
 def _mix_copy(params: dict, logits: jax.Array, x: jax.Array, dist: jax.Array, on: jax.Array,
-              name: str = "copy", case: jax.Array | None = None):
+              name: str = "copy"):
     """log((1 - g) softmax(logits) + g dist) where ``on`` (dist over the 256 byte tokens),
-    g = sigmoid(x . {name}_gate + {name}_bias), the bias indexed by bool ``case`` [B, T]
-    where given (one bias per case); the logits elsewhere."""
-    bias = params[f"{name}_bias"]
-    z = x.astype(jnp.float32) @ params[f"{name}_gate"] + (bias if case is None
-                                                           else bias[case.astype(jnp.int32)])
+    g = sigmoid(x . {name}_gate + {name}_bias); the logits elsewhere."""
+    z = x.astype(jnp.float32) @ params[f"{name}_gate"] + params[f"{name}_bias"]
     lo = vocab.BYTE_OFFSET
     copy = jnp.full(logits.shape, -jnp.inf, jnp.float32).at[..., lo:lo + 256].set(
         jnp.log(jnp.maximum(jnp.where(on[..., None], dist, 1.0), 1e-30)))  # (0 x log'(0): NaN)
