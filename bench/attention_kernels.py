@@ -60,7 +60,8 @@ def _timed(fn, inputs, warmup: int, reps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    head, _, example = __doc__.rpartition("\n\n")
+    p = argparse.ArgumentParser(description=head.split("\n\n")[0], epilog="example:\n" + example,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="a shards folder whose train rows give the segments [none: "
                                   "--segments equal segments a row]")
@@ -77,7 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     from bench.run import machine
     from train.model import attention
 
-    seg = _segments(args)
+    from prep.base.errors import InputError
+
+    try:
+        seg = _segments(args)
+    except InputError as e:
+        print(f"[attention-kernels] error: {e}", file=sys.stderr)
+        return 2
     B, T = seg.shape
     most = int(seg.max())
     rng = np.random.default_rng(1)
