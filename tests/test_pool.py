@@ -79,7 +79,10 @@ def _kill_a_worker(args: list[str], slow: str, on=lambda label: True) -> tuple[i
     """Run ``prep ARGS`` with its task function slowed (``slow``: Python run before main),
     SIGKILL one of its workers once it is on a task whose label ``on`` accepts (the pool
     keeps each busy worker's label in a file named by its pid); exit code, stderr, seconds
-    from the kill to the exit. No worker may outlive the run."""
+    from the kill to the exit. No worker may outlive the run. The callers slow each task by
+    3 s, so the worker is still on the task it was seen on when the kill lands, even on a
+    loaded 2-core machine (at 1 s, a run beside other tests once saw the worker between
+    tasks: "killed" without "while on")."""
     code = f"import sys, time\n{slow}\nfrom prep.cli import main\nmain(sys.argv[1:])"
     proc = subprocess.Popen([sys.executable, "-c", code] + args, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -113,7 +116,7 @@ def _kill_a_worker(args: list[str], slow: str, on=lambda label: True) -> tuple[i
 def test_prep_verify_with_a_killed_worker_names_the_shard(synth_shards):
     shards_dir = synth_shards
     slow = ("import prep.tools.verify as v\nreal = v.check_shard\n"
-            "def check_shard(t):\n    time.sleep(1.0); return real(t)\n"
+            "def check_shard(t):\n    time.sleep(3.0); return real(t)\n"
             "v.check_shard = check_shard")
     rc, err, took = _kill_a_worker(["verify", str(shards_dir), "--workers", "2"], slow)
     lines = error_lines(err)
@@ -127,7 +130,7 @@ def test_prep_verify_with_a_killed_worker_names_the_shard(synth_shards):
 def test_prep_import_atlas_with_a_killed_worker_names_the_file(tmp_path):
     out = tmp_path / "out"
     slow = ("import prep.ingest.atlas as a\nreal = a._import_file\n"
-            "def _import_file(t):\n    time.sleep(1.0); return real(t)\n"
+            "def _import_file(t):\n    time.sleep(3.0); return real(t)\n"
             "a._import_file = _import_file")
     rc, err, took = _kill_a_worker(["import-atlas", str(ATLAS / "api"), "--out", str(out),
                                     "--workers", "2"], slow)
@@ -143,7 +146,7 @@ def test_prep_import_atlas_with_a_killed_worker_names_the_file(tmp_path):
 def test_prep_shards_with_a_killed_worker_names_the_bucket(tmp_path, synth_raw):
     out = tmp_path / "out"
     slow = ("import prep.shards.local_runner as s\nreal = s.process_bucket\n"
-            "def slow(*a):\n    time.sleep(1.0); return real(*a)\n"
+            "def slow(*a):\n    time.sleep(3.0); return real(*a)\n"
             "s.process_bucket = slow")
     rc, err, took = _kill_a_worker(["shards", str(synth_raw), "--out", str(out), "--workers", "2",
                                     "--buckets", "8", "--quiet"], slow,
