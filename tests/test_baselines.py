@@ -91,6 +91,24 @@ def test_pair_median(tiny):
     assert covered == [True, True, True, True, False, True, False, False]
 
 
+def test_pair_baselines_answer_an_unseen_direction_with_the_reverse_pair(tiny):
+    """(2, 1) and (2, 0) were never pinged: (1, 2) and (0, 2) were. A pair seen in its own
+    direction keeps its own answer even where the reverse differs ((1, 0) is not (0, 1))."""
+    src, dst = np.array([2, 2, 1]), np.array([1, 0, 0])
+    got = {n: tiny[n].predict(src, dst) for n in ("pair_median", "pair_last", "pair_ema")}
+    # (1, 2): 4, 9, 100 and a failure, timestamped 4 (t 50), 9 (t 10), failure (t 30); (0, 2):
+    # 50 only, untimestamped (no pair_last or pair_ema of its own, nor a reverse)
+    assert got["pair_median"].rtt_ms.tolist() == [9.0, 50.0, 35.0]
+    assert got["pair_median"].p_fail.tolist() == [0.25, 0.0, 1 / 3]
+    assert got["pair_median"].covered.tolist() == [True, True, True]
+    assert got["pair_last"].rtt_ms.tolist() == [4.0, MEDIAN, 40.0]
+    assert got["pair_last"].covered.tolist() == [True, False, True]
+    assert got["pair_ema"].rtt_ms.tolist() == pytest.approx([0.3 * 4.0 + 0.7 * 9.0, MEDIAN, 33.0])
+    assert got["pair_ema"].covered.tolist() == [True, False, True]
+    # dst_median never reads a reverse pair: destination 1's own replies
+    assert tiny["dst_median"].predict(src[:1], dst[:1]).rtt_ms.tolist() == [10.0]
+
+
 @pytest.mark.parametrize("name, covered", [
     # Vivaldi: both nodes in a successful ping (node 4 never was)
     ("vivaldi", [True, True, True, True, False, True, True, True]),

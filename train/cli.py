@@ -246,7 +246,8 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     (the model without context); the same from the context baselines (last reply to the
     destination, its EMA, the context's median, the source placed in the train Vivaldi
     space) and the train-fit ones (global median; destination median; per-pair last-seen,
-    EMA, median; Vivaldi; matrix factorization). Overall, by stratum (pair_in_context,
+    EMA, median, each from the reverse pair where the pair has no ping of its own;
+    Vivaldi; matrix factorization). Overall, by stratum (pair_in_context,
     node_known, cold) and by context length, with 95 % bootstrap intervals; the model's
     [p10, p90] coverage. Writes RUN_DIR/eval/step-<S>.json. Without RUN_DIR: the newest
     run under runs/ (the one that saved a checkpoint last), as `train --resume` takes.

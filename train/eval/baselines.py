@@ -7,6 +7,9 @@ fell back to. RTTs are fit on successful pings only; failures feed p_fail.
 
 - ``global_median``, ``dst_median``, ``pair_median``: the (numpy) median RTT and failure
   rate of all pings, per destination (where the target is says most), per ordered pair.
+- The pair baselines answer a pair never seen in its direction with the reverse pair (as
+  the factorization answers a node seen only as a destination): on a matrix data set whose
+  held-out nodes are only destinations in the train split, that is all a pair has.
 - ``pair_last``: the pair's latest successful RTT; p_fail 1 if its latest ping failed.
 - ``pair_ema``: per pair, an EMA (alpha 0.3, first value as is) of its successful RTTs in
   time order, and of its failure indicator.
@@ -106,26 +109,36 @@ class GlobalMedian(Baseline):
 
 @dataclass(frozen=True, eq=False)
 class PairTable(Baseline):
+    """Keyed by the ordered pair; a pair never seen in its own direction answers with the
+    reverse one (a round trip crosses the same two ends: the factorization's rule)."""
     keys: np.ndarray  # int64[p], sorted: src * n_nodes + dst
     rtt_ms: np.ndarray  # float64[p], NaN: the pair has no RTT of its own
     p_fail: np.ndarray  # float64[p]
 
-    def _own(self, src, dst):
+    def _find(self, keys):
+        """(rtt, p_fail) of each key, NaN where the table has no such key."""
         if len(self.keys) == 0:
-            return np.full(len(src), np.nan), np.full(len(src), np.nan)
-        keys = src * self.n_nodes + dst
+            return np.full(len(keys), np.nan), np.full(len(keys), np.nan)
         pos = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
         hit = self.keys[pos] == keys
         return (np.where(hit, self.rtt_ms[pos], np.nan),
                 np.where(hit, self.p_fail[pos], np.nan))
 
+    def _own(self, src, dst):
+        rtt, p_fail = self._find(src * self.n_nodes + dst)
+        # the reverse pair where this direction has no ping (neither an RTT nor a failure)
+        back = np.isnan(rtt) & np.isnan(p_fail)
+        if back.any():
+            rtt[back], p_fail[back] = self._find(dst[back] * self.n_nodes + src[back])
+        return rtt, p_fail
+
 
 @dataclass(frozen=True, eq=False)
 class DstTable(PairTable):
-    """PairTable keyed by the destination alone (keys: dst ids)."""
+    """Keyed by the destination alone (keys: dst ids)."""
 
     def _own(self, src, dst):
-        return super()._own(np.zeros_like(dst), dst)
+        return self._find(dst)
 
 
 @dataclass(frozen=True, eq=False)
