@@ -113,8 +113,8 @@ def test_decay_mask_is_the_old_rule_leaf_by_leaf(name):
     rule did: every parameter whose tree path does not contain "norm"; and not the
     destination match's gain (small), a gain like the norms', nor the destination memory's
     and prior's rows (small), which keep what they learned between a destination's visits,
-    nor the context copy's and the store's gate biases and widths (small: scalars with a
-    meaning of their own), nor the store itself (data)."""
+    nor the context copy's and the stores' gate biases and widths (small: scalars with a
+    meaning of their own), nor the stores themselves (data)."""
     cfg = MODELS[name]
     shapes = arch.map_params(lambda p: jax.ShapeDtypeStruct(p.shape, jnp.float32),
                              arch.param_specs(cfg))
@@ -122,7 +122,8 @@ def test_decay_mask_is_the_old_rule_leaf_by_leaf(name):
         lambda path, _: not any(w in jax.tree_util.keystr(path)
                                 for w in ("norm", "gain", "dst_memory", "prior_table",
                                           "copy_bias", "copy_width", "dst_store",
-                                          "store_bias", "store_width")),
+                                          "store_bias", "store_width", "pair_store",
+                                          "pair_bias", "pair_width")),
         shapes)
     new = arch.decay_mask(cfg)
     assert jax.tree.structure(new) == jax.tree.structure(old)

@@ -65,20 +65,43 @@ def test_a_row_holds_a_destinations_count_quantiles_and_check():
     np.testing.assert_array_equal(store.build(*planted(), 1024, batch=3)[0], table)
 
 
-def test_a_shared_row_goes_to_the_destination_with_the_most_replies():
-    """Three destinations in a table of two rows: two of them share one. The one with more
-    replies keeps it; the other has no row (and is counted as collided if it had enough)."""
-    rows = {d: row_of(d, 2) for d in (129, 130, 131)}
+def rows_of(last: int, rows: int) -> tuple[int, int]:
+    return tuple(int(r) for r in model.store_rows(dst_hash(last), rows))
+
+
+def test_destinations_that_share_a_first_row_each_get_one_of_their_two():
+    """Two destinations whose first rows are the same (found among 193.0.14.1-255 for a
+    table of 64 rows): the one with more replies is placed first, then the other takes the
+    shared row and moves it to its second (cuckoo hashing); the model reads each there."""
+    firsts = {}
+    for d in range(1, 256):
+        firsts.setdefault(rows_of(d, 64)[0], []).append(d)
+    a, b = next(v[:2] for v in firsts.values()
+                if len(v) > 1 and rows_of(v[0], 64)[1] != rows_of(v[1], 64)[1]
+                and rows_of(v[1], 64)[1] != rows_of(v[0], 64)[0])
+    row = reply(0x40, 0x00, dst_last=a) * 3 + reply(0x50, 0x00, dst_last=b) * 2  # a more
+    table, summary = store.build(np.asarray([row] * 20, np.uint16),
+                                 np.ones((20, len(row)), np.uint8), 64)
+    assert summary == store.StoreSummary(2, 2, 100, 0)
+    assert table[rows_of(a, 64)[1], K] == 60 and table[rows_of(b, 64)[0], K] == 40
+    tok, seg = jnp.asarray([row]), jnp.ones((1, len(row)), jnp.int32)
+    (dist, on), _ = model.store_dists(jnp.asarray(table), tok, seg, widths=(1e-3, 1e-3))
+    dist, on = np.asarray(dist)[0], np.asarray(on)[0]
+    assert dist[11, 0x40] == pytest.approx(1.0) and dist[3 * 16 + 11, 0x50] == pytest.approx(1.0)
+    assert on[11] and on[3 * 16 + 11]
+
+
+def test_a_full_table_leaves_a_destination_without_a_row():
+    """Three destinations with enough replies in a table of two rows: two are placed, one
+    at each row; the third has none and is counted as collided."""
     table, summary = store.build(*planted(40), 2)  # 160, 40 and 80 replies
-    n = {129: 160, 130: 40, 131: 80}
+    assert summary.collided == 1 and summary.usable == 2
+    held = {int(c) for c in table[:, K + 1]}
+    checks = {d: dst_hash(d) & 0xFFFF for d in (129, 130, 131)}
+    assert len(held) == 2 and held < set(checks.values())
     for r in (0, 1):
-        mine = [d for d in rows if rows[d] == r]
-        if mine:
-            top = max(mine, key=n.get)
-            assert table[r, K] == n[top] and table[r, K + 1] == dst_hash(top) & 0xFFFF
-    shared = [d for d in rows if list(rows.values()).count(rows[d]) > 1]
-    lost = [d for d in shared if d != max((e for e in shared if rows[e] == rows[d]), key=n.get)]
-    assert summary.collided == len(lost) >= 1 and summary.usable == 3 - len(lost)
+        d = next(d for d, c in checks.items() if c == table[r, K + 1])
+        assert r in rows_of(d, 2) and table[r, K] == {129: 160, 130: 40, 131: 80}[d]
 
 
 def test_store_dists_reads_the_quantiles_of_the_queried_destination():
@@ -195,8 +218,102 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
     run = tmp_path / "run"
     train(TrainConfig(model="small", data=str(d), run_dir=str(run), steps=3, batch_size=2,
                       lr=3e-3, warmup=1, log_every=1, eval_every=0, ckpt_every=0))
+    err = capsys.readouterr().err
     assert ("destination store: 1 of 3 destinations (>= 32 replies each) from 70 train "
-            "replies") in capsys.readouterr().err
+            "replies") in err
+    assert "pair store: 1 of 3 address pairs (>= 32 replies each) from 70 train replies" in err
     want, _ = store.build(tok, seg, 1024)
-    got = np.asarray(predictor.load(str(run)).params["dst_store"])
-    np.testing.assert_array_equal(got, want)
+    params = predictor.load(str(run)).params
+    np.testing.assert_array_equal(np.asarray(params["dst_store"]), want)
+    want_pairs, _ = store.build(tok, seg, arch.MODELS["small"].pair_store, key="pair")
+    np.testing.assert_array_equal(np.asarray(params["pair_store"]), want_pairs)
+    assert want_pairs[:, K].sum() == 70  # every reply has its pair's row (no collision)
+
+
+# --- the pair store: the train split's replies by ordered address pair, read at a
+# measurement's reverse pair ------------------------------------------------------------
+
+def ping(src_last, dst_last, b1, b2):
+    """One IPv4 measurement 10.0.0.<src_last> -> 10.0.0.<dst_last> (two nodes of a latency
+    matrix), its reply's RTT code bytes b1 b2, then a one-byte time delta."""
+    return [V.MEASUREMENT_START, V.SRC_IPV4, B + 10, B + 0, B + 0, B + src_last, V.DST_IPV4,
+            B + 10, B + 0, B + 0, B + dst_last, V.RTT_START, B + b1, B + b2,
+            V.TIMESTAMP_DELTA1, B + 240]
+
+
+# node 1 pings node 2 (codes 0x5010, 0x5020, 0x5110, 0x5030) and node 3 (0x7000); 10 rows:
+# 40 replies of (1, 2), 10 of (1, 3)
+PAIR_ROW = (ping(1, 2, 0x50, 0x10) + ping(1, 2, 0x50, 0x20) + ping(1, 2, 0x51, 0x10)
+            + ping(1, 3, 0x70, 0x00) + ping(1, 2, 0x50, 0x30))
+# a held-out node 2's context: it pings node 1 (whose pings to it are stored), node 3 (no
+# stored pair), and node 1 again
+ASK = ping(2, 1, 0x52, 0x00) + ping(2, 3, 0x52, 0x00) + ping(2, 1, 0x50, 0x20)
+
+
+def test_the_pair_store_reads_the_replies_of_the_reverse_pair():
+    """Node 2's pings to node 1 read the quantiles of node 1's 40 pings to node 2 (first
+    byte 0x50 three in four, 0x51 one in four; after 0x50: 0x10, 0x20, 0x30 a third each);
+    its ping to node 3 reads nothing (no ping of 3 to 2 stored), nor would node 1's own pings
+    to node 2 (their reverse is not stored). A store by destination holds none of this:
+    node 1's row there is empty."""
+    table, summary = store.build(np.asarray([PAIR_ROW] * 10, np.uint16),
+                                 np.ones((10, len(PAIR_ROW)), np.uint8), 1024, key="pair")
+    assert summary == store.StoreSummary(2, 1, 50, 0, "pair")
+    tok, seg = jnp.asarray([ASK + PAIR_ROW]), jnp.ones((1, len(ASK + PAIR_ROW)), jnp.int32)
+    sharp = (1e-3, 1e-3)
+    keys = model.reverse_pair_keys(tok, seg)
+    (dist, on), _ = model.store_dists(jnp.asarray(table), tok, seg, widths=sharp, keys=keys)
+    dist, on = np.asarray(dist)[0], np.asarray(on)[0]
+    first, again = 11, 32 + 11  # the RTT_STARTs of node 2's pings to node 1
+    # (the first one's second byte is off: no stored quantile has its first byte, 0x52)
+    assert sorted(np.flatnonzero(on)) == [first, again, again + 1]
+    want1 = np.zeros(256)
+    want1[0x50], want1[0x51] = 0.75, 0.25
+    np.testing.assert_allclose(dist[first], want1, atol=1e-6)
+    want2 = np.zeros(256)
+    want2[[0x10, 0x20, 0x30]] = 1 / 3
+    np.testing.assert_allclose(dist[again + 1], want2, atol=1e-6)
+    by_dst, _ = store.build(np.asarray([PAIR_ROW] * 10, np.uint16),
+                            np.ones((10, len(PAIR_ROW)), np.uint8), 1024)
+    (_, on_dst), _ = model.store_dists(jnp.asarray(by_dst), tok, seg, widths=sharp)
+    assert not np.asarray(on_dst)[0, :48].any()  # node 1 as a destination: no replies
+
+
+def test_the_pair_store_reads_the_real_sources_of_anonymized_rows():
+    """Training reads rows with anonymized sources: with the real sources' hashes
+    (``src_hash``) the keys are the real rows'; without them, no key is."""
+    tok, seg = jnp.asarray([ASK]), jnp.ones((1, len(ASK)), jnp.int32)
+    anon = model.anonymize_sources(tok, seg, jnp.int32(7))
+    assert not np.array_equal(np.asarray(anon), np.asarray(tok))
+    real = model.reverse_pair_keys(tok, seg)
+    src_hash = model.field_hashes(tok, seg, "src")[0]
+    kept = model.reverse_pair_keys(anon, seg, src_hash=src_hash)
+    lost = model.reverse_pair_keys(anon, seg)
+    on = np.asarray(real[1])
+    assert on.sum() == 3 * 6  # from each destination's last byte (10) to its measurement's end (15)
+    np.testing.assert_array_equal(np.asarray(kept[0])[on], np.asarray(real[0])[on])
+    assert not (np.asarray(lost[0])[on] == np.asarray(real[0])[on]).any()
+
+
+def test_the_pair_gate_mixes_the_reverse_pair_in():
+    """The pair store's gate held open: node 2's first ping to node 1 is answered by node
+    1's pings to node 2, through forward as through the loss; its ping to node 3 keeps the
+    model's own distribution. The table gets no gradient; the gate's bias does."""
+    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(ASK), dst_store=0,
+                              pair_store=1024, context_copy=0.0)
+    table, _ = store.build(np.asarray([PAIR_ROW] * 10, np.uint16),
+                           np.ones((10, len(PAIR_ROW)), np.uint8), 1024, key="pair")
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    params = {**params, "pair_store": jnp.asarray(table), "pair_bias": jnp.float32(30.0),
+              "pair_width": jnp.full(2, -40.0)}
+    tok, seg = jnp.asarray([ASK]), jnp.ones((1, len(ASK)), jnp.int32)
+    logits, own = model.forward(params, tok, seg, cfg, own=True)
+    p, p_own = (np.exp(np.asarray(jax.nn.log_softmax(x)))[0] for x in (logits, own))
+    assert p[11, B + 0x50] == pytest.approx(0.75, abs=1e-4)
+    assert p[11, B + 0x51] == pytest.approx(0.25, abs=1e-4)
+    np.testing.assert_allclose(p[16 + 11], p_own[16 + 11], atol=1e-6)  # node 3: nothing stored
+    batch = {"tokens": tok, "segment_ids": seg}
+    g = jax.grad(lambda q: model.loss_sum(q, batch, cfg)[2])(
+        {**params, "pair_bias": jnp.float32(0.0)})
+    assert not np.asarray(g["pair_store"]).any()
+    assert abs(float(g["pair_bias"])) > 0

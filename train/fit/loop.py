@@ -153,7 +153,7 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: FolderLock, devices, on_step, 
         ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.keep_checkpoints)
         if saved is not None:
             start, state = _resume(ckpt, state, it, run_dir, notes, say)
-        elif mcfg.dst_store:  # the train split's replies by destination (a resume has them)
+        elif mcfg.dst_store or mcfg.pair_store:  # the train split's replies (a resume has them)
             state = _fill_store(state, mcfg, data, manifest, rep, say)
         if primary:
             runfolder.write_json(run_dir / "config.json", {
@@ -175,12 +175,15 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: FolderLock, devices, on_step, 
 
 
 def _fill_store(state: dict, mcfg, data, manifest: dict, rep, say) -> dict:
-    """``state`` with its destination store (ModelConfig.dst_store) filled from the train
-    split (train.model.store); one line says what it holds."""
+    """``state`` with its stores (ModelConfig.dst_store, pair_store) filled from the train
+    split (train.model.store); one line each says what it holds."""
     tok, seg = reader.read_split(data, manifest, "train", sha256=False)
-    table, summary = store_lib.build(tok, seg, mcfg.dst_store)
-    say(summary.line())
-    params = dict(state["params"], dst_store=jax.device_put(table, rep))
+    params = dict(state["params"])
+    for key, field in (("dst", "dst_store"), ("pair", "pair_store")):
+        if getattr(mcfg, field):
+            table, summary = store_lib.build(tok, seg, getattr(mcfg, field), key=key)
+            say(summary.line())
+            params[field] = jax.device_put(table, rep)
     return dict(state, params=params)
 
 

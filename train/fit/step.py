@@ -95,8 +95,12 @@ def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, schedule,
     """One optimizer step on the objective (the mean next-token loss, weighted by role where
     ``weights``); the metrics' ``loss`` is the plain mean either way, comparable across runs.
     A model with ``anonymize_src`` reads its rows with each context's source addresses made
-    random (train.model.model.anonymize_sources), new at every step."""
+    random (train.model.model.anonymize_sources), new at every step (its pair store still
+    reads the real ones)."""
     if mcfg.anonymize_src:
+        if mcfg.pair_store:  # its rows are keyed by the real sources (model.reverse_pair_keys)
+            batch = dict(batch, src_hash=model.field_hashes(batch["tokens"], batch["segment_ids"],
+                                                            "src")[0])
         batch = dict(batch, tokens=model.anonymize_sources(batch["tokens"], batch["segment_ids"],
                                                            state["step"]))
 

@@ -103,9 +103,17 @@ class ModelConfig:
     # holds no earlier reply to the destination (with context_copy, the copy answers there;
     # docs/learning.md section 8.7)
     dst_store: int = 0
+    # a store of the train split's replies by ordered address pair, read for a measurement
+    # at its reverse pair (its destination's pings to its source: a round trip crosses the
+    # same two ends), as dst_store's rows are read: a table of this many rows (a power of
+    # two; 0: off), filled when a run starts. A node held out as a source whose pings
+    # from others are in the train split (a latency matrix's) is then known pair by pair;
+    # where no reverse ping exists (probes to targets), it is off. Only where the context
+    # holds no earlier reply to the destination (docs/learning.md section 8.8)
+    pair_store: int = 0
 
     def __post_init__(self):
-        for name in ("dst_memory", "dst_store"):
+        for name in ("dst_memory", "dst_store", "pair_store"):
             n = getattr(self, name)
             if n < 0 or n & (n - 1):
                 raise ValueError(f"{name} must be 0 or a power of two, not {n}")
@@ -121,7 +129,7 @@ MODELS = {
     "small": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256,
                          grammar_embed=True, init_std=0.08, match_dst=4.0, byte_features=7,
                          dst_memory=8192, dst_prior_scale=30.0, anonymize_src=True,
-                         context_copy=0.3, copy_aux=1.0, dst_store=32768),
+                         context_copy=0.3, copy_aux=1.0, dst_store=32768, pair_store=32768),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,
@@ -154,6 +162,7 @@ class Param(NamedTuple):
     std: float
     decay: bool = True
     data: bool = False
+    zeros: bool = False  # starts at 0 (learned): the pair store's gate, which draws nothing
 
 
 def _gain(*shape: int) -> Param:
@@ -189,6 +198,13 @@ def param_specs(cfg: ModelConfig) -> dict:
         memory |= {"dst_store": Param((cfg.dst_store, STORE_K + 2), 0.0, decay=False, data=True),
                    "store_gate": Param((D,), std), "store_bias": Param((), 0.0, decay=False),
                    "store_width": Param((2,), 0.0, decay=False)}
+    if cfg.pair_store:  # the same, for the reverse pair's replies
+        memory |= {"pair_store": Param((cfg.pair_store, STORE_K + 2), 0.0, decay=False, data=True),
+                   # zeros: the bias opens it at first; and no draw, so the other parameters
+                   # start as they do without it
+                   "pair_gate": Param((D,), 0.0, zeros=True),
+                   "pair_bias": Param((), 0.0, decay=False),
+                   "pair_width": Param((2,), 0.0, decay=False)}
     return {
         **grammar,
         **waves,

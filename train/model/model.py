@@ -38,15 +38,19 @@ def init_params(cfg: ModelConfig, seed: int) -> dict:
     """float32 parameters (train.model.arch.param_specs), drawn on the host: a jitted init costs
     seconds of compilation."""
     rng = np.random.default_rng(seed)
-    draw = lambda p: (np.zeros(p.shape, np.float32) if p.data
+    draw = lambda p: (np.zeros(p.shape, np.float32) if p.data or p.zeros
                       else p.std * rng.standard_normal(p.shape, np.float32) if p.std
                       else np.ones(p.shape, np.float32))
     return arch.map_params(draw, arch.param_specs(cfg))
 
 
 def count_params(params: dict) -> int:
-    """Learned parameters: all but the destination store, which is data (ModelConfig.dst_store)."""
-    return sum(x.size for k, v in params.items() if k != "dst_store" for x in jax.tree.leaves(v))
+    """Learned parameters: all but the stores, which are data (ModelConfig.dst_store and
+    pair_store)."""
+    return sum(x.size for k, v in params.items() if k not in STORES for x in jax.tree.leaves(v))
+
+
+STORES = ("dst_store", "pair_store")  # data in the parameters: filled, not learned
 
 
 def positions(segment_ids: jax.Array) -> jax.Array:
@@ -116,7 +120,8 @@ def rope(x, tables):
 
 def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
             attention: attn.AttentionConfig = attn.AttentionConfig(), *,
-            probes: tuple[jax.Array, jax.Array] | None = None, own: bool = False):
+            probes: tuple[jax.Array, jax.Array] | None = None, own: bool = False,
+            src_hash: jax.Array | None = None):
     """float32 logits [B, T, V] of int tokens [B, T] under segment_ids [B, T], computed as
     ``attention`` says (implementation, segment-table size, compute dtype).
 
@@ -129,8 +134,10 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     byte this way (train.predict.predictor). A probe attends to its segment up to ``probe_prev``
     and to itself, never to other probes.
 
-    ``own`` (no probes): also the logits before the destination store and the context copy
-    are mixed in (ModelConfig.dst_store, context_copy): (logits, own logits).
+    ``own`` (no probes): also the logits before the stores and the context copy are mixed
+    in (ModelConfig.dst_store, pair_store, context_copy): (logits, own logits).
+    ``src_hash``: the pair store's source hashes, where the tokens' sources are anonymized
+    (``reverse_pair_keys``).
     """
     dtype = attention.dtype
     seg = segment_ids.astype(jnp.int32)
@@ -235,6 +242,17 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         if probes is not None:
             p_on = p_store[1] if p_copy is None else p_store[1] & ~p_copy[1]
             out_p = _mix_copy(params, out_p, xp, p_store[0], p_on, "store")
+    if cfg.pair_store:  # the train split's replies of the reverse pair (not learned)
+        widths = tuple(jax.nn.softplus(params["pair_width"][i]) * COPY_WIDTH[i] for i in range(2))
+        keys = reverse_pair_keys(tokens, seg, probes, src_hash)
+        (dist, r_on), p_pair = store_dists(jax.lax.stop_gradient(params["pair_store"]), tokens,
+                                           seg, probes, widths, keys)
+        if copy is not None:  # as the destination store: where the copy does not answer
+            r_on = r_on & ~copy[1]
+        out = _mix_copy(params, out, x, dist, r_on, "pair")
+        if probes is not None:
+            p_on = p_pair[1] if p_copy is None else p_pair[1] & ~p_copy[1]
+            out_p = _mix_copy(params, out_p, xp, p_pair[0], p_on, "pair")
     if copy is not None:
         out = _mix_copy(params, out, x, *copy)
         if probes is not None:
@@ -361,9 +379,10 @@ def address_hashes(tokens: jax.Array, segment_ids: jax.Array, field: str):
     return so_far, full, meas
 
 
-# the destination header's block width, by token id (0 for any other token)
-_DST_WIDTH = np.zeros(vocab.VOCAB_SIZE, np.int32)
-_DST_WIDTH[[vocab.DST_IPV4, vocab.DST_IPV6]] = vocab.WIDTH_OF[[vocab.DST_IPV4, vocab.DST_IPV6]]
+# each address header's block width, by token id (0 for any other token)
+_WIDTH = {f: np.zeros(vocab.VOCAB_SIZE, np.int32) for f in ("src", "dst")}
+_WIDTH["src"][[vocab.SRC_IPV4, vocab.SRC_IPV6]] = vocab.WIDTH_OF[[vocab.SRC_IPV4, vocab.SRC_IPV6]]
+_WIDTH["dst"][[vocab.DST_IPV4, vocab.DST_IPV6]] = vocab.WIDTH_OF[[vocab.DST_IPV4, vocab.DST_IPV6]]
 
 
 def memory_row(h: jax.Array, rows: int) -> jax.Array:
@@ -373,35 +392,76 @@ def memory_row(h: jax.Array, rows: int) -> jax.Array:
     return ((h.astype(jnp.uint32) * jnp.uint32(2654435769)) >> shift).astype(jnp.int32)
 
 
-def dst_hashes(tokens: jax.Array, segment_ids: jax.Array, probes=None):
+# a store key's second row (two-choice hashing): memory_row of key * _ALT[0] + _ALT[1]
+_ALT = (np.random.default_rng(31415).integers(1 << 20, 1 << 30, 2) | 1).astype(np.int32)
+
+
+def store_rows(h, rows: int):
+    """The two rows of a store of ``rows`` where key ``h`` may be (two-choice hashing: a key
+    whose first row is taken goes to its second; train.model.store places them)."""
+    h = jnp.asarray(h, jnp.int32)
+    return memory_row(h, rows), memory_row(h * _ALT[0] + _ALT[1], rows)
+
+
+def field_hashes(tokens: jax.Array, segment_ids: jax.Array, field: str = "dst", probes=None):
     """(h int32[B, T], on bool[B, T], p_h, p_on): the hash of each token's measurement's
-    destination address (address_hashes' hash), and whether that destination is whole at
-    it (from the token that completes the destination block to the measurement's end; off
+    ``field`` ("src" or "dst") address (address_hashes' hash), and whether that address is
+    whole at it (from the token that completes its block to the measurement's end; off
     before, on padding and on markers of a new measurement); with ``probes`` (forward's),
     the same two, [B, M], for them, else None. Read from the token and those before it in
     its measurement."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     role, index, last = grammar(tokens, seg)
-    is_dst = role == vocab.ROLES.index("dst")
-    c = _addr_part(tokens, role, index, "dst")
-    width = jnp.asarray(_DST_WIDTH)[tokens]
+    is_field = role == vocab.ROLES.index(field)
+    c = _addr_part(tokens, role, index, field)
+    width = jnp.asarray(_WIDTH[field])[tokens]
     start = (tokens == vocab.MEASUREMENT_START) & (seg > 0)
     T = tokens.shape[1]
     first = jax.lax.cummax(jnp.where(start, jnp.arange(T, dtype=jnp.int32), 0), axis=1)
-    h, n, w = (_so_far(x, first) for x in (c, is_dst.astype(jnp.int32), width))
+    h, n, w = (_so_far(x, first) for x in (c, is_field.astype(jnp.int32), width))
     on = (w > 0) & (n == w) & (seg > 0)
     if probes is None:
         return h, on, None, None
     p_tok, p_prev = (x.astype(jnp.int32) for x in probes)
     p_role, p_index = _probe_grammar(tokens, seg, last, p_tok, p_prev)
-    p_dst = p_role == vocab.ROLES.index("dst")
+    p_field = p_role == vocab.ROLES.index(field)
     keep = p_tok != vocab.MEASUREMENT_START  # a probe that starts a measurement names nothing
     at = lambda x: jnp.where(keep, jnp.take_along_axis(x, p_prev, axis=1), 0)
-    p_h = at(h) + _addr_part(p_tok, p_role, p_index, "dst")
-    p_n = at(n) + p_dst
-    p_w = at(w) + jnp.asarray(_DST_WIDTH)[p_tok]
+    p_h = at(h) + _addr_part(p_tok, p_role, p_index, field)
+    p_n = at(n) + p_field
+    p_w = at(w) + jnp.asarray(_WIDTH[field])[p_tok]
     p_on = (p_w > 0) & (p_n == p_w) & (jnp.take_along_axis(seg, p_prev, axis=1) > 0)
     return h, on, p_h, p_on
+
+
+def dst_hashes(tokens: jax.Array, segment_ids: jax.Array, probes=None):
+    """``field_hashes`` of the destination."""
+    return field_hashes(tokens, segment_ids, "dst", probes)
+
+
+# two odd multipliers: a pair's key is a * _PAIR[0] + b * _PAIR[1] (int32, wrapping), so
+# (a, b) and (b, a) differ
+_PAIR = (np.random.default_rng(2718).integers(1 << 20, 1 << 30, 2) | 1).astype(np.int32)
+
+
+def pair_key(a, b):
+    """The key of the ordered address pair (a, b) from their hashes (numpy or jax int32)."""
+    return a * _PAIR[0] + b * _PAIR[1]
+
+
+def reverse_pair_keys(tokens: jax.Array, segment_ids: jax.Array, probes=None, src_hash=None):
+    """(key, on, p_key, p_on) as ``field_hashes``: the key of each measurement's reverse
+    pair, (its destination, its source), where both addresses are whole. ``src_hash``
+    (int32[B, T], ``field_hashes(raw tokens, ..., "src")[0]``) stands in for the source
+    hashes of ``tokens``: training reads rows whose sources are anonymized, and the pair
+    store is keyed by the real ones."""
+    hd, od, p_hd, p_od = field_hashes(tokens, segment_ids, "dst", probes)
+    hs, os_, p_hs, p_os = field_hashes(tokens, segment_ids, "src", probes)
+    if src_hash is not None:
+        hs = src_hash.astype(jnp.int32)
+    if probes is None:
+        return pair_key(hd, hs), od & os_, None, None
+    return pair_key(hd, hs), od & os_, pair_key(p_hd, p_hs), p_od & p_os
 
 
 def dst_memory_rows(tokens: jax.Array, segment_ids: jax.Array, rows: int, probes=None):
@@ -419,27 +479,33 @@ def store_check(h):
 
 
 def store_dists(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, probes=None,
-                widths=(1.0, 1.0)):
+                widths=(1.0, 1.0), keys=None):
     """((dist float32[B, T, 256], on bool[B, T]), (p_dist, p_on) or None): at each token
     whose next one is an RTT byte, the distribution of that byte over the STORE_K quantiles
     of the measurement's destination's train-split RTTs (ModelConfig.dst_store; the table
-    from train.model.store: codes, count, check), each spread by a Laplace kernel of
+    from train.model.store: codes, count, check; a key's row is the first of its two rows,
+    ``store_rows``, whose check is its), each spread by a Laplace kernel of
     ``widths`` (first byte, second) byte values; for the second byte, over the quantiles
     whose first byte is the one written. ``on``: such a token whose destination is whole,
     has its own row (the check matches) and at least STORE_MIN replies there, and (second
     byte) one such quantile. With ``probes``, the same for them (a probe that is a first
-    RTT byte asks for the second)."""
+    RTT byte asks for the second). ``keys``: (key, on, p_key, p_on) to look rows up by
+    instead of the destination's hash (``dst_hashes``): the pair store's
+    ``reverse_pair_keys``."""
     K = arch.STORE_K
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     role, index, last = grammar(tokens, seg)
-    h, on, p_h, p_on = dst_hashes(tokens, seg, probes)
+    h, on, p_h, p_on = dst_hashes(tokens, seg, probes) if keys is None else keys
     rtt = vocab.ROLES.index("rtt")
     lo = vocab.BYTE_OFFSET
     kern = [_byte_kernel(jnp.arange(256), w) for w in widths]  # [256, 256]: row v spread
 
     def dists(h, on, tok, first, second):
-        r = store[memory_row(h, store.shape[0])]  # [B, T, K + 2]
-        ok = on & (r[..., K] >= arch.STORE_MIN) & (r[..., K + 1] == store_check(h))
+        mine = lambda r: (r[..., K] >= arch.STORE_MIN) & (r[..., K + 1] == store_check(h))
+        r1, r2 = (store[i] for i in store_rows(h, store.shape[0]))  # [B, T, K + 2] each
+        ok1 = mine(r1)
+        r = jnp.where(ok1[..., None], r1, r2)
+        ok = on & (ok1 | mine(r2))
         code = r[..., :K].astype(jnp.int32)
         b1, b2 = code >> 8, code & 255
         d1 = jnp.mean(jax.nn.one_hot(b1, 256), axis=-2) @ kern[0]
@@ -607,7 +673,7 @@ N_ROLES = len(vocab.ROLES) + 1  # prep.schema.vocab.ROLES (7, then one per value
 
 def loss_by_role(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
                  attention: attn.AttentionConfig = attn.AttentionConfig(), *,
-                 copied_src: bool = False):
+                 copied_src: bool = False, src_hash: jax.Array | None = None):
     """(cross-entropy sum, right-guess count, target count), each float32[N_ROLES] by the
     role of the token each position predicts (``target_roles``): the one place the loss is
     split by role, for the training objective (``loss_sum``), the eval during training
@@ -619,7 +685,8 @@ def loss_by_role(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: M
     in an earlier measurement of the context (a dual-stack probe's first IPv6 source after
     IPv4 ones does not): how well the model copies, and what it could copy."""
     tokens, segment_ids = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
-    ce, logits, targets, mask = token_losses(params, tokens, segment_ids, cfg, attention)
+    ce, logits, targets, mask = token_losses(params, tokens, segment_ids, cfg, attention,
+                                             src_hash=src_hash)
     by_role = _by_role(tokens, segment_ids)
     right = (jnp.argmax(logits, axis=-1) == targets) & mask
     sums = (by_role(jnp.where(mask, ce, 0.0)), by_role(right), by_role(mask))
@@ -660,16 +727,17 @@ def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
     the training objective). The objective is the mean cross-entropy, or, with
     ``role_weights`` (one weight per prep.schema.vocab.ROLES entry), the mean weighted by the role
     of each target: sum(w * ce) / sum(w)."""
-    aux = cfg.copy_aux if cfg.context_copy or cfg.dst_store else 0.0
+    aux = cfg.copy_aux if cfg.context_copy or cfg.dst_store or cfg.pair_store else 0.0
     if aux:  # the mixed distribution's loss, and its own's before the copy (copy_aux)
         tokens, seg = (batch[k].astype(jnp.int32) for k in ("tokens", "segment_ids"))
-        ce, own_ce, mask = token_losses(params, tokens, seg, cfg, attention, own=True)
+        ce, own_ce, mask = token_losses(params, tokens, seg, cfg, attention, own=True,
+                                        src_hash=batch.get("src_hash"))
         by_role = _by_role(tokens, seg)
         loss, count = by_role(jnp.where(mask, ce, 0.0)), by_role(mask)
         extra = aux * by_role(jnp.where(mask, own_ce, 0.0))
     else:
         loss, _, count = loss_by_role(params, batch["tokens"], batch["segment_ids"], cfg,
-                                      attention)
+                                      attention, src_hash=batch.get("src_hash"))
         extra = 0.0
     total, n = loss.sum(), count.sum()
     if role_weights is None:
@@ -680,12 +748,14 @@ def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
 
 
 def token_losses(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
-                 attention: attn.AttentionConfig = attn.AttentionConfig(), *, own: bool = False):
+                 attention: attn.AttentionConfig = attn.AttentionConfig(), *, own: bool = False,
+                 src_hash: jax.Array | None = None):
     """(next-token cross-entropy, logits, targets, mask) at every position of a batch: the
     loss of training, of the eval during training and of `train eval`; count it where mask.
-    ``own``: (cross-entropy, that of the distribution before the store and the copy, mask)."""
+    ``own``: (cross-entropy, that of the distribution before the stores and the copy, mask).
+    ``src_hash``: forward's."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
-    out = forward(params, tokens, seg, cfg, attention, own=own)
+    out = forward(params, tokens, seg, cfg, attention, own=own, src_hash=src_hash)
     targets, mask = targets_and_mask(tokens, seg)
     ce = lambda lg: optax.softmax_cross_entropy_with_integer_labels(lg, targets)
     if own:
