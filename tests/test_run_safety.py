@@ -20,10 +20,10 @@ import pytest
 from click.testing import CliRunner
 from helpers import REPO, exit_2_one_line, final_params, records, small
 
-from bench import synthetic_shards as synthetic
 from prep.base.errors import InputError
 from prep.cli import main as prep_main
 from prep.schema import manifest as mf
+from prep.tools import synthetic_shards as synthetic
 from train.cli import main as train_main
 from train.fit import reader
 from train.fit.config import TrainConfig
