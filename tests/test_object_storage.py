@@ -397,7 +397,7 @@ def test_train_on_a_bucket_equals_training_on_the_folder(s3, env, tmp_path):
     put_folder(d, uri)
     params = []
     for data, run in ((uri, tmp_path / "run-s3"), (str(d), tmp_path / "run-local")):
-        # the optimizer settings of test_run_safety's and test_train's small() (lr 3e-3,
+        # the optimizer settings of helpers.small(), test_train's and test_run_*'s (lr 3e-3,
         # warmup 3, a schedule of 20 steps): they reuse the step compiled here
         train(TrainConfig(data=data, run_dir=str(run), steps=3, schedule_steps=20, batch_size=4,
                           lr=3e-3, warmup=3, log_every=1, eval_every=2, eval_rows=4,
