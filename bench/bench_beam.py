@@ -10,7 +10,7 @@ Two pairs, each the same data, config and worker count, timed from call to retur
   fixed cost of starting the workers (each imports Beam and loads the Numba kernels), which
   the 2M-row figure includes.
 
-- with a local S3-compatible server (moto's on 127.0.0.1, bench/s3_server.py; skipped
+- with a local S3-compatible server (moto's on 127.0.0.1, prep/tools/s3_server.py; skipped
   without it), the second pair again with ``--out s3://…`` (``beam.*_to_bucket_*``): the
   local runner stages on this disk and uploads at the end; Beam's worker processes write
   their shards into the bucket themselves (prep.shards.beam_worker.BucketStage).
@@ -72,9 +72,9 @@ def _same_in_bucket(folder: Path, uri: str) -> float:
 
 def _to_bucket(raw: str, cfg, d: Path) -> dict[str, float]:
     """The 2-process pair with ``--out`` on a bucket of a local S3 server."""
-    from bench import s3_server
     from prep.shards.beam_runner import run_beam
     from prep.shards.local_runner import run_shards
+    from prep.tools import s3_server
 
     if s3_server.available() is not None:
         print(f"[bench] beam to a bucket skipped: {s3_server.available()}", file=sys.stderr)

@@ -3,7 +3,7 @@ plain local copy of the same folder.
 
 - ``objstore.upload_mb_per_s``: the folder's files uploaded (prep.base.storage.transfer,
   the calls `prep shards --out s3://…` makes) to a local S3-compatible server (moto's, on
-  127.0.0.1: bench/s3_server.py), manifest last.
+  127.0.0.1: prep/tools/s3_server.py), manifest last.
 - ``objstore.download_mb_per_s``: the dataset read back into an empty local cache as
   `train --data s3://…` does (prep.schema.cache.local_dataset: every shard hashed and
   checked against the manifest's sha256).
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import s3_server
-from bench import synthetic_shards as synthetic
 from prep.schema import vocab
+from prep.tools import s3_server
+from prep.tools import synthetic_shards as synthetic
 
 ROWS, ROW_LEN, SHARDS = 16_384, 1024, 16
 

@@ -1,7 +1,7 @@
 """Packing: our offline packer beside pad-to-crop and Grain's online packers, same contexts.
 
 Metrics (``packing.*``): ``padding_fraction``, ``rows_over_lower_bound``, ``contexts_per_s``
-on the built-in data through the real pipeline (``prep synth`` of ``bench.workloads.SYNTH_ROWS`` measurements
+on the built-in data through the real pipeline (``prep synth`` of ``prep.tools.workloads.SYNTH_ROWS`` measurements
 with the Makefile's probes/days/seed into a temp dir -> prep.schema.validate.read_validated ->
 prep.pack.contexts.plan_contexts with the default ContextConfig, seed 0), so
 ``data_is_plan_contexts`` is 1; ``busy_*`` on ``synthetic_contexts(busy=True)`` (every context
@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from bench.workloads import ROW_LEN, builtin_contexts, synthetic_contexts
 from prep.pack import packing
+from prep.tools.workloads import ROW_LEN, builtin_contexts, synthetic_contexts
 
 GRAIN_SAMPLE = 5_000  # Grain packs in Python at ~3k sequences/s here: a sample is enough
 

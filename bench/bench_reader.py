@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
-from bench import synthetic_shards as synthetic
 from prep.schema import vocab
+from prep.tools import synthetic_shards as synthetic
 from train.fit import reader
 
 ROWS, ROW_LEN, SHARDS, BATCH, EPOCHS = 16_384, 1024, 4, 64, 2

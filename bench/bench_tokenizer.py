@@ -23,9 +23,9 @@ import time
 
 import numpy as np
 
-from bench.workloads import atlas_like
 from prep.pack.contexts import ContextConfig, plan_contexts
 from prep.tokens import kernel, reference
+from prep.tools.workloads import atlas_like
 
 N = 1 << 20
 SEED = 0

@@ -34,9 +34,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from bench import synthetic_shards as synthetic
 from bench.run import RESULTS, machine
 from prep.schema import vocab
+from prep.tools import synthetic_shards as synthetic
 from train.fit.config import GPU_ROWS, TrainConfig
 from train.fit.loop import train
 

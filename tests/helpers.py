@@ -1,7 +1,7 @@
 """What two or more test modules use: the checkout's paths, the one-line error every command
 ends with, a read-only file system faked below one folder, the processes a run leaves, small
-measurement inputs whose contents you can predict, and the tiny training run of
-tests/test_train.py and tests/test_run_safety.py.
+measurement inputs whose contents you can predict, the tiny training run of
+tests/test_train.py and tests/test_run_*.py, and the dataset and commands of the latter.
 
 Test modules import it as ``from helpers import ...`` (pytest puts tests/ on sys.path);
 no test module imports another. Fixtures shared the same way live in tests/conftest.py.
@@ -10,6 +10,7 @@ no test module imports another. Fixtures shared the same way live in tests/conft
 import errno
 import json
 import os
+import signal
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from array_record.python.array_record_module import ArrayRecordReader
+from click.testing import CliRunner
 
 from prep.pack.contexts import ContextConfig, plan_contexts
 from prep.pack.packing import pack
@@ -27,6 +29,7 @@ from prep.schema.measurements import Measurements
 from prep.shards.bucket import ShardsConfig, assemble_rows
 from prep.tokens.decode import decode_context
 from prep.tokens.kernel import encode_pieces
+from prep.tools import synthetic_shards as synthetic
 
 REPO = Path(__file__).resolve().parent.parent
 PREP = REPO / ".venv" / "bin" / "prep"
@@ -268,3 +271,43 @@ def final_params(run_dir):
     state, data = ck.restore(ck.latest_step())
     ck.close()
     return state["params"], data
+
+
+# --- a run's faults (tests/test_run_*.py): a tiny dataset, the commands in this process ---
+
+def write_dataset(d: Path, seed: int = 0) -> Path:
+    """64 train rows of 64 tokens in shards of 24, 24 and 16 records; 8 test rows."""
+    synthetic.write_shards(d, {"train": synthetic.counting_rows(64, 64, seed=seed),
+                               "test": synthetic.counting_rows(8, 64, seed=seed + 1)},
+                           rows_per_shard=24)
+    return d
+
+
+def step_dirs(d: Path) -> list[int]:
+    """Checkpoint steps on disk (step folders, intact or not)."""
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+
+
+def stop_at(step, sig=signal.SIGINT):
+    """An on_step for train(): the signal to this process at that step."""
+    return lambda s: s == step and os.kill(os.getpid(), sig)
+
+
+# a tiny run as `train` flags: small()'s model and optimizer (the step it compiles is
+# shared), a log line every 5 steps, no eval, no checkpoint (the last flag's value)
+FLAGS = ["--model", "tiny", "--steps", "20", "--batch-size", "4", "--lr", "3e-3",
+         "--warmup", "3", "--log-every", "5", "--eval-every", "0", "--ckpt-every", "0"]
+
+
+def fit(args):
+    """`train ARGS`, run in this process (click's CliRunner)."""
+    from train.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def prep(args):
+    """`prep ARGS`, run in this process."""
+    from prep.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args])

@@ -215,7 +215,7 @@ def test_segment_tables_per_batch_train_as_one_table_does(stand_in_cudnn, monkey
     table for the whole dataset, step for step."""
     import json
 
-    from bench import synthetic_shards as synthetic
+    from prep.tools import synthetic_shards as synthetic
     from train.fit import reader
     from train.fit.config import TrainConfig
     from train.fit.loop import table_size, train

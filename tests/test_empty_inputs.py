@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from helpers import exit_2_one_line
 
-from bench import synthetic_shards as synthetic
 from prep.cli import main as prep
 from prep.ingest.atlas_rows import SCHEMA
+from prep.tools import synthetic_shards as synthetic
 from train.cli import main as train
 
 EMPTY = (np.zeros((0, 64), np.uint16), np.zeros((0, 64), np.uint8))

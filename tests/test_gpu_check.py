@@ -3,7 +3,7 @@ top ops, read from a profiler trace."""
 
 import pytest
 
-from bench import gpu_check as gc
+from bench import gpu_check as gc  # the module under test: bench's own code
 
 
 def test_learning_steps_fit_the_budget():
@@ -27,7 +27,7 @@ def test_top_ops_reads_a_profiler_trace_of_the_train_step(tmp_path):
     import jax
     import jax.numpy as jnp
 
-    from bench import gpu
+    from bench import gpu  # under test, as gpu_check above
 
     def train_step(x):  # four 512^3 matmuls: milliseconds, even on a loaded core
         for _ in range(4):

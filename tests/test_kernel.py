@@ -241,8 +241,8 @@ def test_encode_pieces_rejects_a_piece_across_contexts():
 
 
 def test_encode_plan_into_a_given_buffer_writes_the_same_tokens():
-    from bench.workloads import atlas_like
     from prep.pack.contexts import ContextConfig, plan_contexts
+    from prep.tools.workloads import atlas_like
 
     plan = plan_contexts(atlas_like(3000, probes=20, seed=3), ContextConfig(), 11)
     toks, off = kernel.encode_plan(plan, 11)

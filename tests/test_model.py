@@ -155,7 +155,7 @@ FLOPS = {"tiny": (694_272, 1_536, 8_354_863_104), "base": (591_006_720, 153_600,
 
 @pytest.mark.parametrize("name", ["tiny", "base"])
 def test_flop_count_is_pinned(name):
-    from bench import synthetic_shards as synthetic
+    from prep.tools import synthetic_shards as synthetic
 
     cfg = MODELS[name]
     per_token, per_key, batch = FLOPS[name]

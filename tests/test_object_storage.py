@@ -1,5 +1,5 @@
 """Object storage (s3://) against a local S3-compatible server with its IAM checks on
-(moto's standalone server on 127.0.0.1, bench/s3_server.py): a round trip equal byte for
+(moto's standalone server on 127.0.0.1, prep/tools/s3_server.py): a round trip equal byte for
 byte to the local run, the cache checked by sha256, a killed or failed upload leaving the
 old dataset, --overwrite and foreign objects as a local --out, wrong credentials and an
 unreachable endpoint as one line; the Beam runner's worker processes reading the inputs from
@@ -23,8 +23,6 @@ import pytest
 from click.testing import CliRunner
 from helpers import REPO, TWO_PROCESSES
 
-from bench import s3_server
-from bench import synthetic_shards as synthetic
 from prep.base import storage
 from prep.base.errors import InputError
 from prep.base.storage import Remote
@@ -35,6 +33,8 @@ from prep.schema import cache
 from prep.schema import manifest as mf
 from prep.shards.bucket import ShardsConfig
 from prep.shards.local_runner import run_shards
+from prep.tools import s3_server
+from prep.tools import synthetic_shards as synthetic
 
 BUCKET = "pp-test"
 SHARDS = ("--quiet", "--workers", "1", "--buckets", "4", "--seed", "5")
@@ -397,7 +397,7 @@ def test_train_on_a_bucket_equals_training_on_the_folder(s3, env, tmp_path):
     put_folder(d, uri)
     params = []
     for data, run in ((uri, tmp_path / "run-s3"), (str(d), tmp_path / "run-local")):
-        # the optimizer settings of test_run_safety's and test_train's small() (lr 3e-3,
+        # the optimizer settings of helpers.small(), test_train's and test_run_*'s (lr 3e-3,
         # warmup 3, a schedule of 20 steps): they reuse the step compiled here
         train(TrainConfig(data=data, run_dir=str(run), steps=3, schedule_steps=20, batch_size=4,
                           lr=3e-3, warmup=3, log_every=1, eval_every=2, eval_rows=4,

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bench import synthetic_shards as synthetic
 from prep.schema import vocab as V
 from prep.schema.manifest import load_manifest
 from prep.tokens import rowdecode
+from prep.tools import synthetic_shards as synthetic
 from train.cli import main
 from train.fit import step as step_lib
 from train.fit.config import TrainConfig

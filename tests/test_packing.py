@@ -3,9 +3,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.workloads import synthetic_contexts
 from prep.pack import fill, packing
 from prep.tokens import costs
+from prep.tools.workloads import synthetic_contexts
 
 
 def _ctx(sizes):
@@ -149,7 +149,7 @@ def test_padding_targets(busy, n, max_padding):
 def builtin_small():
     # `prep synth` data at the Makefile's density (1000 measurements per probe over 2 days),
     # through the real pipeline: synth -> read_validated -> plan_contexts (~1 s)
-    from bench.workloads import builtin_contexts
+    from prep.tools.workloads import builtin_contexts
 
     arrs = builtin_contexts(200_000, probes=200)
     total = int(packing.context_lengths(*arrs).sum())

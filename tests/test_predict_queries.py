@@ -13,13 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from bench import synthetic_shards as synthetic
+from prep.tools import synthetic_shards as synthetic
 from train.cli import main
 from train.fit.config import TrainConfig
 from train.fit.loop import train
-from train.predict import predictor as P
 from train.model import model
 from train.model.arch import MODELS
+from train.predict import predictor as P
 from train.predict import queries as Q
 
 pytestmark = pytest.mark.no_kernel_warmup  # synthetic shards: no prep kernel

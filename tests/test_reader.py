@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner
 from helpers import REPO, running
 
-from bench import synthetic_shards as synthetic
 from prep.base.errors import InputError
 from prep.schema import manifest as manifest_lib
 from prep.schema.rows import RowFormatError
+from prep.tools import synthetic_shards as synthetic
 from train.cli import main
 from train.fit import reader
 

@@ -202,7 +202,7 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
     """`train` with a store fills it from the train split before the first step (one line
     says what it holds), never learns it, and the run's checkpoint holds exactly what
     store.build makes of the train rows: `train eval` and `train predict` read it there."""
-    from bench import synthetic_shards as synthetic
+    from prep.tools import synthetic_shards as synthetic
     from train.fit.config import TrainConfig
     from train.fit.loop import train
     from train.predict import predictor

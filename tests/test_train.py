@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 from helpers import FAST_COMPILE, REPO, final_params, records, small
 
-from bench import synthetic_shards as synthetic
 from prep.base.errors import InputError
 from prep.schema import vocab
+from prep.tools import synthetic_shards as synthetic
 from train.cli import main
 from train.fit import step as step_lib
 from train.fit.config import TrainConfig

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import FAST_COMPILE, REPO
 
-from bench import synthetic_shards as synthetic
+from prep.tools import synthetic_shards as synthetic
 from train.cli import main
 from train.fit import multihost
 from train.fit.checkpoint import Checkpointer, step_dirs

@@ -33,15 +33,21 @@ WINDOW_MAX = 160  # donor windows are listed up to this many tokens; sizes are c
 CLOSE_MAX = 160  # gaps up to this many tokens may be closed by a set of single measurements
 PRICE_K = 1 << 10  # a size's price: 1 + PRICE_K x its demand // (its measurements left + 1)
 
-# Step 4's state: cum (cost prefix sums), used (measurements taken from donors) and the
-# donors' windows by length, stacks in flat arrays: head[l] the window of l tokens listed
-# last, window w = [wx[w], wy[w]), wn[w] the one listed before it (-1: none). The opened
-# donors' measurements by size, stacks likewise: shead[c], sx, sn; avail[c] of them unused;
-# left[c] the unused ones of c tokens in all free rows; dem[c], scarce[c] (``demand``);
-# quota[c]; ok, the rest table (a bitset: bit r set = a rest of r tokens has a fill), stale
-# while st[0] != 0. Scratch for ``close_gap``: cost, via, cnt, take, isz, icnt, ipr.
-Fill = namedtuple("Fill", "cum used head wx wy wn shead sx sn avail left dem scarce quota ok st "
-                          "cost via cnt take isz icnt ipr")
+# Step 4's state: cum_cost (the measurements' cost prefix sums), used (measurements taken
+# from donors) and the donors' windows by length, stacks in flat arrays: window_head[l] the
+# window of l tokens listed last, window w = [window_start[w], window_end[w]), window_next[w]
+# the one listed before it (-1: none). The opened donors' measurements by size, stacks
+# likewise: size_head[c], size_measurement, size_next; available[c] of them unused;
+# free_left[c] the unused ones of c tokens in all free rows; demand[c], scarce[c]
+# (``demand``); quota[c]; rest_ok, the rest table (a bitset: bit r set = a rest of r tokens
+# has a fill), stale while rest_stale[0] != 0. ``close_gap``'s scratch: sum_cost[t] and
+# sum_via[t] (the cheapest sum of t tokens and its last size), size_count[c], and its
+# bounded knapsack's items: item_size, item_count, item_price, item_taken[item, t].
+# The kernels take the fields they use into short locals (cum, avail, ok, st, ...).
+Fill = namedtuple("Fill", "cum_cost used window_head window_start window_end window_next "
+                          "size_head size_measurement size_next available free_left demand "
+                          "scarce quota rest_ok rest_stale sum_cost sum_via size_count "
+                          "item_taken item_size item_count item_price")
 # An array read out of a tuple argument costs Numba an incref/decref pair (atomic) where it
 # is not pruned: the functions below take the fields they use into locals once, up front,
 # and the helpers run per measurement take arrays, not the tuple.
@@ -51,7 +57,7 @@ Fill = namedtuple("Fill", "cum used head wx wy wn shead sx sn avail left dem sca
 def place(f, p, rows, r, a, b, k):
     """Free measurements [a, b) become piece k, the last of row r (a cut costs nothing);
     returns k + 1. The arrays have room (``fill_gaps`` makes it up front)."""
-    used, cum, avail, left, st = f.used, f.cum, f.avail, f.left, f.st
+    used, cum, avail, left, st = f.used, f.cum_cost, f.available, f.free_left, f.rest_stale
     gap, nseg, rfirst, rlast = rows
     ps, pe, pr, pnext, alive = p
     for i in range(a, b):  # not used[a:b] = True: a slice is a view, refcounted
@@ -102,7 +108,7 @@ def _or_shifted(bits, s):
 def rest_table(f):
     """ok (a bitset): r, or r - 1, is a sum of the measurements the opened donors hold, at
     most quota[c] of each size c, as a bounded knapsack: 1, 2, 4, ... of a size as one item."""
-    ok, avail, quota, st = f.ok, f.avail, f.quota, f.st
+    ok, avail, quota, st = f.rest_ok, f.available, f.quota, f.rest_stale
     n = ok.shape[0] * 64
     ok[:] = 0
     ok[0] = 1
@@ -122,7 +128,7 @@ def rest_table(f):
 def refresh_quota(f, row_len):
     """quota[c]: how many measurements of c tokens one row may count on, about 1.5 times
     its share of what the opened donors hold, plus 2; a change makes the table stale."""
-    avail, quota, st = f.avail, f.quota, f.st
+    avail, quota, st = f.available, f.quota, f.rest_stale
     tokens = 0
     for c in range(1, WINDOW_MAX + 1):
         tokens += avail[c] * c
@@ -136,7 +142,7 @@ def refresh_quota(f, row_len):
 @njit(cache=True, inline="always")
 def fresh(f):
     """The rest table, made anew if a size ran out or came in since (``closable`` reads it)."""
-    if f.st[0] != 0:
+    if f.rest_stale[0] != 0:
         rest_table(f)
 
 
@@ -154,7 +160,7 @@ def closable(ok, r):
 def take_single(f, p, rows, r, c, k):
     """An unused measurement of c tokens from the opened donors (one is there) becomes the
     last piece of row r; returns k + 1."""
-    shead, sx, sn, used = f.shead, f.sx, f.sn, f.used
+    shead, sx, sn, used = f.size_head, f.size_measurement, f.size_next, f.used
     while used[sx[shead[c]]]:  # drop the measurements used since
         shead[c] = sn[shead[c]]
     i = sx[shead[c]]
@@ -167,8 +173,9 @@ def close_gap(f, p, rows, r, k):
     of the opened donors; returns k, or -1 and nothing placed if no set does. The cheapest
     sum with any number of each size first; only where that takes more of a size than
     there is, a bounded knapsack (each size split into items of 1, 2, 4, ...)."""
-    cost, via, take, isz, icnt, ipr = f.cost, f.via, f.take, f.isz, f.icnt, f.ipr
-    avail, cnt, dem, left = f.avail, f.cnt, f.dem, f.left
+    cost, via, take = f.sum_cost, f.sum_via, f.item_taken
+    isz, icnt, ipr = f.item_size, f.item_count, f.item_price
+    avail, cnt, dem, left = f.available, f.size_count, f.demand, f.free_left
     g = rows.gap[r]
     if g < SMALLEST_BODY or g > CLOSE_MAX:
         return -1
@@ -245,7 +252,7 @@ def close_gap(f, p, rows, r, k):
 def step(f, p, rows, r, k):
     """One single unused measurement of the opened donors into row r, of the cheapest size
     that leaves a rest that can still be filled; returns k, or -1 if none does."""
-    avail, dem, left, ok = f.avail, f.dem, f.left, f.ok
+    avail, dem, left, ok = f.available, f.demand, f.free_left, f.rest_ok
     g = rows.gap[r]
     best, best_price = -1, INF
     fresh(f)

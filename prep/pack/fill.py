@@ -14,7 +14,7 @@ no fill (it is passed over, for a later row or a closing set), and a row that ca
 the next measurement is closed by single measurements that keep its rest fillable, then
 a closing set. Windows and runs pass over measurements of a scarce size.
 
-Also the packer's working arrays, which steps 3-5 share and this step grows: ``Pieces``
+Also the packer's working arrays, which steps 3-5 share and this step grows: ``PackedPieces``
 and ``Rows``, namedtuples of arrays (immutable: a grown array comes in a new tuple).
 ``fill_gaps`` runs in Python and calls the step's kernels (see prep.pack.packing._pack).
 """
@@ -47,7 +47,7 @@ SKIP_MAX = 16  # measurements a new row may pass over (``_lay_kept``)
 
 # Piece j: measurements [ps[j], pe[j]) in row pr[j]; pnext[j] the next piece of its row
 # (slot order, -1 last); alive[j] false once its row became a donor. In creation order.
-Pieces = namedtuple("Pieces", "ps pe pr pnext alive")
+PackedPieces = namedtuple("PackedPieces", "ps pe pr pnext alive")
 # Row r: gap[r] tokens free, nseg[r] pieces, rfirst[r] / rlast[r] its first and last piece.
 Rows = namedtuple("Rows", "gap nseg rfirst rlast")
 
@@ -60,7 +60,7 @@ def _grow(a, n):
 
 def _grown(p, rows, n_pieces, n_rows):
     """The piece and row arrays, grown to hold at least ``n_pieces`` and ``n_rows``."""
-    return (Pieces(*(_grow(a, n_pieces) for a in p)), Rows(*(_grow(a, n_rows) for a in rows)))
+    return (PackedPieces(*(_grow(a, n_pieces) for a in p)), Rows(*(_grow(a, n_rows) for a in rows)))
 
 
 @njit(cache=True, inline="always")
@@ -68,7 +68,8 @@ def _find_window(f, g, exact, last):
     """(x, y, length) of a listed window with no used measurement for a gap of ``g``: exactly
     g tokens, else g - 1, else (``exact``) the longest whose rest can be filled (not on a
     row's ``last`` slot), else (not ``exact``) the longest that fits; (-1, -1, 0) if none."""
-    head, wx, wy, wn, used, rest_ok = f.head, f.wx, f.wy, f.wn, f.used, f.ok
+    head, wx, wy, wn = f.window_head, f.window_start, f.window_end, f.window_next
+    used, rest_ok = f.used, f.rest_ok
     if exact and g > 2:
         fresh(f)
     for want in range(min(g, WINDOW_MAX), 0, -1):
@@ -127,8 +128,9 @@ def _open_donor(f, p, rows, d, nw, ns):
     """Row d becomes a donor: its pieces leave it (windows or new rows take them), every
     window of them up to WINDOW_MAX tokens is listed, from index nw on, and every measurement
     by size, from index ns on; returns the new (nw, ns)."""
-    cum, head, wx, wy, wn = f.cum, f.head, f.wx, f.wy, f.wn
-    shead, sx, sn, avail, st, scarce = f.shead, f.sx, f.sn, f.avail, f.st, f.scarce
+    cum, head, wx, wy, wn = f.cum_cost, f.window_head, f.window_start, f.window_end, f.window_next
+    shead, sx, sn = f.size_head, f.size_measurement, f.size_next
+    avail, st, scarce = f.available, f.rest_stale, f.scarce
     ps, pe, pnext, alive = p.ps, p.pe, p.pnext, p.alive
     q = rows.rfirst[d]
     while q >= 0:
@@ -160,7 +162,7 @@ def _long_run(f, p, rows, donors, nd, g, cur, cq, ca):
     (donors[:nd]), read on from donor cur, piece cq (-1: its first), measurement ca, that
     fills g exactly or leaves a rest that can be filled. Returns (a, m, cur, cq, ca), a = -1
     when none: the donors are spent, or the run at hand cannot leave such a rest here."""
-    cum, used, scarce, ok = f.cum, f.used, f.scarce, f.ok
+    cum, used, scarce, ok = f.cum_cost, f.used, f.scarce, f.rest_ok
     ps, pe, pnext, rfirst = p.ps, p.pe, p.pnext, rows.rfirst
     fresh(f)
     while cur < nd:
@@ -208,7 +210,7 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
                 wa, wb, cur, cq, ca = _long_run(f, p, rows, donors, nd, g, cur, cq, ca)
             if wa < 0:
                 wa, wb, _ = _find_window(f, g, True, cap > 0 and nseg[t] == cap - 1)
-                if cap == 0 and (wa < 0 or g - (f.cum[wb] - f.cum[wa]) > 1):
+                if cap == 0 and (wa < 0 or g - (f.cum_cost[wb] - f.cum_cost[wa]) > 1):
                     k2 = close_gap(f, p, rows, t, k)  # no window fills it: single measurements
                     if k2 >= 0:
                         k = k2
@@ -258,7 +260,7 @@ def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
     passed over (up to SKIP_MAX a row) for a later row or a closing set, and a row that
     cannot take the next measurement is closed (``_close_row``). A second pass lays what
     the first passed over (and the scarce sizes). Returns (k, n_rows)."""
-    cum, used, scarce, ok, st = f.cum, f.used, f.scarce, f.ok, f.st
+    cum, used, scarce, ok, st = f.cum_cost, f.used, f.scarce, f.rest_ok, f.rest_stale
     gap, nseg, rfirst, rlast = rows
     ps, pe, pnext = p.ps, p.pe, p.pnext
     r = np.int64(-1)  # not a literal: see _fill_rows
@@ -332,18 +334,24 @@ def fill_gaps(cum, has_ts, abs_extra, row_len, cap, p, rows, k, n_rows):
     p, rows = _grown(p, rows, k + m_free + 1, n_rows + m_free + 1)
     n_win = m_free * (WINDOW_MAX // max(cheapest, 1)) + 1
     n_items = (WINDOW_MAX + 1) * 8
-    f = Fill(cum, np.zeros(cum.shape[0], np.bool_), np.full(WINDOW_MAX + 1, -1, np.int64),
-             np.empty(n_win, np.int64), np.empty(n_win, np.int64), np.empty(n_win, np.int64),
-             np.full(WINDOW_MAX + 1, -1, np.int64), np.empty(m_free + 1, np.int64),
-             np.empty(m_free + 1, np.int64), np.zeros(WINDOW_MAX + 1, np.int64), left, dem,
-             scarce, row_len // np.maximum(np.arange(WINDOW_MAX + 1), 1),
-             np.zeros(row_len // 64 + 1, np.uint64), np.ones(1, np.int64),
-             np.empty(CLOSE_MAX + 1, np.int64), np.empty(CLOSE_MAX + 1, np.int64),
-             np.zeros(WINDOW_MAX + 1, np.int64), np.zeros((n_items, CLOSE_MAX + 1), np.bool_),
-             np.empty(n_items, np.int64), np.empty(n_items, np.int64),
-             np.empty(n_items, np.int64))
+    f = Fill(cum_cost=cum, used=np.zeros(cum.shape[0], np.bool_),
+             window_head=np.full(WINDOW_MAX + 1, -1, np.int64),
+             window_start=np.empty(n_win, np.int64), window_end=np.empty(n_win, np.int64),
+             window_next=np.empty(n_win, np.int64),
+             size_head=np.full(WINDOW_MAX + 1, -1, np.int64),
+             size_measurement=np.empty(m_free + 1, np.int64),
+             size_next=np.empty(m_free + 1, np.int64),
+             available=np.zeros(WINDOW_MAX + 1, np.int64), free_left=left, demand=dem,
+             scarce=scarce, quota=row_len // np.maximum(np.arange(WINDOW_MAX + 1), 1),
+             rest_ok=np.zeros(row_len // 64 + 1, np.uint64), rest_stale=np.ones(1, np.int64),
+             sum_cost=np.empty(CLOSE_MAX + 1, np.int64),
+             sum_via=np.empty(CLOSE_MAX + 1, np.int64),
+             size_count=np.zeros(WINDOW_MAX + 1, np.int64),
+             item_taken=np.zeros((n_items, CLOSE_MAX + 1), np.bool_),
+             item_size=np.empty(n_items, np.int64), item_count=np.empty(n_items, np.int64),
+             item_price=np.empty(n_items, np.int64))
     donors = np.empty(fr.shape[0], np.int64)
     k, nd = _fill_rows(f, p, rows, order, free, donors, cap, k)
-    f.st[0] = 1  # from here on the rest table counts at most quota[c] of each size
+    f.rest_stale[0] = 1  # from here on the rest table counts at most quota[c] of each size
     k, n_rows = _lay_kept(f, p, rows, donors[:nd], row_len, cap, k, n_rows)
     return p, rows, k, n_rows

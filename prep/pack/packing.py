@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from prep.pack.fill import Pieces, Rows, fill_gaps
+from prep.pack.fill import PackedPieces, Rows, fill_gaps
 from prep.pack.repack import repack  # (see the docstring)
 
 
@@ -200,7 +200,7 @@ def _best_fit(ctx_start, ctx_end, clen, order, row_len, cap):
         nseg[r] += 1
         if gap[r] > 0 and (cap == 0 or nseg[r] < cap):  # still open
             _push(op, r, gap[r])
-    return Pieces(ps, pe, pr, pnext, alive), Rows(gap, nseg, rfirst, rlast), k, n_rows
+    return PackedPieces(ps, pe, pr, pnext, alive), Rows(gap, nseg, rfirst, rlast), k, n_rows
 
 
 @njit(cache=True)

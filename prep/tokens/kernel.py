@@ -205,7 +205,7 @@ def _addr(out, o, scratch, tok4, f6, hi, lo):
 
 # The pieces a kernel call encodes: piece j is sorted measurements [start[j], end[j]) in
 # timestamp mode mode[j], its tokens going to out[offsets[j]:offsets[j + 1]].
-Pieces = namedtuple("Pieces", "start end mode offsets")
+PiecesToEncode = namedtuple("PiecesToEncode", "start end mode offsets")
 
 
 @njit(cache=True, inline="always")
@@ -315,12 +315,12 @@ def encode_kernel(cols, values, hist, has_ts, pieces, seed, out):
 
     ``cols``: the sorted measurements' ``prep.schema.measurements.Columns``; ``values``: their
     value fields' columns (``Measurements.values()``, uint64[K, n]); ``hist``, ``has_ts``:
-    the plan's; ``pieces``: a ``Pieces``. ``out`` holds ``offsets[-1] + SLACK`` tokens: to
-    stay free of branches on random data (family, failed, the block order, timestamp kinds)
-    the kernel writes some tokens more than once, in an order where the right one lands
-    last; a block may spill up to 9 garbage tokens past its end (overwritten by the blocks
-    written after it, or in the slack), and the IPv4-unused tail of an address goes to the
-    slack.
+    the plan's; ``pieces``: a ``PiecesToEncode``. ``out`` holds ``offsets[-1] + SLACK``
+    tokens: to stay free of branches on random data (family, failed, the block order,
+    timestamp kinds) the kernel writes some tokens more than once, in an order where the
+    right one lands last; a block may spill up to 9 garbage tokens past its end
+    (overwritten by the blocks written after it, or in the slack), and the IPv4-unused tail
+    of an address goes to the slack.
 
     Per piece, what does not depend on the order the measurements are written in (the
     field order draw, the RTT code, family and failed flag, and the shuffle's draws) is
@@ -394,7 +394,8 @@ def _encode(m, plan, ps, pe, modes, lengths, seed, out=None):
     else:
         buf = out
     if len(ps):
-        encode_kernel(m.arrays(), m.values(), plan.hist, plan.has_ts, Pieces(ps, pe, modes, offsets),
+        encode_kernel(m.arrays(), m.values(), plan.hist, plan.has_ts,
+                      PiecesToEncode(ps, pe, modes, offsets),
                       np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF), buf)
     return buf[:int(offsets[-1])], offsets
 

@@ -1,6 +1,7 @@
 """What a user asks of data and datasets: `prep analyze-padding`, `prep verify` and
-`prep inspect`.
+`prep inspect`; and what the benchmarks (bench/) and the tests both build their inputs with:
+workloads, synthetic_shards, s3_server.
 
-Owns: analyze, verify, inspect_rows.
-Imports: prep.shards, prep.pack, prep.tokens, prep.jobs, prep.schema, prep.base.
+Owns: analyze, verify, inspect_rows, workloads, synthetic_shards, s3_server.
+Imports: prep.shards, prep.ingest, prep.pack, prep.tokens, prep.jobs, prep.schema, prep.base.
 """
