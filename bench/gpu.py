@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", help="a shards folder (default: synthetic rows)")
     p.add_argument("--steps", type=int, help="default: 300 on a GPU, 30 on a CPU")
     p.add_argument("--batch-size", type=int, help="rows per step (default: train's, 48 per GPU)")
-    p.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn"])
+    p.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn", "dense"])
     p.add_argument("--out", help="the JSON's path [bench/results/gpu-<device>.json]")
     p.add_argument("--log-every", type=int, help="steps a timing window (default: 25 on a GPU, 5 on a CPU)")
     p.add_argument("--trace-steps", type=int, default=0,

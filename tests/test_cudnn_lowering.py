@@ -17,12 +17,15 @@ B, T, N, H, M = 2, 64, 2, 16, 4
 TARGETS = ("__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward")
 
 
+DENSE = ("__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmhaScaleBiasSoftmaxBackward")
+
+
 def cuda_custom_calls(fn) -> list[dict]:
     """Every cuDNN custom call of ``fn`` exported for CUDA: target, mask, max segments,
     operand types."""
     x = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16)
     seg = jax.ShapeDtypeStruct((B, T), jnp.int32)
-    checks = [export.DisabledSafetyCheck.custom_call(t) for t in TARGETS]
+    checks = [export.DisabledSafetyCheck.custom_call(t) for t in TARGETS + DENSE]
     text = export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(
         x, x, x, seg).mlir_module()
     calls = []
@@ -242,3 +245,62 @@ def test_segment_tables_per_batch_train_as_one_table_does(stand_in_cudnn, monkey
                         if "loss" in r]
     assert len(losses["batch"]) == 10
     np.testing.assert_allclose(losses["batch"], losses["data"], rtol=1e-6)
+
+
+# --- the dense path: cuDNN's dense causal kernel, the segments as a mask -----------------
+
+def test_the_dense_path_lowers_to_the_dense_kernel_with_the_segments_as_a_bias(no_cuda_probes):
+    """Forward and backward: cuDNN's causal kernel with one bias operand, [B, 1, T, T] (the
+    segment mask, broadcast over the heads); no segment tables."""
+    grad = lambda q, k, v, s: jax.grad(lambda q, k, v: attention.attention(
+        q, k, v, s, implementation="dense", max_segments=M).astype(jnp.float32).sum(),
+        (0, 1, 2))(q, k, v)
+    calls = cuda_custom_calls(grad)
+    assert [c["target"] for c in calls] == list(DENSE)
+    assert all(c["mask"] == "CAUSAL" for c in calls)
+    assert calls[0]["operands"] == QKV + [f"{B}x1x{T}x{T}xbf16"]
+
+
+def test_on_the_dense_path_a_biased_head_0_runs_through_the_kernel_too(no_cuda_probes):
+    """With the match head's bias: head 0 through the kernel with its bias, the others
+    through it without; nothing on XLA's attention."""
+    bias = jnp.zeros((B, 1, T, T), jnp.float32)
+    fn = lambda q, k, v, s: attention.attention(q, k, v, s, implementation="dense",
+                                                max_segments=M, bias=bias)
+    calls = cuda_custom_calls(fn)
+    assert [c["target"] for c in calls] == [DENSE[0]] * 2
+    assert sorted(c["operands"][0] for c in calls) == sorted(
+        [f"{B}x{T}x1x{H}xbf16", f"{B}x{T}x{N - 1}x{H}xbf16"])
+
+
+def test_the_recipe_on_the_dense_path_equals_the_xla_path(monkeypatch):
+    """`small` (a match head on head 0) through the dense path's plumbing (the head split,
+    the bias, the mask; the kernel asked of jax.nn on XLA here): the XLA path's logits and
+    gradients, to float32 rounding."""
+    import dataclasses
+
+    from train.model import arch, model
+    from train.model.attention import AttentionConfig
+
+    monkeypatch.setattr(attention, "DENSE_KERNEL", "xla")
+    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=T)
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    rng = np.random.default_rng(1)
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, T)))
+    segs = np.repeat(np.arange(1, 5), T // 4)[None].repeat(B, 0)
+    segs[:, -3:] = 0
+    batch = {"tokens": tokens, "segment_ids": jnp.asarray(segs)}
+    runs = {}
+    for impl in ("xla", "dense"):
+        att = AttentionConfig(impl, max_segments=M)
+        runs[impl] = jax.value_and_grad(lambda p: model.loss_sum(p, batch, cfg, att)[0])(params)
+    (l_x, g_x), (l_d, g_d) = runs["xla"], runs["dense"]
+    assert float(l_d) == pytest.approx(float(l_x), rel=1e-6)
+    for a, b in zip(jax.tree.leaves(g_d), jax.tree.leaves(g_x)):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
+
+
+def test_dense_on_a_cpu_is_one_line_naming_the_alternative():
+    with pytest.raises(InputError, match=r"--attention dense: no NVIDIA GPU \(cpu\).*use "
+                                         r"--attention xla"):
+        attention.resolve("dense")

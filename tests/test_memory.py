@@ -88,6 +88,21 @@ def test_on_the_cudnn_path_the_softmax_statistics_grow_with_the_segment_table(no
     assert got["bytes"] <= LIMIT
 
 
+def test_on_the_dense_path_the_step_keeps_its_mask_and_no_tables(no_cuda_probes):
+    """cuDNN's dense kernel (--attention dense): q, k, v and its output, as the XLA path,
+    float32 softmax statistics per token and head (no segment tables), and per layer the
+    segment mask as a bf16 bias [rows, 1, T, T] (one of them once XLA merges the copies):
+    within the limit even counted 20 times."""
+    got = memory.per_token_layer(BASE, implementation="dense")
+    assert got["by_kind"][f"bfloat16[{BASE.n_heads},{BASE.head_dim}]"] == 4 * 2 * D
+    assert got["by_kind"][f"float32[{BASE.n_heads},T]"] == 4 * BASE.n_heads
+    masks = [a for a, _ in memory.saved_residuals(BASE, 1, implementation="dense")
+             if a.shape[-2:] == (BASE.seq_len, BASE.seq_len)]
+    assert [(a.shape, str(a.dtype)) for a in masks] == [
+        ((1, 1, BASE.seq_len, BASE.seq_len), "bfloat16")] * BASE.n_layers
+    assert got["bytes"] + 2 * BASE.seq_len <= LIMIT  # the mask: T bf16 per token, per layer
+
+
 def _loss_and_grads(cfg, dtype):
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     rng = np.random.default_rng(0)

@@ -114,9 +114,10 @@ class TrainConfig:
     keep_checkpoints: int = 3  # the newest checkpoints kept (a learning curve keeps them all)
     seed: int = setting(0, "--seed", "Parameters and data order.", type=int, binds=True)
     attention: str = setting(
-        "auto", "--attention", type=click.Choice(["auto", "xla", "cudnn"]),
-        help="Packed attention kernel [default: auto = cuDNN packed where it compiles, else "
-             "XLA].")
+        "auto", "--attention", type=click.Choice(["auto", "xla", "cudnn", "dense"]),
+        help="Packed attention kernel: cudnn (cuDNN's packed kernel), dense (cuDNN's dense "
+             "causal kernel, the segments as a mask; takes the match head's bias), xla "
+             "[default: auto = cuDNN packed where it compiles, else XLA].")
     # cuDNN's per-row segment tables: sized per batch (the smallest power of two that holds
     # the batch's most segments in a row: one compiled step per size met) or once for the
     # whole dataset (its most segments in any row); the kernel's cost grows with the table

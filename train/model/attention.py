@@ -3,10 +3,15 @@
 A row holds several contexts (segment ids 1..n, 0 = padding). Token t may attend to
 token s only if s <= t and segment_ids[s] == segment_ids[t], so each context sees itself
 alone, exactly as if it were the only thing in the row (tests/test_model.py holds us
-to that). Two implementations of the same function:
+to that). Three implementations of the same function:
 
 - ``xla``: ``jax.nn.dot_product_attention`` with a [B, 1, T, T] boolean mask. Runs
   everywhere (CPU tests), costs O(T^2) mask memory and computes the masked blocks.
+- ``dense``: cuDNN's dense causal kernel (``jax.nn.dot_product_attention``, public API)
+  with the segments as a [B, 1, T, T] mask: it computes every block below the diagonal,
+  and takes a bias (the match head's). Measured alone at base's shape on rows like the
+  built-in data's (H200, bench/results/attention-nvidia-h200.json), forward and backward
+  1.80 ms against the packed kernel's 2.15-4.28 ms (segment tables of 16-64 slots).
 - ``cudnn``: cuDNN's native packed ("ragged") layout on NVIDIA Hopper or newer. Each
   segment becomes a sequence of its own given by an offset and a length, under a
   PADDING_CAUSAL mask, so masked blocks are never computed. It is reached through a private
@@ -155,6 +160,20 @@ def _zero_at_padding(kernel, q, k, v, seqlen, offsets, valid):
     return f(q, k, v, seqlen, offsets, valid)
 
 
+# what dense_attention asks jax.nn.dot_product_attention for (tests put "xla" here to run
+# its plumbing on a CPU)
+DENSE_KERNEL = "cudnn"
+
+
+def dense_attention(q, k, v, segment_ids, bias=None):
+    """q, k, v: bf16/fp16 [B, T, N, H] on a GPU with cuDNN; ``bias`` None or [B, 1, T, T]
+    added to every head's scores. Same result as xla_attention."""
+    return jax.nn.dot_product_attention(
+        q, k, v, bias=None if bias is None else bias.astype(q.dtype),
+        mask=segment_mask(segment_ids), is_causal=True,
+        implementation=DENSE_KERNEL).astype(q.dtype)
+
+
 @functools.cache
 def cudnn_available() -> bool:
     """True where the packed cuDNN attention compiles for the first device; see ``why_not``."""
@@ -172,10 +191,26 @@ def why_not_cudnn() -> str | None:
         from jax._src.cudnn import fused_attention_stablehlo as cudnn  # noqa: F401
     except ImportError as e:
         return f"this JAX has no cuDNN attention module ({e})"
+    return _compiles(lambda q, k, v, s: cudnn_attention(q, k, v, s, max_segments=4))
+
+
+@functools.cache
+def why_not_dense() -> str | None:
+    """None if cuDNN's dense attention with a segment mask and a head-0 bias (forward and
+    gradient, bf16) compiles for the first device, else why not, in a few words."""
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return f"no NVIDIA GPU ({device.platform})"
+    bias = jnp.zeros((2, 1, 128, 128), jnp.float32)
+    return _compiles(lambda q, k, v, s: attention(q, k, v, s, implementation="dense",
+                                                  max_segments=4, bias=bias))
+
+
+def _compiles(fwd) -> str | None:
+    """None if ``fwd`` and its gradient compile on tiny bf16 shapes, else why not."""
     B, T, N, H = 2, 128, 2, 64
     x = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16)
     seg = jax.ShapeDtypeStruct((B, T), jnp.int32)
-    fwd = lambda q, k, v, s: cudnn_attention(q, k, v, s, max_segments=4)
     grad = jax.grad(lambda q, k, v, s: fwd(q, k, v, s).astype(jnp.float32).sum(), (0, 1, 2))
     try:
         for fn in (fwd, grad):
@@ -183,6 +218,9 @@ def why_not_cudnn() -> str | None:
     except Exception as e:  # an API change, an old cuDNN, a pre-Hopper GPU: say which
         return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
     return None
+
+
+IMPLEMENTATIONS = ("xla", "cudnn", "dense")  # and "auto", which resolve turns into one
 
 
 def resolve(implementation: str, *, bias: bool = False) -> str:
@@ -194,8 +232,9 @@ def resolve(implementation: str, *, bias: bool = False) -> str:
     if bias and implementation == "auto":
         if jax.devices()[0].platform == "gpu":
             print("attention: the model's match_dst head adds a bias to its scores; using the "
-                  "masked XLA attention (all T x T scores; --attention cudnn runs that head "
-                  "on XLA and the others on cuDNN's packed kernel)", file=sys.stderr)
+                  "masked XLA attention (all T x T scores; --attention dense runs every head "
+                  "on cuDNN's dense kernel, --attention cudnn that head on XLA and the others "
+                  "on the packed one)", file=sys.stderr)
         return "xla"
     if implementation == "auto":
         reason = why_not_cudnn()
@@ -207,7 +246,10 @@ def resolve(implementation: str, *, bias: bool = False) -> str:
         raise InputError(f"--attention cudnn: {why_not_cudnn()}; it needs an NVIDIA Hopper or "
                          "newer GPU with cuDNN >= 9.6 and a CUDA jax (README: On a GPU); "
                          "use --attention xla")
-    if implementation not in ("xla", "cudnn"):
+    if implementation == "dense" and why_not_dense() is not None:
+        raise InputError(f"--attention dense: {why_not_dense()}; it needs an NVIDIA GPU with "
+                         "cuDNN and a CUDA jax (README: On a GPU); use --attention xla")
+    if implementation not in IMPLEMENTATIONS:
         raise InputError(f"unknown attention implementation {implementation!r}")
     return implementation
 
@@ -215,9 +257,16 @@ def resolve(implementation: str, *, bias: bool = False) -> str:
 def attention(q, k, v, segment_ids, *, implementation: str, max_segments: int, bias=None):
     """q, k, v [B, T, N, H] -> [B, T, N, H] under segment_ids [B, T]. ``bias``: None, or
     float[B, 1, T, T] added to head 0's scores only (ModelConfig.match_dst). The XLA path
-    adds it as an [B, N, T, T] bias that is 0 on the other heads; the cuDNN path, which takes
-    no bias, runs head 0 on the XLA attention (T x T scores for one head) and the other heads
-    on cuDNN's packed kernel."""
+    adds it as an [B, N, T, T] bias that is 0 on the other heads; the dense path runs head 0
+    through the kernel with the bias and the other heads through it without; the cuDNN
+    path, whose packed kernel takes no bias, runs head 0 on the XLA attention (T x T scores
+    for one head) and the other heads on the packed kernel."""
+    if implementation == "dense":
+        if bias is None:
+            return dense_attention(q, k, v, segment_ids)
+        a0 = dense_attention(q[:, :, :1], k[:, :, :1], v[:, :, :1], segment_ids, bias)
+        return jnp.concatenate([a0, dense_attention(q[:, :, 1:], k[:, :, 1:], v[:, :, 1:],
+                                                    segment_ids)], axis=2)
     if bias is not None:
         n = q.shape[2]
         if implementation == "cudnn":
