@@ -221,7 +221,9 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
     err = capsys.readouterr().err
     assert ("destination store: 1 of 3 destinations (>= 32 replies each) from 70 train "
             "replies") in err
-    assert "pair store: 1 of 3 address pairs (>= 32 replies each) from 70 train replies" in err
+    assert ("pair store: 1 of 3 address pairs (>= 32 replies each) from 70 train replies; 0 "
+            "train replies have their reverse pair there (none: it answers nothing on this "
+            "data)") in err
     want, _ = store.build(tok, seg, 1024)
     params = predictor.load(str(run)).params
     np.testing.assert_array_equal(np.asarray(params["dst_store"]), want)
@@ -258,7 +260,7 @@ def test_the_pair_store_reads_the_replies_of_the_reverse_pair():
     node 1's row there is empty."""
     table, summary = store.build(np.asarray([PAIR_ROW] * 10, np.uint16),
                                  np.ones((10, len(PAIR_ROW)), np.uint8), 1024, key="pair")
-    assert summary == store.StoreSummary(2, 1, 50, 0, "pair")
+    assert summary == store.StoreSummary(2, 1, 50, 0, "pair", answered=0)
     tok, seg = jnp.asarray([ASK + PAIR_ROW]), jnp.ones((1, len(ASK + PAIR_ROW)), jnp.int32)
     sharp = (1e-3, 1e-3)
     keys = model.reverse_pair_keys(tok, seg)
@@ -277,6 +279,17 @@ def test_the_pair_store_reads_the_replies_of_the_reverse_pair():
                             np.ones((10, len(PAIR_ROW)), np.uint8), 1024)
     (_, on_dst), _ = model.store_dists(jnp.asarray(by_dst), tok, seg, widths=sharp)
     assert not np.asarray(on_dst)[0, :48].any()  # node 1 as a destination: no replies
+
+
+def test_the_pair_store_counts_the_train_replies_it_answers():
+    """Where node 2 pings node 1 as well (40 replies each way), each direction's replies find
+    the other's row: 80 answered; node 1's 10 pings to node 3 find none."""
+    both = PAIR_ROW + ping(2, 1, 0x52, 0x00) * 4
+    _, summary = store.build(np.asarray([both] * 10, np.uint16),
+                             np.ones((10, len(both)), np.uint8), 1024, key="pair")
+    assert summary == store.StoreSummary(3, 2, 90, 0, "pair", answered=80)
+    assert summary.line() == ("pair store: 2 of 3 address pairs (>= 32 replies each) from 90 "
+                              "train replies; 80 train replies have their reverse pair there")
 
 
 def test_the_pair_store_reads_the_real_sources_of_anonymized_rows():

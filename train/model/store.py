@@ -38,31 +38,41 @@ class StoreSummary:
     destinations: int  # keys (destinations, or pairs) with at least one reply in the rows
     usable: int  # with a row of their own and at least STORE_MIN replies
     replies: int
-    collided: int  # lost their row to a key with more replies
+    collided: int  # with enough replies, but no row (the table was full)
     key: str = "dst"
+    # the pair store: train replies whose reverse pair is usable (what it answers in
+    # training, where its gate learns); -1 for the destination store
+    answered: int = -1
 
     def line(self) -> str:
         name, what, field = KEYS[self.key]
         return (f"{name}: {self.usable:,} of {self.destinations:,} {what} "
                 f"(>= {arch.STORE_MIN} replies each) from {self.replies:,} train replies"
-                + (f"; {self.collided:,} lost their row to another (a larger "
-                   f"ModelConfig.{field} would keep them)" if self.collided else ""))
+                + (f"; {self.collided:,} found no free row (a larger ModelConfig.{field} "
+                   "would hold them)" if self.collided else "")
+                + ("" if self.answered < 0 else
+                   f"; {self.answered:,} train replies have their reverse pair there"
+                   + (" (none: it answers nothing on this data)" if not self.answered
+                      else "")))
 
 
 @functools.partial(jax.jit, static_argnames="key")
 def _replies(tokens, segment_ids, key="dst"):
-    """(key, code, is_reply), [B, T] each: at each RTT_START whose two bytes follow in its
-    segment, the measurement's destination hash (``key`` "dst") or the key of its ordered
-    (source, destination) pair ("pair"), and the reply's 16-bit code."""
+    """(key, reverse key, code, is_reply), [B, T] each: at each RTT_START whose two bytes
+    follow in its segment, the measurement's destination hash (``key`` "dst"; its reverse
+    key is itself) or the key of its ordered (source, destination) pair ("pair"; the
+    reverse: (destination, source)), and the reply's 16-bit code."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     _, full, _ = M.address_hashes(tokens, seg, "dst")
+    back = full
     if key == "pair":
-        full = M.pair_key(M.address_hashes(tokens, seg, "src")[1], full)
+        src = M.address_hashes(tokens, seg, "src")[1]
+        full, back = M.pair_key(src, full), M.pair_key(full, src)
     nxt = lambda x, k: jnp.concatenate([x[:, k:], jnp.zeros_like(x[:, :k])], axis=1)
     b1, b2 = nxt(tokens, 1) - vocab.BYTE_OFFSET, nxt(tokens, 2) - vocab.BYTE_OFFSET
     ok = ((tokens == vocab.RTT_START) & (seg > 0) & (nxt(seg, 2) == seg)
           & (b1 >= 0) & (b1 < 256) & (b2 >= 0) & (b2 < 256))
-    return full, b1 * 256 + b2, ok
+    return full, back, b1 * 256 + b2, ok
 
 
 MAX_KICKS = 256
@@ -97,20 +107,23 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     if key not in KEYS:
         raise ValueError(f"store key must be one of {sorted(KEYS)}, not {key!r}")
     K = arch.STORE_K
-    hs, codes = [], []
+    hs, backs, codes = [], [], []
     for r0 in range(0, len(tokens), batch):
         t, s = tokens[r0:r0 + batch], segment_ids[r0:r0 + batch]
         if len(t) < batch:  # one compiled shape: pad the last batch with empty rows
             t = np.concatenate([t, np.zeros((batch - len(t),) + t.shape[1:], t.dtype)])
             s = np.concatenate([s, np.zeros((batch - len(s),) + s.shape[1:], s.dtype)])
-        h, c, ok = (np.asarray(x) for x in _replies(t, s, key))
+        h, b, c, ok = (np.asarray(x) for x in _replies(t, s, key))
         hs.append(h[ok])
+        backs.append(b[ok])
         codes.append(c[ok])
     h = np.concatenate(hs) if hs else np.zeros(0, np.int32)
+    back = np.concatenate(backs) if backs else np.zeros(0, np.int32)
     code = np.concatenate(codes) if codes else np.zeros(0, np.int32)
     table = np.zeros((rows, K + 2), np.float32)
+    answered = -1 if key == "dst" else 0
     if len(h) == 0:
-        return table, StoreSummary(0, 0, 0, 0, key)
+        return table, StoreSummary(0, 0, 0, 0, key, answered)
     order = np.lexsort((code, h))  # by destination, codes ascending within
     h, code = h[order], code[order]
     first = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
@@ -123,6 +136,9 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     table[row[keep], :K] = code[q[keep]]
     table[row[keep], K] = n[keep]
     table[row[keep], K + 1] = M.store_check(dest[keep])
-    usable = int((keep & (n >= arch.STORE_MIN)).sum())
+    usable = keep & (n >= arch.STORE_MIN)
     collided = int((~keep & (n >= arch.STORE_MIN)).sum())
-    return table, StoreSummary(len(dest), usable, int(len(h)), collided, key)
+    if key == "pair":
+        answered = int(np.isin(back, dest[usable]).sum())
+    return table, StoreSummary(len(dest), int(usable.sum()), int(len(h)), collided, key,
+                               answered)
