@@ -175,17 +175,15 @@ def test_a_biased_head_0_runs_apart_from_the_kernel(no_cuda_probes):
     assert call["operands"] == [f"{B}x{T}x{N - 1}x{H}xbf16"] * 3 + TABLES
 
 
-@pytest.mark.parametrize("model_name", ["small"])
-def test_the_recipe_on_the_cudnn_path_equals_the_xla_path(stand_in_cudnn, model_name):
-    """`small` (a match head on head 0) through the cuDNN path (head 0 on XLA, the rest
-    through a stand-in for the kernel that leaves NaN at padding): the XLA path's logits
-    and gradients, to float32 rounding."""
+def assert_the_recipe_equals_the_xla_path(implementation):
+    """`small`'s loss and gradients on ``implementation``: the XLA path's, to float32
+    rounding, and finite."""
     import dataclasses
 
     from train.model import arch, model
     from train.model.attention import AttentionConfig
 
-    cfg = dataclasses.replace(arch.MODELS[model_name], seq_len=T)
+    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=T)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     rng = np.random.default_rng(1)
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, T)))
@@ -193,14 +191,20 @@ def test_the_recipe_on_the_cudnn_path_equals_the_xla_path(stand_in_cudnn, model_
     segs[:, -3:] = 0
     batch = {"tokens": tokens, "segment_ids": jnp.asarray(segs)}
     runs = {}
-    for impl in ("xla", "cudnn"):
+    for impl in ("xla", implementation):
         att = AttentionConfig(impl, max_segments=M)
         runs[impl] = jax.value_and_grad(lambda p: model.loss_sum(p, batch, cfg, att)[0])(params)
-    (l_x, g_x), (l_c, g_c) = runs["xla"], runs["cudnn"]
+    (l_x, g_x), (l_c, g_c) = runs["xla"], runs[implementation]
     assert float(l_c) == pytest.approx(float(l_x), rel=1e-6)
     for a, b in zip(jax.tree.leaves(g_c), jax.tree.leaves(g_x)):
         assert np.isfinite(a).all()
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
+
+
+def test_the_recipe_on_the_cudnn_path_equals_the_xla_path(stand_in_cudnn):
+    """`small` (a match head on head 0) through the cuDNN path (head 0 on XLA, the rest
+    through a stand-in for the kernel that leaves NaN at padding)."""
+    assert_the_recipe_equals_the_xla_path("cudnn")
 
 
 def test_table_size_is_the_next_power_of_two_within_the_datasets():
@@ -274,30 +278,10 @@ def test_on_the_dense_path_a_biased_head_0_runs_through_the_kernel_too(no_cuda_p
 
 
 def test_the_recipe_on_the_dense_path_equals_the_xla_path(monkeypatch):
-    """`small` (a match head on head 0) through the dense path's plumbing (the head split,
-    the bias, the mask; the kernel asked of jax.nn on XLA here): the XLA path's logits and
-    gradients, to float32 rounding."""
-    import dataclasses
-
-    from train.model import arch, model
-    from train.model.attention import AttentionConfig
-
+    """`small` through the dense path's plumbing (the head split, the bias, the mask; the
+    kernel asked of jax.nn on XLA here)."""
     monkeypatch.setattr(attention, "DENSE_KERNEL", "xla")
-    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=T)
-    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
-    rng = np.random.default_rng(1)
-    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, T)))
-    segs = np.repeat(np.arange(1, 5), T // 4)[None].repeat(B, 0)
-    segs[:, -3:] = 0
-    batch = {"tokens": tokens, "segment_ids": jnp.asarray(segs)}
-    runs = {}
-    for impl in ("xla", "dense"):
-        att = AttentionConfig(impl, max_segments=M)
-        runs[impl] = jax.value_and_grad(lambda p: model.loss_sum(p, batch, cfg, att)[0])(params)
-    (l_x, g_x), (l_d, g_d) = runs["xla"], runs["dense"]
-    assert float(l_d) == pytest.approx(float(l_x), rel=1e-6)
-    for a, b in zip(jax.tree.leaves(g_d), jax.tree.leaves(g_x)):
-        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
+    assert_the_recipe_equals_the_xla_path("dense")
 
 
 def test_dense_on_a_cpu_is_one_line_naming_the_alternative():
