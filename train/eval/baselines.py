@@ -6,10 +6,8 @@ failed ping; ``time``: Unix seconds where ``has_time``) and answers (src, dst) w
 fell back to. RTTs are fit on successful pings only; failures feed p_fail.
 
 - ``global_median``, ``dst_median``, ``pair_median``: the (numpy) median RTT and failure
-  rate of all pings, per destination (where the target is says most), per ordered pair.
-- The pair baselines answer a pair never seen in its direction with the reverse pair (as
-  the factorization answers a node seen only as a destination): on a matrix data set whose
-  held-out nodes are only destinations in the train split, that is all a pair has.
+  rate of all pings, per destination (where the target is says most), per ordered pair;
+  the pair baselines read the reverse pair where a pair has no ping in its direction.
 - ``pair_last``: the pair's latest successful RTT; p_fail 1 if its latest ping failed.
 - ``pair_ema``: per pair, an EMA (alpha 0.3, first value as is) of its successful RTTs in
   time order, and of its failure indicator.

@@ -1,17 +1,14 @@
 """Packed causal self-attention: causal, and block-diagonal by segment.
 
-A row holds several contexts (segment ids 1..n, 0 = padding). Token t may attend to
-token s only if s <= t and segment_ids[s] == segment_ids[t], so each context sees itself
-alone, exactly as if it were the only thing in the row (tests/test_model.py holds us
-to that). Three implementations of the same function:
+A row holds several contexts (segment ids 1..n, 0 = padding). Token t may attend to token
+s only if s <= t and segment_ids[s] == segment_ids[t], so each context sees itself alone
+(tests/test_model.py holds us to that). Three implementations of the same function:
 
 - ``xla``: ``jax.nn.dot_product_attention`` with a [B, 1, T, T] boolean mask. Runs
   everywhere (CPU tests), costs O(T^2) mask memory and computes the masked blocks.
 - ``dense``: cuDNN's dense causal kernel (``jax.nn.dot_product_attention``, public API)
-  with the segments as a [B, 1, T, T] mask: it computes every block below the diagonal,
-  and takes a bias (the match head's). Measured alone at base's shape on rows like the
-  built-in data's (H200, bench/results/attention-nvidia-h200.json), forward and backward
-  1.80 ms against the packed kernel's 2.15-4.28 ms (segment tables of 16-64 slots).
+  with the segments as a [B, 1, T, T] mask: it computes every block below the diagonal
+  and takes a bias (the match head's); docs/learning.md 6.4 has what it costs.
 - ``cudnn``: cuDNN's native packed ("ragged") layout on NVIDIA Hopper or newer. Each
   segment becomes a sequence of its own given by an offset and a length, under a
   PADDING_CAUSAL mask, so masked blocks are never computed. It is reached through a private
@@ -21,10 +18,9 @@ to that). Three implementations of the same function:
   line saying why; tests/test_cudnn_lowering.py lowers it for CUDA on a CPU, so a JAX upgrade
   that changes the private API fails CI. Query and key/value head counts are equal (no GQA).
 
-Padding tokens (segment 0) attend to earlier padding under XLA, which keeps every softmax
-row non-empty; under cuDNN they belong to no segment and their output is undefined, so
-it is zeroed. Nothing reads those outputs: padding is never a loss target and no real
-token attends to it.
+Padding tokens (segment 0) attend to earlier padding under XLA and ``dense``; under the
+packed kernel they belong to no segment and their output is undefined, so it is zeroed.
+Nothing reads those outputs: padding is never a loss target and no real token attends to it.
 
 ``AttentionConfig``: the implementation, segment-table size and compute dtype, hashable.
 """
