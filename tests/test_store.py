@@ -3,6 +3,7 @@ built by train.model.store and read by train.model.model.store_dists, on planted
 known quantiles."""
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -201,7 +202,9 @@ def test_a_new_model_starts_with_an_empty_store():
 def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monkeypatch, capsys):
     """`train` with a store fills it from the train split before the first step (one line
     says what it holds), never learns it, and the run's checkpoint holds exactly what
-    store.build makes of the train rows: `train eval` and `train predict` read it there."""
+    store.build makes of the train rows: `train eval` and `train predict` read it there. The
+    pair store, which no train reply would find its reverse pair in here, is off for the
+    run, in its config.json, and on resuming it."""
     from prep.tools import synthetic_shards as synthetic
     from train.fit.config import TrainConfig
     from train.fit.loop import train
@@ -221,15 +224,22 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
     err = capsys.readouterr().err
     assert ("destination store: 1 of 3 destinations (>= 32 replies each) from 70 train "
             "replies") in err
+    # probes pinging a target that never pings back: no reverse pair, the pair store off
     assert ("pair store: 1 of 3 address pairs (>= 32 replies each) from 70 train replies; 0 "
             "train replies have their reverse pair there (none: it answers nothing on this "
-            "data)") in err
+            "data)\npair store: off for this run (no train reply has its reverse pair, so "
+            "nothing would teach its gate)") in err
     want, _ = store.build(tok, seg, 1024)
-    params = predictor.load(str(run)).params
-    np.testing.assert_array_equal(np.asarray(params["dst_store"]), want)
-    want_pairs, _ = store.build(tok, seg, arch.MODELS["small"].pair_store, key="pair")
-    np.testing.assert_array_equal(np.asarray(params["pair_store"]), want_pairs)
-    assert want_pairs[:, K].sum() == 70  # every reply has its pair's row (no collision)
+    loaded = predictor.load(str(run))
+    np.testing.assert_array_equal(np.asarray(loaded.params["dst_store"]), want)
+    assert not any(k.startswith("pair_") for k in loaded.params)
+    assert json.loads((run / "config.json").read_text())["model"]["pair_store"] == 0
+    # and a resume keeps it off (its checkpoint has no pair store to restore)
+    train(TrainConfig(model="small", data=str(d), run_dir=str(run), steps=4, batch_size=2,
+                      lr=3e-3, warmup=1, log_every=1, eval_every=0, ckpt_every=0,
+                      resume=True))
+    assert "resumed" in capsys.readouterr().err
+    assert not any(k.startswith("pair_") for k in predictor.load(str(run)).params)
 
 
 # --- the pair store: the train split's replies by ordered address pair, read at a

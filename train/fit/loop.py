@@ -113,6 +113,12 @@ def _checked_start(cfg: TrainConfig, run_dir: Path):
 def _train(cfg: TrainConfig, run_dir: Path, lock: FolderLock, devices, on_step, preset) -> dict:
     cfg, saved, data, manifest, fingerprint, notes = _checked_start(cfg, run_dir)
     mcfg = model_config(cfg.model, seq_len=manifest["row_len"])
+    tables, store_lines = {}, []
+    if saved is not None:  # a resume's stores are in its checkpoint, the pair store's as it was
+        if mcfg.pair_store and not saved.get("model", {}).get("pair_store", mcfg.pair_store):
+            mcfg = dataclasses.replace(mcfg, pair_store=0)
+    elif mcfg.dst_store or mcfg.pair_store:  # the train split's replies, before the state
+        mcfg, tables, store_lines = _store_tables(mcfg, data, manifest)
     impl = attention.resolve(cfg.attention, bias=bool(mcfg.match_dst))
     # max_segments sizes cuDNN's per-row segment tables; the JAX wrapper treats a table
     # of one segment as "not packed", so it is at least 2
@@ -153,8 +159,11 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: FolderLock, devices, on_step, 
         ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.keep_checkpoints)
         if saved is not None:
             start, state = _resume(ckpt, state, it, run_dir, notes, say)
-        elif mcfg.dst_store or mcfg.pair_store:  # the train split's replies (a resume has them)
-            state = _fill_store(state, mcfg, data, manifest, rep, say)
+        else:
+            for line in store_lines:
+                say(line)
+            state = dict(state, params={**state["params"], **{
+                k: jax.device_put(t, rep) for k, t in tables.items()}})
         if primary:
             runfolder.write_json(run_dir / "config.json", {
                 "train": dataclasses.asdict(cfg), "model": dataclasses.asdict(mcfg),
@@ -174,17 +183,26 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: FolderLock, devices, on_step, 
             shutil.rmtree(run_dir, ignore_errors=True)  # a start that made no step
 
 
-def _fill_store(state: dict, mcfg, data, manifest: dict, rep, say) -> dict:
-    """``state`` with its stores (ModelConfig.dst_store, pair_store) filled from the train
-    split (train.model.store); one line each says what it holds."""
+def _store_tables(mcfg, data, manifest: dict):
+    """(mcfg, {field: table}, log lines): the stores (ModelConfig.dst_store, pair_store)
+    built from the train split (train.model.store). A pair store that no train reply finds
+    its reverse pair in (probes pinging targets that never ping back) is turned off for
+    the run: its gate would learn nothing, and its lookups cost a quarter of a CPU step;
+    a line says so, and the run's config.json records it."""
     tok, seg = reader.read_split(data, manifest, "train", sha256=False)
-    params = dict(state["params"])
+    tables, lines = {}, []
     for key, field in (("dst", "dst_store"), ("pair", "pair_store")):
-        if getattr(mcfg, field):
-            table, summary = store_lib.build(tok, seg, getattr(mcfg, field), key=key)
-            say(summary.line())
-            params[field] = jax.device_put(table, rep)
-    return dict(state, params=params)
+        if not getattr(mcfg, field):
+            continue
+        table, summary = store_lib.build(tok, seg, getattr(mcfg, field), key=key)
+        lines.append(summary.line())
+        if key == "pair" and summary.answered == 0:
+            lines.append("pair store: off for this run (no train reply has its reverse pair, "
+                         "so nothing would teach its gate)")
+            mcfg = dataclasses.replace(mcfg, pair_store=0)
+            continue
+        tables[field] = table
+    return mcfg, tables, lines
 
 
 def _resume(ckpt: Checkpointer, state: dict, it, run_dir: Path, notes: list[str], say):
