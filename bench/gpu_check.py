@@ -3,7 +3,7 @@
 1. The device and the versions (GPUs from nvidia-smi, jax, jaxlib, the CUDA plugin,
    cuDNN), and whether the cuDNN packed attention compiles here (train.model.attention).
 2. A visible NVIDIA GPU with a CPU-only jax stops here with the install command.
-3. The GPU tests (`pytest -m gpu`: cuDNN packed attention against XLA).
+3. The GPU tests (`pytest -m gpu`: cuDNN packed and dense attention against XLA).
 4. The GPU benchmark (bench/gpu.py, a process of its own) of the base config on packed
    shards of the built-in data, writing bench/results/gpu-<device>.json.
 5. The batch sweep: the same at SWEEP_ROWS rows a step, each in its own process (so each

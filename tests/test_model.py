@@ -213,6 +213,34 @@ def test_cudnn_packed_equals_xla(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(attention.why_not_dense() is not None,
+                    reason="needs an NVIDIA GPU where cuDNN's dense attention compiles")
+@pytest.mark.parametrize("case", ["two", "max", "padding_only", "mixed"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_cudnn_dense_equals_xla(case, with_bias):
+    """--attention dense: cuDNN's dense causal kernel, the segments as a mask (and a bias on
+    head 0, as the match head's), against the XLA attention, outputs and gradients."""
+    q, k, v, g, segs = _random_qkv()
+    if case != "mixed":
+        segs = jnp.asarray(_rows(case))
+    real = (segs > 0)[:, :, None, None]
+    n, t = segs.shape
+    # as the match head's: 4 where a key names the query's destination (bf16 holds it exactly)
+    bias = (jnp.asarray(4.0 * (np.random.default_rng(2).random((n, 1, t, t)) < 0.1),
+                        jnp.float32) if with_bias else None)
+
+    def run(impl):
+        out, vjp = jax.vjp(lambda q, k, v: attention.attention(
+            q, k, v, segs, implementation=impl, max_segments=8, bias=bias), q, k, v)
+        return [x * real for x in (out, *vjp(g * real))]
+
+    dense, xla = (jax.jit(lambda impl=impl: run(impl))() for impl in ("dense", "xla"))
+    for a, b in zip(dense, xla):
+        assert np.isfinite(np.float32(a)).all()
+        np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not attention.cudnn_available(),
                     reason="needs an NVIDIA Hopper+ GPU where the cuDNN packed attention compiles")
 def test_cudnn_model_logits_equal_xla(params):
