@@ -392,13 +392,13 @@ def memory_row(h: jax.Array, rows: int) -> jax.Array:
     return ((h.astype(jnp.uint32) * jnp.uint32(2654435769)) >> shift).astype(jnp.int32)
 
 
-# a store key's second row (two-choice hashing): memory_row of key * _ALT[0] + _ALT[1]
+# a store key's second row: memory_row of key * _ALT[0] + _ALT[1]
 _ALT = (np.random.default_rng(31415).integers(1 << 20, 1 << 30, 2) | 1).astype(np.int32)
 
 
 def store_rows(h, rows: int):
-    """The two rows of a store of ``rows`` where key ``h`` may be (two-choice hashing: a key
-    whose first row is taken goes to its second; train.model.store places them)."""
+    """The two rows of a store of ``rows`` where key ``h`` may be (train.model.store places
+    each key in one of them by cuckoo hashing; a lookup reads both)."""
     h = jnp.asarray(h, jnp.int32)
     return memory_row(h, rows), memory_row(h * _ALT[0] + _ALT[1], rows)
 
