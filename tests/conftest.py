@@ -122,3 +122,22 @@ def builtin_shards(tmp_path_factory, numba_kernels):
     run_shards([str(d / "raw")], str(d / "shards"), ShardsConfig(seed=0, row_len=128),
                workers=1, progress=False)
     return d / "shards"
+
+
+# --- the run-safety tests' dataset (tests/test_run_*.py) ---------------------------------
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """A tiny dataset (tests/helpers.py's ``write_dataset``), one per test module; modules
+    with a ``shards`` fixture of their own use theirs."""
+    from helpers import write_dataset
+
+    return write_dataset(tmp_path_factory.mktemp("safety") / "shards")
+
+
+@pytest.fixture
+def copy(shards, tmp_path):
+    """A test's own copy of ``shards``, to damage."""
+    import shutil
+
+    return Path(shutil.copytree(shards, tmp_path / "data"))

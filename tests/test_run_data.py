@@ -18,16 +18,6 @@ from prep.schema import manifest as mf
 from train.fit import reader
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return write_dataset(tmp_path_factory.mktemp("safety") / "shards")
-
-
-@pytest.fixture
-def copy(shards, tmp_path):
-    return Path(shutil.copytree(shards, tmp_path / "data"))
-
-
 def shard(d: Path, i: int, split="train") -> Path:
     return d / split / f"synthetic-{i:05d}.array_record"
 

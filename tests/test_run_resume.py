@@ -36,16 +36,6 @@ from train.fit.config import TrainConfig
 from train.fit.loop import train
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return write_dataset(tmp_path_factory.mktemp("safety") / "shards")
-
-
-@pytest.fixture
-def copy(shards, tmp_path):
-    return Path(shutil.copytree(shards, tmp_path / "data"))
-
-
 # --- a resume is bound to its run ---------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -26,15 +26,9 @@ from helpers import (
     small,
     step_dirs,
     stop_at,
-    write_dataset,
 )
 
 from train.fit.loop import train
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return write_dataset(tmp_path_factory.mktemp("safety") / "shards")
 
 
 # --- signals: SIGTERM is Ctrl-C; finish the step under way, save, exit 143 (130) ----------
