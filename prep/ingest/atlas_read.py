@@ -105,6 +105,12 @@ class _Source:
                 return b"".join(parts), False
 
 
+def _lines(block: bytes) -> int:
+    """The lines of ``block``, the last one with or without its newline (numpy counts the
+    newlines several times faster than ``bytes.count``, a byte at a time)."""
+    return int(np.count_nonzero(np.frombuffer(block, np.uint8) == _NEWLINE)) + (block[-1:] != b"\n")
+
+
 def read_results(path: Path, strict: bool, log: list, *, chunk: int = CHUNK, fast: bool = True,
              threads: int = 1) -> Iterator[object]:
     """Every result of one file, in order; MALFORMED for a value that could not be read;
@@ -130,7 +136,7 @@ def read_results(path: Path, strict: bool, log: list, *, chunk: int = CHUNK, fas
             ascii_block = block.isascii()
             if fast and ascii_block:  # the common case: every line a result the struct takes
                 run = typed(decode_lines, block)
-                if run is not None and len(run) == block.count(b"\n") + (block[-1:] != b"\n"):
+                if run is not None and len(run) == _lines(block):
                     yield Fast(run)  # (and no blank line)
                     done += len(run)
                     continue
@@ -168,7 +174,7 @@ def _array(src: _Source, path: Path, strict: bool, log: list, lineno: int, fast:
     return (yield from _json_array(src, path, strict, log, lineno))
 
 
-_QUOTE, _BSLASH, _COMMA = ord('"'), ord("\\"), ord(",")
+_NEWLINE, _QUOTE, _BSLASH, _COMMA = ord("\n"), ord('"'), ord("\\"), ord(",")
 _LBRACE, _RBRACE, _LBRACKET, _RBRACKET = ord("{"), ord("}"), ord("["), ord("]")
 
 
