@@ -90,8 +90,11 @@ class Rows:
                 return pa.array(v, typ)
             except (OverflowError, UnicodeEncodeError, pa.ArrowException):  # rare: a value the column cannot hold
                 return pa.array([_FIT[name](x) for x in v], typ)
-        head = [c[:k] for c in self.cols]
-        self.cols = [c[k:] for c in self.cols]
+        if k == len(self):
+            head, self.cols = self.cols, [[] for _ in self.cols]
+        else:
+            head = [c[:k] for c in self.cols]
+            self.cols = [c[k:] for c in self.cols]
         return pa.table({f.name: col(f.name, f.type, v) for f, v in zip(SCHEMA, head)})
 
 
@@ -208,9 +211,8 @@ def _results_fast(rs: list, mode: Mode, rows: Rows, rejected: dict) -> None:
     n = len(rs)
     pks = [r.result for r in rs]
     counts = np.fromiter(map(len, pks), np.int64, n)
-    flat = [p for pk in pks for p in pk]
     row = np.repeat(np.arange(n), counts)
-    rtt = np.array([None if p.dup else p.rtt for p in flat], np.float64)  # nan: no reply, or a dup
+    rtt = np.array([None if p.dup else p.rtt for pk in pks for p in pk], np.float64)  # nan: no reply, or a dup
     reply = ~np.isnan(rtt)
     got = np.bincount(row, reply, minlength=n)
     mean = np.bincount(row, np.where(reply, rtt, 0.0), minlength=n)
