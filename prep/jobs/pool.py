@@ -124,6 +124,14 @@ class Pool:
         """What happened to the worker that broke the pool."""
         procs = list(self._procs.values())
         _wait([p.sentinel for p in procs], 5)
+        # The executor's thread reaps the workers of a broken pool, then ends. Reading an
+        # exit code beside it races: under a fork server, a status read twice at once gives
+        # one reader the status and the other an empty pipe, which multiprocessing reports
+        # as exit code 255 (and keeps): "exited with code 255" for a worker that a signal
+        # stopped. So read them once it is done.
+        manager = getattr(self._ex, "_executor_manager_thread", None)
+        if manager is not None and manager is not threading.current_thread():
+            manager.join(timeout=5)
         deadline = time.monotonic() + 2
         while True:  # the executor's thread may be reaping them right now: None until then
             codes = [(p.pid, p.exitcode) for p in procs]
