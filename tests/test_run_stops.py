@@ -34,7 +34,7 @@ from train.fit.loop import train
 # --- signals: SIGTERM is Ctrl-C; finish the step under way, save, exit 143 (130) ----------
 
 class Unhandled(Exception):
-    pass
+    """Raised by the stand-in for SIGTERM's default action: the run did not handle it."""
 
 
 def _unhandled(*_):
