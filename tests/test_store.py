@@ -340,3 +340,57 @@ def test_the_pair_gate_mixes_the_reverse_pair_in():
         {**params, "pair_bias": jnp.float32(0.0)})
     assert not np.asarray(g["pair_store"]).any()
     assert abs(float(g["pair_bias"])) > 0
+
+
+def test_a_fold_of_the_sources_is_whole_contexts_by_their_address():
+    """ModelConfig.gate_fold's fold: a context is in it or not as a whole, by its source
+    address (the same source in two rows decides alike), never on padding; of 64 planted
+    sources 10.0.0.1-64, 17 fall in a fold of 4."""
+    def ctx(src):  # two replies from 10.0.0.<src>
+        r = reply(0x68, 0x20)
+        r[5] = B + src
+        return r + r
+    n = len(ctx(1))
+    srcs = np.arange(1, 65).reshape(16, 4)
+    tok = np.asarray([sum((ctx(s) for s in row), []) + [0] * 8 for row in srcs])
+    seg = np.asarray([[i + 1 for i in range(4) for _ in range(n)] + [0] * 8] * 16)
+    fold = np.asarray(model.source_fold(jnp.asarray(tok), jnp.asarray(seg), 4))
+    assert not fold[:, -8:].any()
+    per_ctx = fold[:, :4 * n].reshape(16, 4, n)
+    assert (per_ctx == per_ctx[..., :1]).all()  # whole contexts
+    chosen = per_ctx[..., 0]
+    assert chosen.sum() == 17
+    again = np.asarray(model.source_fold(jnp.asarray(tok[::-1].copy()), jnp.asarray(seg), 4))
+    np.testing.assert_array_equal(again[:, :4 * n].reshape(16, 4, n)[..., 0], chosen[::-1])
+    with pytest.raises(ValueError, match="gate_fold must be 0"):
+        dataclasses.replace(arch.MODELS["small"], gate_fold=1)
+
+
+def test_the_fold_trains_the_store_gate_and_nothing_else():
+    """With ``fold`` (ModelConfig.gate_fold), the logits are the same, but the gradient
+    is routed: the fold's tokens reach the store's gate (and its spreads) alone, the other
+    tokens everything but the store's gate."""
+    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(ROW), dst_store=1024,
+                              pair_store=0)
+    table, _ = store.build(*planted(), 1024)
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    params = {**params, "dst_store": jnp.asarray(table)}
+    tok, seg = jnp.asarray([ROW, ROW]), jnp.ones((2, len(ROW)), jnp.int32)
+    batch = {"tokens": tok, "segment_ids": seg}
+    np.testing.assert_array_equal(
+        model.forward(params, tok, seg, cfg),
+        model.forward(params, tok, seg, cfg, fold=jnp.asarray([[True], [False]]) & (seg > 0)))
+
+    def grads(fold):
+        b = batch if fold is None else {**batch, "fold": jnp.broadcast_to(fold, seg.shape)}
+        g = jax.grad(lambda p: model.loss_sum(p, b, cfg)[2])(params)
+        return {k: sum(float(jnp.abs(x).sum()) for x in jax.tree.leaves(v))
+                for k, v in g.items() if k != "dst_store"}
+
+    gate = {"store_gate", "store_bias", "store_width"}
+    every, fold, rest = grads(None), grads(jnp.asarray(True)), grads(jnp.asarray(False))
+    assert all(v > 0 for k, v in every.items() if k in gate)
+    assert {k for k, v in fold.items() if v > 0} == gate
+    assert fold["store_gate"] > 0 and fold["store_bias"] > 0
+    assert rest["store_gate"] == 0 and rest["store_bias"] == 0
+    assert all(rest[k] > 0 for k in ("embed", "copy_gate", "store_width"))

@@ -111,12 +111,22 @@ class ModelConfig:
     # where no reverse ping exists (probes to targets), it is off. Only where the context
     # holds no earlier reply to the destination (docs/learning.md section 8.8)
     pair_store: int = 0
+    # training only, with dst_store or pair_store: one training context in this many (by
+    # its source address's hash, train.model.model.source_fold) trains nothing but the
+    # stores' gates, and those gates learn from nothing else. The model never learns that
+    # fold's probes, so it meets them as it meets the test split's, and the gates learn how
+    # far to trust a store where the model does not know the probe: trained on every
+    # context, they learned it where the model had memorized the probe, and stayed too
+    # closed for new ones (docs/learning.md section 8.9). 0: off
+    gate_fold: int = 0
 
     def __post_init__(self):
         for name in ("dst_memory", "dst_store", "pair_store"):
             n = getattr(self, name)
             if n < 0 or n & (n - 1):
                 raise ValueError(f"{name} must be 0 or a power of two, not {n}")
+        if self.gate_fold < 0 or self.gate_fold == 1:
+            raise ValueError(f"gate_fold must be 0 (off) or at least 2, not {self.gate_fold}")
 
 
 MODELS = {
@@ -129,7 +139,8 @@ MODELS = {
     "small": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256,
                          grammar_embed=True, init_std=0.08, match_dst=4.0, byte_features=7,
                          dst_memory=8192, dst_prior_scale=30.0, anonymize_src=True,
-                         context_copy=0.3, copy_aux=1.0, dst_store=32768, pair_store=32768),
+                         context_copy=0.3, copy_aux=1.0, dst_store=32768, pair_store=32768,
+                         gate_fold=8),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,

@@ -121,7 +121,7 @@ def rope(x, tables):
 def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
             attention: attn.AttentionConfig = attn.AttentionConfig(), *,
             probes: tuple[jax.Array, jax.Array] | None = None, own: bool = False,
-            src_hash: jax.Array | None = None):
+            src_hash: jax.Array | None = None, fold: jax.Array | None = None):
     """float32 logits [B, T, V] of int tokens [B, T] under segment_ids [B, T], computed as
     ``attention`` says (implementation, segment-table size, compute dtype).
 
@@ -137,7 +137,9 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     ``own`` (no probes): also the logits before the stores and the context copy are mixed
     in (ModelConfig.dst_store, pair_store, context_copy): (logits, own logits).
     ``src_hash``: the pair store's source hashes, where the tokens' sources are anonymized
-    (``reverse_pair_keys``).
+    (``reverse_pair_keys``). ``fold`` (training, no probes; bool [B, T], ``source_fold``):
+    its tokens' logits pass gradient to the stores' gates alone, and only where a store
+    answers; the stores' gates take gradient from nothing else (ModelConfig.gate_fold).
     """
     dtype = attention.dtype
     seg = segment_ids.astype(jnp.int32)
@@ -224,7 +226,12 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     prior = bool(cfg.dst_memory and cfg.dst_prior_scale)
     out = head(x, (row, on) if prior else None)
     out_p = None if probes is None else head(xp, (p_row, p_on) if prior else None)
+    if fold is not None:  # the fold's tokens: what the layers give is a constant to them
+        assert probes is None, "fold is for training; probes are for queries"
+        sg = jax.lax.stop_gradient
+        out, x = (jnp.where(fold[..., None], sg(a), a) for a in (out, x))
     own_out = out
+    answered = jnp.zeros(tokens.shape, bool)  # where a store is mixed in
     copy = p_copy = None
     if cfg.context_copy:
         widths = tuple(jax.nn.softplus(params["copy_width"][i]) * COPY_WIDTH[i] for i in range(2))
@@ -238,7 +245,8 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         # context (docs/learning.md section 8.7)
         if copy is not None:
             s_on = s_on & ~copy[1]
-        out = _mix_copy(params, out, x, dist, s_on, "store")
+        out = _mix_copy(params, out, x, dist, s_on, "store", fold)
+        answered = answered | s_on
         if probes is not None:
             p_on = p_store[1] if p_copy is None else p_store[1] & ~p_copy[1]
             out_p = _mix_copy(params, out_p, xp, p_store[0], p_on, "store")
@@ -249,7 +257,8 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
                                            seg, probes, widths, keys)
         if copy is not None:  # as the destination store: where the copy does not answer
             r_on = r_on & ~copy[1]
-        out = _mix_copy(params, out, x, dist, r_on, "pair")
+        out = _mix_copy(params, out, x, dist, r_on, "pair", fold)
+        answered = answered | r_on
         if probes is not None:
             p_on = p_pair[1] if p_copy is None else p_pair[1] & ~p_copy[1]
             out_p = _mix_copy(params, out_p, xp, p_pair[0], p_on, "pair")
@@ -257,6 +266,8 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         out = _mix_copy(params, out, x, *copy)
         if probes is not None:
             out_p = _mix_copy(params, out_p, xp, *p_copy)
+    if fold is not None:  # where no store answers, the fold's tokens train nothing
+        out = jnp.where((fold & ~answered)[..., None], jax.lax.stop_gradient(out), out)
     if own:
         return out, own_out
     return out if probes is None else (out, out_p)
@@ -327,10 +338,15 @@ def context_copy(tokens: jax.Array, segment_ids: jax.Array, match: jax.Array, al
 
 
 def _mix_copy(params: dict, logits: jax.Array, x: jax.Array, dist: jax.Array, on: jax.Array,
-              name: str = "copy"):
+              name: str = "copy", fold: jax.Array | None = None):
     """log((1 - g) softmax(logits) + g dist) where ``on`` (dist over the 256 byte tokens),
-    g = sigmoid(x . {name}_gate + {name}_bias); the logits elsewhere."""
+    g = sigmoid(x . {name}_gate + {name}_bias); the logits elsewhere. With ``fold``
+    (forward's), g is learned on the fold's tokens alone, and reads x as a constant."""
+    if fold is not None:
+        x = jax.lax.stop_gradient(x)
     z = x.astype(jnp.float32) @ params[f"{name}_gate"] + params[f"{name}_bias"]
+    if fold is not None:
+        z = jnp.where(fold, z, jax.lax.stop_gradient(z))
     lo = vocab.BYTE_OFFSET
     copy = jnp.full(logits.shape, -jnp.inf, jnp.float32).at[..., lo:lo + 256].set(
         jnp.log(jnp.maximum(jnp.where(on[..., None], dist, 1.0), 1e-30)))  # (0 x log'(0): NaN)
@@ -551,6 +567,22 @@ def anonymize_sources(tokens: jax.Array, segment_ids: jax.Array, step: jax.Array
     return jnp.where(role == vocab.ROLES.index("src"), moved, tokens)
 
 
+def source_fold(tokens: jax.Array, segment_ids: jax.Array, k: int) -> jax.Array:
+    """bool[B, T]: the tokens of the contexts (segments) in one fold of ``k``, chosen by a
+    mix of their measurements' source address hashes (a context in the fold if any of its
+    measurements' sources is: a probe's one address, or its two, IPv4 and IPv6, each
+    deciding for the contexts it is in); read from the real addresses, before
+    ``anonymize_sources`` (ModelConfig.gate_fold)."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    _, full, _ = address_hashes(tokens, seg, "src")
+    x = full.astype(jnp.uint32) * jnp.uint32(2654435761)
+    x = (x ^ (x >> 16)) * jnp.uint32(2246822519)
+    mine = ((x >> 8) % jnp.uint32(k) == 0) & (full != 0) & (seg > 0)
+    T = tokens.shape[1]
+    per_seg = jax.vmap(lambda m, s: jax.ops.segment_max(m, s, num_segments=T + 1)[s])
+    return (per_seg(mine.astype(jnp.int32), seg) > 0) & (seg > 0)
+
+
 def same_destination(tokens: jax.Array, segment_ids: jax.Array, probes=None):
     """bool[B, 1, T, T]: key s is in an earlier measurement of the row than query t, and that
     measurement's destination is the one t's measurement has named up to t (none before
@@ -673,7 +705,8 @@ N_ROLES = len(vocab.ROLES) + 1  # prep.schema.vocab.ROLES (7, then one per value
 
 def loss_by_role(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
                  attention: attn.AttentionConfig = attn.AttentionConfig(), *,
-                 copied_src: bool = False, src_hash: jax.Array | None = None):
+                 copied_src: bool = False, src_hash: jax.Array | None = None,
+                 fold: jax.Array | None = None):
     """(cross-entropy sum, right-guess count, target count), each float32[N_ROLES] by the
     role of the token each position predicts (``target_roles``): the one place the loss is
     split by role, for the training objective (``loss_sum``), the eval during training
@@ -686,7 +719,7 @@ def loss_by_role(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: M
     IPv4 ones does not): how well the model copies, and what it could copy."""
     tokens, segment_ids = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     ce, logits, targets, mask = token_losses(params, tokens, segment_ids, cfg, attention,
-                                             src_hash=src_hash)
+                                             src_hash=src_hash, fold=fold)
     by_role = _by_role(tokens, segment_ids)
     right = (jnp.argmax(logits, axis=-1) == targets) & mask
     sums = (by_role(jnp.where(mask, ce, 0.0)), by_role(right), by_role(mask))
@@ -731,13 +764,14 @@ def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
     if aux:  # the mixed distribution's loss, and its own's before the copy (copy_aux)
         tokens, seg = (batch[k].astype(jnp.int32) for k in ("tokens", "segment_ids"))
         ce, own_ce, mask = token_losses(params, tokens, seg, cfg, attention, own=True,
-                                        src_hash=batch.get("src_hash"))
+                                        src_hash=batch.get("src_hash"), fold=batch.get("fold"))
         by_role = _by_role(tokens, seg)
         loss, count = by_role(jnp.where(mask, ce, 0.0)), by_role(mask)
         extra = aux * by_role(jnp.where(mask, own_ce, 0.0))
     else:
         loss, _, count = loss_by_role(params, batch["tokens"], batch["segment_ids"], cfg,
-                                      attention, src_hash=batch.get("src_hash"))
+                                      attention, src_hash=batch.get("src_hash"),
+                                      fold=batch.get("fold"))
         extra = 0.0
     total, n = loss.sum(), count.sum()
     if role_weights is None:
@@ -749,13 +783,13 @@ def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
 
 def token_losses(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
                  attention: attn.AttentionConfig = attn.AttentionConfig(), *, own: bool = False,
-                 src_hash: jax.Array | None = None):
+                 src_hash: jax.Array | None = None, fold: jax.Array | None = None):
     """(next-token cross-entropy, logits, targets, mask) at every position of a batch: the
     loss of training, of the eval during training and of `train eval`; count it where mask.
     ``own``: (cross-entropy, that of the distribution before the stores and the copy, mask).
-    ``src_hash``: forward's."""
+    ``src_hash``, ``fold``: forward's."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
-    out = forward(params, tokens, seg, cfg, attention, own=own, src_hash=src_hash)
+    out = forward(params, tokens, seg, cfg, attention, own=own, src_hash=src_hash, fold=fold)
     targets, mask = targets_and_mask(tokens, seg)
     ce = lambda lg: optax.softmax_cross_entropy_with_integer_labels(lg, targets)
     if own:
