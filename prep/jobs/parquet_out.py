@@ -24,7 +24,14 @@ from pathlib import Path
 from prep.base import sniff
 from prep.base.atomic import write_atomic
 from prep.base.lock import LOCK_NAME
-from prep.jobs.owned import FolderClaim, foreign, holds_parquet, is_owned, not_for_parquet, remove_owned
+from prep.jobs.owned import (
+    FolderClaim,
+    foreign,
+    holds_parquet,
+    is_owned,
+    not_for_parquet,
+    remove_owned,
+)
 
 PUBLISH = sniff.PUBLISH  # in a staging folder: what its publish removes and moves in
 NOT_PARQUET = {"shards": "a shards folder (the output of `prep shards`)", "run": "a run"}

@@ -1,8 +1,8 @@
 """The bucket backend of an output (prep.jobs.claim describes the protocol): ``--out s3://…``
 of `prep shards` and `prep import-atlas`. S3 has no rename and no lock: the files are staged in
 a local folder under ``$TMPDIR/ping-pack-out/``, claimed as a local ``--out`` (a second run on
-this machine into the same URI fails at once), and uploaded; the publish is one object
-written last, whole, in one PUT. What a prefix may hold::
+this machine into the same URI fails at once), and uploaded; what publishes them is one
+object written last, whole, in one PUT. What a prefix may hold::
 
     s3://b/p/manifest.json                          a dataset: written last
     s3://b/p/g<UTC time>-<token>/.ping-pack-owner   a generation's marker (role, host, pid)
@@ -14,12 +14,13 @@ A dataset: its shards go into a new generation (marker first; uploaded, or writt
 the Beam runner's workers, ``stage_in_bucket``), then the manifest is PUT (``--overwrite``
 checked again), and the generation it replaced is marked ``old`` and removed. Parquet files:
 uploaded under the hidden prefix, then the list of files to remove and to copy in
-(``.publish``) is written there and carried out by server-side copies. A kill before the PUT
-leaves the old output and an upload that the next run here removes if surely dead (marked
-``old``, or from a gone process of this host; else named and left, as is a generation without
-a marker: a killed driver's cluster workers writing on); a kill after ``.publish``, a publish
-the next run finishes (readers refuse the prefix until then, prep.base.sniff). Two runs on
-different machines each upload their own generation; the manifest that lands last wins.
+(``.publish``) is written there and carried out by server-side copies. Killed before the
+manifest or the list, a run leaves the old output, and an upload that the next run here
+removes if surely dead (marked ``old``, or from a gone process of this host; else it is
+named and left, as is a generation without a marker: a killed driver's workers writing on);
+killed after the list, a publish that the next run finishes (readers refuse the prefix until
+then, prep.base.sniff). Two runs on different machines each upload their own generation; the
+manifest that lands last wins.
 """
 
 from __future__ import annotations
