@@ -54,7 +54,8 @@ class Claim(abc.ABC):
     """An output held by one run, through the steps of prep.jobs.claim: ``acquire`` (1-4),
     the run writes into ``stage``, ``publish`` (5), ``release`` (6); ``held`` is that life
     as a ``with`` block. A backend (FolderClaim, remote_out.BucketClaim) acquires and
-    releases; a layout (outdir, parquet_out) checks what it finds and publishes."""
+    releases; a layout on it (outdir.OutDir, parquet_out.ParquetOut, remote_out's
+    RemoteDataset and RemoteParquet) checks what it finds there and publishes."""
 
     def __init__(self, path, *, command: str, runner: str, overwrite: bool = False,
                  progress: bool = True):
