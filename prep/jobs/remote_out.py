@@ -132,6 +132,7 @@ class BucketClaim(Claim):
         super().__init__(self.loc.uri, **kw)
         self.local = self.staging(_local_for(self.loc), command=self.command,
                                   runner=self.runner, overwrite=True)
+        self.upload: Remote | None = None  # this run's upload: removed unless published
 
     def acquire(self, guard: Guard) -> None:
         self.guard = guard
@@ -148,12 +149,14 @@ class BucketClaim(Claim):
         """Refuse what the prefix holds (``files``) that this layout may not replace."""
 
     @abc.abstractmethod
-    def _abandon(self) -> None:
-        """Remove what this run uploaded if it did not publish; the old output stays."""
+    def _abandon(self, upload: Remote) -> None:
+        """Remove ``upload``: the run did not publish it, and the old output stays."""
 
     def release(self) -> None:
         self.guard.defer = True
-        self._abandon()
+        if self.upload is not None and not self.published:
+            with contextlib.suppress(InputError):  # what stays, a later run removes
+                self._abandon(self.upload)
         self.local.release()
         with contextlib.suppress(OSError):  # nothing is ever published there
             self.local.path.rmdir()
@@ -186,7 +189,7 @@ class RemoteDataset(BucketClaim):
 
     def __init__(self, out, **kw):
         super().__init__(out, **kw)
-        self.gen: str | None = None  # this run's generation
+        self.gen: str | None = None  # the name of this run's generation (its upload)
         self._in_bucket: Remote | None = None  # the generation, when workers stage there
 
     def _read_prefix(self) -> tuple[dict | None, set[str]]:
@@ -232,9 +235,9 @@ class RemoteDataset(BucketClaim):
     def _new_generation(self) -> Remote:
         """This run's generation prefix, its marker written first."""
         self.gen = f"g{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{self._token}"
-        gen = self.loc.child(self.gen)
-        storage.write_bytes(gen.child(MARKER), _marker("staging", self._token))
-        return gen
+        self.upload = self.loc.child(self.gen)
+        storage.write_bytes(self.upload.child(MARKER), _marker("staging", self._token))
+        return self.upload
 
     def stage_in_bucket(self) -> str:
         """The run's staging location in the bucket, for workers that share no disk with
@@ -286,11 +289,8 @@ class RemoteDataset(BucketClaim):
         for split in SPLITS:
             storage.delete_tree(self.loc.child(split))
 
-    def _abandon(self) -> None:
-        if self.gen is None or self.published:
-            return
-        with contextlib.suppress(InputError):
-            _remove_tree(self.loc.child(self.gen))
+    def _abandon(self, upload: Remote) -> None:
+        _remove_tree(upload)
 
 
 class RemoteParquet(BucketClaim):
@@ -298,10 +298,6 @@ class RemoteParquet(BucketClaim):
     prep.jobs.claim.claim."""
 
     staging = parquet_out.ParquetOut
-
-    def __init__(self, out, **kw):
-        super().__init__(out, **kw)
-        self.up: Remote | None = None  # this run's upload
 
     def _check(self, files: dict[str, int]) -> None:
         loc, cmd = self.loc, self.command
@@ -334,19 +330,16 @@ class RemoteParquet(BucketClaim):
 
     def publish(self, names: list[str]) -> None:
         """Replace the prefix's parquet files with ``names`` from the staging folder."""
-        self.up = self.loc.child(f".tmp-{self.runner}-{os.getpid()}-{self._token}")
-        storage.write_bytes(self.up.child(MARKER), _marker("staging", self._token))
-        self._upload(names, self.up)
+        up = self.upload = self.loc.child(f".tmp-{self.runner}-{os.getpid()}-{self._token}")
+        storage.write_bytes(up.child(MARKER), _marker("staging", self._token))
+        self._upload(names, up)
         plan = parquet_out.publish_plan(self.old, names)
         self.guard.defer = True  # from here on, the next run finishes it
-        storage.write_bytes(self.up.child(PUBLISH), json.dumps(plan).encode())
-        self._finish(self.up)
+        storage.write_bytes(up.child(PUBLISH), json.dumps(plan).encode())
+        self._finish(up)
         self._published()
-        _remove_tree(self.up)
+        _remove_tree(up)
 
-    def _abandon(self) -> None:
-        if self.up is None or self.published:
-            return
-        with contextlib.suppress(InputError):
-            if PUBLISH not in storage.list_files(self.up):
-                _remove_tree(self.up)
+    def _abandon(self, upload: Remote) -> None:
+        if PUBLISH not in storage.list_files(upload):  # else the next run finishes it
+            _remove_tree(upload)
