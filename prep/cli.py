@@ -24,6 +24,14 @@ from prep.base.errors import InputError
 from prep.base.options import options
 from prep.shards.config import TIME, ShardsConfig
 
+# what the commands that write an --out share, one wording each
+REPLACE_PARQUET = click.option(
+    "--overwrite", is_flag=True,
+    help="Replace the parquet files already in --out (nothing else may be there); they stay "
+         "until the new output is complete.")
+SUMMARY_JSON = click.option("--json", "as_json", is_flag=True,
+                            help="Print the summary as one JSON object on stdout.")
+
 
 class _Group(click.Group):
     """Turns InputError into one line on stderr and exit code 2, never a traceback."""
@@ -55,9 +63,7 @@ def main():
 @click.option("--probes", default=3_000, show_default=True, type=click.IntRange(min=1, max=1_000_000))
 @click.option("--days", default=2, show_default=True, type=click.IntRange(min=1, max=366))
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
-@click.option("--overwrite", is_flag=True,
-              help="Replace the parquet files already in --out (nothing else may be there); "
-                   "they stay until the new files are complete.")
+@REPLACE_PARQUET
 def synth(out, rows, probes, days, seed, overwrite):
     """Write realistic RIPE-Atlas-like measurements as hourly parquet files.
 
@@ -89,10 +95,8 @@ def synth(out, rows, probes, days, seed, overwrite):
 @click.option("--workers", default=0, show_default=True, type=click.IntRange(min=0),
               help="Processes, one input file each; 0 = one per core. The output does not depend on it.")
 @click.option("--strict", is_flag=True, help="A malformed JSON line is an error, not a rejected row.")
-@click.option("--overwrite", is_flag=True,
-              help="Replace the parquet files already in --out (nothing else may be there); "
-                   "they stay until the new output is complete.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on stdout.")
+@REPLACE_PARQUET
+@SUMMARY_JSON
 def import_atlas(inputs, out, per_packet, source, errors, workers, strict, overwrite, as_json):
     """Convert RIPE Atlas ping results (JSON, JSON lines, .bz2 dumps) to parquet.
 
@@ -139,10 +143,8 @@ def _interruptible(run, cfg, command: str):
 @click.option("--start", type=TIME, default="2026-01-01T00:00:00Z", show_default=True,
               metavar="TIME", help="Frame 0's start: ISO-8601 (UTC unless an offset is "
                                    "given) or Unix seconds.")
-@click.option("--overwrite", is_flag=True,
-              help="Replace the parquet files already in --out (nothing else may be there); "
-                   "they stay until the new output is complete.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on stdout.")
+@REPLACE_PARQUET
+@SUMMARY_JSON
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def import_matrix(inputs, out, interval, unit, start, overwrite, as_json, quiet):
     """Convert latency matrices (one N×N RTT matrix per time frame) to parquet.
@@ -193,7 +195,7 @@ def import_matrix(inputs, out, interval, unit, start, overwrite, as_json, quiet)
 @click.option("--overwrite", is_flag=True,
               help="Replace the dataset already in --out; it stays intact until the new one "
                    "is complete.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+@SUMMARY_JSON
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def shards(inputs, out, workers, runner, beam_options, overwrite, as_json, quiet, **settings):
     """Validate, tokenize and pack INPUT parquet files or folders into shards in --out.

@@ -11,6 +11,8 @@ import errno
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,6 +122,14 @@ def children(pid: int) -> list[int]:
             if int(fields[1]) == pid:
                 kids.append(int(stat.parent.name))
         return kids
+
+
+def python_c(script: str, *args, timeout: float = 120, **env) -> subprocess.CompletedProcess:
+    """``python -c SCRIPT ARGS`` on the checkout, JAX on the CPU (``env``: more variables);
+    its output captured."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), **env)
+    return subprocess.run([sys.executable, "-c", script, *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def running(pid: int) -> bool:
@@ -273,13 +283,26 @@ def final_params(run_dir):
     return state["params"], data
 
 
+def assert_same_end(run_a, run_b) -> None:
+    """The two runs' latest checkpoints hold the same data state and, bit for bit, the same
+    parameters."""
+    import jax
+
+    (pa_, da), (pb, db) = final_params(run_a), final_params(run_b)
+    assert da == db
+    for x, y in zip(jax.tree.leaves(pa_), jax.tree.leaves(pb)):
+        np.testing.assert_array_equal(x, y)
+
+
 # --- a run's faults (tests/test_run_*.py): a tiny dataset, the commands in this process ---
 
-def write_dataset(d: Path, seed: int = 0) -> Path:
-    """64 train rows of 64 tokens in shards of 24, 24 and 16 records; 8 test rows."""
+def write_dataset(d: Path, seed: int = 0, *, test_rows: int = 8,
+                  rows_per_shard: int = 24) -> Path:
+    """64 train rows of 64 tokens in shards of ``rows_per_shard`` records (24: 24, 24 and
+    16); ``test_rows`` test rows."""
     synthetic.write_shards(d, {"train": synthetic.counting_rows(64, 64, seed=seed),
-                               "test": synthetic.counting_rows(8, 64, seed=seed + 1)},
-                           rows_per_shard=24)
+                               "test": synthetic.counting_rows(test_rows, 64, seed=seed + 1)},
+                           rows_per_shard=rows_per_shard)
     return d
 
 

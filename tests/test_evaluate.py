@@ -189,10 +189,7 @@ def test_eval_and_predict_cli(run, tmp_path):
     pq.write_table(pa.table({"event_time": [1767268800, 1767268860], "src_addr": ["192.0.2.7"] * 2,
                              "dst_addr": ["193.0.14.129"] * 2, "ip_version": [4, 4],
                              "rtt": [20.0, -1.0]}), hist)
-    queries = tmp_path / "q.parquet"
-    pq.write_table(pa.table({"src_addr": ["192.0.2.7", "192.0.2.8"],
-                             "dst_addr": ["193.0.14.129", "193.0.14.129"],
-                             "event_time": [1767272400, None]}), queries)
+    queries = _two_queries(tmp_path)
     out = tmp_path / "a.parquet"
     r = CliRunner().invoke(main, ["predict", str(run / "run"), "--queries", str(queries),
                                   "--history", str(hist), "--out", str(out)])
@@ -305,13 +302,19 @@ def test_predict_history_is_filtered_by_source_on_both_paths(run, tmp_path):
     assert {k: single[k] for k in P_KEYS} == {k: json.loads(r.stdout)[k] for k in P_KEYS}
 
 
-def test_predict_answers_name_their_time_event_time_as_the_input_schema(run, tmp_path):
-    """The answers' time column is the input schema's: ``event_time``, a UTC timestamp
-    (null for a query without one), so an answers file reads back as a queries file."""
+def _two_queries(tmp_path):
+    """192.0.2.7 and 192.0.2.8 to 193.0.14.129, the second without a time."""
     queries = tmp_path / "q.parquet"
     pq.write_table(pa.table({"src_addr": ["192.0.2.7", "192.0.2.8"],
                              "dst_addr": ["193.0.14.129", "193.0.14.129"],
                              "event_time": [1767272400, None]}), queries)
+    return queries
+
+
+def test_predict_answers_name_their_time_event_time_as_the_input_schema(run, tmp_path):
+    """The answers' time column is the input schema's: ``event_time``, a UTC timestamp
+    (null for a query without one), so an answers file reads back as a queries file."""
+    queries = _two_queries(tmp_path)
     out = tmp_path / "a.parquet"
     r = CliRunner().invoke(main, ["predict", str(run / "run"), "--queries", str(queries),
                                   "--out", str(out), "--json"])

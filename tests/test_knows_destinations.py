@@ -24,6 +24,16 @@ N_DST, N_PROBES, PER_PROBE = 24, 240, 40
 STEPS = 300
 
 
+def _shards(tmp_path, world) -> None:
+    """``world``'s measurements in tmp_path/raw, and their dataset in tmp_path/shards: a
+    time+probe split, 30 % of the probes held out."""
+    (tmp_path / "raw").mkdir()
+    world(tmp_path / "raw")
+    run_shards([str(tmp_path / "raw")], str(tmp_path / "shards"),
+               ShardsConfig(seed=0, row_len=128, split="time+probe", test_fraction=0.3),
+               workers=1, progress=False)
+
+
 def _planted_world(path):
     """Destination k answers in about 4 ms x 1.25^k (4 to 670 ms), +/- 3 %, whoever asks;
     every probe pings PER_PROBE destinations drawn with replacement, one a minute."""
@@ -42,11 +52,7 @@ def _planted_world(path):
 
 @pytest.mark.slow
 def test_memory_knows_destinations_unseen_in_context(tmp_path, monkeypatch):
-    (tmp_path / "raw").mkdir()
-    _planted_world(tmp_path / "raw")
-    run_shards([str(tmp_path / "raw")], str(tmp_path / "shards"),
-               ShardsConfig(seed=0, row_len=128, split="time+probe", test_fraction=0.3),
-               workers=1, progress=False)
+    _shards(tmp_path, _planted_world)
     run = tmp_path / "run"
     # a smaller memory than the preset's, so this run keeps to its seconds; the same code
     monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(arch.MODELS["small"],
@@ -102,11 +108,7 @@ def test_the_pair_store_knows_a_held_out_node_by_its_reverse_pings(tmp_path, mon
     holds only as destinations. A short run of the recipe answers their queries from the
     reverse pings, as the pair median (which reads the reverse pair) does, far below what the
     destination's median knows."""
-    (tmp_path / "raw").mkdir()
-    _matrix_world(tmp_path / "raw")
-    run_shards([str(tmp_path / "raw")], str(tmp_path / "shards"),
-               ShardsConfig(seed=0, row_len=128, split="time+probe", test_fraction=0.3),
-               workers=1, progress=False)
+    _shards(tmp_path, _matrix_world)
     run = tmp_path / "run"
     monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(
         arch.MODELS["small"], dst_memory=256, dst_store=1024, pair_store=1024))

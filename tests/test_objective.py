@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import write_dataset
 
 from prep.schema import vocab as V
 from prep.schema.manifest import load_manifest
 from prep.tokens import rowdecode
-from prep.tools import synthetic_shards as synthetic
 from train.cli import main
 from train.fit import step as step_lib
 from train.fit.config import TrainConfig
@@ -174,10 +174,7 @@ def _lr_at(run, step):
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    d = tmp_path_factory.mktemp("objective") / "shards"
-    synthetic.write_shards(d, {"train": synthetic.counting_rows(64, 64, seed=0),
-                               "test": synthetic.counting_rows(8, 64, seed=1)})
-    return d
+    return write_dataset(tmp_path_factory.mktemp("objective") / "shards", rows_per_shard=64)
 
 
 def test_resume_with_more_steps_keeps_the_schedule(shards, tmp_path):

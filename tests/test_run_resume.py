@@ -7,22 +7,17 @@ disk afterwards. Runs are tiny (tests/helpers.py's `small()`), each a second or 
 """
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-import jax
-import numpy as np
 import pytest
 from helpers import (
     FLAGS,
-    REPO,
+    assert_same_end,
     exit_2_one_line,
-    final_params,
     fit,
     prep,
+    python_c,
     records,
     small,
     step_dirs,
@@ -34,7 +29,6 @@ from prep.base.errors import InputError
 from prep.schema import manifest as mf
 from train.fit.config import TrainConfig
 from train.fit.loop import train
-
 
 # --- a resume is bound to its run ---------------------------------------------------------
 
@@ -108,11 +102,7 @@ def test_resume_takes_the_runs_own_settings_and_data(run, tmp_path, monkeypatch,
     assert step_dirs(run / "checkpoints") == [10, 15, 20]
     # and it is the same run: the losses and parameters of an uninterrupted one
     assert [x["loss"] for x in records(run)] == [x["loss"] for x in records(straight_run)]
-    pa, da = final_params(run)
-    pb, db = final_params(straight_run)
-    assert da == db
-    for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
-        np.testing.assert_array_equal(x, y)
+    assert_same_end(run, straight_run)
 
 
 def test_resume_refuses_a_dataset_that_changed_under_the_run(shards, tmp_path):
@@ -181,11 +171,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(run, straight_run, ki
     assert step_dirs(run / "checkpoints-damaged") == [15]  # the damaged one kept aside
     assert [x["step"] for x in records(run)] == list(range(1, 21))  # 11-15 not twice
     if kind in ("no-state", "flipped-bits"):  # it is the uninterrupted run, bit for bit
-        pa, da = final_params(run)
-        pb, db = final_params(straight_run)
-        assert da == db
-        for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
-            np.testing.assert_array_equal(x, y)
+        assert_same_end(run, straight_run)
 
 
 def test_no_intact_checkpoint_is_one_line_and_predict_falls_back(run):
@@ -247,9 +233,7 @@ print(f"done: step {step}", flush=True)
 
 def test_no_echoes_of_a_skipped_checkpoints_reads(run):
     _truncate_state(run / "checkpoints" / "15")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    p = subprocess.run([sys.executable, "-c", LATE_ECHO, str(run / "checkpoints")], cwd=REPO,
-                       env=env, capture_output=True, text=True, timeout=120)
+    p = python_c(LATE_ECHO, run / "checkpoints")
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout == "done: step 10\n"
     assert "skipping checkpoint 15" in p.stderr

@@ -22,6 +22,7 @@ from helpers import (
     exit_2_one_line,
     final_params,
     fit,
+    python_c,
     records,
     small,
     step_dirs,
@@ -29,7 +30,6 @@ from helpers import (
 )
 
 from train.fit.loop import train
-
 
 # --- signals: SIGTERM is Ctrl-C; finish the step under way, save, exit 143 (130) ----------
 
@@ -195,9 +195,7 @@ print("done", flush=True)
 
 
 def test_no_echoes_of_a_failed_saves_abandoned_writes(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    p = subprocess.run([sys.executable, "-c", LATE_TASK, str(tmp_path / "checkpoints")],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    p = python_c(LATE_TASK, tmp_path / "checkpoints")
     assert p.returncode == 0 and p.stdout == "done\n", p.stderr[-3000:]
     assert p.stderr.count("Task exception was never retrieved") == 1, p.stderr[-3000:]
     assert "not a checkpoint's" in p.stderr  # other tasks' echoes pass

@@ -3,19 +3,22 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 
-import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import FAST_COMPILE, REPO, final_params, records, small
+from helpers import (
+    FAST_COMPILE,
+    assert_same_end,
+    python_c,
+    records,
+    small,
+    write_dataset,
+)
 
 from prep.base.errors import InputError
 from prep.schema import vocab
-from prep.tools import synthetic_shards as synthetic
 from train.cli import main
 from train.fit import step as step_lib
 from train.fit.config import TrainConfig
@@ -26,10 +29,7 @@ from train.model.arch import MODELS, STORE_K
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    d = tmp_path_factory.mktemp("train") / "shards"
-    synthetic.write_shards(d, {"train": synthetic.counting_rows(64, 64, seed=0),
-                               "test": synthetic.counting_rows(8, 64, seed=1)})
-    return d
+    return write_dataset(tmp_path_factory.mktemp("train") / "shards", rows_per_shard=64)
 
 
 def test_resume_after_ctrl_c_equals_straight_run(shards, tmp_path):
@@ -47,11 +47,7 @@ def test_resume_after_ctrl_c_equals_straight_run(shards, tmp_path):
     a, b = records(tmp_path / "straight"), records(tmp_path / "split")
     assert [r["step"] for r in b] == list(range(1, 21))
     assert [r["loss"] for r in a] == [r["loss"] for r in b]  # bit-identical
-    pa, da = final_params(tmp_path / "straight")
-    pb, db = final_params(tmp_path / "split")
-    assert da == db
-    for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
-        np.testing.assert_array_equal(x, y)
+    assert_same_end(tmp_path / "straight", tmp_path / "split")
 
 
 def test_existing_run_needs_resume(shards, tmp_path):
@@ -90,10 +86,8 @@ DP_SCRIPT = textwrap.dedent("""
 
 
 def test_data_parallel_on_4_cpu_devices_matches_1(shards, tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4 " + FAST_COMPILE,
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-c", DP_SCRIPT, str(shards), str(tmp_path)],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    proc = python_c(DP_SCRIPT, shards, tmp_path, timeout=300,
+                    XLA_FLAGS="--xla_force_host_platform_device_count=4 " + FAST_COMPILE)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("RESULT", 1)[1])
     four, one = out["4"], out["1"]

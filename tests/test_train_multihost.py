@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import FAST_COMPILE, REPO
+from helpers import FAST_COMPILE, REPO, write_dataset
 
 from prep.tools import synthetic_shards as synthetic
 from train.cli import main
@@ -48,10 +48,8 @@ SIGTERM_AT_5 = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    d = tmp_path_factory.mktemp("multihost") / "shards"
-    synthetic.write_shards(d, {"train": synthetic.counting_rows(64, 64, seed=0),
-                               "test": synthetic.counting_rows(7, 64, seed=1)})
-    return d
+    return write_dataset(tmp_path_factory.mktemp("multihost") / "shards", test_rows=7,
+                         rows_per_shard=64)
 
 
 @pytest.fixture(scope="module")

@@ -219,7 +219,7 @@ def import_atlas(cfg: AtlasConfig) -> dict:
     rejected: Counter = Counter()
     log: list[str] = []
     with claim(str(cfg.out), layout="parquet", command="prep import-atlas", runner="import",
-               overwrite=cfg.overwrite) as od:
+               overwrite=cfg.overwrite, progress=sys.stderr.isatty()) as od:
         if remote:  # into the staging folder: removed with it, whatever happens
             files = sorted(files + list_atlas_inputs(storage.download_inputs(
                 remote, od.stage / ".inputs", progress=sys.stderr.isatty())))

@@ -27,7 +27,6 @@ there, or a shards or run folder, is refused.
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import re
 import sys
@@ -39,11 +38,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from prep.base import sniff
 from prep.base.errors import InputError, first_line
+from prep.base.tables import TableFile
 from prep.base.words import count
 from prep.jobs.claim import claim
 from prep.schema.hashing import GOLDEN, MASK, mix64
@@ -279,44 +278,33 @@ def import_matrix(cfg: MatrixConfig) -> dict:
     rejected: Counter = Counter()
     written = n = 0
     rtt_sample = []
-    writer = None
     with claim(out, layout="parquet", command="prep import-matrix", runner="matrix",
                overwrite=cfg.overwrite) as od:
-        try:
-            parts, frames = [], []
-            with tqdm(total=len(files), unit=" frames", desc="import-matrix", file=sys.stderr,
-                      disable=not cfg.progress or None) as bar:
-                for k, (f, path) in enumerate(frames_of):
-                    m = read_matrix(path)
-                    if k == 0:
-                        n = len(m)
-                        addrs = pa.array(node_addresses(n), pa.string())
-                        offsets = frame_offsets(n, cfg.interval_s)
-                    elif len(m) != n:
-                        raise InputError(f"{path}: a {len(m):,}×{len(m):,} matrix, but {files[0]} "
-                                         f"is {n:,}×{n:,}; every frame must hold the same nodes in "
-                                         "the same order (import each set of frames on its own)")
-                    cols, rej = frame_columns(m * UNITS[cfg.unit], f, offsets,
-                                              cfg.start, cfg.interval_s)
-                    rejected.update(rej)
-                    written += len(cols["time"])
-                    rtt_sample.append(cols["rtt"][:: max(1, len(cols["rtt"]) // 1000)])
-                    parts.append(cols)
-                    frames.append(f)
-                    if sum(len(p["time"]) for p in parts) >= ROW_GROUP or k == len(files) - 1:
-                        table = _table(parts, frames, addrs)
-                        if writer is None:
-                            writer = pq.ParquetWriter(od.stage / OUT_NAME, table.schema,
-                                                      compression="zstd", compression_level=1)
-                        writer.write_table(table)
-                        parts, frames = [], []
-                    bar.update(1)
-            writer.close()
-            writer = None
-        finally:
-            if writer is not None:
-                with contextlib.suppress(Exception):
-                    writer.close()
+        parts, frames = [], []
+        with TableFile(od.stage / OUT_NAME, compression="zstd", compression_level=1) as writer, \
+                tqdm(total=len(files), unit=" frames", desc="import-matrix", file=sys.stderr,
+                     disable=not cfg.progress or None) as bar:
+            for k, (f, path) in enumerate(frames_of):
+                m = read_matrix(path)
+                if k == 0:
+                    n = len(m)
+                    addrs = pa.array(node_addresses(n), pa.string())
+                    offsets = frame_offsets(n, cfg.interval_s)
+                elif len(m) != n:
+                    raise InputError(f"{path}: a {len(m):,}×{len(m):,} matrix, but {files[0]} "
+                                     f"is {n:,}×{n:,}; every frame must hold the same nodes in "
+                                     "the same order (import each set of frames on its own)")
+                cols, rej = frame_columns(m * UNITS[cfg.unit], f, offsets,
+                                          cfg.start, cfg.interval_s)
+                rejected.update(rej)
+                written += len(cols["time"])
+                rtt_sample.append(cols["rtt"][:: max(1, len(cols["rtt"]) // 1000)])
+                parts.append(cols)
+                frames.append(f)
+                if sum(len(p["time"]) for p in parts) >= ROW_GROUP or k == len(files) - 1:
+                    writer.write(_table(parts, frames, addrs))
+                    parts, frames = [], []
+                bar.update(1)
         if not written:
             raise InputError(f"import-matrix: no measurements in {len(files):,} frame"
                              f"{'s' if len(files) > 1 else ''} of {n:,} node"

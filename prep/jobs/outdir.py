@@ -37,7 +37,7 @@ from prep.base.errors import InputError
 from prep.base.lock import LOCK_NAME
 from prep.jobs.owned import (
     MARKER,
-    Claim,
+    FolderClaim,
     foreign,
     holds_dataset,
     is_owned,
@@ -52,8 +52,8 @@ _STAGE = re.compile(r"\.tmp-(shards|beam)-(\d+)-([0-9a-f]{12})")
 _OLD = re.compile(r"\.old-(\d+)-([0-9a-f]{12})")
 
 
-class OutDir(Claim):
-    """``--out`` of `prep shards` held by this run; made by prep.jobs.claim.claim."""
+class OutDir(FolderClaim):
+    """``--out`` of `prep shards`, a folder, held by this run; made by prep.jobs.claim.claim."""
 
     def _check(self) -> None:
         out = self.path
@@ -140,12 +140,17 @@ def check_staged(stage: Path, manifest: dict) -> list[str]:
     publishes anything)."""
     for split in SPLITS:
         (stage / split).mkdir(exist_ok=True)
-    listed = {s["path"] for split in SPLITS for s in manifest["splits"][split]["shards"]}
+    listed = shard_paths(manifest)
     staged = {f"{split}/{f.name}" for split in SPLITS for f in (stage / split).iterdir()}
     if staged != listed:
         raise RuntimeError(f"{stage}: staged shards {sorted(staged ^ listed)[:3]} do not "
                            "match the manifest")
     return sorted(staged)
+
+
+def shard_paths(manifest: dict) -> set:
+    """The shards a manifest lists, as paths relative to the dataset (``split/name``)."""
+    return {e["path"] for sp in manifest["splits"].values() for e in sp["shards"]}
 
 
 def _swap(out: Path, stage: Path, old: Path, undo_on_error: bool = False) -> None:

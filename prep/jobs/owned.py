@@ -1,6 +1,7 @@
-"""What a claim of an output folder is made of (prep.jobs.claim describes the protocol): the
-local ``Claim`` its layouts extend, ``claim_local``, the ownership markers of our
-dot-folders, and the refusals, one wording each."""
+"""What a claim of an output is made of (prep.jobs.claim describes the protocol): ``Claim``,
+the base both backends extend, with ``held``, its life as a ``with`` block; ``FolderClaim``,
+the local backend its folder layouts extend; the ownership markers of our dot-folders; and
+the refusals, one wording each."""
 
 from __future__ import annotations
 
@@ -50,20 +51,69 @@ def not_for_parquet(where, what: str, command: str, noun: str = "folder") -> Inp
 
 
 class Claim(abc.ABC):
-    """A local ``--out`` held by this run (steps 1-4 in ``_open``, 6 in ``_close``); a
-    layout adds ``_check`` (steps 2-3: what it finds there) and ``publish`` (step 5)."""
+    """An output held by one run, through the steps of prep.jobs.claim: ``acquire`` (1-4),
+    the run writes into ``stage``, ``publish`` (5), ``release`` (6); ``held`` is that life
+    as a ``with`` block. A backend (FolderClaim, remote_out.BucketClaim) acquires and
+    releases; a layout on it (outdir.OutDir, parquet_out.ParquetOut, remote_out's
+    RemoteDataset and RemoteParquet) checks what it finds there and publishes."""
 
-    def __init__(self, path: Path, *, command: str, runner: str, overwrite: bool,
-                 guard: Guard):
+    def __init__(self, path, *, command: str, runner: str, overwrite: bool = False,
+                 progress: bool = True):
         self.path, self.command, self.runner, self.overwrite = path, command, runner, overwrite
-        self.guard = guard  # set ``guard.defer`` to hold SIGINT/SIGTERM a while
+        self.progress = progress  # a bar for what takes long (an upload)
+        self.guard: Guard | None = None  # set ``guard.defer`` to hold SIGINT/SIGTERM a while
         self.stage: Path | None = None
-        self.made = self.published = False  # made: removed again if the run fails
-        self.lock = FolderLock(path, command)
+        self.published = False
         self._token = secrets.token_hex(6)
 
-    def _open(self) -> None:
-        out = self.path
+    @abc.abstractmethod
+    def acquire(self, guard: Guard) -> None:
+        """Steps 1-4 under ``guard``: lock, check, recover, make ``stage``."""
+
+    @abc.abstractmethod
+    def publish(self, content) -> None:
+        """Step 5: make what is staged the output (``content``: what the layout lists)."""
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Step 6: remove what this run staged and did not publish; unlock."""
+
+    def failure(self, e: BaseException) -> InputError | None:
+        """The one line a user sees for ``e``, raised within the block, or None to let it go
+        as it is: a full, read-only or not writable disk names ``path`` and the fix."""
+        return None if isinstance(e, InputError) else fs_failure(e, self.path)
+
+    def _published(self) -> None:
+        self.published = self.guard.published = True
+
+    @contextlib.contextmanager
+    def held(self):
+        """Acquired on entry, released on exit, whatever ends the block; within it
+        SIGINT/SIGTERM raise Interrupted, and ``failure`` words what goes wrong."""
+        with stop_on_signals(self.path, self.command) as guard:
+            try:
+                self.acquire(guard)
+                yield self
+            except (OSError, RuntimeError, InputError) as e:
+                err = self.failure(e)
+                if err is None:
+                    raise
+                raise err from None
+            finally:
+                self.release()
+
+
+class FolderClaim(Claim):
+    """The local backend: ``--out`` a folder, locked, staged in a dot-folder of ours and
+    published by renames. A layout adds ``_check`` (steps 2-3) and ``publish``."""
+
+    def __init__(self, out: str | os.PathLike, **kw):
+        super().__init__(Path(out), **kw)
+        self.made = False  # the run made the folder: removed again unless it publishes
+        self.lock = FolderLock(self.path, self.command)
+
+    def acquire(self, guard: Guard) -> None:
+        self.guard, out = guard, self.path
         if out.is_symlink() and not out.exists():
             raise InputError(f"{out}: a broken symbolic link ({sniff.broken_link(out)}); "
                              "create that folder or use another --out")
@@ -85,36 +135,12 @@ class Claim(abc.ABC):
         """Refuse what the locked folder holds that this layout may not replace (each
         layout says what: outdir.OutDir, parquet_out.ParquetOut)."""
 
-    def _published(self) -> None:
-        self.published = self.guard.published = True
-
-    def _close(self) -> None:
+    def release(self) -> None:
         self.guard.defer = True  # a second Ctrl-C does not cut the clean-up short
         if self.stage is not None:
             with contextlib.suppress(OSError):
                 remove_owned(self.stage)
         self.lock.release(self.made and not self.published)
-
-
-@contextlib.contextmanager
-def claim_local(kind, out: str | os.PathLike, *, command: str, runner: str,
-                overwrite: bool = False):
-    """Steps 1-4 on entry, 6 on exit, for a ``kind`` of Claim; yields it. Within the block
-    SIGINT/SIGTERM raise Interrupted, and a full, read-only or not writable disk becomes a
-    one-line InputError naming the folder."""
-    out = Path(out)
-    with stop_on_signals(out, command) as guard:
-        od = kind(out, command=command, runner=runner, overwrite=overwrite, guard=guard)
-        try:
-            od._open()
-            yield od
-        except (OSError, RuntimeError) as e:
-            err = fs_failure(e, out)
-            if err is None:
-                raise
-            raise err from None
-        finally:
-            od._close()
 
 
 def make_owned_dir(d: Path, role: str, pid: int, token: str) -> None:

@@ -24,15 +24,22 @@ from pathlib import Path
 from prep.base import sniff
 from prep.base.atomic import write_atomic
 from prep.base.lock import LOCK_NAME
-from prep.jobs.owned import Claim, foreign, holds_parquet, is_owned, not_for_parquet, remove_owned
+from prep.jobs.owned import (
+    FolderClaim,
+    foreign,
+    holds_parquet,
+    is_owned,
+    not_for_parquet,
+    remove_owned,
+)
 
 PUBLISH = sniff.PUBLISH  # in a staging folder: what its publish removes and moves in
 NOT_PARQUET = {"shards": "a shards folder (the output of `prep shards`)", "run": "a run"}
 
 
-class ParquetOut(Claim):
-    """``--out`` held by this run; made by prep.jobs.claim.claim: write into ``stage``,
-    then ``publish``."""
+class ParquetOut(FolderClaim):
+    """``--out`` of a command that writes parquet files, a folder, held by this run; made
+    by prep.jobs.claim.claim."""
 
     def __init__(self, path: Path, **kw):
         super().__init__(path, **kw)
@@ -68,11 +75,17 @@ class ParquetOut(Claim):
 
     def publish(self, names: list[str]) -> None:
         """Replace the folder's parquet files with ``names`` from the staging folder."""
-        plan = {"remove": [n for n in self.old if n not in set(names)], "move": list(names)}
+        plan = publish_plan(self.old, names)
         self.guard.defer = True  # SIGINT/SIGTERM wait for the end of the publish
         write_atomic(self.stage / PUBLISH, json.dumps(plan))  # from here on, the next run finishes it
         _finish_publish(self.path, self.stage)
         self._published()
+
+
+def publish_plan(old: list[str], names: list[str]) -> dict:
+    """What a publish does: remove the ``old`` files not among ``names``, move ``names`` in."""
+    keep = set(names)
+    return {"remove": [n for n in old if n not in keep], "move": list(names)}
 
 
 def _finish_publish(out: Path, stage: Path) -> None:

@@ -1,58 +1,36 @@
-"""The bucket backend of an output folder (prep.jobs.claim describes the protocol):
-``--out s3://…`` of `prep shards` and `prep import-atlas`.
+"""The bucket backend of an output (prep.jobs.claim describes the protocol): ``--out s3://…``
+of `prep shards` and `prep import-atlas`. S3 has no rename and no lock: the files are staged in
+a local folder under ``$TMPDIR/ping-pack-out/``, claimed as a local ``--out`` (a second run on
+this machine into the same URI fails at once), and uploaded; what publishes them is one
+object written last, whole, in one PUT. What a prefix may hold::
 
-Files are written into a local staging folder under ``$TMPDIR/ping-pack-out/``, claimed as a
-local ``--out`` is (so a second run on this machine into the same URI fails at once), and
-uploaded when the run is done. S3 has no rename and no lock, so what the local backend does
-with renames is done here with a manifest written last, whole, in one PUT.
+    s3://b/p/manifest.json                          a dataset: written last
+    s3://b/p/g<UTC time>-<token>/.ping-pack-owner   a generation's marker (role, host, pid)
+    s3://b/p/g<UTC time>-<token>/train/…, test/…    its shards (the manifest's paths lead here)
+    s3://b/raw/*.parquet                            parquet files
+    s3://b/raw/.tmp-<runner>-<pid>-<token>/         their upload: marker, files, .publish
 
-A dataset on a bucket (`prep shards --out s3://b/p`)::
-
-    s3://b/p/manifest.json                           the dataset: written last
-    s3://b/p/g<UTC time>-<token>/.ping-pack-owner    a generation's marker (role, host, pid)
-    s3://b/p/g<UTC time>-<token>/train/….array_record, test/…   its shards
-
-The manifest's shard paths lead into its generation, so readers follow it as a local one
-(prep.schema.cache). A run, step by step:
-
-1. Claim the local staging folder (above).
-2. Check the prefix: it may hold ``manifest.json``, its shards, shard files under ``train/``
-   and ``test/``, and our generations; anything else is refused, named. A dataset needs
-   ``--overwrite``. A generation no manifest lists is removed when surely dead (marked
-   ``old``, or from a gone process of this host), else named on stderr and left.
-3. The runner builds the dataset in the staging folder; a runner whose workers share no
-   disk with this process (Beam on a cluster) stages in a new generation instead
-   (``stage_in_bucket``), marker first, and its JSON results are read and removed here.
-4. Publish: upload every shard into a new generation (marker first), or check that the
-   workers' generation holds exactly the manifest's shards. Then, SIGINT/SIGTERM held:
-   read ``manifest.json`` again (``--overwrite`` checked again), PUT the new manifest (the
-   switch: a reader sees the old dataset or the new one, whole), mark the replaced
-   generation ``old`` and remove what only the old manifest listed.
-
-A kill before the PUT leaves the old dataset and a generation no manifest lists (removed by
-the next run here); after it, the new dataset. A prefix named like a generation but without
-a marker (a killed driver's cluster workers writing on) is named and left alone. Two runs
-on different machines each upload their own generation; the manifest that lands last wins.
-
-A folder of parquet files on a bucket (`prep import-atlas --out s3://b/raw`)::
-
-    s3://b/raw/*.parquet                             the output
-    s3://b/raw/.tmp-<runner>-<pid>-<token>/          a run's upload: marker, files, .publish
-
-Uploaded under the hidden prefix, then the list of files to remove and to copy in
-(``.publish``) is written there and carried out by server-side copies; a kill leaves the
-list, which the next run finishes, as prep.jobs.parquet_out does with renames. Until then
-readers refuse the prefix in one line (prep.base.sniff.unfinished_publish).
+A dataset: its shards go into a new generation (marker first; uploaded, or written there by
+the Beam runner's workers, ``stage_in_bucket``), then the manifest is PUT (``--overwrite``
+checked again), and the generation it replaced is marked ``old`` and removed. Parquet files:
+uploaded under the hidden prefix, then the list of files to remove and to copy in
+(``.publish``) is written there and carried out by server-side copies. Killed before the
+manifest or the list, a run leaves the old output, and an upload that the next run here
+removes if surely dead (marked ``old``, or from a gone process of this host; else it is
+named and left, as is a generation without a marker: a killed driver's workers writing on);
+killed after the list, a publish that the next run finishes (readers refuse the prefix until
+then, prep.base.sniff). Two runs on different machines each upload their own generation; the
+manifest that lands last wins.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import hashlib
 import json
 import os
 import re
-import secrets
 import socket
 import sys
 import tempfile
@@ -62,13 +40,14 @@ from pathlib import Path
 from prep.base import storage
 from prep.base.errors import FS_PROBLEMS, InputError
 from prep.base.lock import pid_alive
-from prep.base.signals import Interrupted
+from prep.base.signals import Guard
 from prep.base.storage import Remote
 from prep.jobs import outdir, parquet_out
-from prep.jobs.outdir import SHARD_FILE
+from prep.jobs.outdir import SHARD_FILE, shard_paths
 from prep.jobs.owned import (
     MARKER,
-    claim_local,
+    Claim,
+    FolderClaim,
     foreign,
     holds_dataset,
     holds_parquet,
@@ -141,37 +120,76 @@ def _by_top(files: dict[str, int]) -> dict[str, list[str]]:
     return out
 
 
-@contextlib.contextmanager
-def _claimed(loc: Remote, kind, **kw):
-    """The local staging claim for ``loc``; its Interrupted names ``loc``, not the stage."""
-    local = _local_for(loc)
-    try:
-        try:
-            with claim_local(kind, local, overwrite=True, **kw) as od:
-                yield od
-        finally:
-            with contextlib.suppress(OSError):  # nothing is ever published there
-                local.rmdir()
-    except Interrupted as e:
-        raise Interrupted(e.signum, loc.uri, e.published, e.command) from None
-    except InputError as e:
-        text = str(e)
+class BucketClaim(Claim):
+    """The bucket backend: ``--out`` a prefix, staged in a local folder held by the
+    layout's local claim (``staging``) and uploaded. A layout adds ``_check`` (what the
+    prefix holds), ``publish`` and ``_abandon`` (what a run that did not publish uploaded)."""
+
+    staging: type[FolderClaim]
+
+    def __init__(self, out, **kw):
+        self.loc = Remote.parse(str(out))
+        super().__init__(self.loc.uri, **kw)
+        self.local = self.staging(_local_for(self.loc), command=self.command,
+                                  runner=self.runner, overwrite=True)
+        self.upload: Remote | None = None  # this run's upload: removed unless published
+
+    def acquire(self, guard: Guard) -> None:
+        self.guard = guard
+        self.local.acquire(guard)
+        self.stage = self.local.stage
+        files = storage.list_files(self.loc)
+        if "" in files:
+            raise InputError(f"{self.loc}: an object, not a prefix; --out names a prefix "
+                             "(a folder) of the bucket")
+        self._check(files)
+
+    @abc.abstractmethod
+    def _check(self, files: dict[str, int]) -> None:
+        """Refuse what the prefix holds (``files``) that this layout may not replace."""
+
+    @abc.abstractmethod
+    def _abandon(self, upload: Remote) -> None:
+        """Remove ``upload``: the run did not publish it, and the old output stays."""
+
+    def release(self) -> None:
+        self.guard.defer = True
+        if self.upload is not None and not self.published:
+            with contextlib.suppress(InputError):  # what stays, a later run removes
+                self._abandon(self.upload)
+        self.local.release()
+        with contextlib.suppress(OSError):  # nothing is ever published there
+            self.local.path.rmdir()
+
+    def failure(self, e: BaseException) -> InputError | None:
+        """As the local claim's, naming the prefix (and the local staging where it failed)."""
+        err = self.local.failure(e) or e
+        if not isinstance(err, InputError):
+            return None
+        text, local = str(err), str(self.local.path)
         if text.startswith(str(staging_root())) and any(w in text for w in FS_PROBLEMS):
-            raise InputError(f"{e} (the local staging of {loc}: set TMPDIR to a disk with "
-                             "room for the output)") from None
-        if text.startswith(str(local)):  # e.g. another run on this machine writing loc
-            raise InputError(f"{loc} (staged in {local}){text[len(str(local)):]}") from None
-        raise
+            return InputError(f"{err} (the local staging of {self.loc}: set TMPDIR to a disk "
+                              "with room for the output)")
+        if text.startswith(local):  # e.g. another run on this machine writing loc
+            return InputError(f"{self.loc} (staged in {local}){text[len(local):]}")
+        return None if err is e else err
+
+    def _upload(self, rels: list[str], into: Remote) -> None:
+        """The staged files ``rels`` into the prefix ``into``, under one progress bar."""
+        jobs = [(self.stage / rel, into.child(rel)) for rel in rels]
+        storage.transfer(jobs, storage.upload, desc="upload", progress=self.progress,
+                         total=sum(p.stat().st_size for p, _ in jobs))
 
 
-class RemoteDataset:
-    """``--out`` of `prep shards` on a bucket: what prep.jobs.outdir.OutDir offers the
-    runners (``path``, ``stage``, ``publish``); made by ``claim``."""
+class RemoteDataset(BucketClaim):
+    """``--out`` of `prep shards`, a bucket prefix, held by this run; made by
+    prep.jobs.claim.claim."""
 
-    def __init__(self, loc: Remote, local, overwrite: bool, progress: bool):
-        self.loc, self.path, self.stage = loc, loc.uri, local.stage
-        self.overwrite, self.progress, self.published = overwrite, progress, False
-        self._local, self._token, self.gen = local, secrets.token_hex(6), None
+    staging = outdir.OutDir
+
+    def __init__(self, out, **kw):
+        super().__init__(out, **kw)
+        self.gen: str | None = None  # the name of this run's generation (its upload)
         self._in_bucket: Remote | None = None  # the generation, when workers stage there
 
     def _read_prefix(self) -> tuple[dict | None, set[str]]:
@@ -181,18 +199,14 @@ class RemoteDataset:
             return None, set()
         try:
             m = json.loads(data)
-            listed = {e["path"] for sp in m["splits"].values() for e in sp["shards"]}
+            listed = shard_paths(m)
         except (ValueError, KeyError, TypeError, AttributeError):
             raise InputError(f"{self.loc}/{MANIFEST_NAME}: unreadable; it is not a manifest "
                              "`prep shards` wrote: use another --out prefix") from None
         return m, {p for p in listed if isinstance(p, str)}
 
-    def _open(self) -> None:
+    def _check(self, files: dict[str, int]) -> None:
         loc = self.loc
-        files = storage.list_files(loc)
-        if "" in files:
-            raise InputError(f"{loc}: an object, not a prefix; --out names a prefix "
-                             "(a folder) of the bucket")
         self.old, listed = self._read_prefix()
         gens, stray = {}, False
         for top, rels in _by_top(files).items():
@@ -221,9 +235,9 @@ class RemoteDataset:
     def _new_generation(self) -> Remote:
         """This run's generation prefix, its marker written first."""
         self.gen = f"g{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{self._token}"
-        gen = self.loc.child(self.gen)
-        storage.write_bytes(gen.child(MARKER), _marker("staging", self._token))
-        return gen
+        self.upload = self.loc.child(self.gen)
+        storage.write_bytes(self.upload.child(MARKER), _marker("staging", self._token))
+        return self.upload
 
     def stage_in_bucket(self) -> str:
         """The run's staging location in the bucket, for workers that share no disk with
@@ -240,7 +254,7 @@ class RemoteDataset:
         """What the workers wrote into the generation is exactly what ``manifest`` lists;
         RuntimeError otherwise (a bug: it stops the run before it publishes anything)."""
         staged = {r for r in storage.list_files(self._in_bucket) if r != MARKER}
-        listed = {e["path"] for sp in manifest["splits"].values() for e in sp["shards"]}
+        listed = shard_paths(manifest)
         if staged != listed:
             raise RuntimeError(f"{self._in_bucket}: staged objects {sorted(staged ^ listed)[:3]} "
                                "do not match the manifest")
@@ -252,22 +266,19 @@ class RemoteDataset:
             self._staged_in_bucket(manifest)
         else:
             staged = outdir.check_staged(self.stage, manifest)
-            gen = self._new_generation()
-            jobs = [(self.stage / rel, gen.child(rel)) for rel in staged]
-            storage.transfer(jobs, storage.upload, desc="upload", progress=self.progress,
-                             total=sum(p.stat().st_size for p, _ in jobs))
+            self._upload(staged, self._new_generation())
         new = json.loads(json.dumps(manifest))
         for sp in new["splits"].values():
             for e in sp["shards"]:
                 e["path"] = f"{self.gen}/{e['path']}"
         body = mf.write_manifest(self.stage, new).read_bytes()  # the bytes a local run writes
-        self._local.guard.defer = True  # SIGINT/SIGTERM wait for the end of the switch
+        self.guard.defer = True  # SIGINT/SIGTERM wait for the end of the switch
         old, listed = self._read_prefix()
         if old is not None and self.old is None and not self.overwrite:
             raise InputError(f"{self.loc}: another run published a dataset there meanwhile; "
                              "pass --overwrite to replace it, or use another --out")
         storage.write_bytes(self.loc.child(MANIFEST_NAME), body)
-        self.published = self._local.guard.published = True
+        self._published()
         # the replaced dataset: its generation marked old (any later run may remove it),
         # then removed; shards in train/, test/ (a local dataset copied up) removed too
         tops = sorted({p.split("/")[0] for p in listed if p.split("/")[0] != self.gen})
@@ -278,29 +289,18 @@ class RemoteDataset:
         for split in SPLITS:
             storage.delete_tree(self.loc.child(split))
 
-    def _abandon(self) -> None:
-        """Remove this run's unpublished generation (what a failed upload left)."""
-        if self.gen is None or self.published:
-            return
-        with contextlib.suppress(InputError):
-            _remove_tree(self.loc.child(self.gen))
+    def _abandon(self, upload: Remote) -> None:
+        _remove_tree(upload)
 
 
-class RemoteParquet:
-    """``--out`` of `prep import-atlas` on a bucket: what prep.jobs.parquet_out.ParquetOut
-    offers (``path``, ``stage``, ``publish``); made by ``claim``."""
+class RemoteParquet(BucketClaim):
+    """``--out`` of `prep import-atlas`, a bucket prefix, held by this run; made by
+    prep.jobs.claim.claim."""
 
-    def __init__(self, loc: Remote, local, command: str, runner: str, overwrite: bool):
-        self.loc, self.path, self.stage, self.command = loc, loc.uri, local.stage, command
-        self.runner, self.overwrite, self.published = runner, overwrite, False
-        self._local, self._token, self.up = local, secrets.token_hex(6), None
+    staging = parquet_out.ParquetOut
 
-    def _open(self) -> None:
+    def _check(self, files: dict[str, int]) -> None:
         loc, cmd = self.loc, self.command
-        files = storage.list_files(loc)
-        if "" in files:
-            raise InputError(f"{loc}: an object, not a prefix; --out names a prefix "
-                             "(a folder) of the bucket")
         if MANIFEST_NAME in files:
             raise not_for_parquet(loc, "a shards dataset (the output of `prep shards`)", cmd,
                                   "prefix")
@@ -330,40 +330,16 @@ class RemoteParquet:
 
     def publish(self, names: list[str]) -> None:
         """Replace the prefix's parquet files with ``names`` from the staging folder."""
-        self.up = self.loc.child(f".tmp-{self.runner}-{os.getpid()}-{self._token}")
-        storage.write_bytes(self.up.child(MARKER), _marker("staging", self._token))
-        jobs = [(self.stage / n, self.up.child(n)) for n in names]
-        storage.transfer(jobs, storage.upload, desc="upload", progress=sys.stderr.isatty(),
-                         total=sum(p.stat().st_size for p, _ in jobs))
-        plan = {"remove": [n for n in self.old if n not in set(names)], "move": list(names)}
-        self._local.guard.defer = True  # from here on, the next run finishes it
-        storage.write_bytes(self.up.child(PUBLISH), json.dumps(plan).encode())
-        self._finish(self.up)
-        self.published = self._local.guard.published = True
-        _remove_tree(self.up)
+        up = self.upload = self.loc.child(f".tmp-{self.runner}-{os.getpid()}-{self._token}")
+        storage.write_bytes(up.child(MARKER), _marker("staging", self._token))
+        self._upload(names, up)
+        plan = parquet_out.publish_plan(self.old, names)
+        self.guard.defer = True  # from here on, the next run finishes it
+        storage.write_bytes(up.child(PUBLISH), json.dumps(plan).encode())
+        self._finish(up)
+        self._published()
+        _remove_tree(up)
 
-    def _abandon(self) -> None:
-        if self.up is None or self.published:
-            return
-        with contextlib.suppress(InputError):
-            if PUBLISH not in storage.list_files(self.up):
-                _remove_tree(self.up)
-
-
-@contextlib.contextmanager
-def claim(out: str, *, layout: str, command: str, runner: str, overwrite: bool = False,
-          progress: bool = True):
-    """prep.jobs.claim.claim for a bucket: yields a RemoteDataset (``layout="shards"``) or a
-    RemoteParquet. A run that fails or is interrupted removes what it uploaded; the old
-    output stays."""
-    loc = Remote.parse(out)
-    kind = {"shards": outdir.OutDir, "parquet": parquet_out.ParquetOut}[layout]
-    with _claimed(loc, kind, command=command, runner=runner) as local:
-        od = (RemoteDataset(loc, local, overwrite, progress) if layout == "shards"
-              else RemoteParquet(loc, local, command, runner, overwrite))
-        try:
-            od._open()
-            yield od
-        finally:
-            local.guard.defer = True
-            od._abandon()
+    def _abandon(self, upload: Remote) -> None:
+        if PUBLISH not in storage.list_files(upload):  # else the next run finishes it
+            _remove_tree(upload)

@@ -1,34 +1,22 @@
-"""`manifest.json`: what makes a shards folder a dataset.
+"""`manifest.json`: what makes a shards folder a dataset. Written last, atomically (temp file
++ rename), after every shard is in place; a folder without it, or with one that is not
+``finished``, is not a dataset. Fields readers rely on::
 
-Written last, atomically (temp file + rename), after every shard is in place. A folder
-without it, or with one that is not ``finished``, is not a dataset. Fields readers rely on:
-
-    {
-      "format": "ping-pack-shards",
-      "format_version": 1,              # == prep.schema.rows.ROW_FORMAT_VERSION
-      "vocab_version": 1, "vocab_fingerprint": "…", "vocab_size": 267,
-      "row_len": 1024,
-      "finished": true,
-      "config": {…, "test_fraction": 0.1,   # the resolved ShardsConfig (prep.shards.config)
-                 "split": "probe",            # probe | time | time+probe (prep.schema.splits)
-                 "test_from": null},          # time splits: the cutoff, int Unix seconds
-                                              # (test = time >= it), given or the default
-      "seed": 0,
-      "inputs": [{"name", "size", "sha256"}],
-      "counts": {"rows_in", "rows_rejected": {reason: n}, "measurements_accepted",
-                 "measurements_excluded_by_split",   # accepted, in neither split
-                                                     # (time+probe only; else 0)
-                 "measurements_tokenized",           # (accepted - excluded) x epochs
-                 "contexts", "segments", "rows": {"train", "test"}, "tokens",
-                 "padding_tokens"},
-      "padding_fraction": …, "lower_bound_rows": …,
-      "segments_per_row": {"1": n, …},
-      "splits": {"train": {"rows": n, "shards": [{"path": "train/…array_record",
-                                                   "records": n, "sha256": "…",
-                                                   "size": bytes (optional)}]},
-                 "test": {…}},
-      "elapsed_s": …
-    }
+    {"format": "ping-pack-shards", "format_version": 1,  # == prep.schema.rows.ROW_FORMAT_VERSION
+     "vocab_version": 1, "vocab_fingerprint": "…", "vocab_size": 267, "row_len": 1024,
+     "finished": true, "seed": 0,
+     "config": {…},     # the resolved ShardsConfig (prep.shards.config), with "split": probe |
+                        # time | time+probe and "test_from": a time split's cutoff, Unix seconds
+     "inputs": [{"name", "size", "sha256"}],
+     "counts": {"rows_in", "rows_rejected": {reason: n}, "measurements_accepted",
+                "measurements_excluded_by_split",  # accepted, in neither split (time+probe)
+                "measurements_tokenized",          # (accepted - excluded) x epochs
+                "contexts", "segments", "rows": {"train", "test"}, "tokens", "padding_tokens"},
+     "padding_fraction": …, "lower_bound_rows": …, "segments_per_row": {"1": n, …},
+     "splits": {"train": {"rows": n, "shards": [{"path": "train/…array_record", "records": n,
+                                                "sha256": "…", "size": bytes (optional)}]},
+                "test": {…}},
+     "elapsed_s": …}
 
 Every shard ``path`` must lie inside the folder (``shard_path``: relative, no ``..``, no
 symlink out of it), or the manifest is refused. Readers check each shard they open against

@@ -5,7 +5,6 @@ or integer Unix seconds), ``src_addr``, ``dst_addr`` (strings), ``ip_version`` (
 ``rtt`` (ms; else ``rtt_avg``), optional ``prb_id``, each value field's (integer). A
 missing, doubled or mistyped column is an ``InputError`` naming the file and the fix;
 everything else is judged per row, and no value is clamped or wrapped on the way in.
-
 Rejection reasons, checked in this order (a row is counted under the first that applies):
 
     missing_timestamp   event_time is null
@@ -18,10 +17,8 @@ Rejection reasons, checked in this order (a row is counted under the first that 
     family_mismatch     src_addr or dst_addr is not of the family ip_version says
     bad_rtt             rtt is null, NaN, inf, or negative other than -1
     rtt_out_of_range    rtt above RTT_MAX_MS, the largest RTT the token encoding holds (~50.9 days)
-    bad_prb_id          prb_id is negative, or an unsigned value of 2**63 or more (null is fine:
-                        the key falls back to src_addr)
-    bad_<field>         a value field's column (prep.schema.vocab.VALUE_FIELDS; none in this vocabulary)
-                        is null, negative, or too big for its ``width`` bytes
+    bad_prb_id          prb_id is negative, or unsigned >= 2**63 (null is fine: the key is src_addr)
+    bad_<field>         a value field (vocab.VALUE_FIELDS) is null, negative, or over its width
 
 Every call keeps rows in == accepted rows + sum(rejected.values()). Addresses repeat
 heavily, so each batch is dictionary-encoded by Arrow and only the distinct texts are

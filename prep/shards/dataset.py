@@ -1,7 +1,7 @@
 """A dataset as both runners of `prep shards` build it: the frame around their passes.
 
 ``build`` is the one run of `prep shards`: it lists the inputs, claims the output folder
-(prep.jobs.outdir; prep.jobs.remote_out for ``--out s3://…``; inputs in a bucket are
+(prep.jobs.claim, the shards layout, on a folder or a bucket prefix; inputs in a bucket are
 downloaded into its staging folder, prep.base.storage, unless the runner's workers read
 them in place, ``Passes.reads_buckets``), hashes the inputs on a helper thread, cuts them
 into read units
@@ -15,7 +15,7 @@ and no ``--test-from`` it finds the cutoff between them and hands it to
 Also shared: the pass-1 counts added up (``new_read_counts``, ``add_read_counts``), the
 config in its JSON form, the input files' identities, and the ending: the manifest
 assembled from the counts and the per-bucket results (``build_manifest``), refused when it
-holds no training rows (``check_not_empty``), then published by prep.jobs.outdir
+holds no training rows (``check_not_empty``), then published by the claim
 (``finish``); the closing summary (``summary``, ``format_summary``).
 """
 
@@ -40,8 +40,8 @@ from prep.base import storage
 from prep.base.errors import InputError
 from prep.base.signals import signals_blocked
 from prep.base.words import count
-from prep.jobs import outdir
 from prep.jobs.claim import claim
+from prep.jobs.owned import Claim
 from prep.schema import manifest as mf
 from prep.schema.manifest import SPLITS
 from prep.schema.splits import TIME_RULES, format_time
@@ -70,7 +70,7 @@ class Passes(abc.ABC):
         return f"{self.says}: {count(n_files, 'input file')}, {count(rows, 'row')}"
 
     @abc.abstractmethod
-    def run(self, od: outdir.OutDir, units: list, rows_total: int, cfg: ShardsConfig,
+    def run(self, od: Claim, units: list, rows_total: int, cfg: ShardsConfig,
             t0: float) -> tuple[ShardsConfig, dict, list[dict]]:
         """Both passes, writing the shards into ``od.stage``: the config (with the cutoff
         found, ``found_cutoff``), the read counts (``new_read_counts``) and the per-bucket
@@ -97,7 +97,7 @@ def build(inputs: list[str], out: str, cfg: ShardsConfig, passes: Passes, *,
           overwrite: bool = False) -> dict:
     """Build the dataset in ``out`` with ``passes``; return the closing summary (also in
     the manifest). A dataset already in ``out`` is replaced only with ``overwrite``
-    (prep.jobs.outdir)."""
+    (prep.jobs.claim)."""
     t0 = time.perf_counter()
     # Inputs in a bucket are listed here (a wrong path or credentials fail before --out is
     # touched) and downloaded into the run's staging folder once it is claimed.
@@ -144,10 +144,10 @@ def build(inputs: list[str], out: str, cfg: ShardsConfig, passes: Passes, *,
                       passes.timing() | {"compile_s": round(compile_s, 3)})
 
 
-def finish(od: outdir.OutDir, cfg: ShardsConfig, inputs: list[dict], read: dict,
+def finish(od: Claim, cfg: ShardsConfig, inputs: list[dict], read: dict,
            results: list[dict], t0: float, timing: dict) -> dict:
     """Both runners' ending: the manifest from the read counts and the per-bucket results
-    (ordered by bucket), written into the staging folder and published (prep.jobs.outdir)."""
+    (ordered by bucket), written into the staging folder and published (prep.jobs.claim)."""
     manifest = build_manifest(cfg, inputs, read, results)
     check_not_empty(od.path, manifest)
     elapsed = time.perf_counter() - t0

@@ -16,7 +16,7 @@ Two passes, both spread over a process pool, memory bounded by a batch and by a 
 
 This module holds only these passes (``LocalPasses``); the frame around them, the Beam
 runner's too, is ``prep.shards.dataset.build`` (inputs listed and hashed, ``DIR`` claimed
-through prep.jobs.outdir, the manifest written and the dataset published). Output bytes
+through prep.jobs.claim, the manifest written and the dataset published). Output bytes
 depend on (inputs, the resolved ShardsConfig) only: spill order does not matter because
 ``plan_contexts`` sorts, and shard names come from the bucket id.
 
@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from prep.base.errors import InputError
 from prep.base.words import count
-from prep.jobs import outdir
+from prep.jobs.owned import Claim
 from prep.jobs.pool import Pool, WorkerDied
 from prep.schema.measurements import ARROW_SCHEMA, FIELDS, Measurements, from_arrow
 from prep.schema.splits import MinuteHistogram, default_cutoff, minute_histogram
@@ -64,7 +64,7 @@ def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int =
                progress: bool = True, overwrite: bool = False) -> dict:
     """Build the dataset in ``out`` (prep.shards.dataset.build) with ``workers`` processes;
     return the closing summary (also in the manifest). A dataset already in ``out`` is
-    replaced only with ``overwrite`` (prep.jobs.outdir)."""
+    replaced only with ``overwrite`` (prep.jobs.claim)."""
     return build(inputs, out, cfg, LocalPasses(workers, progress), overwrite=overwrite)
 
 
@@ -93,7 +93,7 @@ class LocalPasses(Passes):
                 "peak_rss_mb": {"main": own_rss_mb(), "read": max(self.rss_read),
                                 "buckets": max(self.rss_buckets, default=0.0)}}
 
-    def run(self, od: outdir.OutDir, units: list, rows_total: int, cfg: ShardsConfig,
+    def run(self, od: Claim, units: list, rows_total: int, cfg: ShardsConfig,
             t0: float) -> tuple[ShardsConfig, dict, list[dict]]:
         try:
             return self._passes(od.stage, units, rows_total, cfg, t0)

@@ -40,6 +40,7 @@ from tqdm import tqdm
 from prep.base.atomic import replacing
 from prep.base.errors import InputError
 from prep.base.signals import stop_on_signals
+from prep.base.tables import TableFile
 from prep.schema.measurements import Measurements
 from prep.schema.splits import format_time, parse_time
 from prep.schema.validate import TIME_MAX, TIME_MIN, column_times, read_validated
@@ -157,42 +158,28 @@ def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
     pred = P.load(run_dir, step=step)
     hist = Histories(history_of(history), history, {(q.family, q.src_hi, q.src_lo) for q in qs},
                      pred.max_history)
-    writer = None
     with stop_on_signals(Path(out) if out else None, "train predict"), tqdm(
             total=len(qs), unit=" queries", desc="predict", file=sys.stderr,
             disable=not progress or None) as bar, (
-            replacing(out, ".part") if out else contextlib.nullcontext()) as part:
-        try:
-            for a in range(0, len(qs), PIECE):
-                b = min(a + PIECE, len(qs))
-                answers = pred.predict_measurements([(q, hist.context(q)) for q in qs[a:b]],
-                                                    progress=lambda _rows, n: bar.update(n))
-                if part is not None:
-                    cols = [srcs[a:b], dsts[a:b], times[a:b]]
-                    cols += [[x[c] for x in answers] for c in ANSWER_COLUMNS]
-                    writer = writer or _writer(part)
-                    writer.write_table(pa.table(cols, schema=ANSWERS_SCHEMA))
-                if emit is not None:
-                    for x, s, d, t in zip(answers, srcs[a:b], dsts[a:b], times[a:b]):
-                        x.update(src_addr=s, dst_addr=d,
-                                 event_time=None if t is None else format_time(t))
-                    emit(answers)
-            if part is not None:
-                writer = writer or _writer(part)  # no queries: an empty answers file
-                writer.close()
-                writer = None
-        finally:
+            replacing(out, ".part") if out else contextlib.nullcontext()) as part, (
+            TableFile(part, ANSWERS_SCHEMA) if out else contextlib.nullcontext()) as writer:
+        for a in range(0, len(qs), PIECE):
+            b = min(a + PIECE, len(qs))
+            answers = pred.predict_measurements([(q, hist.context(q)) for q in qs[a:b]],
+                                                progress=lambda _rows, n: bar.update(n))
             if writer is not None:
-                with contextlib.suppress(Exception):
-                    writer.close()
+                cols = [srcs[a:b], dsts[a:b], times[a:b]]
+                cols += [[x[c] for x in answers] for c in ANSWER_COLUMNS]
+                writer.write(pa.table(cols, schema=ANSWERS_SCHEMA))
+            if emit is not None:
+                for x, s, d, t in zip(answers, srcs[a:b], dsts[a:b], times[a:b]):
+                    x.update(src_addr=s, dst_addr=d,
+                             event_time=None if t is None else format_time(t))
+                emit(answers)
     if out:
         print(f"wrote {len(qs):,} answers to {out}", file=sys.stderr)
     return len(qs)
 
-
-def _writer(part: Path) -> pq.ParquetWriter:
-    part.parent.mkdir(parents=True, exist_ok=True)
-    return pq.ParquetWriter(part, ANSWERS_SCHEMA)
 
 
 def _times(table: pa.Table, path) -> list[int | None]:
