@@ -236,32 +236,25 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     if cfg.context_copy:
         widths = tuple(jax.nn.softplus(params["copy_width"][i]) * COPY_WIDTH[i] for i in range(2))
         copy, p_copy = context_copy(tokens, seg, match, cfg.context_copy, probes, p_match, widths)
+    stores = []  # (table, parameter prefix, keys: the destination's hashes where None)
     if cfg.dst_store:  # the train split's replies to the destination (not learned)
-        widths = tuple(jax.nn.softplus(params["store_width"][i]) * COPY_WIDTH[i] for i in range(2))
-        (dist, s_on), p_store = store_dists(jax.lax.stop_gradient(params["dst_store"]), tokens,
-                                            seg, probes, widths)
+        stores.append(("dst_store", "store", None))
+    if cfg.pair_store:  # the train split's replies of the reverse pair (not learned)
+        stores.append(("pair_store", "pair", reverse_pair_keys(tokens, seg, probes, src_hash)))
+    for table, name, keys in stores:
+        widths = tuple(jax.nn.softplus(params[f"{name}_width"][i]) * COPY_WIDTH[i] for i in range(2))
+        (dist, s_on), p_store = store_dists(jax.lax.stop_gradient(params[table]), tokens, seg,
+                                            probes, widths, keys)
         # only where the context holds no reply to the destination: where it does, the copy
-        # answers, and the store mixed in there too diluted what the layers read of the
+        # answers, and a store mixed in there too diluted what the layers read of the
         # context (docs/learning.md section 8.7)
         if copy is not None:
             s_on = s_on & ~copy[1]
-        out = _mix_copy(params, out, x, dist, s_on, "store", fold)
+        out = _mix_copy(params, out, x, dist, s_on, name, fold)
         answered = answered | s_on
         if probes is not None:
             p_on = p_store[1] if p_copy is None else p_store[1] & ~p_copy[1]
-            out_p = _mix_copy(params, out_p, xp, p_store[0], p_on, "store")
-    if cfg.pair_store:  # the train split's replies of the reverse pair (not learned)
-        widths = tuple(jax.nn.softplus(params["pair_width"][i]) * COPY_WIDTH[i] for i in range(2))
-        keys = reverse_pair_keys(tokens, seg, probes, src_hash)
-        (dist, r_on), p_pair = store_dists(jax.lax.stop_gradient(params["pair_store"]), tokens,
-                                           seg, probes, widths, keys)
-        if copy is not None:  # as the destination store: where the copy does not answer
-            r_on = r_on & ~copy[1]
-        out = _mix_copy(params, out, x, dist, r_on, "pair", fold)
-        answered = answered | r_on
-        if probes is not None:
-            p_on = p_pair[1] if p_copy is None else p_pair[1] & ~p_copy[1]
-            out_p = _mix_copy(params, out_p, xp, p_pair[0], p_on, "pair")
+            out_p = _mix_copy(params, out_p, xp, p_store[0], p_on, name)
     if copy is not None:
         out = _mix_copy(params, out, x, *copy)
         if probes is not None:
