@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import namedtuple
 
 import numpy as np
-from numba import njit
 
+from prep.base.jit import helper, kernel
 from prep.pack.supply import INF, cheapest_fills, slack_target
 from prep.tokens.costs import (
     BACKOFF,
@@ -60,7 +60,7 @@ CutLimits = namedtuple("CutLimits", "row_len max_meas max_gap max_span t_full t_
 Supply = namedtuple("Supply", "size rate cap")
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def _ts_tokens(have_prev, prev, t):
     if not have_prev:
         return TS_ABS
@@ -72,7 +72,7 @@ def _ts_tokens(have_prev, prev, t):
     return TS_ABS
 
 
-@njit(cache=True, nogil=True)
+@helper
 def _radix_pass_all(key, idx, tmp_key, tmp_idx):
     """Stable LSD radix sort of (key, idx) pairs by key, 11 bits a pass, in place."""
     n = len(key)
@@ -95,11 +95,12 @@ def _radix_pass_all(key, idx, tmp_key, tmp_idx):
             count[d] = dst + 1
             tmp_key[dst] = key[i]
             tmp_idx[dst] = idx[i]
-        key[:] = tmp_key
-        idx[:] = tmp_idx
+        for i in range(n):  # a loop, not key[:] = tmp_key: see prep.base.jit
+            key[i] = tmp_key[i]
+            idx[i] = tmp_idx[i]
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def argsort_probe_time(probe, time):
     """Stable order by (probe, time): radix passes over the digits that vary, only."""
     n = len(probe)
@@ -108,7 +109,9 @@ def argsort_probe_time(probe, time):
     tmp_key = np.empty(n, np.uint64)
     if n == 0:
         return idx
-    t0 = time.min()
+    t0 = time[0]
+    for i in range(1, n):  # not time.min(): see prep.base.jit
+        t0 = min(t0, time[i])
     key = np.empty(n, np.uint64)
     for i in range(n):
         key[i] = np.uint64(time[i] - t0)  # offset from the minimum: unsigned, same order
@@ -119,7 +122,7 @@ def argsort_probe_time(probe, time):
     return idx
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def history_index(probe):
     """Index of each measurement within its probe's run of a sorted probe column."""
     n = len(probe)
@@ -129,7 +132,7 @@ def history_index(probe):
     return hist
 
 
-@njit(cache=True, nogil=True)
+@helper
 def body_price(budget, cap):
     """A body's price in tokens of back-off: 0 while its budget is at least PRICE_FREE
     sixteenths full, rising in PRICE_STEPS steps to PRICE_MAX as it empties; INF for a
@@ -144,7 +147,7 @@ def body_price(budget, cap):
     return PRICE_MAX * ((PRICE_STEPS * (knee - budget) + knee - 1) // knee) // PRICE_STEPS
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def cut_contexts(cols, hist, seed, limits, supply):
     """Contexts of one sorted bucket: (ctx_start, ctx_mode, ctx_len, cost, has_ts, abs_extra).
 
