@@ -74,27 +74,33 @@ def _ts_tokens(have_prev, prev, t):
 
 @helper
 def _radix_pass_all(key, idx, tmp_key, tmp_idx):
-    """Stable LSD radix sort of (key, idx) pairs by key, 11 bits a pass, in place."""
+    """Stable LSD radix sort of (key, idx) pairs by key, 11 bits a pass, in place: the
+    passes go back and forth between the arrays and tmp_key, tmp_idx."""
     n = len(key)
     varying = np.uint64(0)
     for i in range(n):
         varying |= key[i] ^ key[0]
     mask = np.uint64(0x7FF)
+    sk, si, dk, di = key, idx, tmp_key, tmp_idx
+    moved = False  # the sorted pairs are in tmp_key, tmp_idx
     for shift in range(0, 64, 11):
         sh = np.uint64(shift)
         if (varying >> sh) & mask == 0:
             continue  # every key shares this digit: the pass would not move anything
         count = np.zeros(2049, np.int64)
         for i in range(n):
-            count[((key[i] >> sh) & mask) + np.uint64(1)] += 1
+            count[((sk[i] >> sh) & mask) + np.uint64(1)] += 1
         for d in range(2048):
             count[d + 1] += count[d]
         for i in range(n):
-            d = (key[i] >> sh) & mask
+            d = (sk[i] >> sh) & mask
             dst = count[d]
             count[d] = dst + 1
-            tmp_key[dst] = key[i]
-            tmp_idx[dst] = idx[i]
+            dk[dst] = sk[i]
+            di[dst] = si[i]
+        sk, si, dk, di = dk, di, sk, si
+        moved = not moved
+    if moved:
         for i in range(n):  # a loop, not key[:] = tmp_key: see prep.base.jit
             key[i] = tmp_key[i]
             idx[i] = tmp_idx[i]

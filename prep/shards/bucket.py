@@ -200,14 +200,14 @@ def warm_kernels(tmp: str) -> None:
     families, failures and gaps, writing its shards under ``tmp``: Numba caches the
     machine code, so the workers load it instead of each compiling it under a progress bar.
 
-    With more than one core, a second process compiles step 4 of the packer (prep.pack.fill,
-    half the work; ``warm_packer``) while this one compiles the other steps, the planner
-    and the encoder; the bucket's run then loads them all from the cache (and compiles
-    whatever it finds missing)."""
+    With more than one core and nothing cached yet, a second process compiles step 4 of the
+    packer (prep.pack.fill, half the work; ``warm_packer``) while this one compiles the
+    other steps, the planner and the encoder; the bucket's run then loads them all from the
+    cache (and compiles whatever it finds missing)."""
     m = _tiny_bucket()
     cfg = ShardsConfig(n_buckets=1, test_fraction=0.3)
     child = None
-    if (os.cpu_count() or 1) > 1:
+    if (os.cpu_count() or 1) > 1 and not kernels_cached():
         root = str(Path(__file__).resolve().parents[2])  # the folder holding this prep/
         child = subprocess.Popen([sys.executable, "-c", _WARM_PACKER, root], text=True,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
