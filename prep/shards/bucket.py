@@ -200,10 +200,10 @@ def warm_kernels(tmp: str) -> None:
     families, failures and gaps, writing its shards under ``tmp``: Numba caches the
     machine code, so the workers load it instead of each compiling it under a progress bar.
 
-    With more than one core and nothing cached yet, a second process compiles step 4 of the
-    packer (prep.pack.fill, half the work; ``warm_packer``) while this one compiles the
-    other steps, the planner and the encoder; the bucket's run then loads them all from the
-    cache (and compiles whatever it finds missing)."""
+    With more than one core and nothing cached yet, a second process compiles the packer's
+    steps 1-4 (step 4, prep.pack.fill, is half the work; ``warm_packer``) while this one
+    compiles the planner, the encoder and steps 5-6; the bucket's run then loads them all
+    from the cache (and compiles whatever it finds missing)."""
     m = _tiny_bucket()
     cfg = ShardsConfig(n_buckets=1, test_fraction=0.3)
     child = None
@@ -212,11 +212,11 @@ def warm_kernels(tmp: str) -> None:
         child = subprocess.Popen([sys.executable, "-c", _WARM_PACKER, root], text=True,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        # first what the other process's pack also runs before step 4 (it loads them then)
-        p = pack(*_made_up_contexts(), split=False)
-        repack(p.piece_len, p.piece_row, p.n_rows, cfg.row_len)
         plan = plan_contexts(m, cfg.context_config(), epoch_seed(cfg.seed, 0))
         encode_pieces(plan.sorted, plan, plan.ctx_start, plan.ctx_end, epoch_seed(cfg.seed, 0))
+        # then the packer's steps after step 4 (steps 1-3 load what the other one cached)
+        p = pack(*_made_up_contexts(), split=False)
+        repack(p.piece_len, p.piece_row, p.n_rows, cfg.row_len)
     finally:
         if child is not None:
             _, err = child.communicate()
