@@ -86,7 +86,7 @@ def test_each_kernel_compiles_once(tmp_path):
     code = ("import gc, json, sys\n"
             "from numba.core.registry import CPUDispatcher\n"
             "from prep.shards.bucket import warm_kernels\n"
-            "warm_kernels(sys.argv[1])\n"
+            "warm_kernels(sys.argv[1], processes=2)\n"
             "print(json.dumps({d.py_func.__module__ + '.' + d.py_func.__qualname__:\n"
             "                  len(d.signatures) for d in gc.get_objects()\n"
             "                  if isinstance(d, CPUDispatcher) and d.signatures\n"

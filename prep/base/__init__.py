@@ -2,9 +2,9 @@
 train: the one error type a user sees and the one table of disk failures (errors), the
 folder lock (lock), whole-or-nothing writes (atomic), the signal guard (signals), click
 options derived from a config dataclass (options), the helper-process lifetime (lifetime),
-counts in words (words), what a path holds (sniff), object storage (storage) and the local
-copy of a bucket's objects (mirror).
+counts in words (words), what a path holds (sniff), object storage (storage), the local
+copy of a bucket's objects (mirror) and how Numba code is compiled (jit).
 
-Owns: errors, lock, atomic, signals, options, lifetime, words, sniff, storage, mirror.
+Owns: errors, lock, atomic, signals, options, lifetime, words, sniff, storage, mirror, jit.
 Imports: nothing of prep's other packages, nothing of train (both import it).
 """

@@ -195,19 +195,24 @@ def kernels_cached() -> bool:
     return bool(numba.config.CACHE_DIR) and d.is_dir() and any(d.rglob("*.nbi"))
 
 
-def warm_kernels(tmp: str) -> None:
+def warm_kernels(tmp: str, processes: int | None = None) -> None:
     """Compile pass 2's kernels (planner, packer, encoder) once, on a tiny bucket of both
     families, failures and gaps, writing its shards under ``tmp``: Numba caches the
     machine code, so the workers load it instead of each compiling it under a progress bar.
 
-    With more than one core and nothing cached yet, a second process compiles the packer's
-    steps 1-4 (step 4, prep.pack.fill, is half the work; ``warm_packer``) while this one
-    compiles the planner, the encoder and steps 5-6; the bucket's run then loads them all
-    from the cache (and compiles whatever it finds missing)."""
+    With ``processes`` 2, a second process compiles the packer's steps 1-4 (step 4,
+    prep.pack.fill, is half the work; ``warm_packer``) while this one compiles the planner,
+    the encoder and steps 5-6; the bucket's run then loads them all from the cache (and
+    compiles whatever it finds missing). None picks 2 when nothing is cached yet and a core
+    is idle (load average below the cores less one half): on busy cores the second process
+    only adds its start and the Numba library code both compile, ~2.5 s of CPU."""
     m = _tiny_bucket()
     cfg = ShardsConfig(n_buckets=1, test_fraction=0.3)
+    if processes is None:
+        cores = os.cpu_count() or 1
+        processes = 2 if os.getloadavg()[0] < cores - 0.5 and not kernels_cached() else 1
     child = None
-    if (os.cpu_count() or 1) > 1 and not kernels_cached():
+    if processes > 1:
         root = str(Path(__file__).resolve().parents[2])  # the folder holding this prep/
         child = subprocess.Popen([sys.executable, "-c", _WARM_PACKER, root], text=True,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
