@@ -6,7 +6,10 @@ Each figure is one fresh Python process that imports prep and runs
 `prep shards` does before its passes), timed inside the process from just before that call:
 
 - ``cold_s``: with an empty Numba cache (NUMBA_CACHE_DIR a new temp folder), best of
-  ``--repeat`` (default 2): everything compiled;
+  ``--repeat`` (default 2): everything compiled, in one process; ``cold_cpu_s`` its CPU
+  seconds (on a shared machine the wall time also counts the others' load);
+  ``cold_two_s``, ``cold_two_cpu_s``: the same with warm_kernels' second process (what
+  `prep shards` does with a core idle), its CPU included;
 - ``cached_s``: again in a new process on the cache the cold run filled: machine code
   loaded, nothing compiled (the reference: what every later run pays);
 - ``cold_over_cached``: the ratio of the two.
@@ -28,35 +31,43 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # the timed part runs in the child: ``prep`` is the checkout it starts in (sys.path[0])
-CHILD = """import json, sys, tempfile, time
+CHILD = """import inspect, json, resource, sys, tempfile, time
 import prep.shards.bucket as b
-t = time.perf_counter()
+# processes (argv[1]) where this checkout's warm_kernels takes it
+kw = {"processes": int(sys.argv[1])} if "processes" in inspect.signature(b.warm_kernels).parameters else {}
+t, c = time.perf_counter(), time.process_time()
 with tempfile.TemporaryDirectory() as d:
-    b.warm_kernels(d)
-print(json.dumps({"s": time.perf_counter() - t}))
+    b.warm_kernels(d, **kw)
+kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"s": time.perf_counter() - t,
+                  "cpu_s": time.process_time() - c + kids.ru_utime + kids.ru_stime}))
 """
 
 
-def warm_seconds(repo: Path, cache: Path) -> float:
+def warm_seconds(repo: Path, cache: Path, processes: int = 1) -> dict[str, float]:
     """Seconds of warm_kernels in a fresh process of the checkout ``repo``, Numba caching
-    into ``cache``."""
+    into ``cache``: {"s": wall, "cpu_s": CPU of the process and of those it started}."""
     env = os.environ | {"NUMBA_CACHE_DIR": str(cache)}
     env.pop("PYTHONPATH", None)  # the checkout's own prep, not this one's
-    r = subprocess.run([sys.executable, "-c", CHILD], cwd=repo, env=env, text=True,
+    r = subprocess.run([sys.executable, "-c", CHILD, str(processes)], cwd=repo, env=env, text=True,
                        capture_output=True)
     if r.returncode:
         raise RuntimeError(f"warm_kernels failed in {repo}:\n{r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])["s"]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def measure(repos: list[Path], repeat: int) -> list[dict[str, float]]:
     """Best cold and best cached seconds per checkout, the checkouts taking turns."""
-    best = [{"cold_s": float("inf"), "cached_s": float("inf")} for _ in repos]
+    best = [dict.fromkeys(["cold_s", "cold_cpu_s", "cold_two_s", "cold_two_cpu_s", "cached_s"],
+                          float("inf")) for _ in repos]
     for _ in range(repeat):
         for repo, b in zip(repos, best):
-            with tempfile.TemporaryDirectory(prefix="numba-cold-") as d:
-                b["cold_s"] = min(b["cold_s"], warm_seconds(repo, Path(d)))
-                b["cached_s"] = min(b["cached_s"], warm_seconds(repo, Path(d)))
+            for procs, key in ((1, "cold"), (2, "cold_two")):
+                with tempfile.TemporaryDirectory(prefix="numba-cold-") as d:
+                    cold = warm_seconds(repo, Path(d), procs)
+                    b[f"{key}_s"] = min(b[f"{key}_s"], cold["s"])
+                    b[f"{key}_cpu_s"] = min(b[f"{key}_cpu_s"], cold["cpu_s"])
+                    b["cached_s"] = min(b["cached_s"], warm_seconds(repo, Path(d))["s"])
     for b in best:
         b["cold_over_cached"] = b["cold_s"] / b["cached_s"]
     return best

@@ -52,7 +52,8 @@ def test_this_process_uses_the_folder_of_these_sources():
     assert numba.config.CACHE_DIR == prep._numba_cache_dir()
 
 
-# every kernel warm_kernels compiles: those Python calls and those they call
+# every kernel warm_kernels compiles: those Python calls and the helpers they call
+# (prep.base.jit; an inlined helper is typed inside its callers, never compiled alone)
 KERNELS = [
     "prep.pack.closing.close_gap", "prep.pack.closing.demand",
     "prep.pack.closing.refresh_quota", "prep.pack.closing.rest_table",
@@ -75,8 +76,9 @@ KERNELS = [
 
 def test_each_kernel_compiles_once(tmp_path):
     """A cold compile of what `prep shards` runs (prep.shards.bucket.warm_kernels) makes one
-    machine-code version of each kernel: a literal argument at a call inside a kernel (a
-    counter starting at 0) would make a second one, seconds each."""
+    machine-code version of each kernel and helper, compiled in either of its processes: a
+    literal argument at a call inside a kernel (a counter starting at 0, a flag True) would
+    make a second one, seconds each."""
     import json
     import subprocess
     import sys
@@ -84,7 +86,7 @@ def test_each_kernel_compiles_once(tmp_path):
     code = ("import gc, json, sys\n"
             "from numba.core.registry import CPUDispatcher\n"
             "from prep.shards.bucket import warm_kernels\n"
-            "warm_kernels(sys.argv[1])\n"
+            "warm_kernels(sys.argv[1], processes=2)\n"
             "print(json.dumps({d.py_func.__module__ + '.' + d.py_func.__qualname__:\n"
             "                  len(d.signatures) for d in gc.get_objects()\n"
             "                  if isinstance(d, CPUDispatcher) and d.signatures\n"
@@ -93,4 +95,22 @@ def test_each_kernel_compiles_once(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, text=True,
                        capture_output=True, check=True, cwd=os.path.dirname(prep.__path__[0]))
     versions = json.loads(r.stdout.splitlines()[-1])
-    assert versions == dict.fromkeys(KERNELS, 1)
+    # (those the second process compiled, this one loaded; the helpers they call come inside)
+    assert set(versions.values()) == {1} and set(versions) <= set(KERNELS)
+    # one cached version of each, wherever compiled: the types warm_kernels' second process
+    # compiled the packer for are those process_bucket runs with (else a second is here)
+    cached = [f.name.split("-")[0] for f in (tmp_path / "numba").rglob("*.nbc")]
+    assert sorted(cached) == sorted(k.split(".", 2)[2] for k in KERNELS)
+
+def test_a_helper_called_from_python_runs_as_python():
+    """A helper has no CPython wrapper (prep.base.jit): called from Python, as the kernels'
+    plain-Python twins call it, it runs its Python source instead of crashing the process,
+    and compiles nothing."""
+    import numpy as np
+
+    from prep.pack.closing import scarce_at
+
+    cum, scarce = np.array([0, 3, 5, 205]), np.zeros(161, np.bool_)
+    scarce[2] = True
+    assert [scarce_at(cum, scarce, i) for i in range(3)] == [False, True, False]
+    assert scarce_at.signatures == []

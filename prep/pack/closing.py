@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections import namedtuple
 
 import numpy as np
-from numba import njit
 
+from prep.base.jit import helper, kernel
 from prep.pack.supply import INF, cheapest_fills, slack_target
 from prep.tokens.costs import SMALLEST_BODY
 
@@ -53,7 +53,7 @@ Fill = namedtuple("Fill", "cum_cost used window_head window_start window_end win
 # and the helpers run per measurement take arrays, not the tuple.
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def place(f, p, rows, r, a, b, k):
     """Free measurements [a, b) become piece k, the last of row r (a cut costs nothing);
     returns k + 1. The arrays have room (``fill_gaps`` makes it up front)."""
@@ -79,13 +79,13 @@ def place(f, p, rows, r, a, b, k):
     return k + 1
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def size_price(dem, left, c):
     """The price of one measurement of c tokens: its demand over what is left of it."""
     return 1 + PRICE_K * dem[c] // (left[c] + 1)
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def scarce_at(cum, scarce, i):
     """Whether measurement i is of a scarce size: runs and windows pass over it, closing
     sets take it."""
@@ -93,7 +93,7 @@ def scarce_at(cum, scarce, i):
     return c <= WINDOW_MAX and scarce[c]
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def _or_shifted(bits, s):
     """bits |= bits << s, over a bitset of uint64 words (an item of s tokens, 0/1 knapsack)."""
     ws, b = s >> 6, np.uint64(s & 63)
@@ -104,7 +104,7 @@ def _or_shifted(bits, s):
         bits[w] |= v
 
 
-@njit(cache=True)
+@helper
 def rest_table(f):
     """ok (a bitset): r, or r - 1, is a sum of the measurements the opened donors hold, at
     most quota[c] of each size c, as a bounded knapsack: 1, 2, 4, ... of a size as one item."""
@@ -124,7 +124,7 @@ def rest_table(f):
     st[0] = 0
 
 
-@njit(cache=True)
+@helper
 def refresh_quota(f, row_len):
     """quota[c]: how many measurements of c tokens one row may count on, about 1.5 times
     its share of what the opened donors hold, plus 2; a change makes the table stale."""
@@ -139,14 +139,14 @@ def refresh_quota(f, row_len):
             st[0] = 1
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def fresh(f):
     """The rest table, made anew if a size ran out or came in since (``closable`` reads it)."""
     if f.rest_stale[0] != 0:
         rest_table(f)
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def closable(ok, r):
     """Whether a rest of r tokens can still be filled (to 1) from the opened donors, by the
     rest table ``ok`` (fresh: ``_fresh``): r beyond it counts as yes (a long run comes
@@ -156,7 +156,7 @@ def closable(ok, r):
     return (ok[r >> 6] >> np.uint64(r & 63)) & np.uint64(1) != 0
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def take_single(f, p, rows, r, c, k):
     """An unused measurement of c tokens from the opened donors (one is there) becomes the
     last piece of row r; returns k + 1."""
@@ -167,7 +167,7 @@ def take_single(f, p, rows, r, c, k):
     return place(f, p, rows, r, i, i + 1, k)
 
 
-@njit(cache=True)
+@helper
 def close_gap(f, p, rows, r, k):
     """Fills row r's gap g (to 1 token) with the cheapest set of single unused measurements
     of the opened donors; returns k, or -1 and nothing placed if no set does. The cheapest
@@ -248,7 +248,7 @@ def close_gap(f, p, rows, r, k):
     return k
 
 
-@njit(cache=True)
+@helper
 def step(f, p, rows, r, k):
     """One single unused measurement of the opened donors into row r, of the cheapest size
     that leaves a rest that can still be filled; returns k, or -1 if none does."""
@@ -266,7 +266,7 @@ def step(f, p, rows, r, k):
     return take_single(f, p, rows, r, best, k)
 
 
-@njit(cache=True)
+@kernel
 def demand(gap, free, left):
     """(dem[c], scarce[c]): how many measurements of c tokens the gaps of the rows that are
     not free would take, each filled with the fewest measurements of the sizes the free rows

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections import namedtuple
 
 import numpy as np
-from numba import njit
 
+from prep.base.jit import helper, kernel
 from prep.pack.closing import (
     CLOSE_MAX,
     WINDOW_MAX,
@@ -63,7 +63,7 @@ def _grown(p, rows, n_pieces, n_rows):
     return (PackedPieces(*(_grow(a, n_pieces) for a in p)), Rows(*(_grow(a, n_rows) for a in rows)))
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def _find_window(f, g, exact, last):
     """(x, y, length) of a listed window with no used measurement for a gap of ``g``: exactly
     g tokens, else g - 1, else (``exact``) the longest whose rest can be filled (not on a
@@ -89,7 +89,7 @@ def _find_window(f, g, exact, last):
     return -1, -1, 0
 
 
-@njit(cache=True)
+@kernel
 def _free_rows(cum, has_ts, abs_extra, p, rows, n0):
     """(free[r] for the first n0 rows, the measurements in free rows, the cheapest of them,
     left[c]: how many of them cost c tokens): a row is free when no measurement of it has a
@@ -123,7 +123,7 @@ def _free_rows(cum, has_ts, abs_extra, p, rows, n0):
     return free, m_free, cheapest, left
 
 
-@njit(cache=True)
+@helper
 def _open_donor(f, p, rows, d, nw, ns):
     """Row d becomes a donor: its pieces leave it (windows or new rows take them), every
     window of them up to WINDOW_MAX tokens is listed, from index nw on, and every measurement
@@ -156,7 +156,7 @@ def _open_donor(f, p, rows, d, nw, ns):
     return nw, ns
 
 
-@njit(cache=True)
+@helper
 def _long_run(f, p, rows, donors, nd, g, cur, cq, ca):
     """A long gap of ``g`` takes a long run: the next unused run [a, m) of the opened donors
     (donors[:nd]), read on from donor cur, piece cq (-1: its first), measurement ca, that
@@ -187,7 +187,7 @@ def _long_run(f, p, rows, donors, nd, g, cur, cq, ca):
     return -1, -1, cur, cq, ca
 
 
-@njit(cache=True)
+@kernel
 def _fill_rows(f, p, rows, order, free, donors, cap, k):
     """Fills the gaps of the rows in ``order`` from the front, opening donors from its end
     (free rows) as they are needed; returns (k, the donors opened, listed in donors)."""
@@ -232,7 +232,7 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
     return k, nd
 
 
-@njit(cache=True)
+@helper
 def _close_row(f, p, rows, r, cap, k):
     """Closes row r: without a cap, single measurements that keep its rest fillable until a
     set of them closes it; then (or with a cap) windows while its gap takes one. Returns k."""
@@ -253,7 +253,7 @@ def _close_row(f, p, rows, r, cap, k):
     return k
 
 
-@njit(cache=True)
+@kernel
 def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
     """What the donors kept, in order, into new rows from n_rows on. A run stops before a
     measurement that would turn a rest that can be filled into one that cannot; that one is

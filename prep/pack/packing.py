@@ -30,8 +30,8 @@ from collections import namedtuple
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
+from prep.base.jit import helper, kernel
 from prep.pack.fill import PackedPieces, Rows, fill_gaps
 from prep.pack.repack import repack  # (see the docstring)
 
@@ -45,7 +45,7 @@ class Packing:
     n_rows: int
 
 
-@njit(cache=True)
+@helper
 def _plen(cum, has_ts, abs_extra, s, e):
     """Tokens of piece [s, e): its costs plus abs_extra of its first timestamped measurement
     (a scan of has_ts, which stops at once in a timestamped context)."""
@@ -55,7 +55,7 @@ def _plen(cum, has_ts, abs_extra, s, e):
     return cum[e] - cum[s]
 
 
-@njit(cache=True)
+@kernel
 def _cumulative(cost):
     """cum[i] = cost[:i].sum(): the one array as long as the measurements that packing makes
     (a fresh array costs more in page faults than a loop over it)."""
@@ -67,7 +67,7 @@ def _cumulative(cost):
     return cum
 
 
-@njit(cache=True)
+@kernel
 def _lengths(ctx_start, ctx_end, cum, has_ts, abs_extra):
     out = np.empty(ctx_start.shape[0], np.int64)
     for c in range(ctx_start.shape[0]):
@@ -86,7 +86,7 @@ def context_lengths(ctx_start, ctx_end, cost, has_ts, abs_extra) -> np.ndarray:
 OpenRows = namedtuple("OpenRows", "head tail nxt prv tree")  # inlined: see prep.pack.fill
 
 
-@njit(cache=True, inline="always")  # called with literals 1 and -1
+@helper(inline=True)  # called with literals 1 and -1
 def _tree_add(tree, leaf, d):
     i = leaf + tree.shape[0] // 2
     while i >= 1:
@@ -94,7 +94,7 @@ def _tree_add(tree, leaf, d):
         i >>= 1
 
 
-@njit(cache=True)
+@helper
 def _tree_ge(tree, x):
     """Smallest non-empty gap >= x, or -1."""
     size = tree.shape[0] // 2
@@ -113,7 +113,7 @@ def _tree_ge(tree, x):
     return -1
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def _push(op, r, g):
     op.nxt[r] = -1
     op.prv[r] = op.tail[g]
@@ -125,7 +125,7 @@ def _push(op, r, g):
     _tree_add(op.tree, g, 1)
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def _remove(op, r, g):
     if op.prv[r] >= 0:
         op.nxt[op.prv[r]] = op.nxt[r]
@@ -138,7 +138,7 @@ def _remove(op, r, g):
     _tree_add(op.tree, g, -1)
 
 
-@njit(cache=True)
+@kernel
 def _longest_first(clen, row_len):
     """Step 2: the contexts longest first, by counting sort (stable: equal lengths keep
     index order)."""
@@ -156,7 +156,7 @@ def _longest_first(clen, row_len):
     return order
 
 
-@njit(cache=True)
+@kernel
 def _best_fit(ctx_start, ctx_end, clen, order, row_len, cap):
     """Step 3: best fit of whole contexts, in ``order``: (pieces, rows, k pieces, n_rows).
     The piece arrays have room for step 4 to start; a row holds at most ``cap`` pieces
@@ -203,7 +203,7 @@ def _best_fit(ctx_start, ctx_end, clen, order, row_len, cap):
     return PackedPieces(ps, pe, pr, pnext, alive), Rows(gap, nseg, rfirst, rlast), k, n_rows
 
 
-@njit(cache=True)
+@kernel
 def _renumber(cum, has_ts, abs_extra, p, rows, k, n_rows):
     """Step 5: the rows that still hold pieces, renumbered in order, and their pieces by
     (row, slot): (start, end, tokens, row of each, rows)."""

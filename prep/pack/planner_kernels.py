@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import namedtuple
 
 import numpy as np
-from numba import njit
 
+from prep.base.jit import helper, kernel
 from prep.pack.supply import INF, cheapest_fills, slack_target
 from prep.tokens.costs import (
     BACKOFF,
@@ -60,7 +60,7 @@ CutLimits = namedtuple("CutLimits", "row_len max_meas max_gap max_span t_full t_
 Supply = namedtuple("Supply", "size rate cap")
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def _ts_tokens(have_prev, prev, t):
     if not have_prev:
         return TS_ABS
@@ -72,34 +72,41 @@ def _ts_tokens(have_prev, prev, t):
     return TS_ABS
 
 
-@njit(cache=True, nogil=True)
+@helper
 def _radix_pass_all(key, idx, tmp_key, tmp_idx):
-    """Stable LSD radix sort of (key, idx) pairs by key, 11 bits a pass, in place."""
+    """Stable LSD radix sort of (key, idx) pairs by key, 11 bits a pass, in place: the
+    passes go back and forth between the arrays and tmp_key, tmp_idx."""
     n = len(key)
     varying = np.uint64(0)
     for i in range(n):
         varying |= key[i] ^ key[0]
     mask = np.uint64(0x7FF)
+    sk, si, dk, di = key, idx, tmp_key, tmp_idx
+    moved = False  # the sorted pairs are in tmp_key, tmp_idx
     for shift in range(0, 64, 11):
         sh = np.uint64(shift)
         if (varying >> sh) & mask == 0:
             continue  # every key shares this digit: the pass would not move anything
         count = np.zeros(2049, np.int64)
         for i in range(n):
-            count[((key[i] >> sh) & mask) + np.uint64(1)] += 1
+            count[((sk[i] >> sh) & mask) + np.uint64(1)] += 1
         for d in range(2048):
             count[d + 1] += count[d]
         for i in range(n):
-            d = (key[i] >> sh) & mask
+            d = (sk[i] >> sh) & mask
             dst = count[d]
             count[d] = dst + 1
-            tmp_key[dst] = key[i]
-            tmp_idx[dst] = idx[i]
-        key[:] = tmp_key
-        idx[:] = tmp_idx
+            dk[dst] = sk[i]
+            di[dst] = si[i]
+        sk, si, dk, di = dk, di, sk, si
+        moved = not moved
+    if moved:
+        for i in range(n):  # a loop, not key[:] = tmp_key: see prep.base.jit
+            key[i] = tmp_key[i]
+            idx[i] = tmp_idx[i]
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def argsort_probe_time(probe, time):
     """Stable order by (probe, time): radix passes over the digits that vary, only."""
     n = len(probe)
@@ -108,7 +115,9 @@ def argsort_probe_time(probe, time):
     tmp_key = np.empty(n, np.uint64)
     if n == 0:
         return idx
-    t0 = time.min()
+    t0 = time[0]
+    for i in range(1, n):  # not time.min(): see prep.base.jit
+        t0 = min(t0, time[i])
     key = np.empty(n, np.uint64)
     for i in range(n):
         key[i] = np.uint64(time[i] - t0)  # offset from the minimum: unsigned, same order
@@ -119,7 +128,7 @@ def argsort_probe_time(probe, time):
     return idx
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def history_index(probe):
     """Index of each measurement within its probe's run of a sorted probe column."""
     n = len(probe)
@@ -129,7 +138,7 @@ def history_index(probe):
     return hist
 
 
-@njit(cache=True, nogil=True)
+@helper
 def body_price(budget, cap):
     """A body's price in tokens of back-off: 0 while its budget is at least PRICE_FREE
     sixteenths full, rising in PRICE_STEPS steps to PRICE_MAX as it empties; INF for a
@@ -144,7 +153,7 @@ def body_price(budget, cap):
     return PRICE_MAX * ((PRICE_STEPS * (knee - budget) + knee - 1) // knee) // PRICE_STEPS
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def cut_contexts(cols, hist, seed, limits, supply):
     """Contexts of one sorted bucket: (ctx_start, ctx_mode, ctx_len, cost, has_ts, abs_extra).
 

@@ -15,12 +15,13 @@ first, 44 x 23 = 1012, and no 14 fills the gap of 12; exact mixes exist (36 x 23
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from prep.base.jit import helper, kernel
 
 SMALL = 64  # rows whose pieces are all at most this many tokens are dissolved
 
 
-@njit(cache=True)
+@helper
 def _subset(cnt, cap, via, used, take):
     """The largest total <= ``cap`` of the pooled pieces (cnt[v] of v tokens), long pieces
     preferred; take[v] = the pieces of v tokens it uses. Bounded subset sum, one pass a
@@ -47,7 +48,7 @@ def _subset(cnt, cap, via, used, take):
     return best
 
 
-@njit(cache=True)
+@helper
 def _pool(o_l, o_r, kid, top):
     """The pieces of the rows that step 6 dissolves (kid < 0), by length: cnt[v] of v
     tokens, stack[ptr[v]:ptr[v + 1]] their indices in order. row[j] = the new row of piece j
@@ -77,7 +78,7 @@ def _pool(o_l, o_r, kid, top):
     return cnt, stack, ptr, row, seq, nseq
 
 
-@njit(cache=True)
+@helper
 def _take(take, cnt, stack, ptr, row, seq, nseq, r):
     """Moves take[v] pooled pieces of v tokens (longest first, lowest index first) to row r,
     in order of arrival (seq); returns the new length of seq."""
@@ -92,7 +93,7 @@ def _take(take, cnt, stack, ptr, row, seq, nseq, r):
     return nseq
 
 
-@njit(cache=True)
+@helper
 def _by_row(seq, row, n_rows):
     """The pieces of seq ordered by (row, place in seq): a stable counting sort."""
     pos = np.zeros(n_rows + 1, np.int64)
@@ -107,7 +108,7 @@ def _by_row(seq, row, n_rows):
     return out
 
 
-@njit(cache=True)
+@kernel
 def repack(o_l, o_r, n_rows, row_len):
     """Step 6 on the pieces listed by row: (order of the pieces, their new rows, rows), or an
     empty order when it would save no row. Rows whose pieces are all at most SMALL tokens

@@ -21,8 +21,8 @@ All of it is integer arithmetic on the data, the config and the seed.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from prep.base.jit import kernel
 from prep.tokens.costs import UNIT
 
 INF = 1 << 40  # the cost of a sum that no bodies make
@@ -30,7 +30,7 @@ BUDGET_ROWS = 16  # a budget holds at most this many contexts' earnings
 RELAID = 0.8  # the share of the free tokens that the packer lays into rows of their own
 
 
-@njit(cache=True)
+@kernel
 def cheapest_fills(size, price, top, cost, via):
     """cost[t] = the least total price of bodies (size[b] tokens at price[b] each, any number
     of each) that sum to exactly t, for t <= top (INF where none do); via[t] = the body the
@@ -45,7 +45,7 @@ def cheapest_fills(size, price, top, cost, via):
         cost[t], via[t] = c, v
 
 
-@njit(cache=True, inline="always")
+@kernel(inline="always")
 def slack_target(cost, g):
     """The sum that fills a gap of g: g itself, or g - 1 where that is cheaper (a gap may
     end at 1 token: with even bodies an odd gap always does)."""

@@ -26,8 +26,8 @@ The Numba kernels compile these numbers in as constants (prep/__init__.py: the c
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from prep.base.jit import kernel
 from prep.schema.vocab import VALUE_FIELDS
 
 START = 1  # MEASUREMENT_START
@@ -78,13 +78,13 @@ FILLABLE = _fillable_table()
 FILLABLE_FROM = int(np.flatnonzero(~FILLABLE)[-1]) + 1 if not FILLABLE.all() else 0
 
 
-@njit(cache=True, inline="always")
+@kernel(inline="always")
 def fillable(gap):
     """Whether untimestamped pieces of the common sizes can fill ``gap`` tokens to at most 1."""
     return gap >= GAP_TABLE or FILLABLE[max(gap, 0)]
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def piece_lengths_kernel(cost, has_ts, abs_extra, piece_start, piece_end):
     """cost[s:e].sum() + abs_extra[first timestamped measurement in the piece], per piece."""
     k = len(piece_start)

@@ -20,8 +20,8 @@ not depend on which worker, bucket or piece a measurement lands in. The streams:
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from prep.base.jit import helper
 from prep.schema import hashing
 
 GOLDEN = np.uint64(hashing.GOLDEN)
@@ -34,18 +34,18 @@ STREAM_MODE, STREAM_FRAC, STREAM_DROP, STREAM_FIELD, STREAM_SHUFFLE = 1, 2, 3, 4
 MODE_FULL, MODE_PARTIAL, MODE_NONE = 0, 1, 2  # a context's timestamp mode
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def mix64(z):
     z = (z ^ (z >> _S30)) * _C1
     z = (z ^ (z >> _S27)) * _C2
     return z ^ (z >> _S31)
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def stream_key(seed, probe, stream):
     return mix64(mix64(seed + np.uint64(stream) * GOLDEN) ^ probe)
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def draw(key, counter):
     return mix64(key + np.uint64(counter) * GOLDEN)

@@ -27,8 +27,8 @@ segment at fault.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from prep.base.jit import kernel
 from prep.schema import vocab as V
 from prep.tokens.decode import DecodeError, decode_context
 
@@ -72,7 +72,7 @@ _REQUIRED = V.REQUIRED_BLOCKS
 _TIME_BIT = 1 << V.BLOCK_TIME
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _layout(tok, seg):
     """(error, pos, n_tokens, n_segments) of one row's layout."""
     L = len(seg)
@@ -116,7 +116,7 @@ def _layout(tok, seg):
     return OK, -1, n, prev
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _layout_sound(tok, seg):
     """n_tokens of a row whose layout is sound, else -1: one branch-free pass (LLVM
     vectorizes it) that only says yes or no; ``_layout`` finds what is wrong."""
@@ -135,7 +135,7 @@ def _layout_sound(tok, seg):
     return -1 if bad else n
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _segment(tok, a, b):
     """(error, pos, measurements) of the segment tok[a:b], which opens with MEASUREMENT_START."""
     n_meas = 0
@@ -178,7 +178,7 @@ def _segment(tok, a, b):
     return OK, -1, n_meas
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def check_rows(tokens, segment_ids):
     """Per row: (n_measurements, n_tokens, n_segments, error, error_pos); see the module doc."""
     R = tokens.shape[0]

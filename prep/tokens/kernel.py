@@ -25,9 +25,10 @@ from collections import namedtuple
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
 
+from prep.base.jit import helper, kernel
 from prep.schema import vocab as V
 from prep.tokens.costs import (
     ADDR4,
@@ -114,7 +115,7 @@ def _bits_f64(typingctx, x):
 
 
 
-@njit(cache=True, inline="always")
+@kernel(inline="always")
 def rtt_code(ms):
     """(exponent, mantissa): smallest exponent with a round-to-nearest mantissa < 2048.
 
@@ -191,7 +192,7 @@ def _put1(typingctx, out, pos, tok):
     return types.void(out, pos, tok), codegen
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def _addr(out, o, scratch, tok4, f6, hi, lo):
     """An address block at ``o`` (``f6``: 1 for IPv6), without a branch on the family:
     the 12 tokens only an IPv6 block has go to ``scratch`` for IPv4."""
@@ -208,7 +209,7 @@ def _addr(out, o, scratch, tok4, f6, hi, lo):
 PiecesToEncode = namedtuple("PiecesToEncode", "start end mode offsets")
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def _shuffle(order, timed, swap, has_ts, s, m, partial, k_shuf):
     """Shuffle ``order[:m]`` (piece [s, s + m) in time order) by Fisher-Yates, the draws of
     ``k_shuf``; ``partial``: then put its timestamped measurements back into time order."""
@@ -235,7 +236,7 @@ def _shuffle(order, timed, swap, has_ts, s, m, partial, k_shuf):
             order[timed[np.uint64(m) + k]] = timed[k]
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def _describe(desc, rtt, family, us, m, k_field):
     """desc[x] for measurement us + x of a piece (see ``encode_kernel``): no branches, no
     stores to ``out``, so LLVM vectorizes it. Draw h0 + x of the FIELD stream is
@@ -250,7 +251,7 @@ def _describe(desc, rtt, family, us, m, k_field):
         desc[x] = np.uint64((ex << 11) | mant) | (row << np.uint64(16))
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def _put_value(out, pos, x, n):
     """``out[pos:pos+n] = BYTE_0 + (the low n bytes of x, most significant first)``, one
     token at a time: n, a value field's width, is no data, so neither is the loop's branch."""
@@ -258,7 +259,7 @@ def _put_value(out, pos, x, n):
         _put1(out, pos + b, V.BYTE_OFFSET + ((x >> np.uint64(8 * (n - 1 - b))) & np.uint64(0xFF)))
 
 
-@njit(cache=True, inline="always")
+@helper(inline=True)
 def _write_piece(out, cols, values, has_ts, order, desc, piece, pos, scratch):
     """Write the tokens of piece ``(us, m)``, measurements [us, us + m), from ``pos`` on,
     in the order ``order[:m]``, each from its ``desc`` and one ``LAYOUT`` look-up (and its
@@ -309,7 +310,7 @@ def _write_piece(out, cols, values, has_ts, order, desc, piece, pos, scratch):
         pos += np.int64((w >> np.uint64(32)) & np.uint64(0xFF))
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def encode_kernel(cols, values, hist, has_ts, pieces, seed, out):
     """Write piece j's tokens to ``out[offsets[j]:offsets[j+1]]``, for every piece.
 

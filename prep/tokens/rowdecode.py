@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
-from numba import njit
 
+from prep.base.jit import kernel
 from prep.schema import vocab as V
 from prep.schema.rows import RowFormatError
 from prep.tokens import grammar
@@ -79,10 +79,10 @@ class RowMeasurements:
         return np.where(code < 0, -1.0, ms)
 
 
-_push_byte = njit(cache=True, nogil=True)(push_byte)
+_push_byte = kernel(nogil=True)(push_byte)
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _decode(tokens, segment_ids, n_meas_per_row):
     R, L = tokens.shape
     n = 0

@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from numba import njit
 
+from prep.base.jit import kernel
 from prep.schema.measurements import Measurements
 from prep.tokens.costs import (
     BACKOFF,
@@ -48,7 +48,7 @@ def atlas_like(n: int, probes: int = 3000, seed: int = 0) -> Measurements:
                         src_lo=src_lo, dst_hi=dst_hi, dst_lo=dst_lo, rtt=rtt)
 
 
-@njit(cache=True)
+@kernel
 def _synth(n_ctx, busy, seed, row_len):
     """Contexts shaped like the tokenizer's output (prep.tokens.costs: bodies 12-38 tokens, timestamps
     0/2/5/9)."""

@@ -1,0 +1,54 @@
+"""How prep's Numba code is compiled: ``kernel`` for what Python calls, ``helper`` for what
+only kernels call. A first run (a fresh clone, an edit of prep/) compiles every kernel
+that `prep shards` runs, so what a compile costs is chosen here, once.
+
+- ``kernel``: ``njit(cache=True, no_cfunc_wrapper=True)``, options as njit's. Its machine
+  code is cached (prep/__init__.py names the folder); no cfunc wrapper, which only a
+  function passed as a first-class value would need.
+- ``helper``: a function that only kernels call, compiled once per argument types (plain
+  types: a literal 0 or True at a call makes no version of its own) and cached, without
+  the CPython wrapper every njit function gets: for a function of the packer's tuples of
+  arrays, that wrapper took longer to compile than the function. Not ``inline="always"``
+  either, which types the body again at every call site; LLVM inlines small helpers
+  after linking all the same. Called from Python, a helper runs as plain Python.
+
+Inside kernels, a few numpy conveniences compile large error paths of Numba's own (a
+slice assigned from an array: its shape-mismatch message; ``a.min()``): the planner's
+sort writes those as loops. `make bench` reports the cold compile (compile.cold_s).
+"""
+
+from numba import njit, types
+from numba.core.registry import CPUDispatcher
+
+
+def kernel(fn=None, **options):
+    """Decorator, ``@kernel`` or ``@kernel(nogil=True)``: a Numba kernel that Python calls,
+    cached, ``options`` as njit's."""
+    jit = njit(cache=True, no_cfunc_wrapper=True, **options)
+    return jit if fn is None else jit(fn)
+
+
+class _Helper(CPUDispatcher):
+    """njit's dispatcher less the wrappers, typed on its arguments' plain types."""
+
+    def get_call_template(self, args, kws):
+        # a literal argument (0, True) would compile a version of its own, seconds each
+        return super().get_call_template([types.unliteral(a) for a in args],
+                                         {k: types.unliteral(v) for k, v in kws.items()})
+
+    def __call__(self, *args, **kwargs):
+        # it has no CPython wrapper (its machine code would be called blind): run as Python,
+        # as the kernels' plain-Python twins in the tests do
+        return self.py_func(*args, **kwargs)
+
+
+def helper(fn=None, *, inline=False):
+    """Decorator, ``@helper`` or ``@helper(inline=True)``: a Numba function that only
+    kernels call (see the module docstring)."""
+    def make(fn):
+        d = _Helper(py_func=fn, locals={}, targetoptions={
+            "nopython": True, "no_cpython_wrapper": True, "no_cfunc_wrapper": True,
+            "inline": "always" if inline else "never"})
+        d.enable_caching()
+        return d
+    return make if fn is None else make(fn)
