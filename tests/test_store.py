@@ -360,6 +360,13 @@ def test_a_fold_of_the_sources_is_whole_contexts_by_their_address():
     assert (per_ctx == per_ctx[..., :1]).all()  # whole contexts
     chosen = per_ctx[..., 0]
     assert chosen.sum() == 17
+    # what the fold keeps from the model: the positions that predict its RTT bytes (after
+    # RTT_START and after the first byte: 11, 12, 27, 28 of a context), nothing else
+    at = np.asarray(model.fold_targets(jnp.asarray(tok), jnp.asarray(seg), 4))
+    assert at.sum() == 4 * 17
+    np.testing.assert_array_equal(np.flatnonzero(at[:, :4 * n].reshape(64, n).any(0)),
+                                  [11, 12, 27, 28])
+    assert not (at & ~fold).any()
     again = np.asarray(model.source_fold(jnp.asarray(tok[::-1].copy()), jnp.asarray(seg), 4))
     np.testing.assert_array_equal(again[:, :4 * n].reshape(16, 4, n)[..., 0], chosen[::-1])
     with pytest.raises(ValueError, match="gate_fold must be 0"):

@@ -96,11 +96,11 @@ def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, schedule,
     ``weights``); the metrics' ``loss`` is the plain mean either way, comparable across runs.
     A model with ``anonymize_src`` reads its rows with each context's source addresses made
     random (train.model.model.anonymize_sources), new at every step (its pair store still
-    reads the real ones). A model with ``gate_fold`` trains its stores' gates on one fold of
-    the contexts and everything else on the others (train.model.model.source_fold)."""
+    reads the real ones). A model with ``gate_fold`` trains its stores' gates on the RTTs of
+    one fold of the contexts, and learns those RTTs nothing else (train.model.model.fold_targets)."""
     if mcfg.gate_fold and (mcfg.dst_store or mcfg.pair_store):  # from the real sources
-        batch = dict(batch, fold=model.source_fold(batch["tokens"], batch["segment_ids"],
-                                                   mcfg.gate_fold))
+        batch = dict(batch, fold=model.fold_targets(batch["tokens"], batch["segment_ids"],
+                                                    mcfg.gate_fold))
     if mcfg.anonymize_src:
         if mcfg.pair_store:  # its rows are keyed by the real sources (model.reverse_pair_keys)
             batch = dict(batch, src_hash=model.field_hashes(batch["tokens"], batch["segment_ids"],

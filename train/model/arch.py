@@ -111,11 +111,11 @@ class ModelConfig:
     # where no reverse ping exists (probes to targets), it is off. Only where the context
     # holds no earlier reply to the destination (docs/learning.md section 8.8)
     pair_store: int = 0
-    # training only, with dst_store or pair_store: one training context in this many (by
-    # its source address's hash, train.model.model.source_fold) trains nothing but the
-    # stores' gates, and those gates learn from nothing else. The model never learns that
-    # fold's probes, so it meets them as it meets the test split's, and the gates learn how
-    # far to trust a store where the model does not know the probe: trained on every
+    # training only, with dst_store or pair_store: the RTTs of one training context in this
+    # many (by its source address's hash, train.model.model.fold_targets) train nothing but
+    # the stores' gates, and those gates learn from nothing else. The model never learns
+    # those probes' RTTs, so it meets them as it meets the test split's, and the gates learn
+    # how far to trust a store where the model does not know the probe: trained on every
     # context, they learned it where the model had memorized the probe, and stayed too
     # closed for new ones (docs/learning.md section 8.9). 0: off
     gate_fold: int = 0

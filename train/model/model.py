@@ -137,8 +137,8 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     ``own`` (no probes): also the logits before the stores and the context copy are mixed
     in (ModelConfig.dst_store, pair_store, context_copy): (logits, own logits).
     ``src_hash``: the pair store's source hashes, where the tokens' sources are anonymized
-    (``reverse_pair_keys``). ``fold`` (training, no probes; bool [B, T], ``source_fold``):
-    its tokens' logits pass gradient to the stores' gates alone, and only where a store
+    (``reverse_pair_keys``). ``fold`` (training, no probes; bool [B, T], ``fold_targets``):
+    its positions' logits pass gradient to the stores' gates alone, and only where a store
     answers; the stores' gates take gradient from nothing else (ModelConfig.gate_fold).
     """
     dtype = attention.dtype
@@ -574,6 +574,15 @@ def source_fold(tokens: jax.Array, segment_ids: jax.Array, k: int) -> jax.Array:
     T = tokens.shape[1]
     per_seg = jax.vmap(lambda m, s: jax.ops.segment_max(m, s, num_segments=T + 1)[s])
     return (per_seg(mine.astype(jnp.int32), seg) > 0) & (seg > 0)
+
+
+def fold_targets(tokens: jax.Array, segment_ids: jax.Array, k: int) -> jax.Array:
+    """bool[B, T]: the positions that predict an RTT byte in the contexts of one fold of
+    ``k`` (``source_fold``): forward's ``fold`` (ModelConfig.gate_fold). The fold's other
+    targets (addresses, times, results) train the model as any context's do; only its
+    RTTs are kept from it, which is what it would otherwise know of those probes."""
+    rtt = target_roles(tokens, segment_ids) == vocab.ROLES.index("rtt")
+    return source_fold(tokens, segment_ids, k) & rtt
 
 
 def same_destination(tokens: jax.Array, segment_ids: jax.Array, probes=None):
