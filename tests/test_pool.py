@@ -84,6 +84,9 @@ def _kill_a_worker(args: list[str], slow: str, on=lambda label: True) -> tuple[i
     loaded 2-core machine (at 1 s, a run beside other tests once saw the worker between
     tasks: "killed" without "while on")."""
     code = f"import sys, time\n{slow}\nfrom prep.cli import main\nmain(sys.argv[1:])"
+    # label folders left by runs that were killed name pids that are reused since (pid_max
+    # is 32,768 here): only the folders this run's pool makes name its workers
+    stale = set(Path(tempfile.gettempdir()).glob("prep-pool-*"))
     proc = subprocess.Popen([sys.executable, "-c", code] + args, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -93,6 +96,8 @@ def _kill_a_worker(args: list[str], slow: str, on=lambda label: True) -> tuple[i
         workers = children(proc.pid)
         for w in workers:
             for f in Path(tempfile.gettempdir()).glob(f"prep-pool-*/{w}"):
+                if f.parent in stale:
+                    continue
                 try:
                     if on(f.read_text()):
                         victim = w
