@@ -9,7 +9,7 @@ split with `--split time+probe`.
 - ``eval.baselines_fit_s``: fitting all the train-fit baselines (train.eval.baselines.fit_all)
   on the train split, decoded from its shards; ``eval.baseline_fit_s.<name>`` each alone;
   ``eval.baselines_queries_per_s``: all of them predicting the same queries.
-- ``eval.context_baselines_queries_per_s``: the four context baselines
+- ``eval.context_baselines_queries_per_s``: the five context baselines
   (train.eval.context_baselines, after a compiling call) on the same queries, beside the model's
   ``eval.queries_per_s``: they must cost no more than the model's own pass.
 - ``eval.decode_measurements_per_s``: prep.tokens.rowdecode over the train split's rows.
@@ -87,7 +87,8 @@ def run() -> dict[str, float]:
     def context_answers(k):  # the first k queries
         return context_baselines.predict(
             ctx_id[:k], qids[0][:k], qids[1][:k], q_rtt_ms[:k], fallback=fallback[:k],
-            fail_rate=fitted["global_median"].fail_rate, vivaldi=fitted["vivaldi"])
+            fail_rate=fitted["global_median"].fail_rate, vivaldi=fitted["vivaldi"],
+            knn=context_baselines.knn_table(fitted["pair_median"]))
 
     context_answers(50)  # compile
     t0 = time.perf_counter()

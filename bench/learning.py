@@ -25,8 +25,8 @@ from pathlib import Path
 
 from bench.run import RESULTS, machine
 
-BASELINES = ("context_last", "context_ema", "context_median", "context_vivaldi", "dst_median",
-             "matrix_factorization", "global_median")
+BASELINES = ("context_last", "context_ema", "context_median", "context_vivaldi", "context_knn",
+             "dst_median", "matrix_factorization", "global_median")
 
 
 def curve_point(report: dict, tokens: int) -> dict:
@@ -129,7 +129,8 @@ def plot(curve: dict, path: str) -> None:
     styles = {"context_last": ("tab:green", "--"), "context_ema": ("tab:olive", (0, (3, 1, 1, 1))),
               "context_median": ("tab:orange", ":"),
               "matrix_factorization": ("tab:cyan", (0, (4, 2))),
-              "context_vivaldi": ("tab:purple", "-."), "dst_median": ("tab:brown", (0, (1, 3))),
+              "context_vivaldi": ("tab:purple", "-."), "context_knn": ("tab:pink", (0, (2, 1))),
+              "dst_median": ("tab:brown", (0, (1, 3))),
               "global_median": ("grey", (0, (5, 5)))}
     for ax, s in zip(axes, strata):
         ax.plot(x, [p["model"][s] for p in curve["points"]], "o-", color="black", lw=2,

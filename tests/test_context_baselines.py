@@ -1,5 +1,5 @@
 """Context baselines: exact answers on hand-built contexts, the fallback chain and
-``covered``, new-node placement in a planted plane, their cost."""
+``covered``, new-node placement in a planted plane, nearest train sources, their cost."""
 
 import time
 
@@ -103,6 +103,52 @@ def test_placement_skips_failures_and_nodes_without_coordinates():
     assert not got["context_vivaldi"].covered.any()
 
 
+def _knn_world():
+    """Train pair medians: sources 0-6 to node 10 at 10, 20, ... 70 ms and to node 11 at
+    100, 200, ... 700 ms; sources 0 and 1 to node 12 at 5 and 6 ms (two pings each, so the
+    median is the pair's own)."""
+    src = np.repeat(np.r_[np.arange(7), np.arange(7), 0, 1], 2)
+    dst = np.repeat(np.r_[[10] * 7, [11] * 7, 12, 12], 2)
+    rtt = np.repeat(np.r_[10.0 * np.arange(1, 8), 100.0 * np.arange(1, 8), 5.0, 6.0], 2)
+    rtt[::2] -= 1.0  # each pair: value - 1 and value, so its median is value - 0.5
+    pm = baselines.fit("pair_median", src, dst, rtt, np.zeros(len(src), np.int64),
+                       np.zeros(len(src), bool), n_nodes=21)
+    return C.knn_table(pm)
+
+
+def test_knn_reads_the_nearest_train_sources_on_the_contexts_other_destinations():
+    table = _knn_world()
+    # one context of new node 20: q0 to 10 (47.5 ms), q1 a failure to 11, q2 to 11,
+    # q3 to 12, q4 to 11 again; then a second context that pinged 10 twice (39.5, 59.5)
+    ctx = [3, 3, 3, 3, 3, 4, 4, 4]
+    dst = [10, 11, 11, 12, 11, 10, 10, 11]
+    rtt = [47.5, F, 999.5, 1.0, 2.0, 39.5, 59.5, 7.0]
+    got = C.predict(ctx, [20] * 8, dst, rtt, fallback=-np.arange(1.0, 9.0), fail_rate=0.0,
+                    knn=table)["context_knn"]
+    # q1 (its truth a failure; the baselines answer it as any query) and q2: nearest on
+    # node 10 to 47.5 ms (|log ratio|): 49.5, 39.5, 59.5, 69.5, 29.5 (sources 4, 3, 5, 6,
+    # 2; 19.5 and 9.5 are the two left out): their medians to node 11
+    # are 499.5, 399.5, 599.5, 699.5, 299.5, and the middle one is 499.5. q2 reads no
+    # failure (q1) nor its own destination; q0 has no other destination yet.
+    # q3 (node 12): only sources 0 and 1 answer; with nodes 10 and 11 read, the median
+    # (in log space) of 4.5 and 5.5. q4 (node 11) reads node 12 too, which only sources 0
+    # and 1 share: their mean distances over two nodes (1.56, 1.30) still leave them out.
+    # context 4: q5 and q6 have no other destination; q7 reads node 10's two replies as
+    # one, their mean log (48.47 ms): the same five
+    assert got.rtt_ms[[0, 5, 6]].tolist() == [-1.0, -6.0, -7.0]
+    assert got.rtt_ms[[1, 2, 3, 4, 7]] == pytest.approx(
+        [499.5, 499.5, np.sqrt(4.5 * 5.5), 499.5, 499.5], rel=1e-12)
+    assert got.covered.tolist() == [False, True, True, True, True, False, False, True]
+
+
+def test_knn_has_no_answer_without_a_shared_destination():
+    table = _knn_world()
+    # replies only to nodes no train source has pinged (15) or outside the id space (-1)
+    got = C.predict([0, 0, 0], [20] * 3, [15, -1, 11], [30.0, 40.0, 50.0],
+                    fallback=np.array([1.0, 2.0, 3.0]), fail_rate=0.0, knn=table)
+    assert got["context_knn"].rtt_ms.tolist() == [1.0, 2.0, 3.0]
+
+
 def test_cost_of_a_few_hundred_thousand_queries():
     rng, points, k, viv = _plane()
     n, per = 300_000, 40
@@ -110,10 +156,16 @@ def test_cost_of_a_few_hundred_thousand_queries():
     q_src = k + ctx % (len(points) - k)
     q_dst = rng.integers(0, k, n)
     rtt = np.where(rng.random(n) < 0.1, F, rng.uniform(1, 200, n))
+    # the train split for context_knn: every pair of the first k nodes
+    tr_src, tr_dst = np.array([(i, j) for i in range(k) for j in range(k) if i != j]).T
+    knn = C.knn_table(baselines.fit(
+        "pair_median", tr_src, tr_dst, np.linalg.norm(points[tr_src] - points[tr_dst], axis=1),
+        np.zeros(len(tr_src), np.int64), np.zeros(len(tr_src), bool), n_nodes=len(points)))
     C.predict(ctx[:100], q_src[:100], q_dst[:100], rtt[:100], fallback=np.zeros(100),
-              fail_rate=0.1, vivaldi=viv)  # compile
+              fail_rate=0.1, vivaldi=viv, knn=knn)  # compile
     t0 = time.perf_counter()
-    got = C.predict(ctx, q_src, q_dst, rtt, fallback=np.zeros(n), fail_rate=0.1, vivaldi=viv)
+    got = C.predict(ctx, q_src, q_dst, rtt, fallback=np.zeros(n), fail_rate=0.1, vivaldi=viv,
+                    knn=knn)
     seconds = time.perf_counter() - t0
     assert set(got) == set(C.CONTEXT_BASELINES)
     assert seconds < 5.0, seconds  # about 0.8 s on the 2-core machine

@@ -245,7 +245,7 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     measurement of a full-timestamp context given the ones before it, and given nothing
     (the model without context); the same from the context baselines (last reply to the
     destination, its EMA, the context's median, the source placed in the train Vivaldi
-    space) and the train-fit ones (global median; destination median; per-pair last-seen,
+    space, and among the train sources by its nearest 5) and the train-fit ones (global median; destination median; per-pair last-seen,
     EMA, median, each from the reverse pair where the pair has no ping of its own;
     Vivaldi; matrix factorization). Overall, by stratum (pair_in_context,
     node_known, cold) and by context length, with 95 % bootstrap intervals; the model's

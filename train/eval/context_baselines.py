@@ -1,27 +1,28 @@
 """Baselines that read exactly what the model reads: each query's earlier measurements in
-its own context (the probe's measurements before it in the same row segment).
-
-The queries come in context order (train.eval.evaluate.full_mode_queries), so "earlier in
-the context" is "earlier in the same run of queries"; nothing later or outside it is read,
-but the train-split fits named below.
+its own context (the probe's measurements before it in the same row segment), in context
+order (train.eval.evaluate.full_mode_queries); nothing later or outside it, but the
+train-split fits named below.
 
 - ``context_last``: the last reply (not a failure) to the same destination earlier in the
   context: what a probe's own dashboard would show.
 - ``context_ema``: the EMA (alpha 0.3, first value as is) of those replies, in context order.
 - ``context_median``: the median of all earlier replies in the context, any destination.
-- ``context_vivaldi``: the context's source placed in the train split's Vivaldi space, fit
-  to its earlier replies with the destinations' coordinates held fixed, as a new host joins
-  a running Vivaldi system (coord_kernels.place_in_contexts); then its distance to the
-  query's destination.
+- ``context_vivaldi``: the source placed in the train split's Vivaldi space by its earlier
+  replies, the destinations' coordinates held fixed, as a new host joins a running Vivaldi
+  system (coord_kernels.place_in_contexts); then its distance to the query's destination.
+- ``context_knn``: the source placed among the train split's sources instead: the
+  ``KNN_K`` with a reply to the query's destination whose pair medians are nearest (mean
+  |log ratio|) to the context's replies to other destinations; the median (in log space)
+  of their pair medians to the query's destination.
 
-Where a baseline has nothing (no earlier reply; for context_vivaldi, none usable yet or a
-destination without coordinates) it falls back to the train split's ``pair_median`` →
-``dst_median`` → ``global_median``; ``covered`` counts only its own answers. P(failed), the
-same for all four: the context's earlier failure rate to that destination, else to any,
-else the train split's.
+Where a baseline has nothing (no earlier reply; for the placements, none usable yet) it
+falls back to the train split's ``pair_median`` → ``dst_median`` → ``global_median``;
+``covered`` counts only its own answers. P(failed), the same for all: the context's earlier
+failure rate to that destination, else to any, else the train split's.
 
-Cost: one Numba pass over the contexts, O(k²) in a context's length k (k <= row length /
-12), and the placement's few spring rounds per reply (rates: `make bench`, eval.*).
+Cost: Numba passes over the contexts, O(k²) in a context's length k (k <= row length / 12),
+the placement's few spring rounds per reply, and per kNN query the train sources of the
+destinations read (rates: `make bench`, eval.*).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from train.eval import coord_kernels as K
 from train.eval import registry
 
 CONTEXT_BASELINES = registry.names(registry.CONTEXT)  # names, labels, order: train/eval/registry.py
+_FLOOR = B.RTT_FLOOR_MS
+KNN_K = 5  # neighbours whose pair medians context_knn's answer is the median of
 # placement: spring rounds over the replies so far after each new one, and the timestep
 # (a fixed node's error is ~0 next to a new node's 1, so the paper's c_c * w is c_c)
 PLACE_ROUNDS, PLACE_CC = 4, 0.25
@@ -54,11 +57,27 @@ def fallback_chain(fitted: dict, src, dst) -> np.ndarray:
     return np.where(pair.covered, pair.rtt_ms, by_dst.rtt_ms)
 
 
+def knn_table(pair_median: B.PairTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """context_knn's view of the train split: per destination (``ptr[d]:ptr[d + 1]``), the
+    sources with a pair median RTT to it, by id, and the log of those medians."""
+    n = pair_median.n_nodes
+    own = ~np.isnan(pair_median.rtt_ms)
+    keys, rtt = pair_median.keys[own], pair_median.rtt_ms[own]
+    src, dst = keys // n, keys % n
+    o = np.lexsort((src, dst))
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
+    return ptr, src[o].astype(np.int64), np.log(np.maximum(rtt[o], B.RTT_FLOOR_MS))
+
+
 def predict(ctx, src, dst, rtt, *, fallback: np.ndarray, fail_rate: float,
-            vivaldi: B.Vivaldi | None = None) -> dict[str, B.Prediction]:
+            vivaldi: B.Vivaldi | None = None,
+            knn: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+            ) -> dict[str, B.Prediction]:
     """Every context baseline's answers to the queries (ctx: context id per query, runs in
     context order; src, dst: node ids as in the train fits; rtt: the true ms, -1 failed:
-    only earlier ones are read). ``fallback``: per query, what an empty answer becomes."""
+    only earlier ones are read). ``fallback``: per query, what an empty answer becomes;
+    ``vivaldi``, ``knn`` (``knn_table``): context_vivaldi's and context_knn's train fits."""
     starts = context_starts(ctx)
     src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
     rtt = np.asarray(rtt, np.float64)
@@ -69,6 +88,8 @@ def predict(ctx, src, dst, rtt, *, fallback: np.ndarray, fail_rate: float,
         own["context_vivaldi"] = K.place_in_contexts(
             starts, src, dst, rtt, vivaldi.coords, vivaldi.heights, vivaldi.trained,
             (PLACE_ROUNDS, PLACE_CC, B.VIVALDI_HEIGHT_MIN))
+    if knn is not None:
+        own["context_knn"] = _knn(starts, dst, rtt, *knn, KNN_K)
     out = {}
     for name, r in own.items():
         covered = ~np.isnan(r)
@@ -116,3 +137,62 @@ def _scan(starts, dst, rtt, alpha):
             buf[k] = rtt[i]
             m += 1
     return last, ema, med, p_fail
+
+
+@njit(cache=True)
+def _knn(starts, dst, rtt, ptr, col_src, col_log, k):
+    """context_knn per query (NaN: no train source with a reply to its destination shares
+    a destination with the context's earlier replies to others)."""
+    n, n_nodes = len(dst), len(ptr) - 1
+    out = np.full(n, np.nan)
+    stamp = np.full(n_nodes, -1, np.int64)  # stamp[s] == i: s is a candidate of query i
+    dist, shared = np.zeros(n_nodes), np.zeros(n_nodes, np.int64)
+    best_d, best_v = np.empty(k), np.empty(k)
+    for c in range(len(starts) - 1):
+        a, b = starts[c], starts[c + 1]
+        for i in range(a, b):
+            d = dst[i]
+            if d < 0 or d >= n_nodes or ptr[d] == ptr[d + 1]:
+                continue
+            for t in range(ptr[d], ptr[d + 1]):
+                s = col_src[t]
+                stamp[s], dist[s], shared[s] = i, 0.0, 0
+            for j in range(a, i):  # each other destination once: the mean log of its replies
+                e = dst[j]
+                if e == d or e < 0 or e >= n_nodes or rtt[j] < 0:
+                    continue
+                first, total, m = True, 0.0, 0
+                for jj in range(a, i):
+                    if dst[jj] == e and rtt[jj] >= 0:
+                        if jj < j:
+                            first = False
+                            break
+                        total += np.log(max(rtt[jj], _FLOOR))
+                        m += 1
+                if not first:
+                    continue
+                v = total / m
+                for t in range(ptr[e], ptr[e + 1]):
+                    s = col_src[t]
+                    if stamp[s] == i:
+                        dist[s] += abs(v - col_log[t])
+                        shared[s] += 1
+            got = 0  # the k nearest, kept sorted by distance (ties: the lower source id)
+            for t in range(ptr[d], ptr[d + 1]):
+                s = col_src[t]
+                if shared[s] == 0:
+                    continue
+                x = dist[s] / shared[s]
+                if got == k and x >= best_d[k - 1]:
+                    continue
+                q = got if got < k else k - 1
+                while q > 0 and best_d[q - 1] > x:
+                    best_d[q], best_v[q] = best_d[q - 1], best_v[q - 1]
+                    q -= 1
+                best_d[q], best_v[q] = x, col_log[t]
+                if got < k:
+                    got += 1
+            if got:
+                v = np.sort(best_v[:got])
+                out[i] = np.exp(0.5 * (v[(got - 1) // 2] + v[got // 2]))
+    return out

@@ -222,7 +222,8 @@ def _baselines(data, manifest: dict, qm, seed: int):
     ctx = context_baselines.predict(
         qm.row * 256 + qm.segment, q_src, q_dst, qm.rtt_ms(),
         fallback=context_baselines.fallback_chain(fitted, q_src, q_dst),
-        fail_rate=fitted["global_median"].fail_rate, vivaldi=fitted["vivaldi"])
+        fail_rate=fitted["global_median"].fail_rate, vivaldi=fitted["vivaldi"],
+        knn=context_baselines.knn_table(fitted["pair_median"]))
     context_s = time.perf_counter() - t_c
     in_train = np.zeros(n_nodes, bool)
     in_train[tr_src] = in_train[tr_dst] = True
