@@ -63,13 +63,23 @@ def main():
 @click.option("--probes", default=3_000, show_default=True, type=click.IntRange(min=1, max=1_000_000))
 @click.option("--days", default=2, show_default=True, type=click.IntRange(min=1, max=366))
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--access-ms", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Each probe's access delay, a lognormal with this median (ms) added to all "
+                   "its RTTs (0: none).")
+@click.option("--detour", default=0.35, show_default=True, type=click.FloatRange(min=0),
+              help="Sigma of each (probe, target) stream's lognormal routing detour factor.")
+@click.option("--anycast-sites", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Each root server gets 2 to this many sites and a probe's RTT to it is "
+                   "the distance to the nearest (0: a draw per probe and root).")
 @REPLACE_PARQUET
-def synth(out, rows, probes, days, seed, overwrite):
+def synth(out, rows, probes, days, seed, access_ms, detour, anycast_sites, overwrite):
     """Write realistic RIPE-Atlas-like measurements as hourly parquet files.
 
     \b
     Example:
       prep synth --out data/raw --rows 100000 --probes 300
+      prep synth --out data/geo --access-ms 5 --detour 0.15 --anycast-sites 30
+    (the second: RTTs that a probe's place predicts, as in real data; docs/learning.md §8.10)
     """
     from pathlib import Path
 
@@ -77,7 +87,8 @@ def synth(out, rows, probes, days, seed, overwrite):
     from prep.ingest.synth import synth as run
 
     _interruptible(run, SynthConfig(out=Path(out), rows=rows, probes=probes, days=days,
-                                    seed=seed, overwrite=overwrite), "prep synth")
+                                    seed=seed, overwrite=overwrite, access_ms=access_ms,
+                                    detour=detour, anycast_sites=anycast_sites), "prep synth")
 
 
 @main.command("import-atlas")

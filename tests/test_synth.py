@@ -67,3 +67,41 @@ def test_statistics_look_like_ripe_atlas():
     dead = [p for p in np.unique(c["prb_id"][v6])
             if np.all(rtt[v6 & (c["prb_id"] == p)] == -1) and np.any(rtt[~v6 & (c["prb_id"] == p)] > 0)]
     assert len(dead) >= 3
+
+
+def _root_correlation(c) -> float:
+    """Across probes, the correlation of the log median RTT to a probe's first IPv4 root
+    with that to its second."""
+    ok = (c["rtt"] > 0) & (c["msm_id"] < 2001)  # built-in IPv4 root pings: msm 1001 + root
+    keys = c["prb_id"][ok] * 100 + (c["msm_id"][ok] - 1001)
+    u, inv = np.unique(keys, return_inverse=True)
+    med = np.array([np.median(c["rtt"][ok][inv == i]) for i in range(len(u))])
+    _, at, n = np.unique(u // 100, return_index=True, return_counts=True)
+    at = at[n >= 2]
+    return float(np.corrcoef(np.log(med[at]), np.log(med[at + 1]))[0, 1])
+
+
+GEO = dict(access_ms=5.0, detour=0.15, anycast_sites=30)
+
+
+def test_a_placeable_world_changes_only_the_rtts(tmp_path):
+    # Access delays, smaller detours and anycast sites: what a probe's replies to some
+    # targets say of its RTT to others (real RTTs are like this: docs/learning.md §8.10)
+    base = generate(SynthConfig(out=".", rows=200_000, probes=300, days=1, seed=7))
+    geo = generate(SynthConfig(out=".", rows=200_000, probes=300, days=1, seed=7, **GEO))
+    for k in ("time", "prb_id", "src", "dst", "ip_version", "msm_id", "size"):
+        assert np.array_equal(base[k], geo[k]), k
+    assert base["pool"] == geo["pool"]
+    assert np.array_equal(base["rtt"] == -1, geo["rtt"] == -1)  # the same pings fail
+    assert not np.array_equal(base["rtt"], geo["rtt"])
+    # 291 probes ping two IPv4 roots or more: by default their RTTs to them are unrelated
+    # draws; with sites, both are distances from the same place plus the same access delay
+    assert round(_root_correlation(base), 2) == 0.02
+    assert round(_root_correlation(geo), 2) == 0.76
+    # the command passes the options through: its files hold generate's RTTs in time order
+    res = CliRunner().invoke(main, ["synth", "--out", str(tmp_path), *ARGS, "--access-ms", "5",
+                                    "--detour", "0.15", "--anycast-sites", "30"])
+    assert res.exit_code == 0, res.output
+    files = sorted(tmp_path.glob("*.parquet"))
+    rtt = np.concatenate([pq.read_table(f, columns=["rtt"])["rtt"].to_numpy() for f in files])
+    assert np.array_equal(rtt, geo["rtt"])

@@ -14,7 +14,8 @@ The model, numpy-vectorized and a pure function of the config (same seed, same b
    contiguous run of its schedule (the probe was online then), a few seconds of jitter each.
 4. RTT per (probe, target): a distance-like base (anycast roots are near everywhere), per-pair
    jitter, diurnal congestion in the probe's local evening, rare spikes and very rare
-   multi-second outliers: p50 ~50 ms, p99 ~350 ms. ~17 % of pings fail (rtt = -1).
+   multi-second outliers: p50 ~50 ms, p99 ~350 ms. ~17 % of pings fail (rtt = -1). Options
+   make a probe's RTTs share its place (access delays, smaller detours, anycast sites).
 5. ~0.1 % malformed rows as in the real data: empty src/dst address, ip_version not
    matching the addresses. `prep shards` rejects them by reason.
 
@@ -62,6 +63,13 @@ class SynthConfig:
     days: int = 2  # data spans this many days from 2026-01-01
     seed: int = 0
     overwrite: bool = False  # replace the parquet files already in out
+    # Each probe's access delay (ms, lognormal median; 0: none), added to every RTT of its
+    # streams; the sigma of the per-stream routing detour (a lognormal factor); and the most
+    # sites an anycast root has (0: a root's RTT is a draw per stream, not its distance to
+    # the probe's nearest site).
+    access_ms: float = 0.0
+    detour: float = 0.35
+    anycast_sites: int = 0
 
 
 def _locations(rng, n):
@@ -87,6 +95,19 @@ def _v6_global(rng, n):
     host = rng.integers(1, 1 << 62, n, dtype=np.uint64)
     return [str(IPv6Address((int(p) << 112) | (int(m) << 64) | int(h)))
             for p, m, h in zip(prefix, mid, host)]
+
+
+def _anycast_rtt(rng, most: int, lat, lon, root, n_roots: int) -> np.ndarray:
+    """Each (probe, root) stream's distance delay to the root's nearest site: root r has 2 to
+    ``most`` sites, placed as probes are; 6 ms + 86 ms per radian, as to a user target."""
+    out = np.full(len(root), np.inf)
+    for r in range(n_roots):
+        s_lat, s_lon = _locations(rng, int(rng.integers(2, max(most, 2) + 1)))
+        mine = root == r
+        cos = (np.sin(lat[mine, None]) * np.sin(s_lat) + np.cos(lat[mine, None]) * np.cos(s_lat)
+               * np.cos(lon[mine, None] - s_lon))
+        out[mine] = np.arccos(np.clip(cos, -1, 1)).min(axis=1)
+    return 6 + out * 6371 * 0.0135
 
 
 def _row_rtts(rng, t, lon, base, diurnal, jitter, fail_p) -> np.ndarray:
@@ -165,7 +186,13 @@ def generate(cfg: SynthConfig) -> dict[str, np.ndarray | list]:
     arc = np.arccos(np.clip(np.sin(pl) * np.sin(u_lat) + np.cos(pl) * np.cos(u_lat) * np.cos(po - u_lon), -1, 1))
     base = np.concatenate([rng.lognormal(np.log(34), 0.9, nb), 6 + arc * 6371 * 0.0135])
     S = nb + nu
-    base *= rng.lognormal(0, 0.35, S)  # routing detours
+    base *= np.exp(cfg.detour * rng.standard_normal(S))  # routing detours: lognormal(0, detour)
+    geo = np.random.default_rng([cfg.seed, 1])  # its own stream: without these, the same data
+    if cfg.anycast_sites > 0:
+        base[:nb] = _anycast_rtt(geo, cfg.anycast_sites, p_lat[b_probe], p_lon[b_probe],
+                                 b_target, R) * np.exp(cfg.detour * geo.standard_normal(nb))
+    if cfg.access_ms > 0:
+        base += geo.lognormal(np.log(cfg.access_ms), 0.8, P)[s_probe]
     jitter = base * rng.lognormal(np.log(0.03), 0.8, S)
     diurnal = rng.lognormal(np.log(0.08), 0.9, S)
     fail_p = rng.beta(0.6, 4.0, S) * 0.9
