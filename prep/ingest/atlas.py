@@ -126,7 +126,7 @@ def _import_one(path: Path, out_file: Path, cfg: AtlasConfig, chunk: int, fast: 
                 k -= len(table)
                 keep, _, why = validate_rows(table, source=str(path), _cache=_ADDR_CACHE)
                 try:  # inside the reader's try below: a failed write is not a bad input
-                    writer.write_table(table.filter(pa.array(keep)))
+                    writer.write_table(table if keep.all() else table.filter(pa.array(keep)))
                 except OSError as e:
                     raise (fs_failure(e, cfg.out) or InputError(
                         f"{out_file}: cannot write ({first_line(e)})")) from None

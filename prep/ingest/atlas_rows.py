@@ -90,11 +90,10 @@ class Rows:
                 return pa.array(v, typ)
             except (OverflowError, UnicodeEncodeError, pa.ArrowException):  # rare: a value the column cannot hold
                 return pa.array([_FIT[name](x) for x in v], typ)
-        if k == len(self):
-            head, self.cols = self.cols, [[] for _ in self.cols]
-        else:
-            head = [c[:k] for c in self.cols]
-            self.cols = [c[k:] for c in self.cols]
+        head = self.cols
+        self.cols = [c[k:] for c in head]  # the few rows past the batch (no copy of the rest)
+        for c in head:
+            del c[k:]
         return pa.table({f.name: col(f.name, f.type, v) for f, v in zip(SCHEMA, head)})
 
 
