@@ -344,3 +344,21 @@ def test_small_reads_on_the_fast_path_write_what_the_stdlib_does(atlas_dir, tmp_
     assert outs[0] == outs[1]
     # 623 values a file, 15 of them cut lines; 3 more not UTF-8 in the one file
     assert outs[0][0]["results_read"] == 2 * 623 and outs[0][0]["rejected"]["malformed_json"] == 2 * 15 + 3
+
+
+def test_rows_converted_to_arrow_in_parts_write_the_same_bytes(atlas_dir, tmp_path, monkeypatch):
+    """Rows flushed to Arrow every 30 (fast and stdlib rows mixed), taken in batches of 100
+    across those parts: the bytes of rows kept as lists until each batch."""
+    rng = random.Random(3)
+    (tmp_path / "m.jsonl").write_text(mutated(rng, raw_results(atlas_dir)))
+    monkeypatch.setattr(atlas, "BATCH", 100)
+    outs = []
+    for flush in (30, 10**9):
+        monkeypatch.setattr(atlas, "FLUSH", flush)
+        out = tmp_path / f"o{flush}"
+        s = run(tmp_path / "m.jsonl", "--out", out, "--workers", "1")
+        outs.append((counts(s), (out / "m.parquet").read_bytes()))
+    assert outs[0] == outs[1]
+    assert outs[0][0]["rows_in"] == 613
+    # 560 rows reach validation (53 values the importer rejects): row groups of 100, 100, ..., 60
+    assert pq.ParquetFile(tmp_path / "o30" / "m.parquet").num_row_groups == 6

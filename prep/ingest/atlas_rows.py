@@ -71,30 +71,42 @@ def _public(frm, loc, dst):
 
 
 class Rows:
-    """Column lists of the rows not yet written, in SCHEMA order."""
+    """The rows not yet written, in SCHEMA order: Arrow tables of the earlier ones (``flush``
+    converts every FLUSH rows, while their Python values are still in the caches, and frees
+    those values for the next rows to reuse), then column lists of the latest."""
 
-    def __init__(self, cols=None):
-        self.cols = cols or [[] for _ in SCHEMA.names]
+    def __init__(self):
+        self.cols = [[] for _ in SCHEMA.names]
+        self.done: list[pa.Table] = []
+        self.n_done = 0
 
     def add(self, t, prb, src, dst, af, rtt, msm, size, loc):
         for c, v in zip(self.cols, (t, prb, src, dst, af, rtt, msm, size, loc)):
             c.append(v)
 
     def __len__(self):
-        return len(self.cols[5])
+        return self.n_done + len(self.cols[5])
+
+    def flush(self, at_least: int = 1) -> None:
+        """The rows in the lists to an Arrow table, if there are ``at_least`` of them."""
+        if len(self.cols[5]) >= at_least:
+            def col(name, typ, v):
+                try:
+                    return pa.array(v, typ)
+                except (OverflowError, UnicodeEncodeError, pa.ArrowException):  # rare: a value the column cannot hold
+                    return pa.array([_FIT[name](x) for x in v], typ)
+            table = pa.table({f.name: col(f.name, f.type, v) for f, v in zip(SCHEMA, self.cols)})
+            self.cols = [[] for _ in SCHEMA.names]
+            self.done.append(table)
+            self.n_done += len(table)
 
     def take(self, k: int) -> pa.Table:
         """A table of the first ``k`` rows, which leave."""
-        def col(name, typ, v):
-            try:
-                return pa.array(v, typ)
-            except (OverflowError, UnicodeEncodeError, pa.ArrowException):  # rare: a value the column cannot hold
-                return pa.array([_FIT[name](x) for x in v], typ)
-        head = self.cols
-        self.cols = [c[k:] for c in head]  # the few rows past the batch (no copy of the rest)
-        for c in head:
-            del c[k:]
-        return pa.table({f.name: col(f.name, f.type, v) for f, v in zip(SCHEMA, head)})
+        self.flush()
+        table = pa.concat_tables(self.done) if len(self.done) > 1 else self.done[0]
+        rest = table.slice(k)
+        self.done, self.n_done = ([rest] if len(rest) else []), len(rest)
+        return table.slice(0, k).combine_chunks()
 
 
 _I64 = 2**63
