@@ -347,10 +347,11 @@ def test_small_reads_on_the_fast_path_write_what_the_stdlib_does(atlas_dir, tmp_
 
 
 def test_rows_converted_to_arrow_in_parts_write_the_same_bytes(atlas_dir, tmp_path, monkeypatch):
-    """Rows flushed to Arrow every 30 (fast and stdlib rows mixed), taken in batches of 100
-    across those parts: the bytes of rows kept as lists until each batch."""
+    """Rows flushed to Arrow every 30 (fast and stdlib rows mixed) or a block's run at a time,
+    taken in batches of 100 across those parts: the bytes of rows kept as lists until each batch."""
     rng = random.Random(3)
-    (tmp_path / "m.jsonl").write_text(mutated(rng, raw_results(atlas_dir)))
+    clean = "".join(json.dumps(r) + "\n" for r in raw_results(atlas_dir)[:1000])  # runs of tables
+    (tmp_path / "m.jsonl").write_text(mutated(rng, raw_results(atlas_dir)) + clean)
     monkeypatch.setattr(atlas, "BATCH", 100)
     outs = []
     for flush in (30, 10**9):
@@ -359,6 +360,6 @@ def test_rows_converted_to_arrow_in_parts_write_the_same_bytes(atlas_dir, tmp_pa
         s = run(tmp_path / "m.jsonl", "--out", out, "--workers", "1")
         outs.append((counts(s), (out / "m.parquet").read_bytes()))
     assert outs[0] == outs[1]
-    assert outs[0][0]["rows_in"] == 613
-    # 560 rows reach validation (53 values the importer rejects): row groups of 100, 100, ..., 60
-    assert pq.ParquetFile(tmp_path / "o30" / "m.parquet").num_row_groups == 6
+    assert outs[0][0]["rows_in"] == 1000 + 613
+    # 1,548 rows reach validation (12 + 53 values the importer rejects): 16 row groups
+    assert pq.ParquetFile(tmp_path / "o30" / "m.parquet").num_row_groups == 16
