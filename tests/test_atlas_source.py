@@ -324,3 +324,42 @@ def test_streamed_arrays_fast_and_stdlib_agree(atlas_dir, tmp_path, monkeypatch)
                    "not UTF-8 text), rejected"]
     assert code == 2 and cut_err == (f"error: {tmp_path / 'cut.json'}: malformed or truncated JSON "
                                      "array after 53 results; download the file again\n")
+
+
+def test_small_reads_on_the_fast_path_write_what_the_stdlib_does(atlas_dir, tmp_path, monkeypatch):
+    """Reads of 1,500 bytes: blocks of a line or three straight from the reused buffer, reads
+    with no newline (an array of two results on a line) and blocks the fast path leaves (a
+    blank line, a cut line, bytes that are not UTF-8) all come back as the stdlib reads them."""
+    rng = random.Random(5)
+    text = mutated(rng, raw_results(atlas_dir)[::9]).encode()
+    (tmp_path / "m.jsonl").write_bytes(text.replace(b'"ICMP"', b'"IC\xffP"', 3))
+    (tmp_path / "m.jsonl.bz2").write_bytes(bz2.compress(text))
+    outs = []
+    for fast, chunk in ((True, 1500), (False, 1 << 20)):
+        monkeypatch.setattr(atlas, "_FAST", fast)
+        monkeypatch.setattr(atlas_read, "CHUNK", chunk)
+        out = tmp_path / f"o{fast}"
+        s = run(tmp_path / "m.jsonl", tmp_path / "m.jsonl.bz2", "--out", out)
+        outs.append((counts(s), {p.name: p.read_bytes() for p in sorted(out.iterdir())}))
+    assert outs[0] == outs[1]
+    # 623 values a file, 15 of them cut lines; 3 more not UTF-8 in the one file
+    assert outs[0][0]["results_read"] == 2 * 623 and outs[0][0]["rejected"]["malformed_json"] == 2 * 15 + 3
+
+
+def test_rows_converted_to_arrow_in_parts_write_the_same_bytes(atlas_dir, tmp_path, monkeypatch):
+    """Rows flushed to Arrow every 30 (fast and stdlib rows mixed) or a block's run at a time,
+    taken in batches of 100 across those parts: the bytes of rows kept as lists until each batch."""
+    rng = random.Random(3)
+    clean = "".join(json.dumps(r) + "\n" for r in raw_results(atlas_dir)[:1000])  # runs of tables
+    (tmp_path / "m.jsonl").write_text(mutated(rng, raw_results(atlas_dir)) + clean)
+    monkeypatch.setattr(atlas, "BATCH", 100)
+    outs = []
+    for flush in (30, 10**9):
+        monkeypatch.setattr(atlas, "FLUSH", flush)
+        out = tmp_path / f"o{flush}"
+        s = run(tmp_path / "m.jsonl", "--out", out, "--workers", "1")
+        outs.append((counts(s), (out / "m.parquet").read_bytes()))
+    assert outs[0] == outs[1]
+    assert outs[0][0]["rows_in"] == 1000 + 613
+    # 1,548 rows reach validation (12 + 53 values the importer rejects): 16 row groups
+    assert pq.ParquetFile(tmp_path / "o30" / "m.parquet").num_row_groups == 16

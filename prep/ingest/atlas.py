@@ -51,6 +51,7 @@ from prep.jobs.pool import Pool, WorkerDied, cores
 from prep.schema.validate import find_files, format_rejected, validate_rows
 
 BATCH = 65_536  # rows per parquet write (a row group: rows BATCH*i .. BATCH*(i+1)-1 before validation)
+FLUSH = 2_048  # rows converted to Arrow at a time (atlas_rows.Rows.flush; about a CHUNK of results)
 SUFFIXES = (".json", ".jsonl", ".ndjson", ".bz2", ".gz")
 SOURCES = ("public", "local")
 ERRORS = ("skip", "failed")
@@ -126,7 +127,7 @@ def _import_one(path: Path, out_file: Path, cfg: AtlasConfig, chunk: int, fast: 
                 k -= len(table)
                 keep, _, why = validate_rows(table, source=str(path), _cache=_ADDR_CACHE)
                 try:  # inside the reader's try below: a failed write is not a bad input
-                    writer.write_table(table.filter(pa.array(keep)))
+                    writer.write_table(table if keep.all() else table.filter(pa.array(keep)))
                 except OSError as e:
                     raise (fs_failure(e, cfg.out) or InputError(
                         f"{out_file}: cannot write ({first_line(e)})")) from None
@@ -145,6 +146,7 @@ def _import_one(path: Path, out_file: Path, cfg: AtlasConfig, chunk: int, fast: 
                         mine["malformed_json"] = mine.get("malformed_json", 0) + 1
                     else:
                         convert(v, mode, rows, mine)
+                rows.flush(at_least=FLUSH)
                 if len(rows) >= BATCH:
                     n = len(rows)
                     write(n - n % BATCH)

@@ -3,11 +3,12 @@
 A file is a sequence of JSON values, one per line, where a top-level array stands for
 its elements. It is opened by its magic bytes (bzip2 by indexed_bzip2 when installed, on
 ``threads`` threads, DECOMPRESS bytes at a time; gzip; else plain) and read in blocks of
-whole lines of about CHUNK bytes, each decoded by prep.ingest.atlas_json. An array over
-several lines, or on a line longer than WHOLE_LINE chunks, streams: ``_array_fast`` finds
-its values by a vectorised scan of about a chunk at a time and decodes them by msgspec;
-from the first value it cannot take ``_json_array`` (the stdlib, one element at a time)
-reads on. One it cannot read to its ']' is an InputError for the file.
+whole lines of about CHUNK bytes (in the common case read into one reused buffer and
+decoded there, never copied: ``_Source.lines``), each decoded by prep.ingest.atlas_json. An
+array over several lines, or on a line longer than WHOLE_LINE chunks, streams:
+``_array_fast`` finds its values by a vectorised scan of about a chunk at a time and
+decodes them by msgspec; from the first value it cannot take ``_json_array`` (the stdlib,
+one element at a time) reads on. One it cannot read to its ']' is an InputError for the file.
 """
 
 from __future__ import annotations
@@ -70,6 +71,25 @@ class _Source:
 
     def __init__(self, f, chunk: int):
         self.f, self.chunk, self.head = f, chunk, b""
+        self._buf = self._view = None
+
+    def lines(self) -> np.ndarray | None:
+        """What ``block`` would give in the common case (the bytes left, then a read, up to
+        its last newline), with no copy: a uint8 view of a buffer reused by the next call.
+        None where that is not the case (no newline in it, or a long line put back), the
+        bytes then back in front for ``block``."""
+        h = len(self.head)
+        if h >= self.chunk:
+            return None
+        if self._buf is None:
+            self._buf = bytearray(2 * self.chunk)
+            self._view = memoryview(self._buf)
+        buf, view = self._buf, self._view
+        buf[:h] = self.head
+        k = h + self.f.readinto(view[h:h + self.chunk])
+        i = buf.rfind(b"\n", 0, k) + 1
+        self.head = bytes(view[i:k])
+        return np.frombuffer(self._buf, np.uint8, i) if i else None
 
     def read(self) -> bytes:
         if self.head:
@@ -126,7 +146,19 @@ def read_results(path: Path, strict: bool, log: list, *, chunk: int = CHUNK, fas
         src = _Source(f, chunk)
         done = 0  # lines before the block
         while True:
-            block, partial = src.block()
+            a = src.lines() if fast else None
+            if a is not None:  # the common case: ASCII, every line a result the struct takes
+                ascii_block = a.max() < 0x80
+                if ascii_block:
+                    run = typed(decode_lines, a)
+                    if run is not None and len(run) == np.count_nonzero(a == _NEWLINE):
+                        yield Fast(run)  # (and no blank line)
+                        done += len(run)
+                        continue
+                block, partial, tried = a.tobytes(), False, ascii_block
+            else:
+                block, partial = src.block()
+                tried = False
             if not block:
                 return
             if partial:  # a line over WHOLE_LINE chunks that opens an array: it streams
@@ -134,10 +166,10 @@ def read_results(path: Path, strict: bool, log: list, *, chunk: int = CHUNK, fas
                 done += (yield from _array(src, path, strict, log, done + 1, fast))
                 continue
             ascii_block = block.isascii()
-            if fast and ascii_block:  # the common case: every line a result the struct takes
+            if fast and ascii_block and not tried:  # as above, for a block ``lines`` left
                 run = typed(decode_lines, block)
                 if run is not None and len(run) == _lines(block):
-                    yield Fast(run)  # (and no blank line)
+                    yield Fast(run)
                     done += len(run)
                     continue
             lines = block.split(b"\n")

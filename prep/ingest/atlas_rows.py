@@ -31,6 +31,7 @@ SCHEMA = pa.schema([("event_time", pa.timestamp("s", tz="UTC")), ("prb_id", pa.i
                     ("rtt", pa.float64()), ("msm_id", pa.int64()), ("size", pa.int64()),
                     ("src_addr_local", pa.string())])
 _UNSET = msgspec.UNSET
+SMALL_RUN = 256  # fewer fast-path rows than this join the lists (Rows.extend), more make a table
 
 
 def _num(v, cast=float):
@@ -71,31 +72,55 @@ def _public(frm, loc, dst):
 
 
 class Rows:
-    """Column lists of the rows not yet written, in SCHEMA order."""
+    """The rows not yet written, in SCHEMA order: Arrow tables of the earlier ones (``flush``
+    converts every FLUSH rows, while their Python values are still in the caches, and frees
+    those values for the next rows to reuse), then column lists of the latest."""
 
-    def __init__(self, cols=None):
-        self.cols = cols or [[] for _ in SCHEMA.names]
+    def __init__(self):
+        self.cols = [[] for _ in SCHEMA.names]
+        self.done: list[pa.Table] = []
+        self.n_done = 0
 
     def add(self, t, prb, src, dst, af, rtt, msm, size, loc):
         for c, v in zip(self.cols, (t, prb, src, dst, af, rtt, msm, size, loc)):
             c.append(v)
 
     def __len__(self):
-        return len(self.cols[5])
+        return self.n_done + len(self.cols[5])
 
-    def take(self, k: int) -> pa.Table:
-        """A table of the first ``k`` rows, which leave."""
+    def flush(self, at_least: int = 1) -> None:
+        """The rows in the lists to an Arrow table, if there are ``at_least`` of them."""
+        if len(self.cols[5]) >= at_least:
+            cols, self.cols = self.cols, [[] for _ in SCHEMA.names]
+            self._append(cols)
+
+    def extend(self, cols: list) -> None:
+        """Rows given whole columns, in SCHEMA order (lists; a float64 array for rtt): a table
+        of their own, or, a few (a run between lines the fast path left), to the lists."""
+        if len(cols[5]) < SMALL_RUN:
+            for c, v in zip(self.cols, cols):
+                c += v.tolist() if isinstance(v, np.ndarray) else v
+            return
+        self.flush()
+        self._append(cols)
+
+    def _append(self, cols: list) -> None:
         def col(name, typ, v):
             try:
                 return pa.array(v, typ)
             except (OverflowError, UnicodeEncodeError, pa.ArrowException):  # rare: a value the column cannot hold
                 return pa.array([_FIT[name](x) for x in v], typ)
-        if k == len(self):
-            head, self.cols = self.cols, [[] for _ in self.cols]
-        else:
-            head = [c[:k] for c in self.cols]
-            self.cols = [c[k:] for c in self.cols]
-        return pa.table({f.name: col(f.name, f.type, v) for f, v in zip(SCHEMA, head)})
+        table = pa.table({f.name: col(f.name, f.type, v) for f, v in zip(SCHEMA, cols)})
+        self.done.append(table)
+        self.n_done += len(table)
+
+    def take(self, k: int) -> pa.Table:
+        """A table of the first ``k`` rows, which leave."""
+        self.flush()
+        table = pa.concat_tables(self.done) if len(self.done) > 1 else self.done[0]
+        rest = table.slice(k)
+        self.done, self.n_done = ([rest] if len(rest) else []), len(rest)
+        return table.slice(0, k).combine_chunks()
 
 
 _I64 = 2**63
@@ -234,22 +259,14 @@ def _results_fast(rs: list, mode: Mode, rows: Rows, rejected: dict) -> None:
             keep[local] = False
             rs = list(compress(rs, keep.tolist()))
             mean = mean[keep]
-    t_, prb_, src_, dst_, af_, rtt_, msm_, size_, loc_ = rows.cols
     loc, dst = [r.src_addr for r in rs], [r.dst_addr for r in rs]
     if mode.public:
         src = [f if f and (":" in f) == (":" in d) else _public(f, l, d)
                for f, l, d in zip([r.from_ for r in rs], loc, dst)]
     else:
         src = [l if l is not None else r.from_ for l, r in zip(loc, rs)]
-    t_ += [r.timestamp for r in rs]
-    prb_ += [r.prb_id for r in rs]
-    src_ += src
-    dst_ += dst
-    af_ += [r.af for r in rs]
-    rtt_ += mean.tolist()
-    msm_ += [r.msm_id for r in rs]
-    size_ += [r.size for r in rs]
-    loc_ += loc
+    rows.extend([[r.timestamp for r in rs], [r.prb_id for r in rs], src, dst, [r.af for r in rs],
+                 mean, [r.msm_id for r in rs], [r.size for r in rs], loc])
 
 
 def _packets_fast(rs: list, mode: Mode, rows: Rows, rejected: dict) -> None:
