@@ -108,9 +108,9 @@ def test_a_helper_called_from_python_runs_as_python():
     and compiles nothing."""
     import numpy as np
 
-    from prep.pack.closing import scarce_at
+    from prep.pack.closing import N_TABLE, SCARCE, WINDOW_MAX, scarce_at
 
-    cum, scarce = np.array([0, 3, 5, 205]), np.zeros(161, np.bool_)
-    scarce[2] = True
-    assert [scarce_at(cum, scarce, i) for i in range(3)] == [False, True, False]
+    cum, table = np.array([0, 3, 5, 205]), np.zeros((N_TABLE, WINDOW_MAX + 1), np.int64)
+    table[SCARCE, 2] = 1
+    assert [scarce_at(cum, table, i) for i in range(3)] == [False, True, False]
     assert scarce_at.signatures == []

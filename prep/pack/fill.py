@@ -27,7 +27,22 @@ import numpy as np
 
 from prep.base.jit import helper, kernel
 from prep.pack.closing import (
+    AVAILABLE,
     CLOSE_MAX,
+    DEMAND,
+    FREE_LEFT,
+    I_PRICE,
+    N_TABLE,
+    QUOTA,
+    REST_STALE,
+    S_MEASUREMENT,
+    S_NEXT,
+    SCARCE,
+    SIZE_HEAD,
+    W_END,
+    W_NEXT,
+    W_START,
+    WINDOW_HEAD,
     WINDOW_MAX,
     Fill,
     closable,
@@ -68,24 +83,23 @@ def _find_window(f, g, exact, last):
     """(x, y, length) of a listed window with no used measurement for a gap of ``g``: exactly
     g tokens, else g - 1, else (``exact``) the longest whose rest can be filled (not on a
     row's ``last`` slot), else (not ``exact``) the longest that fits; (-1, -1, 0) if none."""
-    head, wx, wy, wn = f.window_head, f.window_start, f.window_end, f.window_next
-    used, rest_ok = f.used, f.rest_ok
+    win, tab, used, rest_ok = f.windows, f.table, f.used, f.rest_ok
     if exact and g > 2:
         fresh(f)
     for want in range(min(g, WINDOW_MAX), 0, -1):
         if exact and want < g - 1 and (last or g - want < SMALLEST_BODY
                                        or not closable(rest_ok, g - want)):
             continue
-        while head[want] >= 0:  # drop windows that lost a measurement
-            w = head[want]
+        while tab[WINDOW_HEAD, want] >= 0:  # drop windows that lost a measurement
+            w = tab[WINDOW_HEAD, want]
             ok = True
-            for i in range(wx[w], wy[w]):
+            for i in range(win[w, W_START], win[w, W_END]):
                 if used[i]:
                     ok = False
                     break
             if ok:
-                return wx[w], wy[w], want
-            head[want] = wn[w]
+                return win[w, W_START], win[w, W_END], want
+            tab[WINDOW_HEAD, want] = win[w, W_NEXT]
     return -1, -1, 0
 
 
@@ -128,9 +142,7 @@ def _open_donor(f, p, rows, d, nw, ns):
     """Row d becomes a donor: its pieces leave it (windows or new rows take them), every
     window of them up to WINDOW_MAX tokens is listed, from index nw on, and every measurement
     by size, from index ns on; returns the new (nw, ns)."""
-    cum, head, wx, wy, wn = f.cum_cost, f.window_head, f.window_start, f.window_end, f.window_next
-    shead, sx, sn = f.size_head, f.size_measurement, f.size_next
-    avail, st, scarce = f.available, f.rest_stale, f.scarce
+    cum, win, sz, tab = f.cum, f.windows, f.sizes, f.table
     ps, pe, pnext, alive = p.ps, p.pe, p.pnext, p.alive
     q = rows.rfirst[d]
     while q >= 0:
@@ -138,19 +150,19 @@ def _open_donor(f, p, rows, d, nw, ns):
         for x in range(ps[q], pe[q]):
             c = cum[x + 1] - cum[x]
             if c <= WINDOW_MAX:
-                sx[ns], sn[ns] = x, shead[c]
-                shead[c] = ns
+                sz[ns, S_MEASUREMENT], sz[ns, S_NEXT] = x, tab[SIZE_HEAD, c]
+                tab[SIZE_HEAD, c] = ns
                 ns += 1
-                avail[c] += 1
-                if avail[c] == 1:
-                    st[0] = 1
+                tab[AVAILABLE, c] += 1
+                if tab[AVAILABLE, c] == 1:
+                    tab[REST_STALE, 0] = 1
             for y in range(x + 1, pe[q] + 1):
                 wl = cum[y] - cum[x]
-                if wl > WINDOW_MAX or (y > x + 1 and (scarce_at(cum, scarce, x)
-                                                         or scarce_at(cum, scarce, y - 1))):
+                if wl > WINDOW_MAX or (y > x + 1 and (scarce_at(cum, tab, x)
+                                                         or scarce_at(cum, tab, y - 1))):
                     break
-                wx[nw], wy[nw], wn[nw] = x, y, head[wl]
-                head[wl] = nw
+                win[nw, W_START], win[nw, W_END], win[nw, W_NEXT] = x, y, tab[WINDOW_HEAD, wl]
+                tab[WINDOW_HEAD, wl] = nw
                 nw += 1
         q = pnext[q]
     return nw, ns
@@ -162,16 +174,16 @@ def _long_run(f, p, rows, donors, nd, g, cur, cq, ca):
     (donors[:nd]), read on from donor cur, piece cq (-1: its first), measurement ca, that
     fills g exactly or leaves a rest that can be filled. Returns (a, m, cur, cq, ca), a = -1
     when none: the donors are spent, or the run at hand cannot leave such a rest here."""
-    cum, used, scarce, ok = f.cum_cost, f.used, f.scarce, f.rest_ok
+    cum, used, tab, ok = f.cum, f.used, f.table, f.rest_ok
     ps, pe, pnext, rfirst = p.ps, p.pe, p.pnext, rows.rfirst
     fresh(f)
     while cur < nd:
         q = cq if cq >= 0 else rfirst[donors[cur]]
         a = max(ca, ps[q])
-        while a < pe[q] and (used[a] or scarce_at(cum, scarce, a)):
+        while a < pe[q] and (used[a] or scarce_at(cum, tab, a)):
             a += 1
         m = a
-        while m < pe[q] and not used[m] and not scarce_at(cum, scarce, m) and \
+        while m < pe[q] and not used[m] and not scarce_at(cum, tab, m) and \
                 cum[m + 1] - cum[a] <= g:
             m += 1
         while m > a and cum[m] - cum[a] != g and not (
@@ -210,7 +222,7 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
                 wa, wb, cur, cq, ca = _long_run(f, p, rows, donors, nd, g, cur, cq, ca)
             if wa < 0:
                 wa, wb, _ = _find_window(f, g, True, cap > 0 and nseg[t] == cap - 1)
-                if cap == 0 and (wa < 0 or g - (f.cum_cost[wb] - f.cum_cost[wa]) > 1):
+                if cap == 0 and (wa < 0 or g - (f.cum[wb] - f.cum[wa]) > 1):
                     k2 = close_gap(f, p, rows, t, k)  # no window fills it: single measurements
                     if k2 >= 0:
                         k = k2
@@ -260,7 +272,7 @@ def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
     passed over (up to SKIP_MAX a row) for a later row or a closing set, and a row that
     cannot take the next measurement is closed (``_close_row``). A second pass lays what
     the first passed over (and the scarce sizes). Returns (k, n_rows)."""
-    cum, used, scarce, ok, st = f.cum_cost, f.used, f.scarce, f.rest_ok, f.rest_stale
+    cum, used, tab, ok = f.cum, f.used, f.table, f.rest_ok
     gap, nseg, rfirst, rlast = rows
     ps, pe, pnext = p.ps, p.pe, p.pnext
     r = np.int64(-1)  # not a literal: see _fill_rows
@@ -271,7 +283,7 @@ def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
             while q >= 0:
                 a = ps[q]
                 while a < pe[q]:
-                    if used[a] or (pass_ == 0 and scarce_at(cum, scarce, a)):
+                    if used[a] or (pass_ == 0 and scarce_at(cum, tab, a)):
                         a += 1
                         continue
                     c = cum[a + 1] - cum[a]
@@ -281,7 +293,7 @@ def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
                             k = _close_row(f, p, rows, r, cap, k)
                             r = -1
                             continue  # the closing may have taken measurement a
-                        if st[0] != 0:
+                        if tab[REST_STALE, 0] != 0:
                             rest_table(f)
                         if cap == 0 and rest > 1 and not closable(ok, rest) and \
                                 closable(ok, gap[r]):
@@ -299,10 +311,10 @@ def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
                         skips = 0
                         refresh_quota(f, row_len)
                     m = a + 1
-                    if st[0] != 0:
+                    if tab[REST_STALE, 0] != 0:
                         rest_table(f)
                     while (m < pe[q] and not used[m] and cum[m + 1] - cum[a] <= gap[r]
-                           and (pass_ > 0 or not scarce_at(cum, scarce, m))):
+                           and (pass_ > 0 or not scarce_at(cum, tab, m))):
                         rest = gap[r] - (cum[m + 1] - cum[a])
                         if cap == 0 and rest > 1 and not closable(ok, rest) and \
                                 closable(ok, gap[r] - (cum[m] - cum[a])):
@@ -334,24 +346,18 @@ def fill_gaps(cum, has_ts, abs_extra, row_len, cap, p, rows, k, n_rows):
     p, rows = _grown(p, rows, k + m_free + 1, n_rows + m_free + 1)
     n_win = m_free * (WINDOW_MAX // max(cheapest, 1)) + 1
     n_items = (WINDOW_MAX + 1) * 8
-    f = Fill(cum_cost=cum, used=np.zeros(cum.shape[0], np.bool_),
-             window_head=np.full(WINDOW_MAX + 1, -1, np.int64),
-             window_start=np.empty(n_win, np.int64), window_end=np.empty(n_win, np.int64),
-             window_next=np.empty(n_win, np.int64),
-             size_head=np.full(WINDOW_MAX + 1, -1, np.int64),
-             size_measurement=np.empty(m_free + 1, np.int64),
-             size_next=np.empty(m_free + 1, np.int64),
-             available=np.zeros(WINDOW_MAX + 1, np.int64), free_left=left, demand=dem,
-             scarce=scarce, quota=row_len // np.maximum(np.arange(WINDOW_MAX + 1), 1),
-             rest_ok=np.zeros(row_len // 64 + 1, np.uint64), rest_stale=np.ones(1, np.int64),
-             sum_cost=np.empty(CLOSE_MAX + 1, np.int64),
-             sum_via=np.empty(CLOSE_MAX + 1, np.int64),
-             size_count=np.zeros(WINDOW_MAX + 1, np.int64),
-             item_taken=np.zeros((n_items, CLOSE_MAX + 1), np.bool_),
-             item_size=np.empty(n_items, np.int64), item_count=np.empty(n_items, np.int64),
-             item_price=np.empty(n_items, np.int64))
+    tab = np.zeros((N_TABLE, WINDOW_MAX + 1), np.int64)
+    tab[WINDOW_HEAD] = tab[SIZE_HEAD] = -1
+    tab[FREE_LEFT], tab[DEMAND], tab[SCARCE] = left, dem, scarce
+    tab[QUOTA] = row_len // np.maximum(np.arange(WINDOW_MAX + 1), 1)
+    tab[REST_STALE, 0] = 1
+    f = Fill(cum=cum, used=np.zeros(cum.shape[0], np.bool_),
+             windows=np.empty((n_win, 3), np.int64), sizes=np.empty((m_free + 1, 2), np.int64),
+             table=tab, rest_ok=np.zeros(row_len // 64 + 1, np.uint64),
+             items=np.empty((n_items, I_PRICE + 1), np.int64),
+             taken=np.zeros((n_items, CLOSE_MAX + 1), np.bool_))
     donors = np.empty(fr.shape[0], np.int64)
     k, nd = _fill_rows(f, p, rows, order, free, donors, cap, k)
-    f.rest_stale[0] = 1  # from here on the rest table counts at most quota[c] of each size
+    tab[REST_STALE, 0] = 1  # from here on the rest table counts at most quota[c] of each size
     k, n_rows = _lay_kept(f, p, rows, donors[:nd], row_len, cap, k, n_rows)
     return p, rows, k, n_rows
