@@ -36,10 +36,11 @@ PRICE_K = 1 << 10  # a size's price: 1 + PRICE_K x its demand // (its measuremen
 # Step 4's state, in eight arrays: a call of a compiled helper increfs and decrefs, one
 # atomic operation each, every array it is passed, so fewer arrays cost fewer of those.
 # - cum (the measurements' cost prefix sums) and used (measurements taken from donors);
-# - windows[w] = (W_START, W_END, W_NEXT): the donors' windows, a stack per length in a
-#   flat array: window w is measurements [start, end), next the window of its length
-#   listed before it (-1: none); sizes[s] = (S_MEASUREMENT, S_NEXT): the opened donors'
-#   measurements, a stack per size likewise;
+# - windows[w] = (W_START, W_NEXT): the donors' windows, a stack per length in a flat
+#   array: window w of l tokens is the measurements from start on that cost l (its end is
+#   found from cum), next the window of its length listed before it (-1: none);
+#   sizes[s] = (S_MEASUREMENT, S_NEXT): the opened donors' measurements, a stack per size
+#   likewise;
 # - table[ROW, c], one row per quantity, indexed by a size c (or a sum t) up to WINDOW_MAX:
 #   WINDOW_HEAD[l] the window of l tokens listed last, SIZE_HEAD[c] the measurement of c
 #   tokens listed last, AVAILABLE[c] of them unused, FREE_LEFT[c] the unused ones in all
@@ -49,9 +50,16 @@ PRICE_K = 1 << 10  # a size's price: 1 + PRICE_K x its demand // (its measuremen
 #   tokens and its last size), SIZE_COUNT[c], and its bounded knapsack's items[i] =
 #   (I_SIZE, I_COUNT, I_PRICE) and taken[i, t].
 Fill = namedtuple("Fill", "cum used windows sizes table rest_ok items taken")
+# The pieces and rows that steps 3-5 share (prep.pack.packing), int64: piece j =
+# p[j] = (P_START, P_END, P_ROW, P_NEXT), measurements [start, end) in row `row` (-1 once
+# that row became a donor), next the next piece of its row (slot order, -1: the last);
+# pieces in creation order. Row r = rows[r] = (R_GAP, R_NSEG, R_FIRST, R_LAST): tokens
+# free, pieces, its first and last piece.
+P_START, P_END, P_ROW, P_NEXT = range(4)
+R_GAP, R_NSEG, R_FIRST, R_LAST = range(4)
 (WINDOW_HEAD, SIZE_HEAD, AVAILABLE, FREE_LEFT, DEMAND, SCARCE, QUOTA, REST_STALE, SUM_COST,
  SUM_VIA, SIZE_COUNT, N_TABLE) = range(12)
-W_START, W_END, W_NEXT = range(3)
+W_START, W_NEXT = range(2)
 S_MEASUREMENT, S_NEXT = range(2)
 I_SIZE, I_COUNT, I_PRICE = range(3)
 assert CLOSE_MAX <= WINDOW_MAX  # the sums share the table's width
@@ -62,8 +70,6 @@ def place(f, p, rows, r, a, b, k):
     """Free measurements [a, b) become piece k, the last of row r (a cut costs nothing);
     returns k + 1. The arrays have room (``fill_gaps`` makes it up front)."""
     used, cum, tab = f.used, f.cum, f.table
-    gap, nseg, rfirst, rlast = rows
-    ps, pe, pr, pnext, alive = p
     for i in range(a, b):  # not used[a:b] = True: a slice is a view, refcounted
         used[i] = True
         c = cum[i + 1] - cum[i]
@@ -72,14 +78,14 @@ def place(f, p, rows, r, a, b, k):
             tab[FREE_LEFT, c] -= 1
             if tab[AVAILABLE, c] == 0:
                 tab[REST_STALE, 0] = 1  # a size ran out: the table of rests is stale
-    gap[r] -= cum[b] - cum[a]
-    nseg[r] += 1
-    ps[k], pe[k], pr[k], pnext[k], alive[k] = a, b, r, -1, True
-    if rlast[r] >= 0:
-        pnext[rlast[r]] = k
+    rows[r, R_GAP] -= cum[b] - cum[a]
+    rows[r, R_NSEG] += 1
+    p[k, P_START], p[k, P_END], p[k, P_ROW], p[k, P_NEXT] = a, b, r, -1
+    if rows[r, R_LAST] >= 0:
+        p[rows[r, R_LAST], P_NEXT] = k
     else:
-        rfirst[r] = k
-    rlast[r] = k
+        rows[r, R_FIRST] = k
+    rows[r, R_LAST] = k
     return k + 1
 
 
@@ -179,7 +185,7 @@ def close_gap(f, p, rows, r, k):
     sum with any number of each size first; only where that takes more of a size than
     there is, a bounded knapsack (each size split into items of 1, 2, 4, ...)."""
     tab, it, take = f.table, f.items, f.taken
-    g = rows.gap[r]
+    g = rows[r, R_GAP]
     if g < SMALLEST_BODY or g > CLOSE_MAX:
         return -1
     ns = 0
@@ -194,7 +200,8 @@ def close_gap(f, p, rows, r, k):
         best, v = INF, -1
         for b in range(ns):
             s = it[b, I_SIZE]
-            if s <= t and tab[SUM_COST, t - s] < INF and tab[SUM_COST, t - s] + it[b, I_PRICE] < best:
+            if s <= t and tab[SUM_COST, t - s] < INF and \
+                    tab[SUM_COST, t - s] + it[b, I_PRICE] < best:
                 best, v = tab[SUM_COST, t - s] + it[b, I_PRICE], s
         tab[SUM_COST, t], tab[SUM_VIA, t] = best, v
     t = g - 1 if tab[SUM_COST, g - 1] < tab[SUM_COST, g] else g
@@ -260,7 +267,7 @@ def step(f, p, rows, r, k):
     """One single unused measurement of the opened donors into row r, of the cheapest size
     that leaves a rest that can still be filled; returns k, or -1 if none does."""
     tab, ok = f.table, f.rest_ok
-    g = rows.gap[r]
+    g = rows[r, R_GAP]
     best, best_price = -1, INF
     fresh(f)
     for c in range(SMALLEST_BODY, min(g, WINDOW_MAX) + 1):
