@@ -51,11 +51,11 @@ PRICE_K = 1 << 10  # a size's price: 1 + PRICE_K x its demand // (its measuremen
 #   (I_SIZE, I_COUNT, I_PRICE) and taken[i, t].
 Fill = namedtuple("Fill", "cum used windows sizes table rest_ok items taken")
 # The pieces and rows that steps 3-5 share (prep.pack.packing), int64: piece j =
-# p[j] = (P_START, P_END, P_ROW, P_NEXT), measurements [start, end) in row `row` (-1 once
-# that row became a donor), next the next piece of its row (slot order, -1: the last);
-# pieces in creation order. Row r = rows[r] = (R_GAP, R_NSEG, R_FIRST, R_LAST): tokens
+# p[j] = (P_START, P_END, P_ROW, P_NEXT, P_LEN), measurements [start, end) in row `row`
+# (-1 once that row became a donor), next the next piece of its row (slot order, -1: the
+# last), len its tokens; pieces in creation order. Row r = rows[r] = (R_GAP, R_NSEG, R_FIRST, R_LAST): tokens
 # free, pieces, its first and last piece.
-P_START, P_END, P_ROW, P_NEXT = range(4)
+P_START, P_END, P_ROW, P_NEXT, P_LEN = range(5)
 R_GAP, R_NSEG, R_FIRST, R_LAST = range(4)
 (WINDOW_HEAD, SIZE_HEAD, AVAILABLE, FREE_LEFT, DEMAND, SCARCE, QUOTA, REST_STALE, SUM_COST,
  SUM_VIA, SIZE_COUNT, N_TABLE) = range(12)
@@ -81,6 +81,7 @@ def place(f, p, rows, r, a, b, k):
     rows[r, R_GAP] -= cum[b] - cum[a]
     rows[r, R_NSEG] += 1
     p[k, P_START], p[k, P_END], p[k, P_ROW], p[k, P_NEXT] = a, b, r, -1
+    p[k, P_LEN] = cum[b] - cum[a]  # a free row's: no timestamp to make absolute
     if rows[r, R_LAST] >= 0:
         p[rows[r, R_LAST], P_NEXT] = k
     else:

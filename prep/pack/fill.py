@@ -75,13 +75,11 @@ def _grow(a, n):
 
 
 @helper(inline=True)
-def _find_window(f, g, exact, last):
+def _find_window(cum, win, tab, used, rest_ok, g, exact, last):
     """(x, y, length) of a listed window with no used measurement for a gap of ``g``: exactly
     g tokens, else g - 1, else (``exact``) the longest whose rest can be filled (not on a
-    row's ``last`` slot), else (not ``exact``) the longest that fits; (-1, -1, 0) if none."""
-    cum, win, tab, used, rest_ok = f.cum, f.windows, f.table, f.used, f.rest_ok
-    if exact and g > 2:
-        fresh(f)
+    row's ``last`` slot; the rest table fresh), else (not ``exact``) the longest
+    that fits; (-1, -1, 0) if none. Fill's arrays, not Fill: fewer to incref per call."""
     for want in range(min(g, WINDOW_MAX), 0, -1):
         if exact and want < g - 1 and (last or g - want < SMALLEST_BODY
                                        or not closable(rest_ok, g - want)):
@@ -197,6 +195,7 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
     # Counters that a kernel call takes start as np.int64, not a literal 0: Numba types a
     # call at the first sight of its arguments, and a literal there compiles the callee
     # twice (once for Literal[int](0), once for int64), several seconds each cold.
+    cum, win, tab, used, ok = f.cum, f.windows, f.table, f.used, f.rest_ok
     nd = nw = ns = np.int64(0)
     ti, dj = 0, order.shape[0] - 1
     # long gaps: donor, piece and measurement to take runs from
@@ -211,8 +210,11 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
             if g > WINDOW_MAX + SMALLEST_BODY and (cap == 0 or rows[t, R_NSEG] < cap - 1):
                 wa, wb, cur, cq, ca = _long_run(f, p, rows, donors, nd, g, cur, cq, ca)
             if wa < 0:
-                wa, wb, _ = _find_window(f, g, True, cap > 0 and rows[t, R_NSEG] == cap - 1)
-                if cap == 0 and (wa < 0 or g - (f.cum[wb] - f.cum[wa]) > 1):
+                if tab[REST_STALE, 0] != 0:
+                    rest_table(f)
+                last = cap > 0 and rows[t, R_NSEG] == cap - 1
+                wa, wb, _ = _find_window(cum, win, tab, used, ok, g, True, last)
+                if cap == 0 and (wa < 0 or g - (cum[wb] - cum[wa]) > 1):
                     k2 = close_gap(f, p, rows, t, k)  # no window fills it: single measurements
                     if k2 >= 0:
                         k = k2
@@ -227,7 +229,7 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
                 nw, ns = _open_donor(f, p, rows, d, nw, ns)
                 continue
             if wa < 0:  # nothing fills it: the longest window that fits
-                wa, wb, _ = _find_window(f, g, False, False)
+                wa, wb, _ = _find_window(cum, win, tab, used, ok, g, False, False)
             if wa < 0:
                 break
             k = place(f, p, rows, t, wa, wb, k)
@@ -238,6 +240,7 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
 def _close_row(f, p, rows, r, cap, k):
     """Closes row r: without a cap, single measurements that keep its rest fillable until a
     set of them closes it; then (or with a cap) windows while its gap takes one. Returns k."""
+    cum, win, tab, used, ok = f.cum, f.windows, f.table, f.used, f.rest_ok
     while cap == 0 and rows[r, R_GAP] >= SMALLEST_BODY:
         k2 = close_gap(f, p, rows, r, k)
         if k2 >= 0:
@@ -248,7 +251,9 @@ def _close_row(f, p, rows, r, cap, k):
         k = k2
     while rows[r, R_GAP] >= SMALLEST_BODY and (cap == 0 or rows[r, R_NSEG] < cap):
         last = cap > 0 and rows[r, R_NSEG] == cap - 1
-        wa, wb, _ = _find_window(f, rows[r, R_GAP], True, last)
+        if tab[REST_STALE, 0] != 0:
+            rest_table(f)
+        wa, wb, _ = _find_window(cum, win, tab, used, ok, rows[r, R_GAP], True, last)
         if wa < 0:
             break
         k = place(f, p, rows, r, wa, wb, k)

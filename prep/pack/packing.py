@@ -34,6 +34,7 @@ import numpy as np
 from prep.base.jit import helper, kernel
 from prep.pack.closing import (
     P_END,
+    P_LEN,
     P_NEXT,
     P_ROW,
     P_START,
@@ -183,7 +184,7 @@ def _best_fit(ctx_start, ctx_end, clen, order, row_len, cap):
     for r in range(n_ctx):
         rows[r, R_GAP], rows[r, R_NSEG], rows[r, R_FIRST], rows[r, R_LAST] = 0, 0, -1, -1
     # pieces, in creation order; P_NEXT chains the pieces of one row in slot order
-    p = np.empty((n_ctx + n_ctx // 8 + 16, 4), np.int64)
+    p = np.empty((n_ctx + n_ctx // 8 + 16, P_LEN + 1), np.int64)
     k = 0
     n_rows = 0
     for j in range(n_ctx):
@@ -198,6 +199,7 @@ def _best_fit(ctx_start, ctx_end, clen, order, row_len, cap):
             r = head[g]
             _remove(op, r, g)
         p[k, P_START], p[k, P_END], p[k, P_ROW], p[k, P_NEXT] = ctx_start[c], ctx_end[c], r, -1
+        p[k, P_LEN] = ln
         if rows[r, R_LAST] >= 0:
             p[rows[r, R_LAST], P_NEXT] = k
         else:
@@ -212,7 +214,7 @@ def _best_fit(ctx_start, ctx_end, clen, order, row_len, cap):
 
 
 @kernel
-def _renumber(cum, has_ts, abs_extra, p, rows, k, n_rows):
+def _renumber(p, rows, k, n_rows):
     """Step 5: the rows that still hold pieces, renumbered in order, and their pieces by
     (row, slot): (start, end, tokens, row of each, rows)."""
     new_id = np.full(n_rows, -1, np.int64)
@@ -240,7 +242,7 @@ def _renumber(cum, has_ts, abs_extra, p, rows, k, n_rows):
         while q >= 0:
             if p[q, P_ROW] >= 0:
                 o_s[j], o_e[j], o_r[j] = p[q, P_START], p[q, P_END], new_id[r]
-                o_l[j] = _plen(cum, has_ts, abs_extra, p[q, P_START], p[q, P_END])
+                o_l[j] = p[q, P_LEN]
                 j += 1
             q = p[q, P_NEXT]
     return o_s, o_e, o_l, o_r, n_out
@@ -254,7 +256,7 @@ def _pack(ctx_start, ctx_end, cum, has_ts, abs_extra, clen, row_len, cap, split)
     p, rows, k, n_rows = _best_fit(ctx_start, ctx_end, clen, order, row_len, cap)  # 3.
     if split and n_rows > 1:  # 4.
         p, rows, k, n_rows = fill_gaps(cum, has_ts, abs_extra, row_len, cap, p, rows, k, n_rows)
-    o_s, o_e, o_l, o_r, n_out = _renumber(cum, has_ts, abs_extra, p, rows, k, n_rows)  # 5.
+    o_s, o_e, o_l, o_r, n_out = _renumber(p, rows, k, n_rows)  # 5.
     if split and cap == 0 and n_out > 1:  # 6. repack the rows of small pieces
         order, o_r2, n2 = repack(o_l, o_r, n_out, row_len)
         if order.shape[0] > 0:
