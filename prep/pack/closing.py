@@ -65,7 +65,7 @@ I_SIZE, I_COUNT, I_PRICE = range(3)
 assert CLOSE_MAX <= WINDOW_MAX  # the sums share the table's width
 
 
-@helper(inline=True)
+@helper
 def place(f, p, rows, r, a, b, k):
     """Free measurements [a, b) become piece k, the last of row r (a cut costs nothing);
     returns k + 1. The arrays have room (``fill_gaps`` makes it up front)."""
@@ -151,7 +151,7 @@ def refresh_quota(f, row_len):
             tab[REST_STALE, 0] = 1
 
 
-@helper(inline=True)
+@helper
 def fresh(f):
     """The rest table, made anew if a size ran out or came in since (``closable`` reads it)."""
     if f.table[REST_STALE, 0] != 0:
@@ -168,7 +168,7 @@ def closable(ok, r):
     return (ok[r >> 6] >> np.uint64(r & 63)) & np.uint64(1) != 0
 
 
-@helper(inline=True)
+@helper
 def take_single(f, p, rows, r, c, k):
     """An unused measurement of c tokens from the opened donors (one is there) becomes the
     last piece of row r; returns k + 1."""

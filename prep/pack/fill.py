@@ -74,7 +74,7 @@ def _grow(a, n):
     return b
 
 
-@helper(inline=True)
+@helper
 def _find_window(cum, win, tab, used, rest_ok, g, exact, last):
     """(x, y, length) of a listed window with no used measurement for a gap of ``g``: exactly
     g tokens, else g - 1, else (``exact``) the longest whose rest can be filled (not on a
