@@ -180,7 +180,7 @@ def _best_fit(ctx_start, ctx_end, clen, order, row_len, cap):
                   np.full(n_ctx, -1, np.int64), np.full(n_ctx, -1, np.int64),
                   np.zeros(2 * size, np.int64))
     head, tree = op.head, op.tree
-    rows = np.empty((n_ctx, 4), np.int64)  # (prep.pack.closing: R_GAP, ...)
+    rows = np.empty((n_ctx, R_LAST + 1), np.int64)  # columns: prep.pack.closing
     for r in range(n_ctx):
         rows[r, R_GAP], rows[r, R_NSEG], rows[r, R_FIRST], rows[r, R_LAST] = 0, 0, -1, -1
     # pieces, in creation order; P_NEXT chains the pieces of one row in slot order
