@@ -55,11 +55,12 @@ def test_this_process_uses_the_folder_of_these_sources():
 # every kernel warm_kernels compiles: those Python calls and the helpers they call
 # (prep.base.jit; an inlined helper is typed inside its callers, never compiled alone)
 KERNELS = [
-    "prep.pack.closing.close_gap", "prep.pack.closing.demand",
-    "prep.pack.closing.refresh_quota", "prep.pack.closing.rest_table",
-    "prep.pack.closing.step",
-    "prep.pack.fill._close_row", "prep.pack.fill._fill_rows", "prep.pack.fill._free_rows",
-    "prep.pack.fill._lay_kept", "prep.pack.fill._long_run", "prep.pack.fill._open_donor",
+    "prep.pack.closing.close_gap", "prep.pack.closing.demand", "prep.pack.closing.fresh",
+    "prep.pack.closing.place", "prep.pack.closing.refresh_quota",
+    "prep.pack.closing.rest_table", "prep.pack.closing.step", "prep.pack.closing.take_single",
+    "prep.pack.fill._close_row", "prep.pack.fill._fill_rows", "prep.pack.fill._find_window",
+    "prep.pack.fill._free_rows", "prep.pack.fill._lay_kept", "prep.pack.fill._long_run",
+    "prep.pack.fill._open_donor",
     "prep.pack.packing._best_fit", "prep.pack.packing._cumulative",
     "prep.pack.packing._lengths", "prep.pack.packing._longest_first",
     "prep.pack.packing._plen", "prep.pack.packing._renumber", "prep.pack.packing._tree_ge",
@@ -108,9 +109,9 @@ def test_a_helper_called_from_python_runs_as_python():
     and compiles nothing."""
     import numpy as np
 
-    from prep.pack.closing import scarce_at
+    from prep.pack.closing import N_TABLE, SCARCE, WINDOW_MAX, scarce_at
 
-    cum, scarce = np.array([0, 3, 5, 205]), np.zeros(161, np.bool_)
-    scarce[2] = True
-    assert [scarce_at(cum, scarce, i) for i in range(3)] == [False, True, False]
+    cum, table = np.array([0, 3, 5, 205]), np.zeros((N_TABLE, WINDOW_MAX + 1), np.int64)
+    table[SCARCE, 2] = 1
+    assert [scarce_at(cum, table, i) for i in range(3)] == [False, True, False]
     assert scarce_at.signatures == []

@@ -33,64 +33,75 @@ WINDOW_MAX = 160  # donor windows are listed up to this many tokens; sizes are c
 CLOSE_MAX = 160  # gaps up to this many tokens may be closed by a set of single measurements
 PRICE_K = 1 << 10  # a size's price: 1 + PRICE_K x its demand // (its measurements left + 1)
 
-# Step 4's state: cum_cost (the measurements' cost prefix sums), used (measurements taken
-# from donors) and the donors' windows by length, stacks in flat arrays: window_head[l] the
-# window of l tokens listed last, window w = [window_start[w], window_end[w]), window_next[w]
-# the one listed before it (-1: none). The opened donors' measurements by size, stacks
-# likewise: size_head[c], size_measurement, size_next; available[c] of them unused;
-# free_left[c] the unused ones of c tokens in all free rows; demand[c], scarce[c]
-# (``demand``); quota[c]; rest_ok, the rest table (a bitset: bit r set = a rest of r tokens
-# has a fill), stale while rest_stale[0] != 0. ``close_gap``'s scratch: sum_cost[t] and
-# sum_via[t] (the cheapest sum of t tokens and its last size), size_count[c], and its
-# bounded knapsack's items: item_size, item_count, item_price, item_taken[item, t].
-# The kernels take the fields they use into short locals (cum, avail, ok, st, ...).
-Fill = namedtuple("Fill", "cum_cost used window_head window_start window_end window_next "
-                          "size_head size_measurement size_next available free_left demand "
-                          "scarce quota rest_ok rest_stale sum_cost sum_via size_count "
-                          "item_taken item_size item_count item_price")
-# An array read out of a tuple argument costs Numba an incref/decref pair (atomic) where it
-# is not pruned: the functions below take the fields they use into locals once, up front,
-# and the helpers run per measurement take arrays, not the tuple.
+# Step 4's state, in eight arrays: a call of a compiled helper increfs and decrefs, one
+# atomic operation each, every array it is passed, so fewer arrays cost fewer of those.
+# - cum (the measurements' cost prefix sums) and used (measurements taken from donors);
+# - windows[w] = (W_START, W_NEXT): the donors' windows, a stack per length in a flat
+#   array: window w of l tokens is the measurements from start on that cost l (its end is
+#   found from cum), next the window of its length listed before it (-1: none);
+#   sizes[s] = (S_MEASUREMENT, S_NEXT): the opened donors' measurements, a stack per size
+#   likewise;
+# - table[ROW, c], one row per quantity, indexed by a size c (or a sum t) up to WINDOW_MAX:
+#   WINDOW_HEAD[l] the window of l tokens listed last, SIZE_HEAD[c] the measurement of c
+#   tokens listed last, AVAILABLE[c] of them unused, FREE_LEFT[c] the unused ones in all
+#   free rows, DEMAND[c] and SCARCE[c] (0/1, ``demand``), QUOTA[c]; REST_STALE[0] != 0
+#   while the rest table rest_ok (a bitset: bit r set = a rest of r tokens has a fill) is
+#   stale; ``close_gap``'s scratch: SUM_COST[t] and SUM_VIA[t] (the cheapest sum of t
+#   tokens and its last size), SIZE_COUNT[c], and its bounded knapsack's items[i] =
+#   (I_SIZE, I_COUNT, I_PRICE) and taken[i, t].
+Fill = namedtuple("Fill", "cum used windows sizes table rest_ok items taken")
+# The pieces and rows that steps 3-5 share (prep.pack.packing), int64: piece j =
+# p[j] = (P_START, P_END, P_ROW, P_NEXT, P_LEN), measurements [start, end) in row `row`
+# (-1 once that row became a donor), next the next piece of its row (slot order, -1: the
+# last), len its tokens; pieces in creation order. Row r = rows[r] = (R_GAP, R_NSEG, R_FIRST, R_LAST): tokens
+# free, pieces, its first and last piece.
+P_START, P_END, P_ROW, P_NEXT, P_LEN = range(5)
+R_GAP, R_NSEG, R_FIRST, R_LAST = range(4)
+(WINDOW_HEAD, SIZE_HEAD, AVAILABLE, FREE_LEFT, DEMAND, SCARCE, QUOTA, REST_STALE, SUM_COST,
+ SUM_VIA, SIZE_COUNT, N_TABLE) = range(12)
+W_START, W_NEXT = range(2)
+S_MEASUREMENT, S_NEXT = range(2)
+I_SIZE, I_COUNT, I_PRICE = range(3)
+assert CLOSE_MAX <= WINDOW_MAX  # the sums share the table's width
 
 
-@helper(inline=True)
+@helper
 def place(f, p, rows, r, a, b, k):
     """Free measurements [a, b) become piece k, the last of row r (a cut costs nothing);
     returns k + 1. The arrays have room (``fill_gaps`` makes it up front)."""
-    used, cum, avail, left, st = f.used, f.cum_cost, f.available, f.free_left, f.rest_stale
-    gap, nseg, rfirst, rlast = rows
-    ps, pe, pr, pnext, alive = p
+    used, cum, tab = f.used, f.cum, f.table
     for i in range(a, b):  # not used[a:b] = True: a slice is a view, refcounted
         used[i] = True
         c = cum[i + 1] - cum[i]
         if c <= WINDOW_MAX:
-            avail[c] -= 1
-            left[c] -= 1
-            if avail[c] == 0:
-                st[0] = 1  # a size ran out: the table of rests is stale
-    gap[r] -= cum[b] - cum[a]
-    nseg[r] += 1
-    ps[k], pe[k], pr[k], pnext[k], alive[k] = a, b, r, -1, True
-    if rlast[r] >= 0:
-        pnext[rlast[r]] = k
+            tab[AVAILABLE, c] -= 1
+            tab[FREE_LEFT, c] -= 1
+            if tab[AVAILABLE, c] == 0:
+                tab[REST_STALE, 0] = 1  # a size ran out: the table of rests is stale
+    rows[r, R_GAP] -= cum[b] - cum[a]
+    rows[r, R_NSEG] += 1
+    p[k, P_START], p[k, P_END], p[k, P_ROW], p[k, P_NEXT] = a, b, r, -1
+    p[k, P_LEN] = cum[b] - cum[a]  # a free row's: no timestamp to make absolute
+    if rows[r, R_LAST] >= 0:
+        p[rows[r, R_LAST], P_NEXT] = k
     else:
-        rfirst[r] = k
-    rlast[r] = k
+        rows[r, R_FIRST] = k
+    rows[r, R_LAST] = k
     return k + 1
 
 
 @helper(inline=True)
-def size_price(dem, left, c):
+def size_price(tab, c):
     """The price of one measurement of c tokens: its demand over what is left of it."""
-    return 1 + PRICE_K * dem[c] // (left[c] + 1)
+    return 1 + PRICE_K * tab[DEMAND, c] // (tab[FREE_LEFT, c] + 1)
 
 
 @helper(inline=True)
-def scarce_at(cum, scarce, i):
+def scarce_at(cum, tab, i):
     """Whether measurement i is of a scarce size: runs and windows pass over it, closing
     sets take it."""
     c = cum[i + 1] - cum[i]
-    return c <= WINDOW_MAX and scarce[c]
+    return c <= WINDOW_MAX and tab[SCARCE, c] != 0
 
 
 @helper(inline=True)
@@ -108,12 +119,12 @@ def _or_shifted(bits, s):
 def rest_table(f):
     """ok (a bitset): r, or r - 1, is a sum of the measurements the opened donors hold, at
     most quota[c] of each size c, as a bounded knapsack: 1, 2, 4, ... of a size as one item."""
-    ok, avail, quota, st = f.rest_ok, f.available, f.quota, f.rest_stale
+    ok, tab = f.rest_ok, f.table
     n = ok.shape[0] * 64
     ok[:] = 0
     ok[0] = 1
     for c in range(1, WINDOW_MAX + 1):
-        left_c = min(avail[c], quota[c], n // c)
+        left_c = min(tab[AVAILABLE, c], tab[QUOTA, c], n // c)
         step = 1
         while left_c > 0:
             m = min(step, left_c)
@@ -121,28 +132,29 @@ def rest_table(f):
             left_c -= m
             step *= 2
     _or_shifted(ok, 1)  # or one token more
-    st[0] = 0
+    tab[REST_STALE, 0] = 0
 
 
 @helper
 def refresh_quota(f, row_len):
     """quota[c]: how many measurements of c tokens one row may count on, about 1.5 times
     its share of what the opened donors hold, plus 2; a change makes the table stale."""
-    avail, quota, st = f.available, f.quota, f.rest_stale
+    tab = f.table
     tokens = 0
     for c in range(1, WINDOW_MAX + 1):
-        tokens += avail[c] * c
+        tokens += tab[AVAILABLE, c] * c
     for c in range(1, WINDOW_MAX + 1):
-        qc = min(avail[c], (3 * avail[c] * row_len) // (2 * max(tokens, 1)) + 2)
-        if qc != quota[c]:
-            quota[c] = qc
-            st[0] = 1
+        avail = tab[AVAILABLE, c]
+        qc = min(avail, (3 * avail * row_len) // (2 * max(tokens, 1)) + 2)
+        if qc != tab[QUOTA, c]:
+            tab[QUOTA, c] = qc
+            tab[REST_STALE, 0] = 1
 
 
-@helper(inline=True)
+@helper
 def fresh(f):
     """The rest table, made anew if a size ran out or came in since (``closable`` reads it)."""
-    if f.rest_stale[0] != 0:
+    if f.table[REST_STALE, 0] != 0:
         rest_table(f)
 
 
@@ -156,14 +168,14 @@ def closable(ok, r):
     return (ok[r >> 6] >> np.uint64(r & 63)) & np.uint64(1) != 0
 
 
-@helper(inline=True)
+@helper
 def take_single(f, p, rows, r, c, k):
     """An unused measurement of c tokens from the opened donors (one is there) becomes the
     last piece of row r; returns k + 1."""
-    shead, sx, sn, used = f.size_head, f.size_measurement, f.size_next, f.used
-    while used[sx[shead[c]]]:  # drop the measurements used since
-        shead[c] = sn[shead[c]]
-    i = sx[shead[c]]
+    sz, used, tab = f.sizes, f.used, f.table
+    while used[sz[tab[SIZE_HEAD, c], S_MEASUREMENT]]:  # drop the measurements used since
+        tab[SIZE_HEAD, c] = sz[tab[SIZE_HEAD, c], S_NEXT]
+    i = sz[tab[SIZE_HEAD, c], S_MEASUREMENT]
     return place(f, p, rows, r, i, i + 1, k)
 
 
@@ -173,78 +185,81 @@ def close_gap(f, p, rows, r, k):
     of the opened donors; returns k, or -1 and nothing placed if no set does. The cheapest
     sum with any number of each size first; only where that takes more of a size than
     there is, a bounded knapsack (each size split into items of 1, 2, 4, ...)."""
-    cost, via, take = f.sum_cost, f.sum_via, f.item_taken
-    isz, icnt, ipr = f.item_size, f.item_count, f.item_price
-    avail, cnt, dem, left = f.available, f.size_count, f.demand, f.free_left
-    g = rows.gap[r]
+    tab, it, take = f.table, f.items, f.taken
+    g = rows[r, R_GAP]
     if g < SMALLEST_BODY or g > CLOSE_MAX:
         return -1
     ns = 0
     for c in range(SMALLEST_BODY, min(g, WINDOW_MAX) + 1):
-        if avail[c] > 0:
-            isz[ns], ipr[ns] = c, size_price(dem, left, c)
+        if tab[AVAILABLE, c] > 0:
+            it[ns, I_SIZE], it[ns, I_PRICE] = c, size_price(tab, c)
             ns += 1
     if ns == 0:
         return -1
-    cost[0], via[0] = 0, -1
+    tab[SUM_COST, 0], tab[SUM_VIA, 0] = 0, -1
     for t in range(1, g + 1):
         best, v = INF, -1
         for b in range(ns):
-            s = isz[b]
-            if s <= t and cost[t - s] < INF and cost[t - s] + ipr[b] < best:
-                best, v = cost[t - s] + ipr[b], s
-        cost[t], via[t] = best, v
-    t = g - 1 if cost[g - 1] < cost[g] else g
-    if cost[t] >= INF:
+            s = it[b, I_SIZE]
+            if s <= t and tab[SUM_COST, t - s] < INF and \
+                    tab[SUM_COST, t - s] + it[b, I_PRICE] < best:
+                best, v = tab[SUM_COST, t - s] + it[b, I_PRICE], s
+        tab[SUM_COST, t], tab[SUM_VIA, t] = best, v
+    t = g - 1 if tab[SUM_COST, g - 1] < tab[SUM_COST, g] else g
+    if tab[SUM_COST, t] >= INF:
         return -1
     fits = True
     u = t
     while u > 0:
-        cnt[via[u]] += 1
-        if cnt[via[u]] > avail[via[u]]:
+        c = tab[SUM_VIA, u]
+        tab[SIZE_COUNT, c] += 1
+        if tab[SIZE_COUNT, c] > tab[AVAILABLE, c]:
             fits = False
-        u -= via[u]
+        u -= c
     u = t
-    while u > 0:  # cnt back to zeros
-        cnt[via[u]] = 0
-        u -= via[u]
+    while u > 0:  # the counts back to zeros
+        c = tab[SUM_VIA, u]
+        tab[SIZE_COUNT, c] = 0
+        u -= c
     if fits:
         while t > 0:
-            c = via[t]
+            c = tab[SUM_VIA, t]
             t -= c
             k = take_single(f, p, rows, r, c, k)
         return k
     ni = 0
     for b in range(ns):
-        c, pr_b = isz[b], size_price(dem, left, isz[b])
-        n = min(avail[c], g // c)
+        c = it[b, I_SIZE]
+        pr_b = size_price(tab, c)
+        n = min(tab[AVAILABLE, c], g // c)
         step = 1
         while n > 0:
             m = min(step, n)
-            isz[ns + ni], icnt[ni], ipr[ns + ni] = c, m, m * pr_b
+            it[ns + ni, I_SIZE], it[ni, I_COUNT], it[ns + ni, I_PRICE] = c, m, m * pr_b
             ni += 1
             n -= m
             step *= 2
-    cost[: g + 1] = INF
-    cost[0] = 0
-    for it in range(ni):
-        s, pr_ = isz[ns + it] * icnt[it], ipr[ns + it]
+    for t in range(g + 1):
+        tab[SUM_COST, t] = INF
+    tab[SUM_COST, 0] = 0
+    for i in range(ni):
+        s, pr_ = it[ns + i, I_SIZE] * it[i, I_COUNT], it[ns + i, I_PRICE]
         for t in range(g, s - 1, -1):
-            take[it, t] = False
-            if cost[t - s] < INF and cost[t - s] + pr_ < cost[t]:
-                cost[t] = cost[t - s] + pr_
-                take[it, t] = True
+            take[i, t] = False
+            if tab[SUM_COST, t - s] < INF and tab[SUM_COST, t - s] + pr_ < tab[SUM_COST, t]:
+                tab[SUM_COST, t] = tab[SUM_COST, t - s] + pr_
+                take[i, t] = True
         for t in range(min(s, g + 1)):
-            take[it, t] = False
-    t = g - 1 if cost[g - 1] < cost[g] else g
-    if cost[t] >= INF:
+            take[i, t] = False
+    t = g - 1 if tab[SUM_COST, g - 1] < tab[SUM_COST, g] else g
+    if tab[SUM_COST, t] >= INF:
         return -1
-    for it in range(ni - 1, -1, -1):
-        if take[it, t]:
-            c = isz[ns + it]
-            for _ in range(icnt[it]):
+    for i in range(ni - 1, -1, -1):
+        if take[i, t]:
+            c = it[ns + i, I_SIZE]
+            for _ in range(it[i, I_COUNT]):
                 k = take_single(f, p, rows, r, c, k)
-            t -= c * icnt[it]
+            t -= c * it[i, I_COUNT]
     return k
 
 
@@ -252,13 +267,13 @@ def close_gap(f, p, rows, r, k):
 def step(f, p, rows, r, k):
     """One single unused measurement of the opened donors into row r, of the cheapest size
     that leaves a rest that can still be filled; returns k, or -1 if none does."""
-    avail, dem, left, ok = f.available, f.demand, f.free_left, f.rest_ok
-    g = rows.gap[r]
+    tab, ok = f.table, f.rest_ok
+    g = rows[r, R_GAP]
     best, best_price = -1, INF
     fresh(f)
     for c in range(SMALLEST_BODY, min(g, WINDOW_MAX) + 1):
-        if avail[c] > 0 and (g - c <= 1 or closable(ok, g - c)):
-            pc = size_price(dem, left, c)
+        if tab[AVAILABLE, c] > 0 and (g - c <= 1 or closable(ok, g - c)):
+            pc = size_price(tab, c)
             if pc < best_price:
                 best, best_price = c, pc
     if best < 0:

@@ -14,20 +14,40 @@ no fill (it is passed over, for a later row or a closing set), and a row that ca
 the next measurement is closed by single measurements that keep its rest fillable, then
 a closing set. Windows and runs pass over measurements of a scarce size.
 
-Also the packer's working arrays, which steps 3-5 share and this step grows: ``PackedPieces``
-and ``Rows``, namedtuples of arrays (immutable: a grown array comes in a new tuple).
+The pieces and rows that steps 3-5 share (prep.pack.closing names their columns) are
+grown here, once: a grown array is a new array.
 ``fill_gaps`` runs in Python and calls the step's kernels (see prep.pack.packing._pack).
 """
 
 from __future__ import annotations
 
-from collections import namedtuple
-
 import numpy as np
 
 from prep.base.jit import helper, kernel
 from prep.pack.closing import (
+    AVAILABLE,
     CLOSE_MAX,
+    DEMAND,
+    FREE_LEFT,
+    I_PRICE,
+    N_TABLE,
+    P_END,
+    P_NEXT,
+    P_ROW,
+    P_START,
+    QUOTA,
+    R_FIRST,
+    R_GAP,
+    R_LAST,
+    R_NSEG,
+    REST_STALE,
+    S_MEASUREMENT,
+    S_NEXT,
+    SCARCE,
+    SIZE_HEAD,
+    W_NEXT,
+    W_START,
+    WINDOW_HEAD,
     WINDOW_MAX,
     Fill,
     closable,
@@ -45,47 +65,33 @@ from prep.tokens.costs import SMALLEST_BODY, fillable
 DONORS_PER_ROW = 2  # at most this many donors are opened for one row's gap
 SKIP_MAX = 16  # measurements a new row may pass over (``_lay_kept``)
 
-# Piece j: measurements [ps[j], pe[j]) in row pr[j]; pnext[j] the next piece of its row
-# (slot order, -1 last); alive[j] false once its row became a donor. In creation order.
-PackedPieces = namedtuple("PackedPieces", "ps pe pr pnext alive")
-# Row r: gap[r] tokens free, nseg[r] pieces, rfirst[r] / rlast[r] its first and last piece.
-Rows = namedtuple("Rows", "gap nseg rfirst rlast")
 
 
 def _grow(a, n):
-    b = np.empty(max(n, 2 * a.shape[0]), a.dtype)
+    """The piece or row array ``a``, grown to hold at least ``n``."""
+    b = np.empty((max(n, 2 * a.shape[0]), a.shape[1]), a.dtype)
     b[: a.shape[0]] = a
     return b
 
 
-def _grown(p, rows, n_pieces, n_rows):
-    """The piece and row arrays, grown to hold at least ``n_pieces`` and ``n_rows``."""
-    return (PackedPieces(*(_grow(a, n_pieces) for a in p)), Rows(*(_grow(a, n_rows) for a in rows)))
-
-
-@helper(inline=True)
-def _find_window(f, g, exact, last):
+@helper
+def _find_window(cum, win, tab, used, rest_ok, g, exact, last):
     """(x, y, length) of a listed window with no used measurement for a gap of ``g``: exactly
     g tokens, else g - 1, else (``exact``) the longest whose rest can be filled (not on a
-    row's ``last`` slot), else (not ``exact``) the longest that fits; (-1, -1, 0) if none."""
-    head, wx, wy, wn = f.window_head, f.window_start, f.window_end, f.window_next
-    used, rest_ok = f.used, f.rest_ok
-    if exact and g > 2:
-        fresh(f)
+    row's ``last`` slot; the rest table fresh), else (not ``exact``) the longest
+    that fits; (-1, -1, 0) if none. Fill's arrays, not Fill: fewer to incref per call."""
     for want in range(min(g, WINDOW_MAX), 0, -1):
         if exact and want < g - 1 and (last or g - want < SMALLEST_BODY
                                        or not closable(rest_ok, g - want)):
             continue
-        while head[want] >= 0:  # drop windows that lost a measurement
-            w = head[want]
-            ok = True
-            for i in range(wx[w], wy[w]):
-                if used[i]:
-                    ok = False
-                    break
-            if ok:
-                return wx[w], wy[w], want
-            head[want] = wn[w]
+        while tab[WINDOW_HEAD, want] >= 0:  # drop windows that lost a measurement
+            w = tab[WINDOW_HEAD, want]
+            x = y = win[w, W_START]
+            while cum[y] - cum[x] < want and not used[y]:  # its end: want tokens on
+                y += 1
+            if cum[y] - cum[x] == want:
+                return x, y, want
+            tab[WINDOW_HEAD, want] = win[w, W_NEXT]
     return -1, -1, 0
 
 
@@ -94,7 +100,6 @@ def _free_rows(cum, has_ts, abs_extra, p, rows, n0):
     """(free[r] for the first n0 rows, the measurements in free rows, the cheapest of them,
     left[c]: how many of them cost c tokens): a row is free when no measurement of it has a
     timestamp that a cut would make absolute."""
-    ps, pe, pnext, rfirst = p.ps, p.pe, p.pnext, rows.rfirst
     free = np.zeros(n0, np.bool_)
     left = np.zeros(WINDOW_MAX + 1, np.int64)
     m_free = 0
@@ -102,24 +107,24 @@ def _free_rows(cum, has_ts, abs_extra, p, rows, n0):
     for r in range(n0):
         free[r] = True
         m, c = 0, WINDOW_MAX
-        q = rfirst[r]
+        q = rows[r, R_FIRST]
         while q >= 0 and free[r]:
-            m += pe[q] - ps[q]
-            for i in range(ps[q], pe[q]):
+            m += p[q, P_END] - p[q, P_START]
+            for i in range(p[q, P_START], p[q, P_END]):
                 if has_ts[i] and abs_extra[i] != 0:  # a cut before it would make it absolute
                     free[r] = False
                     break
                 c = min(c, cum[i + 1] - cum[i])
-            q = pnext[q]
+            q = p[q, P_NEXT]
         if free[r]:
             m_free += m
             cheapest = min(cheapest, c)
-            q = rfirst[r]
+            q = rows[r, R_FIRST]
             while q >= 0:
-                for i in range(ps[q], pe[q]):
+                for i in range(p[q, P_START], p[q, P_END]):
                     if cum[i + 1] - cum[i] <= WINDOW_MAX:
                         left[cum[i + 1] - cum[i]] += 1
-                q = pnext[q]
+                q = p[q, P_NEXT]
     return free, m_free, cheapest, left
 
 
@@ -128,31 +133,28 @@ def _open_donor(f, p, rows, d, nw, ns):
     """Row d becomes a donor: its pieces leave it (windows or new rows take them), every
     window of them up to WINDOW_MAX tokens is listed, from index nw on, and every measurement
     by size, from index ns on; returns the new (nw, ns)."""
-    cum, head, wx, wy, wn = f.cum_cost, f.window_head, f.window_start, f.window_end, f.window_next
-    shead, sx, sn = f.size_head, f.size_measurement, f.size_next
-    avail, st, scarce = f.available, f.rest_stale, f.scarce
-    ps, pe, pnext, alive = p.ps, p.pe, p.pnext, p.alive
-    q = rows.rfirst[d]
+    cum, win, sz, tab = f.cum, f.windows, f.sizes, f.table
+    q = rows[d, R_FIRST]
     while q >= 0:
-        alive[q] = False
-        for x in range(ps[q], pe[q]):
+        p[q, P_ROW] = -1  # its row is a donor now
+        for x in range(p[q, P_START], p[q, P_END]):
             c = cum[x + 1] - cum[x]
             if c <= WINDOW_MAX:
-                sx[ns], sn[ns] = x, shead[c]
-                shead[c] = ns
+                sz[ns, S_MEASUREMENT], sz[ns, S_NEXT] = x, tab[SIZE_HEAD, c]
+                tab[SIZE_HEAD, c] = ns
                 ns += 1
-                avail[c] += 1
-                if avail[c] == 1:
-                    st[0] = 1
-            for y in range(x + 1, pe[q] + 1):
+                tab[AVAILABLE, c] += 1
+                if tab[AVAILABLE, c] == 1:
+                    tab[REST_STALE, 0] = 1
+            for y in range(x + 1, p[q, P_END] + 1):
                 wl = cum[y] - cum[x]
-                if wl > WINDOW_MAX or (y > x + 1 and (scarce_at(cum, scarce, x)
-                                                         or scarce_at(cum, scarce, y - 1))):
+                if wl > WINDOW_MAX or (y > x + 1 and (scarce_at(cum, tab, x)
+                                                         or scarce_at(cum, tab, y - 1))):
                     break
-                wx[nw], wy[nw], wn[nw] = x, y, head[wl]
-                head[wl] = nw
+                win[nw, W_START], win[nw, W_NEXT] = x, tab[WINDOW_HEAD, wl]
+                tab[WINDOW_HEAD, wl] = nw
                 nw += 1
-        q = pnext[q]
+        q = p[q, P_NEXT]
     return nw, ns
 
 
@@ -162,16 +164,15 @@ def _long_run(f, p, rows, donors, nd, g, cur, cq, ca):
     (donors[:nd]), read on from donor cur, piece cq (-1: its first), measurement ca, that
     fills g exactly or leaves a rest that can be filled. Returns (a, m, cur, cq, ca), a = -1
     when none: the donors are spent, or the run at hand cannot leave such a rest here."""
-    cum, used, scarce, ok = f.cum_cost, f.used, f.scarce, f.rest_ok
-    ps, pe, pnext, rfirst = p.ps, p.pe, p.pnext, rows.rfirst
+    cum, used, tab, ok = f.cum, f.used, f.table, f.rest_ok
     fresh(f)
     while cur < nd:
-        q = cq if cq >= 0 else rfirst[donors[cur]]
-        a = max(ca, ps[q])
-        while a < pe[q] and (used[a] or scarce_at(cum, scarce, a)):
+        q = cq if cq >= 0 else rows[donors[cur], R_FIRST]
+        a = max(ca, p[q, P_START])
+        while a < p[q, P_END] and (used[a] or scarce_at(cum, tab, a)):
             a += 1
         m = a
-        while m < pe[q] and not used[m] and not scarce_at(cum, scarce, m) and \
+        while m < p[q, P_END] and not used[m] and not scarce_at(cum, tab, m) and \
                 cum[m + 1] - cum[a] <= g:
             m += 1
         while m > a and cum[m] - cum[a] != g and not (
@@ -179,9 +180,9 @@ def _long_run(f, p, rows, donors, nd, g, cur, cq, ca):
             m -= 1
         if m > a:
             return a, m, cur, q, m
-        if a < pe[q] and not used[a] and cum[a + 1] - cum[a] <= g:
+        if a < p[q, P_END] and not used[a] and cum[a + 1] - cum[a] <= g:
             break  # this run cannot leave a rest that can be filled here: use windows
-        cq, ca = pnext[q], 0  # the piece is spent: next piece, next donor
+        cq, ca = p[q, P_NEXT], 0  # the piece is spent: next piece, next donor
         if cq < 0:
             cur += 1
     return -1, -1, cur, cq, ca
@@ -191,10 +192,10 @@ def _long_run(f, p, rows, donors, nd, g, cur, cq, ca):
 def _fill_rows(f, p, rows, order, free, donors, cap, k):
     """Fills the gaps of the rows in ``order`` from the front, opening donors from its end
     (free rows) as they are needed; returns (k, the donors opened, listed in donors)."""
-    gap, nseg = rows.gap, rows.nseg
     # Counters that a kernel call takes start as np.int64, not a literal 0: Numba types a
     # call at the first sight of its arguments, and a literal there compiles the callee
     # twice (once for Literal[int](0), once for int64), several seconds each cold.
+    cum, win, tab, used, ok = f.cum, f.windows, f.table, f.used, f.rest_ok
     nd = nw = ns = np.int64(0)
     ti, dj = 0, order.shape[0] - 1
     # long gaps: donor, piece and measurement to take runs from
@@ -203,14 +204,17 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
         t = order[ti]
         ti += 1
         opened = 0
-        while gap[t] >= SMALLEST_BODY and (cap == 0 or nseg[t] < cap):
-            g = gap[t]
+        while rows[t, R_GAP] >= SMALLEST_BODY and (cap == 0 or rows[t, R_NSEG] < cap):
+            g = rows[t, R_GAP]
             wa, wb = -1, -1
-            if g > WINDOW_MAX + SMALLEST_BODY and (cap == 0 or nseg[t] < cap - 1):
+            if g > WINDOW_MAX + SMALLEST_BODY and (cap == 0 or rows[t, R_NSEG] < cap - 1):
                 wa, wb, cur, cq, ca = _long_run(f, p, rows, donors, nd, g, cur, cq, ca)
             if wa < 0:
-                wa, wb, _ = _find_window(f, g, True, cap > 0 and nseg[t] == cap - 1)
-                if cap == 0 and (wa < 0 or g - (f.cum_cost[wb] - f.cum_cost[wa]) > 1):
+                if tab[REST_STALE, 0] != 0:
+                    rest_table(f)
+                last = cap > 0 and rows[t, R_NSEG] == cap - 1
+                wa, wb, _ = _find_window(cum, win, tab, used, ok, g, True, last)
+                if cap == 0 and (wa < 0 or g - (cum[wb] - cum[wa]) > 1):
                     k2 = close_gap(f, p, rows, t, k)  # no window fills it: single measurements
                     if k2 >= 0:
                         k = k2
@@ -225,7 +229,7 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
                 nw, ns = _open_donor(f, p, rows, d, nw, ns)
                 continue
             if wa < 0:  # nothing fills it: the longest window that fits
-                wa, wb, _ = _find_window(f, g, False, False)
+                wa, wb, _ = _find_window(cum, win, tab, used, ok, g, False, False)
             if wa < 0:
                 break
             k = place(f, p, rows, t, wa, wb, k)
@@ -236,8 +240,8 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
 def _close_row(f, p, rows, r, cap, k):
     """Closes row r: without a cap, single measurements that keep its rest fillable until a
     set of them closes it; then (or with a cap) windows while its gap takes one. Returns k."""
-    gap, nseg = rows.gap, rows.nseg
-    while cap == 0 and gap[r] >= SMALLEST_BODY:
+    cum, win, tab, used, ok = f.cum, f.windows, f.table, f.used, f.rest_ok
+    while cap == 0 and rows[r, R_GAP] >= SMALLEST_BODY:
         k2 = close_gap(f, p, rows, r, k)
         if k2 >= 0:
             return k2
@@ -245,8 +249,11 @@ def _close_row(f, p, rows, r, cap, k):
         if k2 < 0:
             break
         k = k2
-    while gap[r] >= SMALLEST_BODY and (cap == 0 or nseg[r] < cap):
-        wa, wb, _ = _find_window(f, gap[r], True, cap > 0 and nseg[r] == cap - 1)
+    while rows[r, R_GAP] >= SMALLEST_BODY and (cap == 0 or rows[r, R_NSEG] < cap):
+        last = cap > 0 and rows[r, R_NSEG] == cap - 1
+        if tab[REST_STALE, 0] != 0:
+            rest_table(f)
+        wa, wb, _ = _find_window(cum, win, tab, used, ok, rows[r, R_GAP], True, last)
         if wa < 0:
             break
         k = place(f, p, rows, r, wa, wb, k)
@@ -260,31 +267,29 @@ def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
     passed over (up to SKIP_MAX a row) for a later row or a closing set, and a row that
     cannot take the next measurement is closed (``_close_row``). A second pass lays what
     the first passed over (and the scarce sizes). Returns (k, n_rows)."""
-    cum, used, scarce, ok, st = f.cum_cost, f.used, f.scarce, f.rest_ok, f.rest_stale
-    gap, nseg, rfirst, rlast = rows
-    ps, pe, pnext = p.ps, p.pe, p.pnext
+    cum, used, tab, ok = f.cum, f.used, f.table, f.rest_ok
     r = np.int64(-1)  # not a literal: see _fill_rows
     skips = 0
     for pass_ in range(2):
         for d in donors:
-            q = rfirst[d]
+            q = rows[d, R_FIRST]
             while q >= 0:
-                a = ps[q]
-                while a < pe[q]:
-                    if used[a] or (pass_ == 0 and scarce_at(cum, scarce, a)):
+                a = p[q, P_START]
+                while a < p[q, P_END]:
+                    if used[a] or (pass_ == 0 and scarce_at(cum, tab, a)):
                         a += 1
                         continue
                     c = cum[a + 1] - cum[a]
                     if r >= 0:
-                        rest = gap[r] - c
-                        if rest < 0 or (cap > 0 and nseg[r] >= cap):
+                        rest = rows[r, R_GAP] - c
+                        if rest < 0 or (cap > 0 and rows[r, R_NSEG] >= cap):
                             k = _close_row(f, p, rows, r, cap, k)
                             r = -1
                             continue  # the closing may have taken measurement a
-                        if st[0] != 0:
+                        if tab[REST_STALE, 0] != 0:
                             rest_table(f)
                         if cap == 0 and rest > 1 and not closable(ok, rest) and \
-                                closable(ok, gap[r]):
+                                closable(ok, rows[r, R_GAP]):
                             if pass_ == 0 and skips < SKIP_MAX:
                                 skips += 1
                                 a += 1  # passed over: a later row or a closing set takes it
@@ -295,35 +300,37 @@ def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
                     if r < 0:
                         r = n_rows
                         n_rows += 1
-                        gap[r], nseg[r], rfirst[r], rlast[r] = row_len, 0, -1, -1
+                        rows[r, R_GAP], rows[r, R_NSEG] = row_len, 0
+                        rows[r, R_FIRST], rows[r, R_LAST] = -1, -1
                         skips = 0
                         refresh_quota(f, row_len)
                     m = a + 1
-                    if st[0] != 0:
+                    if tab[REST_STALE, 0] != 0:
                         rest_table(f)
-                    while (m < pe[q] and not used[m] and cum[m + 1] - cum[a] <= gap[r]
-                           and (pass_ > 0 or not scarce_at(cum, scarce, m))):
-                        rest = gap[r] - (cum[m + 1] - cum[a])
+                    while (m < p[q, P_END] and not used[m]
+                           and cum[m + 1] - cum[a] <= rows[r, R_GAP]
+                           and (pass_ > 0 or not scarce_at(cum, tab, m))):
+                        rest = rows[r, R_GAP] - (cum[m + 1] - cum[a])
                         if cap == 0 and rest > 1 and not closable(ok, rest) and \
-                                closable(ok, gap[r] - (cum[m] - cum[a])):
+                                closable(ok, rows[r, R_GAP] - (cum[m] - cum[a])):
                             break
                         m += 1
                     k = place(f, p, rows, r, a, m, k)
                     a = m
-                q = pnext[q]
+                q = p[q, P_NEXT]
     return k, n_rows
 
 
 def fill_gaps(cum, has_ts, abs_extra, row_len, cap, p, rows, k, n_rows):
     """Step 4 on pieces p[:k] in rows[:n_rows]: returns (p, rows, k, n_rows), the arrays
-    grown. Donor rows stay, their pieces no longer alive."""
+    grown. Donor rows stay, their pieces no longer in a row."""
     n0 = n_rows
     free, m_free, cheapest, left = _free_rows(cum, has_ts, abs_extra, p, rows, n0)
-    fill = row_len - rows.gap[:n0]
+    fill = row_len - rows[:n0, R_GAP]
     fr = np.flatnonzero(free)
     fr = fr[np.argsort(-fill[fr], kind="stable")]
     order = np.concatenate((np.flatnonzero(~free), fr))  # fill from the front, donors from the end
-    dem, scarce = demand(rows.gap[:n0], free, left)
+    dem, scarce = demand(rows[:n0, R_GAP], free, left)
     if cap > 0:
         scarce[:] = False  # under a cap on pieces, single measurements would fill rows up
     # Room for all that can come, allocated once: an array reassigned inside the loops
@@ -331,27 +338,21 @@ def fill_gaps(cum, has_ts, abs_extra, row_len, cap, p, rows, k, n_rows):
     # and np.empty's pages are only mapped where written. Every piece and every new row
     # holds at least one measurement of a free row; a window starting at a measurement
     # spans at most WINDOW_MAX // (its cheapest measurement) of them.
-    p, rows = _grown(p, rows, k + m_free + 1, n_rows + m_free + 1)
+    p, rows = _grow(p, k + m_free + 1), _grow(rows, n_rows + m_free + 1)
     n_win = m_free * (WINDOW_MAX // max(cheapest, 1)) + 1
     n_items = (WINDOW_MAX + 1) * 8
-    f = Fill(cum_cost=cum, used=np.zeros(cum.shape[0], np.bool_),
-             window_head=np.full(WINDOW_MAX + 1, -1, np.int64),
-             window_start=np.empty(n_win, np.int64), window_end=np.empty(n_win, np.int64),
-             window_next=np.empty(n_win, np.int64),
-             size_head=np.full(WINDOW_MAX + 1, -1, np.int64),
-             size_measurement=np.empty(m_free + 1, np.int64),
-             size_next=np.empty(m_free + 1, np.int64),
-             available=np.zeros(WINDOW_MAX + 1, np.int64), free_left=left, demand=dem,
-             scarce=scarce, quota=row_len // np.maximum(np.arange(WINDOW_MAX + 1), 1),
-             rest_ok=np.zeros(row_len // 64 + 1, np.uint64), rest_stale=np.ones(1, np.int64),
-             sum_cost=np.empty(CLOSE_MAX + 1, np.int64),
-             sum_via=np.empty(CLOSE_MAX + 1, np.int64),
-             size_count=np.zeros(WINDOW_MAX + 1, np.int64),
-             item_taken=np.zeros((n_items, CLOSE_MAX + 1), np.bool_),
-             item_size=np.empty(n_items, np.int64), item_count=np.empty(n_items, np.int64),
-             item_price=np.empty(n_items, np.int64))
+    tab = np.zeros((N_TABLE, WINDOW_MAX + 1), np.int64)
+    tab[WINDOW_HEAD] = tab[SIZE_HEAD] = -1
+    tab[FREE_LEFT], tab[DEMAND], tab[SCARCE] = left, dem, scarce
+    tab[QUOTA] = row_len // np.maximum(np.arange(WINDOW_MAX + 1), 1)
+    tab[REST_STALE, 0] = 1
+    f = Fill(cum=cum, used=np.zeros(cum.shape[0], np.bool_),
+             windows=np.empty((n_win, 2), np.int64), sizes=np.empty((m_free + 1, 2), np.int64),
+             table=tab, rest_ok=np.zeros(row_len // 64 + 1, np.uint64),
+             items=np.empty((n_items, I_PRICE + 1), np.int64),
+             taken=np.zeros((n_items, CLOSE_MAX + 1), np.bool_))
     donors = np.empty(fr.shape[0], np.int64)
     k, nd = _fill_rows(f, p, rows, order, free, donors, cap, k)
-    f.rest_stale[0] = 1  # from here on the rest table counts at most quota[c] of each size
+    tab[REST_STALE, 0] = 1  # from here on the rest table counts at most quota[c] of each size
     k, n_rows = _lay_kept(f, p, rows, donors[:nd], row_len, cap, k, n_rows)
     return p, rows, k, n_rows

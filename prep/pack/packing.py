@@ -32,7 +32,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from prep.base.jit import helper, kernel
-from prep.pack.fill import PackedPieces, Rows, fill_gaps
+from prep.pack.closing import (
+    P_END,
+    P_LEN,
+    P_NEXT,
+    P_ROW,
+    P_START,
+    R_FIRST,
+    R_GAP,
+    R_LAST,
+    R_NSEG,
+)
+from prep.pack.fill import fill_gaps
 from prep.pack.repack import repack  # (see the docstring)
 
 
@@ -169,13 +180,11 @@ def _best_fit(ctx_start, ctx_end, clen, order, row_len, cap):
                   np.full(n_ctx, -1, np.int64), np.full(n_ctx, -1, np.int64),
                   np.zeros(2 * size, np.int64))
     head, tree = op.head, op.tree
-    gap, nseg = np.zeros(n_ctx, np.int64), np.zeros(n_ctx, np.int64)
-    rfirst, rlast = np.full(n_ctx, -1, np.int64), np.full(n_ctx, -1, np.int64)
-    # pieces, in creation order; pnext chains the pieces of one row in slot order
-    kcap = n_ctx + n_ctx // 8 + 16
-    ps, pe = np.empty(kcap, np.int64), np.empty(kcap, np.int64)
-    pr, pnext = np.empty(kcap, np.int64), np.empty(kcap, np.int64)
-    alive = np.ones(kcap, np.bool_)
+    rows = np.empty((n_ctx, R_LAST + 1), np.int64)  # columns: prep.pack.closing
+    for r in range(n_ctx):
+        rows[r, R_GAP], rows[r, R_NSEG], rows[r, R_FIRST], rows[r, R_LAST] = 0, 0, -1, -1
+    # pieces, in creation order; P_NEXT chains the pieces of one row in slot order
+    p = np.empty((n_ctx + n_ctx // 8 + 16, P_LEN + 1), np.int64)
     k = 0
     n_rows = 0
     for j in range(n_ctx):
@@ -185,34 +194,33 @@ def _best_fit(ctx_start, ctx_end, clen, order, row_len, cap):
         if g < 0:
             r = n_rows
             n_rows += 1
-            gap[r] = row_len
+            rows[r, R_GAP] = row_len
         else:
             r = head[g]
             _remove(op, r, g)
-        ps[k], pe[k], pr[k], pnext[k] = ctx_start[c], ctx_end[c], r, -1
-        if rlast[r] >= 0:
-            pnext[rlast[r]] = k
+        p[k, P_START], p[k, P_END], p[k, P_ROW], p[k, P_NEXT] = ctx_start[c], ctx_end[c], r, -1
+        p[k, P_LEN] = ln
+        if rows[r, R_LAST] >= 0:
+            p[rows[r, R_LAST], P_NEXT] = k
         else:
-            rfirst[r] = k
-        rlast[r] = k
+            rows[r, R_FIRST] = k
+        rows[r, R_LAST] = k
         k += 1
-        gap[r] -= ln
-        nseg[r] += 1
-        if gap[r] > 0 and (cap == 0 or nseg[r] < cap):  # still open
-            _push(op, r, gap[r])
-    return PackedPieces(ps, pe, pr, pnext, alive), Rows(gap, nseg, rfirst, rlast), k, n_rows
+        rows[r, R_GAP] -= ln
+        rows[r, R_NSEG] += 1
+        if rows[r, R_GAP] > 0 and (cap == 0 or rows[r, R_NSEG] < cap):  # still open
+            _push(op, r, rows[r, R_GAP])
+    return p, rows, k, n_rows
 
 
 @kernel
-def _renumber(cum, has_ts, abs_extra, p, rows, k, n_rows):
+def _renumber(p, rows, k, n_rows):
     """Step 5: the rows that still hold pieces, renumbered in order, and their pieces by
     (row, slot): (start, end, tokens, row of each, rows)."""
-    ps, pe, pr, pnext, alive = p
-    rfirst = rows.rfirst
     new_id = np.full(n_rows, -1, np.int64)
     for q in range(k):
-        if alive[q]:
-            new_id[pr[q]] = 0
+        if p[q, P_ROW] >= 0:
+            new_id[p[q, P_ROW]] = 0
     n_out = 0
     for r in range(n_rows):
         if new_id[r] == 0:
@@ -220,7 +228,7 @@ def _renumber(cum, has_ts, abs_extra, p, rows, k, n_rows):
             n_out += 1
     out_n = 0
     for q in range(k):
-        if alive[q]:
+        if p[q, P_ROW] >= 0:
             out_n += 1
     o_s = np.empty(out_n, np.int64)
     o_e = np.empty(out_n, np.int64)
@@ -230,13 +238,13 @@ def _renumber(cum, has_ts, abs_extra, p, rows, k, n_rows):
     for r in range(n_rows):
         if new_id[r] < 0:
             continue
-        q = rfirst[r]
+        q = rows[r, R_FIRST]
         while q >= 0:
-            if alive[q]:
-                o_s[j], o_e[j], o_r[j] = ps[q], pe[q], new_id[r]
-                o_l[j] = _plen(cum, has_ts, abs_extra, ps[q], pe[q])
+            if p[q, P_ROW] >= 0:
+                o_s[j], o_e[j], o_r[j] = p[q, P_START], p[q, P_END], new_id[r]
+                o_l[j] = p[q, P_LEN]
                 j += 1
-            q = pnext[q]
+            q = p[q, P_NEXT]
     return o_s, o_e, o_l, o_r, n_out
 
 
@@ -248,7 +256,7 @@ def _pack(ctx_start, ctx_end, cum, has_ts, abs_extra, clen, row_len, cap, split)
     p, rows, k, n_rows = _best_fit(ctx_start, ctx_end, clen, order, row_len, cap)  # 3.
     if split and n_rows > 1:  # 4.
         p, rows, k, n_rows = fill_gaps(cum, has_ts, abs_extra, row_len, cap, p, rows, k, n_rows)
-    o_s, o_e, o_l, o_r, n_out = _renumber(cum, has_ts, abs_extra, p, rows, k, n_rows)  # 5.
+    o_s, o_e, o_l, o_r, n_out = _renumber(p, rows, k, n_rows)  # 5.
     if split and cap == 0 and n_out > 1:  # 6. repack the rows of small pieces
         order, o_r2, n2 = repack(o_l, o_r, n_out, row_len)
         if order.shape[0] > 0:
