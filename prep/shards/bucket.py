@@ -25,6 +25,7 @@ holds train and test probes in the configured proportion.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -138,7 +139,8 @@ def _histogram(values: np.ndarray) -> dict[str, int]:
     return {str(i): int(c) for i, c in enumerate(counts) if c}
 
 
-def process_bucket(bucket: int, m: Measurements, cfg: ShardsConfig, out_dir: str) -> dict:
+def process_bucket(bucket: int, m: Measurements, cfg: ShardsConfig, out_dir: str, *,
+                   clock=None) -> dict:
     """Write bucket ``bucket``'s shards under ``out_dir``; return what the manifest needs.
 
     Result (plain dict)::
@@ -152,27 +154,37 @@ def process_bucket(bucket: int, m: Measurements, cfg: ShardsConfig, out_dir: str
          "segments_per_row": {"1": rows with one segment, …}}
 
     ``shards`` is ordered by (split train/test, epoch); empty splits write no shard.
+    ``clock``: times the stages (prep.shards.stages.StageClock); the result is the same.
     """
+    clock = clock or _no_clock
     ctx_cfg = cfg.context_config()
-    masks = split_masks(m, cfg)
+    with clock("split"):
+        masks = split_masks(m, cfg)
     excluded = len(m) - int(masks[0].sum()) - int(masks[1].sum())
     shards, seg_counts, probes = [], [], {}
     for split, mask in zip(SPLITS, masks):
-        part = m.take(np.flatnonzero(mask))
-        probes[split] = int(len(np.unique(part.probe)))
+        with clock("split"):
+            part = m.take(np.flatnonzero(mask))
+            probes[split] = int(len(np.unique(part.probe)))
         if len(part) == 0:
             continue
         for epoch in range(cfg.epochs):
             seed = epoch_seed(cfg.seed, epoch)
-            plan = plan_contexts(part, ctx_cfg, seed)
-            packing = pack(plan.ctx_start, plan.ctx_end, plan.cost, plan.has_ts,
-                           plan.abs_extra, row_len=cfg.row_len, max_segments=cfg.max_segments)
-            tokens, offsets = encode_pieces(plan.sorted, plan, packing.piece_start,
-                                            packing.piece_end, seed)
-            block = assemble_rows(tokens, offsets, packing.piece_row, packing.n_rows,
-                                  cfg.row_len)
+            with clock("plan"):
+                plan = plan_contexts(part, ctx_cfg, seed)
+            with clock("pack"):
+                packing = pack(plan.ctx_start, plan.ctx_end, plan.cost, plan.has_ts,
+                               plan.abs_extra, row_len=cfg.row_len,
+                               max_segments=cfg.max_segments)
+            with clock("encode"):
+                tokens, offsets = encode_pieces(plan.sorted, plan, packing.piece_start,
+                                                packing.piece_end, seed)
+            with clock("assemble"):
+                block = assemble_rows(tokens, offsets, packing.piece_row, packing.n_rows,
+                                      cfg.row_len)
             name = shard_name(split, bucket, epoch)
-            sha = write_shard(Path(out_dir) / name, block, cfg.compression)
+            with clock("write"):
+                sha = write_shard(Path(out_dir) / name, block, cfg.compression)
             seg_counts.append(np.bincount(packing.piece_row, minlength=packing.n_rows))
             shards.append({"path": name, "split": split, "epoch": epoch,
                            "records": int(packing.n_rows), "sha256": sha,
@@ -184,6 +196,10 @@ def process_bucket(bucket: int, m: Measurements, cfg: ShardsConfig, out_dir: str
     per_row = np.concatenate(seg_counts) if seg_counts else np.zeros(0, np.uint8)
     return {"bucket": int(bucket), "measurements": int(len(m)), "excluded": excluded,
             "probes": probes, "shards": shards, "segments_per_row": _histogram(per_row)}
+
+
+def _no_clock(stage: str):
+    return contextlib.nullcontext()
 
 
 def kernels_cached() -> bool:
