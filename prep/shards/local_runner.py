@@ -56,9 +56,9 @@ from prep.shards.dataset import (
 )
 from prep.shards.stages import StageClock
 
-# LZ4: page-cache writes are dear on small VMs, and compressing the spill saves more kernel
-# time than it costs (docs/measurements.md).
-_SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+# Uncompressed: the spill lives seconds in the page cache, and LZ4 cost more CPU to write
+# and read back than the smaller writes saved (docs/measurements.md).
+_SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression=None)
 
 
 def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int = 1,
