@@ -157,45 +157,56 @@ def process_bucket(bucket: int, m: Measurements, cfg: ShardsConfig, out_dir: str
     ``clock``: times the stages (prep.shards.stages.StageClock); the result is the same.
     """
     clock = clock or _no_clock
-    ctx_cfg = cfg.context_config()
     with clock("split"):
         masks = split_masks(m, cfg)
     excluded = len(m) - int(masks[0].sum()) - int(masks[1].sum())
     shards, seg_counts, probes = [], [], {}
     for split, mask in zip(SPLITS, masks):
         with clock("split"):
-            part = m.take(np.flatnonzero(mask))
-            probes[split] = int(len(np.unique(part.probe)))
-        if len(part) == 0:
+            rows = np.flatnonzero(mask)
+            probes[split] = len(np.unique(m.probe[rows]))
+        if len(rows) == 0:
             continue
         for epoch in range(cfg.epochs):
-            seed = epoch_seed(cfg.seed, epoch)
-            with clock("plan"):
-                plan = plan_contexts(part, ctx_cfg, seed)
-            with clock("pack"):
-                packing = pack(plan.ctx_start, plan.ctx_end, plan.cost, plan.has_ts,
-                               plan.abs_extra, row_len=cfg.row_len,
-                               max_segments=cfg.max_segments)
-            with clock("encode"):
-                tokens, offsets = encode_pieces(plan.sorted, plan, packing.piece_start,
-                                                packing.piece_end, seed)
-            with clock("assemble"):
-                block = assemble_rows(tokens, offsets, packing.piece_row, packing.n_rows,
-                                      cfg.row_len)
-            name = shard_name(split, bucket, epoch)
-            with clock("write"):
-                sha = write_shard(Path(out_dir) / name, block, cfg.compression)
-            seg_counts.append(np.bincount(packing.piece_row, minlength=packing.n_rows))
-            shards.append({"path": name, "split": split, "epoch": epoch,
-                           "records": int(packing.n_rows), "sha256": sha,
-                           "measurements": int(len(part)),
-                           "contexts": int(len(plan.ctx_start)),
-                           "segments": int(len(packing.piece_start)),
-                           "tokens": int(offsets[-1]),
-                           "context_tokens": int(plan.ctx_len.sum(dtype=np.int64))})
+            shard, per_row = _write_pass(m, rows, split, bucket, epoch, cfg, out_dir, clock)
+            shards.append(shard)
+            seg_counts.append(per_row)
     per_row = np.concatenate(seg_counts) if seg_counts else np.zeros(0, np.uint8)
     return {"bucket": int(bucket), "measurements": int(len(m)), "excluded": excluded,
             "probes": probes, "shards": shards, "segments_per_row": _histogram(per_row)}
+
+
+def _write_pass(m: Measurements, rows: np.ndarray, split: str, bucket: int, epoch: int,
+                cfg: ShardsConfig, out_dir: str, clock) -> tuple[dict, np.ndarray]:
+    """The shard of ``m[rows]`` (one split) of one epoch (process_bucket's step 2): its entry
+    in ``shards`` and its rows' segment counts. What each step no longer needs is let go
+    before the next allocates (the split's copy once planned, the plan's sorted copy
+    before the rows' block): a worker's peak memory."""
+    seed = epoch_seed(cfg.seed, epoch)
+    with clock("split"):
+        part = m.take(rows)
+    with clock("plan"):
+        plan = plan_contexts(part, cfg.context_config(), seed)
+    del part
+    with clock("pack"):
+        packing = pack(plan.ctx_start, plan.ctx_end, plan.cost, plan.has_ts, plan.abs_extra,
+                       row_len=cfg.row_len, max_segments=cfg.max_segments)
+    with clock("encode"):
+        tokens, offsets = encode_pieces(plan.sorted, plan, packing.piece_start,
+                                        packing.piece_end, seed)
+    contexts, context_tokens = len(plan.ctx_start), int(plan.ctx_len.sum(dtype=np.int64))
+    del plan
+    with clock("assemble"):
+        block = assemble_rows(tokens, offsets, packing.piece_row, packing.n_rows, cfg.row_len)
+    del tokens
+    name = shard_name(split, bucket, epoch)
+    with clock("write"):
+        sha = write_shard(Path(out_dir) / name, block, cfg.compression)
+    shard = {"path": name, "split": split, "epoch": epoch, "records": int(packing.n_rows),
+             "sha256": sha, "measurements": len(rows), "contexts": contexts,
+             "segments": len(packing.piece_start), "tokens": int(offsets[-1]),
+             "context_tokens": context_tokens}
+    return shard, np.bincount(packing.piece_row, minlength=packing.n_rows)
 
 
 def _no_clock(stage: str):
