@@ -164,11 +164,10 @@ def process_bucket(bucket: int, m: Measurements, cfg: ShardsConfig, out_dir: str
     for split, mask in zip(SPLITS, masks):
         with clock("split"):
             rows = np.flatnonzero(mask)
-            probes[split] = len(np.unique(m.probe[rows]))
-        if len(rows) == 0:
-            continue
-        for epoch in range(cfg.epochs):
-            shard, per_row = _write_pass(m, rows, split, bucket, epoch, cfg, out_dir, clock)
+        probes[split] = 0
+        for epoch in range(cfg.epochs) if len(rows) else ():
+            shard, per_row, probes[split] = _write_pass(m, rows, split, bucket, epoch, cfg,
+                                                        out_dir, clock)
             shards.append(shard)
             seg_counts.append(per_row)
     per_row = np.concatenate(seg_counts) if seg_counts else np.zeros(0, np.uint8)
@@ -177,9 +176,10 @@ def process_bucket(bucket: int, m: Measurements, cfg: ShardsConfig, out_dir: str
 
 
 def _write_pass(m: Measurements, rows: np.ndarray, split: str, bucket: int, epoch: int,
-                cfg: ShardsConfig, out_dir: str, clock) -> tuple[dict, np.ndarray]:
+                cfg: ShardsConfig, out_dir: str, clock) -> tuple[dict, np.ndarray, int]:
     """The shard of ``m[rows]`` (one split) of one epoch (process_bucket's step 2): its entry
-    in ``shards`` and its rows' segment counts. What each step no longer needs is let go
+    in ``shards``, its rows' segment counts and the split's probes (counted in the plan's
+    copy, sorted by probe first). What each step no longer needs is let go
     before the next allocates (the split's copy once planned, the plan's sorted copy
     before the rows' block): a worker's peak memory."""
     seed = epoch_seed(cfg.seed, epoch)
@@ -195,6 +195,7 @@ def _write_pass(m: Measurements, rows: np.ndarray, split: str, bucket: int, epoc
         tokens, offsets = encode_pieces(plan.sorted, plan, packing.piece_start,
                                         packing.piece_end, seed)
     contexts, context_tokens = len(plan.ctx_start), int(plan.ctx_len.sum(dtype=np.int64))
+    probes = int(np.count_nonzero(np.diff(plan.sorted.probe))) + 1
     del plan
     with clock("assemble"):
         block = assemble_rows(tokens, offsets, packing.piece_row, packing.n_rows, cfg.row_len)
@@ -206,7 +207,7 @@ def _write_pass(m: Measurements, rows: np.ndarray, split: str, bucket: int, epoc
              "sha256": sha, "measurements": len(rows), "contexts": contexts,
              "segments": len(packing.piece_start), "tokens": int(offsets[-1]),
              "context_tokens": context_tokens}
-    return shard, np.bincount(packing.piece_row, minlength=packing.n_rows)
+    return shard, np.bincount(packing.piece_row, minlength=packing.n_rows), probes
 
 
 def _no_clock(stage: str):
