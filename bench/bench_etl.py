@@ -6,6 +6,13 @@ from launch to exit. Peak RSS is the largest single process (main or pool worker
 the run's own report; ``etl.peak_rss_total_mb`` adds the main process and every worker.
 Reference: ping-llm's pipeline does ~108k measurements/s with 4 workers (its published figure).
 Inputs are made by ``prep synth`` and cached under data/bench (git-ignored).
+
+Where the time goes: ``etl.stage_share.<stage>``, each stage's share of the CPU seconds
+the 10M run's report adds up (``stage_cpu_s``; prep.shards.stages names them), and the
+floor in the same run: ``etl.read_parse_measurements_per_s``, the same parquet files read
+by the same units on a pool of as many workers, with their addresses parsed by the same
+calls (``read_parse``: nothing validated, routed or written), before and after the 10M
+run (the mean); ``etl.over_read_parse`` is that rate over the run's (the goal: at most 3).
 """
 
 from __future__ import annotations
@@ -17,6 +24,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from prep.jobs.pool import Pool
+from prep.schema.validate import ADDRESS_COLUMNS, BATCH_ROWS, open_parquet, parse_addresses
+from prep.shards.dataset import read_units
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent / "data" / "bench"  # data/ is git-ignored
@@ -48,11 +59,46 @@ def _shards(inp: Path, buckets: int) -> tuple[dict, float]:
     return json.loads(p.stdout.strip().splitlines()[-1]), wall
 
 
+def read_parse(unit: list[tuple[str, list[int]]]) -> int:
+    """The floor of pass 1 on one unit: its row groups read as `prep shards` reads them
+    (prep.schema.validate.validated_batches: the columns, the batch size, the addresses as
+    dictionaries) and each batch's addresses parsed (``parse_addresses``); the rows read."""
+    rows, cache = 0, {}
+    for path, row_groups in unit:
+        pf = open_parquet(path, read_dictionary=ADDRESS_COLUMNS)
+        for rb in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=row_groups):
+            for c in ADDRESS_COLUMNS:
+                parse_addresses(rb.column(c), cache)
+            rows += rb.num_rows
+    return rows
+
+
+def _read_parse_rate(inp: Path) -> float:
+    """Measurements/s of ``read_parse`` over ``inp``'s units on WORKERS processes (the pool
+    started and warm before the clock starts)."""
+    units, total = read_units(sorted(inp.glob("*.parquet")))
+    with Pool(WORKERS, preload=(__name__,)) as pool:
+        list(pool.imap_unordered(read_parse, [[]] * WORKERS))  # start the workers
+        t0 = time.perf_counter()
+        rows = sum(pool.imap_unordered(read_parse, units))
+        wall = time.perf_counter() - t0
+    if rows != total:
+        raise RuntimeError(f"read {rows:,} rows of {total:,}")
+    return total / wall
+
+
+def stage_shares(seconds: dict[str, float]) -> dict[str, float]:
+    """``etl.stage_share.<stage>``: each stage's share of the seconds the report adds up."""
+    total = sum(seconds.values())
+    return {f"etl.stage_share.{k}": (v / total if total else 0.0) for k, v in seconds.items()}
+
+
 def run() -> dict[str, float]:
     DATA.mkdir(parents=True, exist_ok=True)
     inputs = {n: _synth(n) for n in SIZES}
     _shards(inputs[SIZES[0]], 2)  # warm the Numba cache and the page cache; not timed
     metrics: dict[str, float] = {}
+    floor = [_read_parse_rate(inputs[SIZES[-1]])]
     for n in SIZES:
         s, wall = _shards(inputs[n], max(1, n // BUCKET_ROWS))
         rss = s["peak_rss_mb"]
@@ -61,8 +107,16 @@ def run() -> dict[str, float]:
         print(f"[bench] etl {n:,} measurements: {wall:.2f} s, {n / wall:,.0f}/s, peak RSS "
               f"{rss}", file=sys.stderr)
     # The last run is the 10M one: throughput and packing figures come from it.
+    floor.append(_read_parse_rate(inputs[SIZES[-1]]))
+    rate, floor_rate = SIZES[-1] / wall, sum(floor) / len(floor)
+    each = ", ".join(f"{f:,.0f}" for f in floor)
+    print(f"[bench] etl read + parse floor {floor_rate:,.0f}/s ({each}), "
+          f"{floor_rate / rate:.2f}x the run's rate", file=sys.stderr)
+    metrics.update(stage_shares(s["stage_cpu_s"]))
     metrics.update({
-        "etl.measurements_per_s": float(SIZES[-1] / wall),
+        "etl.read_parse_measurements_per_s": float(floor_rate),
+        "etl.over_read_parse": float(floor_rate / rate),
+        "etl.measurements_per_s": float(rate),
         "etl.elapsed_s": float(wall),
         "etl.peak_rss_mb": float(max(rss.values())),
         "etl.peak_rss_total_mb": float(rss["main"] + WORKERS * rss["buckets"]),

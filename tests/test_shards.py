@@ -159,7 +159,7 @@ def test_killed_rerun_keeps_the_old_dataset_and_next_run_completes(tmp_path):
     # Each bucket lingers after writing its shards, so the kill below always lands mid-run.
     slow = ("import sys, time, prep.shards.local_runner as s; from prep.cli import main\n"
             "real = s.process_bucket\n"
-            "def slow(*a):\n    r = real(*a); time.sleep(0.5); return r\n"
+            "def slow(*a, **k):\n    r = real(*a, **k); time.sleep(0.5); return r\n"
             "s.process_bucket = slow; main(sys.argv[1:])")
     run_shards([str(inp)], str(out), ShardsConfig(n_buckets=32), progress=False)  # an old dataset
     old = _dataset_bytes(out)

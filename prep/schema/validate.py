@@ -21,12 +21,13 @@ Rejection reasons, checked in this order (a row is counted under the first that 
     bad_<field>         a value field (vocab.VALUE_FIELDS) is null, negative, or over its width
 
 Every call keeps rows in == accepted rows + sum(rejected.values()). Addresses repeat
-heavily, so each batch is dictionary-encoded by Arrow and only the distinct texts are
-parsed, with a cache across the batches of one ``iter_validated`` run.
+heavily, so they are read as Arrow dictionaries (parquet's own dictionary pages) and only
+the distinct texts are parsed, with a cache across the batches of one process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ RTT_MAX_MS = 2047 * 2**31 / 1000
 _I64_MAX = 2**63 - 1
 REQUIRED = ("event_time", "src_addr", "dst_addr", "ip_version", "rtt") + tuple(
     f.name for f in VALUE_FIELDS)
+ADDRESS_COLUMNS = ("src_addr", "dst_addr")
 _CACHE_LIMIT = 2_000_000  # distinct addresses kept between batches; bounds memory
 _UNIT_DIV = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 
@@ -205,22 +207,31 @@ def column_times(col) -> tuple[np.ndarray, np.ndarray]:
     return _ints(col, np.int64)
 
 
-def _addresses(col, cache: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list]:
+def parse_addresses(col, cache: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                tuple[list, np.ndarray]]:
     """(status, family, hi, lo) per row and the distinct texts; status 0 ok, 1 empty, 2 invalid.
 
-    Parses each distinct text once; ``cache`` maps text -> (status, family, hi, lo).
+    Parses each distinct text once; ``cache`` maps text -> (status, family, hi, lo). A
+    dictionary column (as ``validated_batches`` reads the addresses: parquet stores them
+    so) is used as it comes; any other is dictionary-encoded first.
     """
     if isinstance(col, pa.ChunkedArray):
+        if col.num_chunks != 1 and pa.types.is_dictionary(col.type):
+            col = pc.cast(col, col.type.value_type)  # one dictionary for all the chunks
         col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    if not pa.types.is_string(col.type) and not pa.types.is_large_string(col.type):
-        col = pc.cast(col, pa.string())
-    enc = pc.dictionary_encode(col, null_encoding="encode")
-    idx = enc.indices.to_numpy(zero_copy_only=False)
-    texts = enc.dictionary.to_pylist()
-    table = np.zeros((len(texts), 4), dtype=np.uint64)
+    if pa.types.is_dictionary(col.type):
+        # a null index is the null text, one past the dictionary's entries
+        texts = col.dictionary.to_pylist() + [None]
+        idx = pc.fill_null(col.indices, len(texts) - 1).to_numpy(zero_copy_only=False)
+    else:
+        if not pa.types.is_string(col.type) and not pa.types.is_large_string(col.type):
+            col = pc.cast(col, pa.string())
+        enc = pc.dictionary_encode(col, null_encoding="encode")
+        idx = enc.indices.to_numpy(zero_copy_only=False)
+        texts = enc.dictionary.to_pylist()
+    hits = list(map(cache.get, texts))
     for i, s in enumerate(texts):
-        hit = cache.get(s)
-        if hit is None:
+        if hits[i] is None:
             if not s:
                 hit = (1, 0, 0, 0)
             else:
@@ -230,10 +241,10 @@ def _addresses(col, cache: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
                     hit = (2, 0, 0, 0)
             if len(cache) >= _CACHE_LIMIT:
                 cache.clear()
-            cache[s] = hit
-        table[i] = hit
-    rows = table[idx]
-    return rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], (texts, idx)
+            cache[s] = hits[i] = hit
+    table = np.array(hits, dtype=np.uint64).reshape(len(texts), 4).T  # one row per field
+    return (table[0].astype(np.uint8)[idx], table[1].astype(np.uint8)[idx], table[2][idx],
+            table[3][idx], (texts, idx))
 
 
 def validate_rows(table: pa.Table, *, source: str, _cache: dict | None = None
@@ -243,8 +254,9 @@ def validate_rows(table: pa.Table, *, source: str, _cache: dict | None = None
     cache = {} if _cache is None else _cache
     n = table.num_rows
     time, t_null = column_times(table.column(cols["event_time"]))
-    s_st, s_fam, s_hi, s_lo, (s_texts, s_idx) = _addresses(table.column(cols["src_addr"]), cache)
-    d_st, d_fam, d_hi, d_lo, _ = _addresses(table.column(cols["dst_addr"]), cache)
+    s_st, s_fam, s_hi, s_lo, (s_texts, s_idx) = parse_addresses(table.column(cols["src_addr"]),
+                                                                cache)
+    d_st, d_fam, d_hi, d_lo, _ = parse_addresses(table.column(cols["dst_addr"]), cache)
     ipv, ipv_null = _ints(table.column(cols["ip_version"]), np.int64)
     rtt_col = table.column(cols["rtt"])
     rtt = pc.cast(rtt_col, pa.float64()).to_numpy(zero_copy_only=False)  # nulls become NaN
@@ -290,14 +302,17 @@ def validate_table(table: pa.Table, *, source: str) -> tuple[Measurements, dict[
     return m, rejected
 
 
-def open_parquet(path: str | Path) -> pq.ParquetFile:
+def open_parquet(path: str | Path, *, read_dictionary: tuple[str, ...] = ()) -> pq.ParquetFile:
     """The file, its columns and their types checked up front (InputError naming it if not).
-    A bucket path (``s3://…``) is read in place, by ranged reads (prep.base.storage)."""
+    A bucket path (``s3://…``) is read in place, by ranged reads (prep.base.storage).
+    ``read_dictionary``: columns read as Arrow dictionaries (pyarrow's option)."""
+    rd = list(read_dictionary) or None
     try:
         if storage.is_remote(path):
-            pf = pq.ParquetFile(storage.open_input_file(storage.Remote.parse(path)))
+            pf = pq.ParquetFile(storage.open_input_file(storage.Remote.parse(path)),
+                                read_dictionary=rd)
         else:
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(path, read_dictionary=rd)
     except (OSError, pa.ArrowException) as e:
         raise _unreadable(e, path, "not a readable parquet file") from None
     _resolve_columns(pf.schema_arrow, str(path))
@@ -316,18 +331,32 @@ def format_rejected(rejected: dict[str, int], top: int | None = None) -> str:
 
 
 def validated_batches(path: str | Path, row_groups: list[int] | None = None, *,
-                      batch_rows: int = BATCH_ROWS) -> Iterator[Batch]:
+                      batch_rows: int = BATCH_ROWS, clock=None) -> Iterator[Batch]:
     """Validated batches of at most ``batch_rows`` rows of one parquet file (of its
-    ``row_groups``, all by default), reading only the columns validation uses."""
-    pf = open_parquet(path)
+    ``row_groups``, all by default), reading only the columns validation uses.
+    ``clock``: times the stages "read" and "validate" (prep.shards.stages.StageClock)."""
+    clock = clock or _no_clock
+    # Addresses repeat: read as dictionaries, each batch's distinct texts come straight
+    # from parquet's own dictionary pages instead of being hashed again (parse_addresses).
+    pf = open_parquet(path, read_dictionary=ADDRESS_COLUMNS)
     cols = sorted(set(_resolve_columns(pf.schema_arrow, str(path)).values()))
     try:
-        for rb in pf.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=cols):
-            _, m, rejected = validate_rows(pa.Table.from_batches([rb]), source=str(path),
-                                           _cache=_ADDR_CACHE)
+        batches = pf.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=cols)
+        while True:
+            with clock("read"):
+                rb = next(batches, None)
+            if rb is None:
+                return
+            with clock("validate"):
+                _, m, rejected = validate_rows(pa.Table.from_batches([rb]), source=str(path),
+                                               _cache=_ADDR_CACHE)
             yield Batch(source=str(path), rows_in=rb.num_rows, measurements=m, rejected=rejected)
     except (OSError, pa.ArrowException) as e:
         raise _unreadable(e, path, "damaged or truncated parquet") from None
+
+
+def _no_clock(stage: str):
+    return contextlib.nullcontext()
 
 
 def _unreadable(e: BaseException, path, what: str) -> InputError:

@@ -25,6 +25,7 @@ holds train and test probes in the configured proportion.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -138,7 +139,8 @@ def _histogram(values: np.ndarray) -> dict[str, int]:
     return {str(i): int(c) for i, c in enumerate(counts) if c}
 
 
-def process_bucket(bucket: int, m: Measurements, cfg: ShardsConfig, out_dir: str) -> dict:
+def process_bucket(bucket: int, m: Measurements, cfg: ShardsConfig, out_dir: str, *,
+                   clock=None) -> dict:
     """Write bucket ``bucket``'s shards under ``out_dir``; return what the manifest needs.
 
     Result (plain dict)::
@@ -152,38 +154,64 @@ def process_bucket(bucket: int, m: Measurements, cfg: ShardsConfig, out_dir: str
          "segments_per_row": {"1": rows with one segment, …}}
 
     ``shards`` is ordered by (split train/test, epoch); empty splits write no shard.
+    ``clock``: times the stages (prep.shards.stages.StageClock); the result is the same.
     """
-    ctx_cfg = cfg.context_config()
-    masks = split_masks(m, cfg)
+    clock = clock or _no_clock
+    with clock("split"):
+        masks = split_masks(m, cfg)
     excluded = len(m) - int(masks[0].sum()) - int(masks[1].sum())
     shards, seg_counts, probes = [], [], {}
     for split, mask in zip(SPLITS, masks):
-        part = m.take(np.flatnonzero(mask))
-        probes[split] = int(len(np.unique(part.probe)))
-        if len(part) == 0:
-            continue
-        for epoch in range(cfg.epochs):
-            seed = epoch_seed(cfg.seed, epoch)
-            plan = plan_contexts(part, ctx_cfg, seed)
-            packing = pack(plan.ctx_start, plan.ctx_end, plan.cost, plan.has_ts,
-                           plan.abs_extra, row_len=cfg.row_len, max_segments=cfg.max_segments)
-            tokens, offsets = encode_pieces(plan.sorted, plan, packing.piece_start,
-                                            packing.piece_end, seed)
-            block = assemble_rows(tokens, offsets, packing.piece_row, packing.n_rows,
-                                  cfg.row_len)
-            name = shard_name(split, bucket, epoch)
-            sha = write_shard(Path(out_dir) / name, block, cfg.compression)
-            seg_counts.append(np.bincount(packing.piece_row, minlength=packing.n_rows))
-            shards.append({"path": name, "split": split, "epoch": epoch,
-                           "records": int(packing.n_rows), "sha256": sha,
-                           "measurements": int(len(part)),
-                           "contexts": int(len(plan.ctx_start)),
-                           "segments": int(len(packing.piece_start)),
-                           "tokens": int(offsets[-1]),
-                           "context_tokens": int(plan.ctx_len.sum(dtype=np.int64))})
+        with clock("split"):
+            rows = np.flatnonzero(mask)
+        probes[split] = 0
+        for epoch in range(cfg.epochs) if len(rows) else ():
+            shard, per_row, probes[split] = _write_pass(m, rows, split, bucket, epoch, cfg,
+                                                        out_dir, clock)
+            shards.append(shard)
+            seg_counts.append(per_row)
     per_row = np.concatenate(seg_counts) if seg_counts else np.zeros(0, np.uint8)
     return {"bucket": int(bucket), "measurements": int(len(m)), "excluded": excluded,
             "probes": probes, "shards": shards, "segments_per_row": _histogram(per_row)}
+
+
+def _write_pass(m: Measurements, rows: np.ndarray, split: str, bucket: int, epoch: int,
+                cfg: ShardsConfig, out_dir: str, clock) -> tuple[dict, np.ndarray, int]:
+    """The shard of ``m[rows]`` (one split) of one epoch (process_bucket's step 2): its entry
+    in ``shards``, its rows' segment counts and the split's probes (counted in the plan's
+    copy, sorted by probe first). What each step no longer needs is let go
+    before the next allocates (the split's copy once planned, the plan's sorted copy
+    before the rows' block): a worker's peak memory."""
+    seed = epoch_seed(cfg.seed, epoch)
+    with clock("split"):
+        part = m.take(rows)
+    with clock("plan"):
+        plan = plan_contexts(part, cfg.context_config(), seed)
+    del part
+    with clock("pack"):
+        packing = pack(plan.ctx_start, plan.ctx_end, plan.cost, plan.has_ts, plan.abs_extra,
+                       row_len=cfg.row_len, max_segments=cfg.max_segments)
+    with clock("encode"):
+        tokens, offsets = encode_pieces(plan.sorted, plan, packing.piece_start,
+                                        packing.piece_end, seed)
+    contexts, context_tokens = len(plan.ctx_start), int(plan.ctx_len.sum(dtype=np.int64))
+    probes = int(np.count_nonzero(np.diff(plan.sorted.probe))) + 1
+    del plan
+    with clock("assemble"):
+        block = assemble_rows(tokens, offsets, packing.piece_row, packing.n_rows, cfg.row_len)
+    del tokens
+    name = shard_name(split, bucket, epoch)
+    with clock("write"):
+        sha = write_shard(Path(out_dir) / name, block, cfg.compression)
+    shard = {"path": name, "split": split, "epoch": epoch, "records": int(packing.n_rows),
+             "sha256": sha, "measurements": len(rows), "contexts": contexts,
+             "segments": len(packing.piece_start), "tokens": int(offsets[-1]),
+             "context_tokens": context_tokens}
+    return shard, np.bincount(packing.piece_row, minlength=packing.n_rows), probes
+
+
+def _no_clock(stage: str):
+    return contextlib.nullcontext()
 
 
 def kernels_cached() -> bool:

@@ -47,6 +47,7 @@ from prep.schema.manifest import SPLITS
 from prep.schema.splits import TIME_RULES, format_time
 from prep.schema.validate import format_rejected, list_inputs, open_parquet
 from prep.shards.bucket import ShardsConfig, kernels_cached, resolve_buckets, warm_kernels
+from prep.shards.stages import StageClock
 
 UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
 
@@ -99,6 +100,8 @@ def build(inputs: list[str], out: str, cfg: ShardsConfig, passes: Passes, *,
     the manifest). A dataset already in ``out`` is replaced only with ``overwrite``
     (prep.jobs.claim)."""
     t0 = time.perf_counter()
+    clock = StageClock()  # the driver's own stages (prep.shards.stages)
+    start = clock.now()
     # Inputs in a bucket are listed here (a wrong path or credentials fail before --out is
     # touched) and downloaded into the run's staging folder once it is claimed.
     remote = storage.remote_inputs(inputs, (".parquet",), "prep shards")
@@ -126,11 +129,14 @@ def build(inputs: list[str], out: str, cfg: ShardsConfig, passes: Passes, *,
                 hasher = concurrent.futures.ThreadPoolExecutor(1)
                 inputs_info = hasher.submit(lambda: [file_info(p, stop_hashing, names.get(p))
                                                      for p in paths])
-            units, rows_total = read_units(paths)
+            clock.since("main_prepare", start)
+            with clock("main_units"):
+                units, rows_total = read_units(paths)
             cfg = resolve_buckets(cfg, rows_total)
             print(f"{passes.describe(len(paths), rows_total)}; config {config_to_json(cfg)}",
                   file=sys.stderr)
-            compile_s = compile_kernels(od.stage, passes.says)
+            with clock("main_compile"):
+                compile_s = compile_kernels(od.stage, passes.says)
             cfg, read, results = passes.run(od, units, rows_total, cfg, t0)
             infos = inputs_info.result()
             failed = False
@@ -141,15 +147,20 @@ def build(inputs: list[str], out: str, cfg: ShardsConfig, passes: Passes, *,
             if started:
                 passes.stop(failed)
         return finish(od, cfg, infos, read, results, t0,
-                      passes.timing() | {"compile_s": round(compile_s, 3)})
+                      passes.timing() | {"compile_s": round(compile_s, 3)}, clock)
 
 
 def finish(od: Claim, cfg: ShardsConfig, inputs: list[dict], read: dict,
-           results: list[dict], t0: float, timing: dict) -> dict:
+           results: list[dict], t0: float, timing: dict, clock: StageClock) -> dict:
     """Both runners' ending: the manifest from the read counts and the per-bucket results
-    (ordered by bucket), written into the staging folder and published (prep.jobs.claim)."""
-    manifest = build_manifest(cfg, inputs, read, results)
-    check_not_empty(od.path, manifest)
+    (ordered by bucket), written into the staging folder and published (prep.jobs.claim).
+    ``timing``'s ``stage_s`` and ``stage_cpu_s``, the workers' stages (a runner that times
+    them), get the driver's from ``clock``."""
+    with clock("main_manifest"):
+        manifest = build_manifest(cfg, inputs, read, results)
+        check_not_empty(od.path, manifest)
+    clock.add(timing)
+    timing = timing | clock.report()
     elapsed = time.perf_counter() - t0
     manifest["elapsed_s"] = round(elapsed, 3)
     # the rate of the run's work: a first run's one-off kernel compile is not part of it
@@ -286,7 +297,9 @@ def summary(manifest: dict) -> dict:
             "elapsed_s": manifest.get("elapsed_s"),
             "measurements_per_s": t.get("measurements_per_s"), "workers": t.get("workers"),
             "compile_s": t.get("compile_s", 0.0),
-            "peak_rss_mb": t.get("peak_rss_mb"), "buckets": cfg["n_buckets"],
+            "peak_rss_mb": t.get("peak_rss_mb"), "stage_s": t.get("stage_s"),
+            "stage_cpu_s": t.get("stage_cpu_s"),
+            "buckets": cfg["n_buckets"],
             # each bucket's last row of each split and epoch may be part-filled
             "bucket_tail_rows": cfg["n_buckets"] * len(SPLITS) * cfg["epochs"],
             "warnings": split_warnings(manifest)}

@@ -26,6 +26,8 @@ the file or bucket it was on, the workers stop with the run and die with the dri
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import shutil
 import sys
@@ -54,10 +56,11 @@ from prep.shards.dataset import (
     new_read_counts,
     own_rss_mb,
 )
+from prep.shards.stages import StageClock
 
-# LZ4: page-cache writes are dear on small VMs, and compressing the spill saves more kernel
-# time than it costs (docs/measurements.md).
-_SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+# Uncompressed: the spill lives seconds in the page cache, and LZ4 cost more CPU to write
+# and read back than the smaller writes saved (docs/measurements.md).
+_SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression=None)
 
 
 def run_shards(inputs: list[str], out: str, cfg: ShardsConfig, *, workers: int = 1,
@@ -75,6 +78,7 @@ class LocalPasses(Passes):
         self.workers, self.progress = workers, progress
         self.pool: Pool | None = None
         self.read_s, self.rss_read, self.rss_buckets = 0.0, [], []
+        self.clock = StageClock()  # the workers' stages, added up over their tasks
 
     def start(self) -> None:
         self.pool = Pool(self.workers, preload=(__name__,)) if self.workers > 1 else None
@@ -90,6 +94,7 @@ class LocalPasses(Passes):
         # Per process (the largest), as each pass ended; each worker process serves both
         # passes, so the second includes the first.
         return {"workers": self.workers, "read_s": round(self.read_s, 3),
+                **self.clock.report(),
                 "peak_rss_mb": {"main": own_rss_mb(), "read": max(self.rss_read),
                                 "buckets": max(self.rss_buckets, default=0.0)}}
 
@@ -118,6 +123,7 @@ class LocalPasses(Passes):
             labels = [", ".join(p for p, _ in parts) for parts in units]
             for r in map(_raise_error, self._imap(_spill_unit, tasks, labels)):
                 self.rss_read.append(r["peak_rss_mb"])
+                self.clock.add(r["stages"])
                 add_read_counts(read, r)
                 if want_cutoff:
                     minutes.add(*r["minutes"])
@@ -136,6 +142,8 @@ class LocalPasses(Passes):
                 results.append(r)
                 bar.update(1)
         self.rss_buckets = [r.pop("peak_rss_mb") for r in results]
+        for r in results:
+            self.clock.add(r.pop("stages"))
         results.sort(key=lambda r: r["bucket"])
         return cfg, read, results
 
@@ -166,37 +174,63 @@ def _spill_unit(task) -> dict:
     read = new_read_counts()
     minutes = MinuteHistogram()
     writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
-    try:
-        for path, row_groups in parts:
-            for batch in validated_batches(path, row_groups):
-                m = batch.measurements
-                add_read_counts(read, batch.counts())
-                if want_minutes:
-                    minutes.add(*minute_histogram(m.time))
-                b = bucket_of(m.probe, n_buckets).astype(np.uint16)
-                order = np.argsort(b, kind="stable")  # a radix sort on uint16
-                bounds = np.searchsorted(b[order], np.arange(n_buckets + 1))
-                cols = [getattr(m, k)[order] for k in FIELDS]
-                for bucket in np.flatnonzero(np.diff(bounds)):
-                    w = writers.get(bucket)
-                    if w is None:
-                        d = Path(stage) / "spill" / f"b{bucket:05d}"
-                        d.mkdir(parents=True, exist_ok=True)
-                        w = pa.ipc.new_stream(str(d / f"u{unit:05d}.arrow"), ARROW_SCHEMA,
-                                             options=_SPILL_OPTIONS)
-                        writers[bucket] = w
-                    lo, hi = bounds[bucket], bounds[bucket + 1]
-                    w.write_batch(pa.record_batch([c[lo:hi] for c in cols], schema=ARROW_SCHEMA))
-    finally:
-        for w in writers.values():
-            w.close()
-    result = read | {"peak_rss_mb": own_rss_mb()}
+    clock = StageClock()
+    with clock.task():
+        try:
+            for path, row_groups in parts:
+                for batch in validated_batches(path, row_groups, clock=clock):
+                    _route(batch.measurements, unit, stage, n_buckets, writers, clock)
+                    add_read_counts(read, batch.counts())
+                    if want_minutes:
+                        minutes.add(*minute_histogram(batch.measurements.time))
+        finally:
+            with clock("spill"):
+                for w in writers.values():
+                    w.close()
+    result = read | {"peak_rss_mb": own_rss_mb(), "stages": clock.state()}
     if want_minutes:  # plain lists: pool results stay plain data
         result["minutes"] = [a.tolist() for a in minutes.result()]
     return result
 
 
+def _route(m: Measurements, unit: int, stage: str, n_buckets: int, writers: dict,
+           clock: StageClock) -> None:
+    """Append each bucket's rows of ``m`` to that bucket's spill file of this unit."""
+    with clock("route"):
+        b = bucket_of(m.probe, n_buckets).astype(np.uint16)
+        order = np.argsort(b, kind="stable")  # a radix sort on uint16
+        bounds = np.searchsorted(b[order], np.arange(n_buckets + 1))
+        cols = [getattr(m, k)[order] for k in FIELDS]
+    with clock("spill"):
+        for bucket in np.flatnonzero(np.diff(bounds)):
+            w = writers.get(bucket)
+            if w is None:
+                d = Path(stage) / "spill" / f"b{bucket:05d}"
+                d.mkdir(parents=True, exist_ok=True)
+                w = pa.ipc.new_stream(str(d / f"u{unit:05d}.arrow"), ARROW_SCHEMA,
+                                     options=_SPILL_OPTIONS)
+                writers[bucket] = w
+            lo, hi = bounds[bucket], bounds[bucket + 1]
+            w.write_batch(pa.record_batch([c[lo:hi] for c in cols], schema=ARROW_SCHEMA))
+
+
 # Pass 2: one bucket.
+
+@functools.cache
+def _heap_gives_back() -> None:
+    """glibc's malloc raises its mmap threshold to the largest block freed (up to 32 MiB),
+    so a bucket's freed arrays stay in the heap and a worker's RSS keeps the high-water
+    mark of every bucket it ran; fixed thresholds (blocks of 4 MiB and up mapped, 16 MiB
+    of free heap top trimmed) give them back, for no CPU seen (docs/measurements.md; a
+    256 KiB threshold cost 15 % more CPU in page faults). Not glibc: nothing to do."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
+    libc.mallopt(m_mmap_threshold, 4 << 20)
+    libc.mallopt(m_trim_threshold, 16 << 20)
+
 
 def load_bucket(stage: Path, bucket: int) -> Measurements:
     """A bucket's measurements from its spill files (in any order: plan_contexts sorts)."""
@@ -212,8 +246,12 @@ def load_bucket(stage: Path, bucket: int) -> Measurements:
 @_reporting_errors
 def _bucket_task(task) -> dict:
     bucket, cfg_json, stage = task
-    cfg = config_from_dict(json.loads(cfg_json))
-    m = load_bucket(Path(stage), bucket)
-    shutil.rmtree(Path(stage) / "spill" / f"b{bucket:05d}", ignore_errors=True)
-    result = process_bucket(bucket, m, cfg, stage)
-    return result | {"peak_rss_mb": own_rss_mb()}
+    _heap_gives_back()
+    clock = StageClock()
+    with clock.task():
+        cfg = config_from_dict(json.loads(cfg_json))
+        with clock("load"):
+            m = load_bucket(Path(stage), bucket)
+            shutil.rmtree(Path(stage) / "spill" / f"b{bucket:05d}", ignore_errors=True)
+        result = process_bucket(bucket, m, cfg, stage, clock=clock)
+    return result | {"peak_rss_mb": own_rss_mb(), "stages": clock.state()}

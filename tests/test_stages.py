@@ -1,0 +1,57 @@
+"""The per-stage seconds of `prep shards` (prep.shards.stages): the clock's arithmetic on
+planted times, and the report's exact keys in a real run's summary and manifest."""
+
+import pytest
+from helpers import TINY_CFG, tiny_input
+
+from bench.bench_etl import stage_shares
+from prep.schema import manifest as mf
+from prep.shards import stages
+from prep.shards.local_runner import run_shards
+from prep.shards.stages import MAIN_STAGES, STAGES, WORKER_STAGES, StageClock
+
+
+def test_clock_adds_stages_and_gives_the_rest_of_a_task_to_task(monkeypatch):
+    walls = iter([0.0, 10.0, 11.0, 13.0, 14.5, 20.0, 100.0, 103.0, 200.0])
+    cpus = iter([0.0, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.0, 9.0])
+    monkeypatch.setattr(stages.time, "perf_counter", lambda: next(walls))
+    monkeypatch.setattr(stages.time, "process_time", lambda: next(cpus))
+    clock = StageClock()
+    with clock.task():                     # wall 0, CPU 0
+        with clock("read"):                # wall 10 -> 11, CPU 1 -> 1.5
+            pass
+        with clock("validate"):            # wall 13 -> 14.5, CPU 2 -> 3
+            pass
+    with clock("read"):                    # (the task ended at 20, CPU 4) 100 -> 103, 5 -> 7
+        pass
+    assert clock.seconds == {"read": 4.0, "validate": 1.5, "task": 17.5}
+    assert clock.cpu == {"read": 2.5, "validate": 1.0, "task": 2.5}
+    clock.add({"stage_s": {"read": 1.0, "write": 2.0}, "stage_cpu_s": {"write": 0.5}})
+    clock.since("main_units", (190.0, 8.0))  # now: wall 200, CPU 9
+    report = clock.report()
+    assert list(report) == ["stage_s", "stage_cpu_s"]
+    assert [list(d) for d in report.values()] == [list(STAGES)] * 2
+    assert {k: v for k, v in report["stage_s"].items() if v} == {
+        "read": 5.0, "validate": 1.5, "write": 2.0, "task": 17.5, "main_units": 10.0}
+    assert {k: v for k, v in report["stage_cpu_s"].items() if v} == {
+        "read": 2.5, "validate": 1.0, "write": 0.5, "task": 2.5, "main_units": 1.0}
+    with pytest.raises(KeyError, match="unknown stage 'sort'"), clock("sort"):
+        pass
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_report_has_every_stage_and_the_shares_add_up(tmp_path, workers):
+    out = tmp_path / "out"
+    s = run_shards([str(tiny_input(tmp_path))], str(out), TINY_CFG, workers=workers,
+                   progress=False)
+    timing = mf.load_manifest(out)["timing"]
+    for key in ("stage_s", "stage_cpu_s"):
+        assert list(s[key]) == list(STAGES)
+        assert timing[key] == s[key]
+        assert min(s[key].values()) >= 0
+    # every worker stage ran on this input (the driver may find nothing to compile)
+    assert [k for k in WORKER_STAGES if s["stage_s"][k] <= 0] == []
+    assert min(s["stage_s"][k] for k in MAIN_STAGES) >= 0
+    shares = stage_shares(s["stage_cpu_s"])
+    assert list(shares) == [f"etl.stage_share.{k}" for k in STAGES]
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-12)
