@@ -216,6 +216,8 @@ def read_unit(task: str, stage: str, n_buckets: int, with_minutes: bool = False)
             if with_minutes:
                 hists.append(minute_histogram(m.time))
             b = bucket_of(m.probe, n_buckets)
+            if n_buckets <= 1 << 16:  # a radix sort on uint16, 3x quicker than on int64
+                b = b.astype(np.uint16)
             order = np.argsort(b, kind="stable")
             bounds = np.searchsorted(b[order], np.arange(n_buckets + 1))
             cols = [getattr(m, k)[order] for k in FIELDS]
