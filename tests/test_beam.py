@@ -104,9 +104,9 @@ def test_two_worker_processes_write_what_the_local_runner_writes(raw, tmp_path, 
     timing = json.loads((tmp_path / "beam" / MANIFEST_NAME).read_text())["timing"]
     assert timing["beam_runner"] == "FnApiRunner, multi_processing, 2 workers"
     phases = timing["phases_s"]  # where the pipeline's time went, from the workers' records
-    assert sorted(phases) == ["buckets", "pipeline", "read", "setup", "shuffle", "startup",
+    assert sorted(phases) == ["buckets", "pipeline", "read", "setup", "shuffle", "start",
                               "teardown"]
-    assert sum(phases[k] for k in ("startup", "read", "shuffle", "buckets", "teardown")) \
+    assert sum(phases[k] for k in ("start", "read", "shuffle", "buckets", "teardown")) \
         == pytest.approx(phases["pipeline"], abs=0.01)
     assert " measurements/s on 2 workers" in format_summary(summary).splitlines()[0]
 

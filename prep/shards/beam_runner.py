@@ -260,7 +260,7 @@ class BeamPasses(Passes):
 
 def phases(started: float, ended: float, units: list[tuple], buckets: list[tuple]) -> dict:
     """Where the pipeline's time went, in seconds, from the workers' records (wall clocks:
-    one machine's here, a cluster's synchronised ones there): ``startup`` (the pipeline's
+    one machine's here, a cluster's synchronised ones there): ``start`` (the pipeline's
     start to the first unit read: workers started, Beam and prep imported), ``read`` (first
     unit's start to last unit's end), ``shuffle`` (to the first bucket's start: the
     GroupByKey and the bucket step's start, its ``setup`` included), ``setup`` (the longest
@@ -271,7 +271,7 @@ def phases(started: float, ended: float, units: list[tuple], buckets: list[tuple
     u0, u1 = min(u[0] for u in units), max(u[1] for u in units)
     b0, b1 = min(b[0] for b in buckets), max(b[1] for b in buckets)
     return {k: round(v, 3) for k, v in {
-        "pipeline": ended - started, "startup": u0 - started, "read": u1 - u0,
+        "pipeline": ended - started, "start": u0 - started, "read": u1 - u0,
         "shuffle": b0 - u1, "setup": max(b[2] for b in buckets), "buckets": b1 - b0,
         "teardown": ended - b1}.items()}
 
