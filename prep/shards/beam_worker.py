@@ -263,7 +263,12 @@ def resolve_cutoff(pairs, test_fraction: float, stage: str) -> int:
 class BucketFn(beam.DoFn):
     """One bucket's spill files → prep.shards.bucket.process_bucket → its shards and its
     result in ``results/bucket-<b>.json`` (with its start and end, and how long this
-    worker's ``setup`` took: the kernels loaded from Numba's cache)."""
+    worker's ``setup`` took: the kernels loaded from Numba's cache).
+
+    A bucket's shards go into place (``shard_dir``'s end: on a bucket, the upload) and its
+    result is written on a thread of their own, while the next bucket is computed; the
+    bundle ends (``finish_bundle``) only once every one of its buckets is in place, and the
+    first failure fails it."""
 
     def __init__(self, cfg_json: str, stage: str):
         self.cfg_json, self.stage = cfg_json, stage
@@ -273,25 +278,45 @@ class BucketFn(beam.DoFn):
         self.cfg = config_from_dict(json.loads(self.cfg_json))
         warm_up(self.cfg)
         self.setup_s = time.time() - t
+        self.placing = concurrent.futures.ThreadPoolExecutor(1, "place-shards")
+        self.pending: list[concurrent.futures.Future] = []
+
+    def finish_bundle(self):
+        pending, self.pending = self.pending, []
+        for f in pending:
+            f.result()
 
     def teardown(self):
-        # The worker is about to exit, and Beam's runner here closes its workers one after
-        # another, each waiting for the previous one's exit: Python's last garbage
-        # collection over the modules (Beam, Numba, Arrow) took half of a worker's ~0.6 s
-        # exit; frozen objects are left to the exit itself.
-        gc.freeze()
+        self.placing.shutdown(wait=True, cancel_futures=True)  # nothing writes on after
+        # In an SDK worker process (sdk_worker_main reads its control endpoint from this
+        # variable; a driver running the pipeline in itself has none), which is about to
+        # exit: Beam's runner here closes its workers one after another, each waiting for
+        # the previous one's exit, and Python's last garbage collection over Beam, Numba and
+        # Arrow took half of a worker's ~0.6 s exit. Frozen objects are left to the exit.
+        if "CONTROL_API_SERVICE_DESCRIPTOR" in os.environ:
+            gc.freeze()
 
     def process(self, element, cutoff=None):
         started = time.time()
         bucket, names = element
         cfg = self.cfg if cutoff is None else replace(self.cfg, test_from=int(cutoff))
+        for f in self.pending:  # an earlier bucket's failure ends the bundle now
+            if f.done():
+                f.result()
         stage = Stage.at(self.stage)
-        with stage.shard_dir() as d:
+        with contextlib.ExitStack() as stack:  # on an error: no upload, the folder removed
+            d = stack.enter_context(stage.shard_dir())
             result = process_bucket(bucket, read_spill(stage, names), cfg, d)
-        stage.write_json(f"results/bucket-{bucket:05d}.json", result | {
-            "worker": worker_id(), "peak_rss_mb": own_rss_mb(), "setup_s": self.setup_s,
-            "started": started, "ended": time.time()})
+            place = stack.pop_all()
+        result |= {"worker": worker_id(), "peak_rss_mb": own_rss_mb(), "setup_s": self.setup_s,
+                   "started": started}
+        self.pending.append(self.placing.submit(self._place, stage, place, bucket, result))
         yield bucket
+
+    @staticmethod
+    def _place(stage: Stage, place: contextlib.ExitStack, bucket: int, result: dict) -> None:
+        place.close()  # shard_dir's end
+        stage.write_json(f"results/bucket-{bucket:05d}.json", result | {"ended": time.time()})
 
 
 def warm_up(cfg: ShardsConfig) -> None:
