@@ -6,9 +6,11 @@ Two pairs, each the same data, config and worker count, timed from call to retur
 - Beam's FnApiRunner in this process vs the local runner with one worker (``beam.*``);
 - Beam's FnApiRunner with 2 worker processes (``direct_running_mode=multi_processing``,
   what a cluster runner does, on this machine) vs the local runner with 2 processes
-  (``beam.mp2_*``). ``beam.mp2_startup_s`` is the same Beam run on 2,000 measurements: the
-  fixed cost of starting the workers (each imports Beam and loads the Numba kernels), which
-  the 2M-row figure includes.
+  (``beam.mp2_*``), on 2M and 10M measurements (``beam.mp2_10m_*``): at 2M Beam's fixed
+  start-up, paid once per run on a cluster, is most of its run; ``beam.mp2_marginal_vs_local``
+  (the 10M run less the 2M one, each runner) is the per-measurement cost. The pipeline split
+  by the workers' records (beam_runner.phases): ``beam.mp2_<phase>_s`` (start, read, ...);
+  ``beam.mp2_startup_s`` is a whole Beam run on 2,000 measurements.
 
 - with a local S3-compatible server (moto's on 127.0.0.1, prep/tools/s3_server.py; skipped
   without it), the second pair again with ``--out s3://…`` (``beam.*_to_bucket_*``): the
@@ -16,10 +18,9 @@ Two pairs, each the same data, config and worker count, timed from call to retur
   their shards into the bucket themselves (prep.shards.beam_worker.BucketStage).
   ``beam.mp2_to_bucket_vs_folder``: what writing into the bucket costs Beam.
 
-``beam.cpu_ratio_vs_local``: the first pair in CPU seconds (both run in this process), which
-other programs on a shared machine disturb far less than the wall time. (Not for the second
-pair: the local pool's workers are children of a fork server, whose CPU time never reaches
-this process.)
+``beam.cpu_ratio_vs_local``: the first pair in CPU seconds (both in this process), which
+other programs on a shared machine disturb far less than the wall time (not the second
+pair: the local pool's workers are a fork server's children, uncounted here).
 ``*_identical_shards`` is 1.0 when every shard file and the manifest (timing fields aside;
 for a bucket, the generation prefix of the shard paths too) equal the local runner's.
 """
@@ -35,7 +36,16 @@ import time
 from pathlib import Path
 
 ROWS = 2_000_000
+BIG = 10_000_000  # where start-up no longer dominates: the per-measurement cost
 TWO_PROCESSES = ("direct_running_mode=multi_processing", "direct_num_workers=2")
+
+
+def _phases(timing: dict, prefix: str) -> dict[str, float]:
+    return {f"{prefix}_{k}_s": v for k, v in timing["phases_s"].items() if k != "pipeline"}
+
+
+def _timing(d: Path) -> dict:
+    return json.loads((d / "manifest.json").read_text())["timing"]
 
 
 def _same(a: Path, b: Path) -> float:
@@ -72,6 +82,8 @@ def _same_in_bucket(folder: Path, uri: str) -> float:
 
 def _to_bucket(raw: str, cfg, d: Path) -> dict[str, float]:
     """The 2-process pair with ``--out`` on a bucket of a local S3 server."""
+    from prep.base import storage
+    from prep.base.storage import Remote
     from prep.shards.beam_runner import run_beam
     from prep.shards.local_runner import run_shards
     from prep.tools import s3_server
@@ -89,13 +101,15 @@ def _to_bucket(raw: str, cfg, d: Path) -> dict[str, float]:
             mp2, _ = _timed(run_beam, [raw], "s3://bench/mp2", cfg,
                             beam_options_kv=TWO_PROCESSES, progress=False)
             same = _same_in_bucket(d / "local2", "s3://bench/mp2")
+            timing = json.loads(storage.read_bytes(
+                Remote.parse("s3://bench/mp2/manifest.json")))["timing"]
         finally:
             os.environ.clear()
             os.environ.update(saved)
     return {"beam.local_2workers_to_bucket_measurements_per_s": ROWS / local,
             "beam.mp2_to_bucket_measurements_per_s": ROWS / mp2,
             "beam.mp2_to_bucket_slowdown_vs_local_to_bucket": mp2 / local,
-            "beam.mp2_to_bucket_identical_shards": same}
+            "beam.mp2_to_bucket_identical_shards": same} | _phases(timing, "beam.mp2_to_bucket")
 
 
 def _cpu_s() -> float:
@@ -124,8 +138,9 @@ def run() -> dict[str, float]:
     cfg = ShardsConfig()
     with tempfile.TemporaryDirectory() as t:
         d = Path(t)
-        raw, small = str(d / "raw"), str(d / "small")
+        raw, small, big = str(d / "raw"), str(d / "small"), str(d / "big")
         synth(SynthConfig(out=raw, rows=ROWS, probes=2000, days=1, seed=2))
+        synth(SynthConfig(out=big, rows=BIG, probes=10_000, days=1, seed=2))
         synth(SynthConfig(out=small, rows=2_000, probes=20, days=1, seed=2))
         warm_kernels(str(d))  # the Numba cache, so no run below compiles
         local1, local1_cpu = _timed(run_shards, [raw], str(d / "local1"), cfg, workers=1,
@@ -137,7 +152,14 @@ def run() -> dict[str, float]:
                               beam_options_kv=TWO_PROCESSES, progress=False)
         startup, _ = _timed(run_beam, [small], str(d / "mp2-small"), cfg,
                             beam_options_kv=TWO_PROCESSES, progress=False)
+        local10, _ = _timed(run_shards, [big], str(d / "local10"), cfg, workers=2,
+                            progress=False)
+        mp10, _ = _timed(run_beam, [big], str(d / "mp10"), cfg,
+                         beam_options_kv=TWO_PROCESSES, progress=False)
         same1, same2 = _same(d / "local1", d / "beam1"), _same(d / "local2", d / "mp2")
+        same10 = _same(d / "local10", d / "mp10")
+        phases = _phases(_timing(d / "mp2"), "beam.mp2") | _phases(_timing(d / "mp10"),
+                                                                   "beam.mp2_10m")
         bucket = _to_bucket(raw, cfg, d)
     if bucket:
         bucket["beam.mp2_to_bucket_vs_folder"] = (
@@ -151,4 +173,9 @@ def run() -> dict[str, float]:
             "beam.local_2workers_measurements_per_s": ROWS / local2,
             "beam.mp2_slowdown_vs_local_2workers": mp2 / local2,
             "beam.mp2_startup_s": startup,
-            "beam.mp2_identical_shards": same2}
+            "beam.mp2_identical_shards": same2,
+            "beam.mp2_10m_measurements_per_s": BIG / mp10,
+            "beam.local_2workers_10m_measurements_per_s": BIG / local10,
+            "beam.mp2_10m_slowdown_vs_local_2workers": mp10 / local10,
+            "beam.mp2_marginal_vs_local": (mp10 - mp2) / (local10 - local2),
+            "beam.mp2_10m_identical_shards": same10} | phases

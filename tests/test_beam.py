@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import TWO_PROCESSES, running
 
@@ -102,6 +103,11 @@ def test_two_worker_processes_write_what_the_local_runner_writes(raw, tmp_path, 
     assert f"{socket.gethostname()}:{os.getpid()}" not in passes.workers
     timing = json.loads((tmp_path / "beam" / MANIFEST_NAME).read_text())["timing"]
     assert timing["beam_runner"] == "FnApiRunner, multi_processing, 2 workers"
+    phases = timing["phases_s"]  # where the pipeline's time went, from the workers' records
+    assert sorted(phases) == ["buckets", "pipeline", "read", "setup", "shuffle", "start",
+                              "teardown"]
+    assert sum(phases[k] for k in ("start", "read", "shuffle", "buckets", "teardown")) \
+        == pytest.approx(phases["pipeline"], abs=0.01)
     assert " measurements/s on 2 workers" in format_summary(summary).splitlines()[0]
 
 
@@ -249,3 +255,26 @@ def test_local_path_runs_without_beam(raw, tmp_path):
     assert bad.stderr.strip().splitlines() == [
         "error: --runner beam needs Apache Beam: pip install 'ping-pack[beam]' "
         "(or use the default --runner local)"]
+
+
+def test_a_unit_goes_to_the_stage_as_one_spill_file_per_bucket_and_only_names_travel(
+        raw, tmp_path):
+    from prep.schema.validate import list_inputs, read_validated
+    from prep.shards import beam_worker
+    from prep.shards.bucket import bucket_of
+
+    files = [str(p) for p in list_inputs([raw])[:3]]
+    task = json.dumps([7, [[f, [0]] for f in files]])
+    out = list(beam_worker.read_unit(task, str(tmp_path), 8))
+    m, _, rows_in = read_validated([Path(f) for f in files])
+    want = np.bincount(bucket_of(m.probe, 8), minlength=8)
+    assert out == [(b, f"spill/b{b:05d}/u000007.arrow") for b in np.flatnonzero(want).tolist()]
+    stage = beam_worker.Stage.at(str(tmp_path))
+    for b, name in out:  # each file holds exactly its bucket's rows
+        got = beam_worker.read_spill(stage, [name])
+        assert len(got) == want[b] and set(bucket_of(got.probe, 8).tolist()) == {b}
+    unit = stage.read_json("read/unit-000007.json")
+    assert (unit["rows_in"], unit["accepted"], len(m)) == (rows_in, 3_840, 3_840)
+    assert rows_in == 3_842 and unit["started"] <= unit["ended"]
+    stage.clear_records()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["read"]  # the driver reads it later

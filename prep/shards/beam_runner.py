@@ -3,10 +3,10 @@
 The pipeline is the local runner's two passes with Beam doing the shuffle:
 
 1. ``Create(units)``: units of whole parquet row groups (prep.shards.dataset.read_units).
-2. ``FlatMap(read_unit)``: validate a unit batch by batch and emit ``(bucket, Arrow IPC
-   bytes of that bucket's rows)``; the unit's read counts go to ``<stage>/read/``. Elements
-   are ints and bytes with Beam's own coders: no pickle of data.
-3. ``GroupByKey``: a bucket's pieces meet on one worker (memory bounded by the bucket).
+2. ``FlatMap(read_unit)``: validate a unit batch by batch, write its rows into the stage,
+   one spill file per bucket, and emit ``(bucket, spill name)``; the unit's read counts go
+   to ``<stage>/read/``. Elements are ints and names with Beam's own coders: no pickle.
+3. ``GroupByKey``: a bucket's spill names meet on one worker (memory bounded by the bucket).
 4. ``ParDo(BucketFn)``: the very ``prep.shards.bucket.process_bucket`` the local pool calls,
    shards named from the bucket, its result in ``<stage>/results/``. Beam's file sinks are
    not used: their shard assignment is random.
@@ -147,6 +147,7 @@ class BeamPasses(Passes):
         self.beam, self.options, self.beam_runner = beam, options, beam_runner
         self.workers: set[str] = set()  # host:pid of every process that read a unit or a bucket
         self.rss_read, self.rss_buckets = [], []
+        self.phases: dict = {}
 
     def local_mode(self) -> str | None:
         """Beam's local runner's mode (in_memory, multi_threading, multi_processing), or
@@ -175,7 +176,7 @@ class BeamPasses(Passes):
     def timing(self) -> dict:
         # the passes overlap in a pipeline: no read_s; per worker process, the largest
         return {"runner": "beam", "beam_runner": self.runner_name(),
-                "workers": len(self.workers), "read_s": None,
+                "workers": len(self.workers), "read_s": None, "phases_s": self.phases,
                 "peak_rss_mb": {"main": own_rss_mb(), "read": max(self.rss_read, default=0.0),
                                 "buckets": max(self.rss_buckets, default=0.0)}}
 
@@ -193,6 +194,7 @@ class BeamPasses(Passes):
         if self.local_mode() == "multi_processing" and self.options.view_as(
                 WorkerOptions).default_sdk_harness_log_level == "CRITICAL":  # not asked for
             log = Path(tempfile.gettempdir()) / f"prep-beam-workers-{os.getpid()}.log"
+        started = time.time()
         try:
             run_watched(pipeline, log) if self.local_mode() == "multi_processing" else pipeline()
         except InputError as e:
@@ -203,19 +205,24 @@ class BeamPasses(Passes):
             _remove(log)
             raise
         _remove(log)
+        ended = time.time()
         if needs_cutoff(cfg):
             cfg = self.found_cutoff(cfg, stage.read_json("cutoff.json")["test_from"])
 
         read = new_read_counts()
-        for r in stage.read_jsons("read", "unit-*.json"):
+        units_read = stage.read_jsons("read", "unit-*.json")
+        for r in units_read:
             add_read_counts(read, r)
             self.workers.add(r["worker"])
             self.rss_read.append(r["peak_rss_mb"])
-        results = {}
+        results, spans = {}, []
         for r in stage.read_jsons("results", "bucket-*.json"):
             self.workers.add(r.pop("worker"))
             self.rss_buckets.append(r.pop("peak_rss_mb"))
+            spans.append((r.pop("started"), r.pop("ended"), r.pop("setup_s")))
             results[r["bucket"]] = r
+        self.phases = phases(started, ended, [(r["started"], r["ended"]) for r in units_read],
+                             spans)
         for b in range(cfg.n_buckets):  # a bucket no row hashed to never reached a worker
             if b not in results:
                 with stage.shard_dir() as d:  # writes no file: no measurements
@@ -237,7 +244,7 @@ class BeamPasses(Passes):
             routed = (p
                       | "units" >> beam.Create(tasks)
                       | "read+route" >> beam.FlatMap(read_unit, stage, cfg.n_buckets, want_cutoff)
-                          .with_output_types(tuple[int, bytes])  # the main output's coders
+                          .with_output_types(tuple[int, str])  # the main output's coders
                           .with_outputs("minutes", main="rows"))
             side = []
             if want_cutoff:
@@ -249,6 +256,24 @@ class BeamPasses(Passes):
             _ = (routed.rows
                  | "by bucket" >> beam.GroupByKey()
                  | "bucket" >> beam.ParDo(BucketFn(config_to_json(cfg), stage), *side))
+
+
+def phases(started: float, ended: float, units: list[tuple], buckets: list[tuple]) -> dict:
+    """Where the pipeline's time went, in seconds, from the workers' records (wall clocks:
+    one machine's here, a cluster's synchronised ones there): ``start`` (the pipeline's
+    start to the first unit read: workers started, Beam and prep imported), ``read`` (first
+    unit's start to last unit's end), ``shuffle`` (to the first bucket's start: the
+    GroupByKey and the bucket step's start, its ``setup`` included), ``setup`` (the longest
+    of the workers' kernel loads), ``buckets`` (first bucket's start to last's end),
+    ``teardown`` (to the pipeline's end)."""
+    if not units or not buckets:
+        return {"pipeline": round(ended - started, 3)}
+    u0, u1 = min(u[0] for u in units), max(u[1] for u in units)
+    b0, b1 = min(b[0] for b in buckets), max(b[1] for b in buckets)
+    return {k: round(v, 3) for k, v in {
+        "pipeline": ended - started, "start": u0 - started, "read": u1 - u0,
+        "shuffle": b0 - u1, "setup": max(b[2] for b in buckets), "buckets": b1 - b0,
+        "teardown": ended - b1}.items()}
 
 
 def pipeline_error(e: Exception, out) -> str:
