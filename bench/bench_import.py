@@ -98,7 +98,7 @@ def _cpu_split(folder: Path, out: Path) -> dict[str, float]:
     only decompressed; where the .bz2 import's time beyond the ceiling goes."""
     cfg = AtlasConfig(inputs=(), out=out)
     def one(path):
-        return lambda: atlas._import_file((path, out / "one.parquet", cfg, atlas_read.CHUNK, True, 1))
+        return lambda: atlas.import_file((path, out / "one.parquet", cfg, atlas_read.CHUNK, True, 1))
     jsonl, bz2_file = folder / "jsonl" / "part0.jsonl", folder / "bz2" / "part0.jsonl.bz2"
     m = {"import.cpu_s_per_file_jsonl": _cpu_s(one(jsonl)),
          "import.cpu_s_per_file_bz2": _cpu_s(one(bz2_file)),

@@ -44,7 +44,7 @@ CFG = ShardsConfig(n_buckets=8)
 # lands mid-run (SLOW_S seconds; the same patch the fault trial uses).
 SLOW = ("import os, sys, time, prep.shards.local_runner as s; from prep.cli import main\n"
         "real = s.process_bucket\n"
-        "def slow(*a):\n    r = real(*a); time.sleep(float(os.environ['SLOW_S'])); return r\n"
+        "def slow(*a, **k):\n    r = real(*a, **k); time.sleep(float(os.environ['SLOW_S'])); return r\n"
         "s.process_bucket = slow; main(sys.argv[1:])")
 
 

@@ -134,9 +134,9 @@ def test_prep_verify_with_a_killed_worker_names_the_shard(synth_shards):
 
 def test_prep_import_atlas_with_a_killed_worker_names_the_file(tmp_path):
     out = tmp_path / "out"
-    slow = ("import prep.ingest.atlas as a\nreal = a._import_file\n"
-            "def _import_file(t):\n    time.sleep(3.0); return real(t)\n"
-            "a._import_file = _import_file")
+    slow = ("import prep.ingest.atlas as a\nreal = a.import_file\n"
+            "def import_file(t):\n    time.sleep(3.0); return real(t)\n"
+            "a.import_file = import_file")
     rc, err, took = _kill_a_worker(["import-atlas", str(ATLAS / "api"), "--out", str(out),
                                     "--workers", "2"], slow)
     lines = error_lines(err)
@@ -151,7 +151,7 @@ def test_prep_import_atlas_with_a_killed_worker_names_the_file(tmp_path):
 def test_prep_shards_with_a_killed_worker_names_the_bucket(tmp_path, synth_raw):
     out = tmp_path / "out"
     slow = ("import prep.shards.local_runner as s\nreal = s.process_bucket\n"
-            "def slow(*a):\n    time.sleep(3.0); return real(*a)\n"
+            "def slow(*a, **k):\n    time.sleep(3.0); return real(*a, **k)\n"
             "s.process_bucket = slow")
     rc, err, took = _kill_a_worker(["shards", str(synth_raw), "--out", str(out), "--workers", "2",
                                     "--buckets", "8", "--quiet"], slow,

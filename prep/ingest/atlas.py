@@ -96,7 +96,7 @@ def _output_names(files: list[Path]) -> list[str]:
 _ADDR_CACHE: dict = {}  # per process, across files: each distinct address text parsed once
 
 
-def _import_file(task) -> dict:
+def import_file(task) -> dict:
     """Convert one file into ``out_file``; its counts, and its first MAX_LOGGED log lines.
 
     The cyclic garbage collector is off meanwhile: the rows make no cycles, and its passes
@@ -179,17 +179,17 @@ def _work(path: Path) -> int:
 
 @contextlib.contextmanager
 def _tasks_run(procs: int, tasks: list, out: Path):
-    """The results of ``_import_file`` over ``tasks``, in order, on ``procs`` processes
+    """The results of ``import_file`` over ``tasks``, in order, on ``procs`` processes
     (in this one for 1); a worker's InputError is raised here, and the pool stops with it."""
     if procs <= 1:
-        yield map(_import_file, tasks)
+        yield map(import_file, tasks)
         return
     try:
         with Pool(procs, preload=(__name__,)) as pool:
             # The biggest files first, so that no big one is left running alone at the end;
             # the results still come in file order.
             order = sorted(range(len(tasks)), key=lambda i: -_work(tasks[i][0]))
-            yield pool.imap(_import_file, tasks, [str(t[0]) for t in tasks], order)
+            yield pool.imap(import_file, tasks, [str(t[0]) for t in tasks], order)
     except WorkerDied as e:
         raise InputError(f"import-atlas: {e.what}; nothing was written to {out}; run again"
                          + (", with fewer --workers" if e.oom else "")) from None
