@@ -191,7 +191,8 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-# LZ4, as the local runner's spill: a third of the bytes to write, upload and read back
+# LZ4 (the local runner's spill is uncompressed: it lives seconds in the page cache; Beam's
+# may cross a bucket): a third of the bytes to write, upload and read back
 SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 
 

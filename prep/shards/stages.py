@@ -9,7 +9,7 @@ them up over the workers (``add``). The stages, in the order the data meets them
     pass 1 (workers)   read      parquet pages decoded into Arrow batches
                        validate  address parsing and the row checks (prep.schema.validate)
                        route     bucket hash, sort by bucket, columns gathered
-                       spill     Arrow IPC (LZ4) writes of each bucket's rows
+                       spill     Arrow IPC writes of each bucket's rows (uncompressed)
     pass 2 (workers)   load      a bucket's spill files read back and joined
                        split     train/test masks and the split's rows taken
                        plan      sort by (probe, time), context cuts, costs (prep.pack.contexts)
