@@ -42,7 +42,15 @@ def curve_point(report: dict, tokens: int) -> dict:
     for name in keep:
         m = rtt[name]
         point[name] = {"all": m["median_rel"], "ci": m["median_rel_ci"],
-                       **{s: v["median_rel"] for s, v in m["by_stratum"].items()}}
+                       **{s: v["median_rel"] for s, v in m["by_stratum"].items()},
+                       "stratum_ci": {s: v["median_rel_ci"] for s, v in m["by_stratum"].items()}}
+    # per scope, the model minus the strongest baseline on the same queries, paired intervals
+    # (train eval's verdict lines; a GPU run's per-query errors do not come back)
+    point["verdict"] = {scope: {"n_rtt": v["n_rtt"], "baseline": v["baseline"],
+                                "winner": v.get("winner"),
+                                **{k: {"diff": v[k]["diff"], "diff_ci": v[k]["diff_ci"]}
+                                   for k in ("median_rel", "mae_ms") if k in v}}
+                        for scope, v in report["verdict"].items()}
     return point
 
 

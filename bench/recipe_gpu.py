@@ -16,12 +16,15 @@ an H200 at 32 rows; the memory's tables add a little).
     python -m bench.recipe_gpu --rows 30000 --steps 20 --queries 200  # a CPU dry run
     python -m bench.recipe_gpu --seeds 0 --budget-s 300 --model-set n_layers=6 \
         --model-set d_model=256 --model-set head_dim=64 --model-set d_mlp=1024   # wider
+    python -m bench.recipe_gpu --seeds 0 --budget-s 240 --tag placeable \
+        --synth-args "--access-ms 5 --detour 0.15 --anycast-sites 30"   # learning.md 8.10
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import sys
 import tempfile
 import time
@@ -46,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queries", type=int, default=5000, help="RTT queries per point [5000]")
     p.add_argument("--results", default=None, help="folder for the JSON [bench/results]")
     p.add_argument("--seattle", default=None, help="a folder of SeattleData_* frames: one more world")
+    p.add_argument("--synth-args", default="", metavar="ARGS",
+                   help="more `prep synth` options for the generated worlds, e.g. the placeable "
+                        "world of docs/learning.md 8.10: '--access-ms 5 --detour 0.15 "
+                        "--anycast-sites 30'; its JSON is named ...-synth<seed>-<--tag> [none]")
+    p.add_argument("--tag", default="", help="a name for this variant in the JSON's name [none]")
     p.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE",
                    help="change a field of small's ModelConfig, e.g. n_layers=6 d_model=256 "
                         "(repeatable; the JSON's config says what ran) [none]")
@@ -61,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         seeds.append("seattle")
     if not seeds:
         p.error("no world to run: give --seeds, --seattle or both")
+    synth_args = shlex.split(args.synth_args)
+    if synth_args and not args.tag:
+        p.error("--synth-args: give --tag too, so the JSON is not named as the built-in world's")
+    if args.tag and not re.fullmatch(r"[A-Za-z0-9_.-]+", args.tag):
+        p.error(f"--tag {args.tag!r}: letters, digits, '.', '_' and '-' only")
     sys.path.insert(0, str(REPO))
     import dataclasses
 
@@ -100,13 +113,14 @@ def main(argv: list[str] | None = None) -> int:
             first = (["import-matrix", *frames, "--out", raw, "--interval", "300", "--unit", "s"]
                      if seed == "seattle" else
                      ["synth", "--out", raw, "--rows", str(args.rows), "--probes", "3000",
-                      "--days", "2", "--seed", str(seed)])
+                      "--days", "2", "--seed", str(seed), *synth_args])
             prep(*first)
             prep("shards", raw, "--out", shards, "--split", "time+probe", "--row-len", "256",
                  "--quiet")
             print(f"[recipe-gpu] seed {seed}: {steps:,} steps of {args.batch_size} rows of 256",
                   file=sys.stderr, flush=True)
-            name = "seattle" if seed == "seattle" else f"synth{seed}"
+            name = ("seattle" if seed == "seattle" else f"synth{seed}") + (
+                f"-{args.tag}" if args.tag else "")
             out = results / f"learning-{device}-small-{name}.json"
             rc = learning.main(["--data", shards, "--model", "small", "--steps", str(steps),
                                 "--batch-size", str(args.batch_size), "--lr", "3e-3",

@@ -100,6 +100,33 @@ def test_packed_gradients_equal_sum_over_contexts_alone(params):
     assert int(n_targets) == sum(n - 1 for n in LENGTHS)  # none predicts the next context
 
 
+def test_lookup_gradient_counts_each_row_its_uses():
+    """model.lookup: the rows of ``table[ids]``; its gradient is the one-hot matmul, so a row
+    used n times gets n times the cotangent, accumulated in float32 (the gather's own
+    gradient, a bf16 scatter-add, gave 256 for the 300 on JAX 0.10's CPU)."""
+    table = jnp.arange(12.0, dtype=jnp.bfloat16).reshape(4, 3)
+    ids = jnp.asarray([[2, 0, 2, 2]] + [[3, 3, 3, 3]] * 75)  # row 2 thrice, 0 once, 3 300 times
+    np.testing.assert_array_equal(model.lookup(table, ids[:1]), table[ids[:1]])
+    grad = jax.grad(lambda t: model.lookup(t, ids).astype(jnp.float32).sum())(table)
+    assert grad.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.float32(grad), [[1] * 3, [0] * 3, [3] * 3, [300] * 3])
+
+
+def test_base_gradient_has_no_scatter():
+    """The embedding's gradient is a matmul: no scatter in base's compiled backward (an H200
+    spent 30 ms of a 127 ms step in it, docs/learning.md 6.5); the logits are unchanged."""
+    cfg = dataclasses.replace(MODELS["base"], n_layers=2, seq_len=64)
+    p = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    tok = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 64)), jnp.int32)
+    seg = jnp.ones((2, 64), jnp.int32)
+    ac = attention.AttentionConfig("xla", 8, jnp.bfloat16)
+    fwd = lambda p: model.forward(p, tok, seg, cfg, ac)
+    text = jax.jit(jax.grad(lambda p: fwd(p).astype(jnp.float32).sum())).lower(p).as_text()
+    assert "scatter" not in text and "dot_general" in text
+    x = jnp.asarray(p["embed"]).astype(jnp.bfloat16)
+    np.testing.assert_array_equal(model.lookup(x, tok), x[tok])
+
+
 def test_base_config_size():
     n = arch.n_params(MODELS["base"])
     assert n == 20 * (4 * 640 * 640 + 2 * 640 * 2560 + 2 * 640) + 2 * 267 * 640 + 640

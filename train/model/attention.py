@@ -224,7 +224,7 @@ def resolve(implementation: str, *, bias: bool = False) -> str:
     (on a GPU); an explicit choice is checked. ``bias``: the model adds a bias to head 0's
     scores (ModelConfig.match_dst): "auto" keeps such a model on the XLA attention (one
     line on a GPU), "cudnn" runs head 0 on XLA and the other heads on the packed kernel
-    (``attention``; checked on a CPU against the XLA path, not yet timed on a GPU)."""
+    (``attention``; checked on a CPU against the XLA path; timed in docs/learning.md 6.4-6.5)."""
     if bias and implementation == "auto":
         if jax.devices()[0].platform == "gpu":
             print("attention: the model's match_dst head adds a bias to its scores; using the "

@@ -1,0 +1,55 @@
+"""bench/learning.py's curve point keeps each stratum's interval and the paired verdict (a lent
+GPU's per-query errors do not come back, so the point is all a report has); bench/recipe_gpu.py
+refuses a variant world without a name of its own."""
+
+import pytest
+
+from bench import learning, recipe_gpu
+
+STRATA = ("pair_in_context", "node_known", "cold")
+
+
+def _scores(base: float) -> dict:
+    return {"median_rel": base, "median_rel_ci": [base - 0.01, base + 0.01],
+            "by_stratum": {s: {"median_rel": base + k, "median_rel_ci": [base + k - 0.02,
+                                                                         base + k + 0.02]}
+                           for k, s in enumerate(STRATA)}}
+
+
+def _report() -> dict:
+    names = ("model", "model_no_context") + learning.BASELINES
+    verdict = {scope: {"n": 10, "n_rtt": 8, "baseline": "dst_median", "baseline_covered": 1.0,
+                       "winner": "model",
+                       "median_rel": {"model": 0.3, "baseline": 0.32, "diff": -0.02,
+                                      "diff_ci": [-0.03, -0.01]},
+                       "mae_ms": {"model": 9.0, "baseline": 10.0, "diff": -1.0,
+                                  "diff_ci": [-1.5, -0.5]},
+                       "brier": {"model": 0.1, "baseline": 0.2, "diff": -0.1,
+                                 "diff_ci": [-0.2, 0.0]}}
+               for scope in ("all", *STRATA)}
+    verdict["node_known"] = {"n": 0, "n_rtt": 0, "baseline": None}  # no query in the scope
+    return {"step": 40, "loss": {"loss": 1.5, "by_role": {"rtt": {"loss": 2.0}}},
+            "rtt": {n: _scores(0.1 * k) for k, n in enumerate(names)}, "verdict": verdict}
+
+
+def test_curve_point_keeps_stratum_intervals_and_verdict():
+    p = learning.curve_point(_report(), 1234)
+    assert (p["step"], p["tokens"], p["loss"], p["loss_by_role"]) == (40, 1234, 1.5, {"rtt": 2.0})
+    assert p["model_no_context"]["all"] == 0.1
+    assert p["model_no_context"]["ci"] == pytest.approx([0.09, 0.11])
+    assert p["model_no_context"]["cold"] == pytest.approx(2.1)
+    assert p["model_no_context"]["stratum_ci"]["cold"] == pytest.approx([2.08, 2.12])
+    assert p["verdict"]["cold"] == {"n_rtt": 8, "baseline": "dst_median", "winner": "model",
+                                    "median_rel": {"diff": -0.02, "diff_ci": [-0.03, -0.01]},
+                                    "mae_ms": {"diff": -1.0, "diff_ci": [-1.5, -0.5]}}
+    assert p["verdict"]["node_known"] == {"n_rtt": 0, "baseline": None, "winner": None}
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--synth-args", "--access-ms 5"], "give --tag too"),
+    (["--tag", "a/b", "--synth-args", "--access-ms 5"], "letters, digits"),
+])
+def test_recipe_gpu_variant_world_needs_a_tag(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        recipe_gpu.main(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err
