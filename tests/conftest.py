@@ -46,12 +46,12 @@ def shared_tmp(tmp_path_factory) -> Path:
 def numba_kernels(tmp_path_factory):
     """With workers: prep's kernels compiled once before the tests that need them, by the
     first worker to get here while the others wait, as `prep shards` does on a cold cache
-    (prep.shards.bucket.warm_kernels). On a fresh checkout each worker and every `prep`
+    (prep.shards.kernels.warm_kernels). On a fresh checkout each worker and every `prep`
     they start would otherwise compile the packer at once (a minute each on 2 cores) and
     run past their time bounds. Alone, a test compiles what it calls, as before."""
     if not WORKER:
         return
-    from prep.shards.bucket import warm_kernels
+    from prep.shards.kernels import warm_kernels
 
     with open(shared_tmp(tmp_path_factory) / "numba-kernels.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes

@@ -29,7 +29,6 @@ import json
 import math
 import resource
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -46,7 +45,8 @@ from prep.schema import manifest as mf
 from prep.schema.manifest import SPLITS
 from prep.schema.splits import TIME_RULES, format_time
 from prep.schema.validate import format_rejected, list_inputs, open_parquet
-from prep.shards.bucket import ShardsConfig, kernels_cached, resolve_buckets, warm_kernels
+from prep.shards.bucket import ShardsConfig, resolve_buckets
+from prep.shards.kernels import compile_kernels
 from prep.shards.stages import StageClock
 
 UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
@@ -169,23 +169,6 @@ def finish(od: Claim, cfg: ShardsConfig, inputs: list[dict], read: dict,
         "measurements_per_s": round(read["rows_in"] / max(work_s, 1e-9))}
     od.publish(manifest)
     return summary(manifest)
-
-
-def compile_kernels(stage: Path, says: str) -> float:
-    """On the first run after an install or an edit (Numba's cache holds no kernels), say
-    so and compile pass 2's kernels here before the passes (prep.shards.bucket.warm_kernels),
-    rather than in every worker under a progress bar standing at 0; the seconds it took
-    (0 when cached), which the summary's rate leaves out."""
-    if kernels_cached():
-        return 0.0
-    print(f"{says}: compiling kernels (once; Numba caches them for later runs)",
-          file=sys.stderr)
-    t = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=stage) as d:
-        warm_kernels(d)
-    took = time.perf_counter() - t
-    print(f"{says}: kernels compiled in {took:.1f} s", file=sys.stderr)
-    return took
 
 
 def new_read_counts() -> dict:
