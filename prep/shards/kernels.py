@@ -60,11 +60,11 @@ class KernelsReady:
         return f"kernels already loaded in this process ({seconds:.1f} s)"
 
 
-def compile_kernels(stage: Path | None, says: str) -> float:
+def compile_kernels(stage: Path | None, says: str) -> tuple[float, int]:
     """Compile (or load) pass 2's kernels here, before the passes, rather than in every
-    worker under a progress bar standing at 0, and say which on stderr; the seconds it
-    took when it compiled any (0 when it only loaded them), which the summary's rate leaves
-    out. `prep kernels` (``stage`` None: a temporary folder) is this alone."""
+    worker under a progress bar standing at 0, and say which on stderr: (the seconds it
+    took, which the summary's rate leaves out; how many it compiled). `prep kernels` is
+    this alone (``stage`` None: a temporary folder)."""
     if not kernels_cached():
         print(f"{says}: compiling kernels (once; Numba caches them for later runs)",
               file=sys.stderr)
@@ -73,7 +73,7 @@ def compile_kernels(stage: Path | None, says: str) -> float:
         ready = warm_kernels(d)
     took = time.perf_counter() - t
     print(f"{says}: {ready.says(took)}", file=sys.stderr)
-    return took if ready.compiled else 0.0
+    return took, len(ready.compiled)
 
 
 def kernels_cached() -> bool:
