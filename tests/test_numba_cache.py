@@ -178,3 +178,11 @@ def test_a_helper_called_from_python_runs_as_python():
     table[SCARCE, 2] = 1
     assert [scarce_at(cum, table, i) for i in range(3)] == [False, True, False]
     assert scarce_at.signatures == []
+
+
+def test_idle_cores_is_a_share_of_the_cores():
+    """What `prep kernels` and a cold `prep shards` read to split the compile over 2
+    processes (prep.shards.kernels.warm_kernels): idle cores now, between none and all."""
+    from prep.shards.kernels import idle_cores
+
+    assert 0 <= idle_cores(0.05) <= (os.cpu_count() or 1)

@@ -95,14 +95,13 @@ def warm_kernels(tmp: str, processes: int | None = None) -> KernelsReady:
     prep.pack.fill, is half the work; ``warm_packer``) while this one compiles the planner,
     the encoder and steps 5-6; the bucket's run then loads them all from the cache (and
     compiles whatever it finds missing). None picks 2 when nothing is cached yet and a core
-    is idle (load average below the cores less one half): on busy cores the second process
-    only adds its start and the Numba library code both compile, ~2.5 s of CPU."""
+    is idle now (``idle_cores``): on busy cores the second process only adds its start and
+    the Numba library code both compile, ~2.5 s of CPU."""
     before = cache_use()
     m = _tiny_bucket()
     cfg = ShardsConfig(n_buckets=1, test_fraction=0.3)
     if processes is None:
-        cores = os.cpu_count() or 1
-        processes = 2 if os.getloadavg()[0] < cores - 0.5 and not kernels_cached() else 1
+        processes = 2 if not kernels_cached() and idle_cores() >= 0.75 else 1
     child, child_compiled = None, []
     if processes > 1:
         root = str(Path(__file__).resolve().parents[2])  # the folder holding this prep/
@@ -126,6 +125,23 @@ def warm_kernels(tmp: str, processes: int | None = None) -> KernelsReady:
     compiled |= set(child_compiled)
     loaded = {k for k, (h, _) in after.items() if h > before.get(k, (0, 0))[0]} - compiled
     return KernelsReady(tuple(sorted(compiled)), tuple(sorted(loaded)), processes)
+
+
+def idle_cores(window_s: float = 0.25) -> float:
+    """The cores that sat idle over the next ``window_s`` (/proc/stat). Not the load
+    average: `make setup` runs `prep kernels` just after pip, whose minute of work keeps
+    that above 1 for a minute after it ends. Elsewhere: the cores less the load average."""
+    def ticks():
+        with open("/proc/stat") as f:
+            t = [int(x) for x in f.readline().split()[1:]]
+        return t[3] + t[4], sum(t[:8])  # idle + iowait; all but guest time
+    try:
+        idle0, total0 = ticks()
+        time.sleep(window_s)
+        idle1, total1 = ticks()
+    except OSError:  # not Linux
+        return (os.cpu_count() or 1) - os.getloadavg()[0]
+    return (os.cpu_count() or 1) * (idle1 - idle0) / max(total1 - total0, 1)
 
 
 # the second process of warm_kernels: this checkout's prep (argv[1]), the same cache folder
