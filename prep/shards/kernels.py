@@ -5,7 +5,7 @@ warm_kernels' second process); loading their cached machine code, a fraction of 
 (compile.cached_s). So `make setup` runs `prep kernels`, which compiles them into the cache
 (compile.setup_s), and a new user's first `prep shards` and each test process load them
 (compile.after_setup_s). Each command says what it did, from Numba's own counters
-(prep.base.jit.cache_use): "kernels loaded from Numba's cache in 0.4 s (14; none
+(prep.base.jit.cache_use): "kernels loaded from Numba's cache in 0.3 s (17; none
 compiled)" or "kernels compiled in 7.4 s (36 on 2 processes; ...)".
 
 A cache is missed, never used wrong: its folder is named after the sources of prep/ and
