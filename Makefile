@@ -18,7 +18,7 @@ WORKERS ?= 2
 
 .PHONY: setup shards test bench bench-gpu gpu-check wheel clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(VENV)/.kernels
 
 # Reinstalls only when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -26,6 +26,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
+
+# The Numba kernels of `prep shards`, compiled into Numba's cache (on 2 processes when a core
+# is idle), so that the first `prep shards` and each test process load them; again after an
+# install or when a source file is newer (an edit, a checkout; prep/shards/kernels.py).
+$(VENV)/.kernels: $(STAMP) $(shell find prep train -name '*.py')
+	$(BIN)/prep kernels
+	touch $@
 
 # (the stamp of earlier versions, data/raw/.done, would be a file prep synth did not write)
 data/raw.done: | $(STAMP)

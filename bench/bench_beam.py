@@ -132,7 +132,8 @@ def run() -> dict[str, float]:
         return {}
     from prep.ingest.synth import SynthConfig, synth
     from prep.shards.beam_runner import run_beam
-    from prep.shards.bucket import ShardsConfig, warm_kernels
+    from prep.shards.bucket import ShardsConfig
+    from prep.shards.kernels import warm_kernels
     from prep.shards.local_runner import run_shards
 
     cfg = ShardsConfig()

@@ -4,6 +4,7 @@ Usage:
     prep synth --out data/raw --rows 3000000 --probes 2000 --days 2 --seed 0
     prep import-atlas tests/fixtures/ripe-atlas/api tests/fixtures/ripe-atlas/dump --out data/atlas
     prep import-matrix tests/fixtures/seattle --out data/seattle --interval 300 --unit s
+    prep kernels
     prep shards data/raw --out shards --workers 2 --seed 0
     prep verify shards
     prep inspect shards --split test --rows 0:2
@@ -247,6 +248,16 @@ def shards(inputs, out, workers, runner, beam_options, overwrite, as_json, quiet
     click.echo(format_summary(summary), err=True)
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
+
+
+@main.command()
+def kernels():
+    """Compile the Numba kernels `prep shards` runs into Numba's cache, or load them if
+    cached; say which, and in how many seconds. `make setup` runs it, so that a first
+    `prep shards` and each test process load them (prep.shards.kernels)."""
+    from prep.shards.kernels import compile_kernels
+
+    compile_kernels(None, "prep kernels")
 
 
 @main.command()

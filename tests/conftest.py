@@ -44,14 +44,15 @@ def shared_tmp(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def numba_kernels(tmp_path_factory):
-    """With workers: prep's kernels compiled once before the tests that need them, by the
-    first worker to get here while the others wait, as `prep shards` does on a cold cache
-    (prep.shards.bucket.warm_kernels). On a fresh checkout each worker and every `prep`
-    they start would otherwise compile the packer at once (a minute each on 2 cores) and
-    run past their time bounds. Alone, a test compiles what it calls, as before."""
+    """With workers: prep's kernels ready before the tests that need them, loaded from the
+    cache `make test`'s `make setup` filled (prep.shards.kernels), or compiled by the first
+    worker to get here while the others wait, as `prep shards` does on a cold cache. Else
+    each worker and every `prep` they start would compile the packer at once (a minute each
+    on 2 busy cores) and run past their time bounds. Alone, a test compiles (or loads) what
+    it calls."""
     if not WORKER:
         return
-    from prep.shards.bucket import warm_kernels
+    from prep.shards.kernels import warm_kernels
 
     with open(shared_tmp(tmp_path_factory) / "numba-kernels.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes

@@ -75,33 +75,96 @@ KERNELS = [
 ]
 
 
-def test_each_kernel_compiles_once(tmp_path):
-    """A cold compile of what `prep shards` runs (prep.shards.bucket.warm_kernels) makes one
-    machine-code version of each kernel and helper, compiled in either of its processes: a
-    literal argument at a call inside a kernel (a counter starting at 0, a flag True) would
-    make a second one, seconds each."""
+def test_each_kernel_compiles_once_and_then_loads(tmp_path):
+    """A cold compile of what `prep shards` runs (prep.shards.kernels.warm_kernels, which
+    `make setup` runs through `prep kernels`) makes one machine-code version of each kernel
+    and helper, compiled in either of its processes: a literal argument at a call inside a
+    kernel (a counter starting at 0, a flag True) would make a second one, seconds each.
+    After it, a new process (`prep kernels` again, as `prep shards` and each test process
+    run it) loads them all: Numba's counters show no compile, and no cache file is written."""
     import json
     import subprocess
     import sys
 
-    code = ("import gc, json, sys\n"
-            "from numba.core.registry import CPUDispatcher\n"
-            "from prep.shards.bucket import warm_kernels\n"
-            "warm_kernels(sys.argv[1], processes=2)\n"
-            "print(json.dumps({d.py_func.__module__ + '.' + d.py_func.__qualname__:\n"
-            "                  len(d.signatures) for d in gc.get_objects()\n"
+    dump = ("print(json.dumps({d.py_func.__module__ + '.' + d.py_func.__qualname__:\n"
+            "                  [len(d.signatures), sum(d.stats.cache_hits.values()),\n"
+            "                   sum(d.stats.cache_misses.values())] for d in gc.get_objects()\n"
             "                  if isinstance(d, CPUDispatcher) and d.signatures\n"
             "                  and d.py_func.__module__.startswith('prep.')}))\n")
+    code = ("import gc, json, sys\n"
+            "from numba.core.registry import CPUDispatcher\n"
+            "from prep.shards.kernels import warm_kernels\n"
+            "ready = warm_kernels(sys.argv[1], processes=2)\n"
+            "print(json.dumps([ready.compiled, ready.loaded]))\n" + dump)
     env = os.environ | {"NUMBA_CACHE_DIR": str(tmp_path / "numba")}  # cold: nothing cached
+    root = os.path.dirname(prep.__path__[0])
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, text=True,
-                       capture_output=True, check=True, cwd=os.path.dirname(prep.__path__[0]))
-    versions = json.loads(r.stdout.splitlines()[-1])
+                       capture_output=True, check=True, cwd=root)
+    *_, said, versions = r.stdout.splitlines()
+    versions = json.loads(versions)
     # (those the second process compiled, this one loaded; the helpers they call come inside)
-    assert set(versions.values()) == {1} and set(versions) <= set(KERNELS)
+    assert {v[0] for v in versions.values()} == {1} and set(versions) <= set(KERNELS)
+    # what it says it did: every one compiled, in one process or the other
+    assert json.loads(said) == [sorted(KERNELS), []]
     # one cached version of each, wherever compiled: the types warm_kernels' second process
     # compiled the packer for are those process_bucket runs with (else a second is here)
-    cached = [f.name.split("-")[0] for f in (tmp_path / "numba").rglob("*.nbc")]
+    files = {f: f.stat().st_mtime_ns for f in (tmp_path / "numba").rglob("*") if f.is_file()}
+    cached = [f.name.split("-")[0] for f in files if f.suffix == ".nbc"]
     assert sorted(cached) == sorted(k.split(".", 2)[2] for k in KERNELS)
+
+    code = ("import gc, json\n"
+            "from numba.core.registry import CPUDispatcher\n"
+            "from prep.cli import main\n"
+            "main(['kernels'], standalone_mode=False)\n" + dump)
+    r = subprocess.run([sys.executable, "-c", code], env=env, text=True,
+                       capture_output=True, check=True, cwd=root)
+    versions = json.loads(r.stdout.splitlines()[-1])
+    assert versions and all(hits == 1 and misses == 0 for _, hits, misses in versions.values())
+    assert r.stderr.startswith("prep kernels: kernels loaded from Numba's cache in ")
+    assert r.stderr.endswith(f" s ({len(versions)}; none compiled)\n")
+    assert {f: f.stat().st_mtime_ns for f in files} == files
+    assert set((tmp_path / "numba").rglob("*")) >= set(files)
+
+
+def test_a_stale_or_foreign_cache_compiles_afresh(tmp_path, monkeypatch):
+    """Numba's cache is missed, never used wrong, and the counters prep.base.jit.cache_use
+    reads (what `prep kernels` and `prep shards` say) tell a load from a compile: an edit of
+    the kernel's file, or an index another Numba wrote, compiles afresh. The same bytes with
+    a new time (a fresh clone, a checkout) load from Numba 0.68, which stamps a file with a
+    hash of its bytes; before, with its time and size, they compile."""
+    import importlib
+    import sys
+
+    import numba
+
+    from prep.base.jit import cache_use
+
+    src = tmp_path / "tiny_kernel.py"
+    src.write_text("from prep.base.jit import kernel\n\n\n@kernel\ndef add_one(x):\n"
+                   "    return x + 1\n")
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "numba"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tiny_kernel", raising=False)
+
+    def first_call() -> tuple[int, int]:
+        """(loaded, compiled) by a new dispatcher of add_one, as in a new process."""
+        sys.modules.pop("tiny_kernel", None)
+        assert importlib.import_module("tiny_kernel").add_one(1) == 2
+        return cache_use()["tiny_kernel.add_one"]
+
+    assert first_call() == (0, 1)
+    assert first_call() == (1, 0)
+    st = src.stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    content_stamped = tuple(map(int, numba.__version__.split(".")[:2])) >= (0, 68)
+    assert first_call() == ((1, 0) if content_stamped else (0, 1))
+    src.write_text(src.read_text() + "# an edit outside the kernel\n")
+    assert first_call() == (0, 1)
+    assert first_call() == (1, 0)
+    monkeypatch.setattr(numba, "__version__", "0.0.0")  # the index was another Numba's
+    assert first_call() == (0, 1)
+    sys.modules.pop("tiny_kernel", None)
+
 
 def test_a_helper_called_from_python_runs_as_python():
     """A helper has no CPython wrapper (prep.base.jit): called from Python, as the kernels'
@@ -115,3 +178,11 @@ def test_a_helper_called_from_python_runs_as_python():
     table[SCARCE, 2] = 1
     assert [scarce_at(cum, table, i) for i in range(3)] == [False, True, False]
     assert scarce_at.signatures == []
+
+
+def test_idle_cores_is_a_share_of_the_cores():
+    """What `prep kernels` and a cold `prep shards` read to split the compile over 2
+    processes (prep.shards.kernels.warm_kernels): idle cores now, between none and all."""
+    from prep.shards.kernels import idle_cores
+
+    assert 0 <= idle_cores(0.05) <= (os.cpu_count() or 1)

@@ -15,6 +15,9 @@ that `prep shards` runs, so what a compile costs is chosen here, once.
 Inside kernels, a few numpy conveniences compile large error paths of Numba's own (a
 slice assigned from an array: its shape-mismatch message; ``a.min()``): the planner's
 sort writes those as loops. `make bench` reports the cold compile (compile.cold_s).
+``cache_use`` counts, per kernel and helper made here, the versions this process loaded
+from Numba's cache and those it compiled (Numba's own counters): what `prep kernels` and
+`prep shards` report.
 """
 
 from numba import njit, types
@@ -25,7 +28,24 @@ def kernel(fn=None, **options):
     """Decorator, ``@kernel`` or ``@kernel(nogil=True)``: a Numba kernel that Python calls,
     cached, ``options`` as njit's."""
     jit = njit(cache=True, no_cfunc_wrapper=True, **options)
-    return jit if fn is None else jit(fn)
+
+    def make(fn):
+        d = jit(fn)
+        _MADE.append(d)
+        return d
+    return make if fn is None else make(fn)
+
+
+_MADE: list = []  # every kernel and helper made here, for cache_use
+
+
+def cache_use() -> dict[str, tuple[int, int]]:
+    """``{"prep.pack.fill._fill_rows": (loaded, compiled), ...}``: the versions of each kernel
+    and helper this process has so far loaded from Numba's cache and compiled (a cache
+    miss: none there, or one Numba found stale, of another Numba or for another CPU)."""
+    return {f"{d.py_func.__module__}.{d.py_func.__qualname__}":
+            (sum(d.stats.cache_hits.values()), sum(d.stats.cache_misses.values()))
+            for d in _MADE}
 
 
 class _Helper(CPUDispatcher):
@@ -50,5 +70,6 @@ def helper(fn=None, *, inline=False):
             "nopython": True, "no_cpython_wrapper": True, "no_cfunc_wrapper": True,
             "inline": "always" if inline else "never"})
         d.enable_caching()
+        _MADE.append(d)
         return d
     return make if fn is None else make(fn)

@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,7 +36,6 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from prep.base.atomic import replacing
 from prep.pack.contexts import epoch_seed, plan_contexts
 from prep.pack.packing import pack
-from prep.pack.repack import repack
 from prep.schema import rows
 from prep.schema.hashing import splitmix64
 from prep.schema.manifest import SPLITS
@@ -212,81 +208,3 @@ def _write_pass(m: Measurements, rows: np.ndarray, split: str, bucket: int, epoc
 
 def _no_clock(stage: str):
     return contextlib.nullcontext()
-
-
-def kernels_cached() -> bool:
-    """Whether Numba's cache folder (prep/__init__.py names it) holds compiled kernels: on
-    the first run after an install or an edit of prep/ it holds none."""
-    import numba
-
-    d = Path(numba.config.CACHE_DIR or "")
-    return bool(numba.config.CACHE_DIR) and d.is_dir() and any(d.rglob("*.nbi"))
-
-
-def warm_kernels(tmp: str, processes: int | None = None) -> None:
-    """Compile pass 2's kernels (planner, packer, encoder) once, on a tiny bucket of both
-    families, failures and gaps, writing its shards under ``tmp``: Numba caches the
-    machine code, so the workers load it instead of each compiling it under a progress bar.
-
-    With ``processes`` 2, a second process compiles the packer's steps 1-4 (step 4,
-    prep.pack.fill, is half the work; ``warm_packer``) while this one compiles the planner,
-    the encoder and steps 5-6; the bucket's run then loads them all from the cache (and
-    compiles whatever it finds missing). None picks 2 when nothing is cached yet and a core
-    is idle (load average below the cores less one half): on busy cores the second process
-    only adds its start and the Numba library code both compile, ~2.5 s of CPU."""
-    m = _tiny_bucket()
-    cfg = ShardsConfig(n_buckets=1, test_fraction=0.3)
-    if processes is None:
-        cores = os.cpu_count() or 1
-        processes = 2 if os.getloadavg()[0] < cores - 0.5 and not kernels_cached() else 1
-    child = None
-    if processes > 1:
-        root = str(Path(__file__).resolve().parents[2])  # the folder holding this prep/
-        child = subprocess.Popen([sys.executable, "-c", _WARM_PACKER, root], text=True,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        plan = plan_contexts(m, cfg.context_config(), epoch_seed(cfg.seed, 0))
-        encode_pieces(plan.sorted, plan, plan.ctx_start, plan.ctx_end, epoch_seed(cfg.seed, 0))
-        # then the packer's steps after step 4 (steps 1-3 load what the other one cached)
-        p = pack(*_made_up_contexts(), split=False)
-        repack(p.piece_len, p.piece_row, p.n_rows, cfg.row_len)
-    finally:
-        if child is not None:
-            _, err = child.communicate()
-            if child.returncode:
-                raise RuntimeError(f"compiling the packer's kernels failed:\n{err[-2000:]}")
-    process_bucket(0, m, cfg, tmp)
-
-
-# the second process of warm_kernels: this checkout's prep (argv[1]), the same cache folder
-_WARM_PACKER = ("import sys; sys.path.insert(0, sys.argv[1]); "
-                "from prep.shards.bucket import warm_packer; warm_packer()")
-
-
-def warm_packer() -> None:
-    """Compile the packer's kernels: ``pack`` on made-up contexts (``pack`` gives any input
-    the same types, so these are the versions ``process_bucket`` runs)."""
-    pack(*_made_up_contexts())
-
-
-def _made_up_contexts():
-    """30 contexts of 20 measurements, every other one timestamped: its rows are the ones
-    step 4 fills from the others'."""
-    has_ts = np.repeat(np.arange(30) % 2 == 0, 20)
-    bounds = np.arange(0, 601, 20)
-    return bounds[:-1], bounds[1:], 14 + np.arange(600) * 7 % 26, has_ts, np.where(has_ts, 7, 0)
-
-
-def _tiny_bucket() -> Measurements:
-    """400 measurements of 7 probes: both families, failures, a gap past the window."""
-    from dataclasses import fields
-
-    n = 400
-    i = np.arange(n)
-    six = i % 3 == 0
-    cols = dict(probe=i % 7 + 1, time=1_767_225_600 + i * 97 + (i > 300) * 200_000,
-                family=np.where(six, 6, 4), src_hi=np.where(six, 0x2001_0db8 << 32, 0),
-                src_lo=0xC000_0200 + i % 7, dst_hi=np.where(six, 0x2001_0db8 << 32, 0),
-                dst_lo=0xC100_0000 + i % 11, rtt=np.where(i % 5 == 0, -1.0, 1.0 + i * 0.37))
-    return Measurements(**{f.name: np.asarray(cols.get(f.name, i % 200 + 1),  # a value field
-                                              f.metadata["dtype"]) for f in fields(Measurements)})

@@ -29,7 +29,6 @@ import json
 import math
 import resource
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -46,7 +45,8 @@ from prep.schema import manifest as mf
 from prep.schema.manifest import SPLITS
 from prep.schema.splits import TIME_RULES, format_time
 from prep.schema.validate import format_rejected, list_inputs, open_parquet
-from prep.shards.bucket import ShardsConfig, kernels_cached, resolve_buckets, warm_kernels
+from prep.shards.bucket import ShardsConfig, resolve_buckets
+from prep.shards.kernels import compile_kernels
 from prep.shards.stages import StageClock
 
 UNIT_ROWS = 1 << 20  # rows per read task (whole row groups; small files share one)
@@ -136,7 +136,7 @@ def build(inputs: list[str], out: str, cfg: ShardsConfig, passes: Passes, *,
             print(f"{passes.describe(len(paths), rows_total)}; config {config_to_json(cfg)}",
                   file=sys.stderr)
             with clock("main_compile"):
-                compile_s = compile_kernels(od.stage, passes.says)
+                compile_s, compiled = compile_kernels(od.stage, passes.says)
             cfg, read, results = passes.run(od, units, rows_total, cfg, t0)
             infos = inputs_info.result()
             failed = False
@@ -147,7 +147,8 @@ def build(inputs: list[str], out: str, cfg: ShardsConfig, passes: Passes, *,
             if started:
                 passes.stop(failed)
         return finish(od, cfg, infos, read, results, t0,
-                      passes.timing() | {"compile_s": round(compile_s, 3)}, clock)
+                      passes.timing() | {"compile_s": round(compile_s, 3),
+                                         "kernels_compiled": compiled}, clock)
 
 
 def finish(od: Claim, cfg: ShardsConfig, inputs: list[dict], read: dict,
@@ -163,29 +164,12 @@ def finish(od: Claim, cfg: ShardsConfig, inputs: list[dict], read: dict,
     timing = timing | clock.report()
     elapsed = time.perf_counter() - t0
     manifest["elapsed_s"] = round(elapsed, 3)
-    # the rate of the run's work: a first run's one-off kernel compile is not part of it
+    # the rate of the run's work: the kernels' one-off compile (a first run) or load is not
     work_s = elapsed - timing.get("compile_s", 0.0)
     manifest["timing"] = timing | {
         "measurements_per_s": round(read["rows_in"] / max(work_s, 1e-9))}
     od.publish(manifest)
     return summary(manifest)
-
-
-def compile_kernels(stage: Path, says: str) -> float:
-    """On the first run after an install or an edit (Numba's cache holds no kernels), say
-    so and compile pass 2's kernels here before the passes (prep.shards.bucket.warm_kernels),
-    rather than in every worker under a progress bar standing at 0; the seconds it took
-    (0 when cached), which the summary's rate leaves out."""
-    if kernels_cached():
-        return 0.0
-    print(f"{says}: compiling kernels (once; Numba caches them for later runs)",
-          file=sys.stderr)
-    t = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=stage) as d:
-        warm_kernels(d)
-    took = time.perf_counter() - t
-    print(f"{says}: kernels compiled in {took:.1f} s", file=sys.stderr)
-    return took
 
 
 def new_read_counts() -> dict:
@@ -296,7 +280,7 @@ def summary(manifest: dict) -> dict:
             "rows_over_lower_bound": manifest["rows_over_lower_bound"],
             "elapsed_s": manifest.get("elapsed_s"),
             "measurements_per_s": t.get("measurements_per_s"), "workers": t.get("workers"),
-            "compile_s": t.get("compile_s", 0.0),
+            "compile_s": t.get("compile_s", 0.0), "kernels_compiled": t.get("kernels_compiled"),
             "peak_rss_mb": t.get("peak_rss_mb"), "stage_s": t.get("stage_s"),
             "stage_cpu_s": t.get("stage_cpu_s"),
             "buckets": cfg["n_buckets"],
@@ -336,10 +320,11 @@ def format_summary(s: dict) -> str:
         if sp["rule"] == "time+probe":
             split += (f", {100 * sp['test_fraction']:g} % of the probes held out; "
                       f"{s['measurements_excluded_by_split']:,} measurements in neither split")
+    what = "compiling" if s.get("kernels_compiled") else "loading"
     return "\n".join([
         f"prep shards: done in {s['elapsed_s']:.1f} s, "
         f"{s['measurements_per_s']:,} measurements/s on {count(s['workers'], 'worker')}"
-        + (f" (the {s['compile_s']:.1f} s of compiling kernels left out of the rate)"
+        + (f" (the {s['compile_s']:.1f} s of {what} kernels left out of the rate)"
            if s.get("compile_s") else ""),
         f"  measurements  {s['measurements_in']:,} in, {s['measurements_rejected']:,} rejected ({rej})",
         f"  split         {split}",
