@@ -254,7 +254,12 @@ def shards(inputs, out, workers, runner, beam_options, overwrite, as_json, quiet
 def kernels():
     """Compile the Numba kernels `prep shards` runs into Numba's cache, or load them if
     cached; say which, and in how many seconds. `make setup` runs it, so that a first
-    `prep shards` and each test process load them (prep.shards.kernels)."""
+    `prep shards` and each test process load them (prep.shards.kernels).
+
+    \b
+    Example:
+      prep kernels    # prep kernels: kernels loaded from Numba's cache in 0.4 s (17; none compiled)
+    """
     from prep.shards.kernels import compile_kernels
 
     compile_kernels(None, "prep kernels")
