@@ -136,7 +136,7 @@ def build(inputs: list[str], out: str, cfg: ShardsConfig, passes: Passes, *,
             print(f"{passes.describe(len(paths), rows_total)}; config {config_to_json(cfg)}",
                   file=sys.stderr)
             with clock("main_compile"):
-                compile_s, compiled = compile_kernels(od.stage, passes.says)
+                compile_s, compiled = compile_kernels(od.stage, passes.says, only_missing=True)
             cfg, read, results = passes.run(od, units, rows_total, cfg, t0)
             infos = inputs_info.result()
             failed = False

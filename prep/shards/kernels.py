@@ -4,7 +4,8 @@ Compiling them takes seconds (`make bench`: compile.cold_s in one process, cold_
 warm_kernels' second process); loading their cached machine code, a fraction of one
 (compile.cached_s). So `make setup` runs `prep kernels`, which compiles them into the cache
 (compile.setup_s), and a new user's first `prep shards` and each test process load them
-(compile.after_setup_s). Each command says what it did, from Numba's own counters
+(compile.after_setup_s; `prep shards` lets each worker load what it runs, and loads nothing
+in its driver). `prep kernels` says what it did, from Numba's own counters
 (prep.base.jit.cache_use): "kernels loaded from Numba's cache in 0.3 s (17; none
 compiled)" or "kernels compiled in 7.4 s (36 on 2 processes; ...)".
 
@@ -60,11 +61,17 @@ class KernelsReady:
         return f"kernels already loaded in this process ({seconds:.1f} s)"
 
 
-def compile_kernels(stage: Path | None, says: str) -> tuple[float, int]:
+def compile_kernels(stage: Path | None, says: str, *,
+                    only_missing: bool = False) -> tuple[float, int | None]:
     """Compile (or load) pass 2's kernels here, before the passes, rather than in every
     worker under a progress bar standing at 0, and say which on stderr: (the seconds it
     took, which the summary's rate leaves out; how many it compiled). `prep kernels` is
-    this alone (``stage`` None: a temporary folder)."""
+    this alone (``stage`` None: a temporary folder). ``only_missing`` (`prep shards`): with
+    the cache filled, load nothing here (each worker loads what it runs; loading here too
+    cost a run 0.3-0.4 s and its driver 70 MB) and say so: (0.0, None)."""
+    if only_missing and kernels_cached():
+        print(f"{says}: kernels in Numba's cache (each worker loads them)", file=sys.stderr)
+        return 0.0, None
     if not kernels_cached():
         print(f"{says}: compiling kernels (once; Numba caches them for later runs)",
               file=sys.stderr)
