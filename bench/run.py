@@ -43,7 +43,18 @@ def machine() -> dict:
 
 
 def main(argv: list[str]) -> int:
-    parts = argv or sorted(p.stem[len("bench_"):] for p in HERE.glob("bench_*.py"))
+    known = sorted(p.stem[len("bench_"):] for p in HERE.glob("bench_*.py"))
+    if any(a in ("-h", "--help") for a in argv):
+        print(f"usage: python -m bench.run [PART ...]   (`make bench`: all of them)\n\n"
+              f"{__doc__.strip()}\n\nparts: {' '.join(known)}\n"
+              "example: python -m bench.run etl import   # updates those parts of latest.json")
+        return 0
+    unknown = [a for a in argv if a not in known]
+    if unknown:
+        print(f"bench.run: no part {', '.join(unknown)}; the parts: {' '.join(known)}",
+              file=sys.stderr)
+        return 2
+    parts = argv or known
     metrics: dict[str, float] = {}
     for part in parts:
         mod = importlib.import_module(f"bench.bench_{part}")

@@ -1,6 +1,6 @@
 """bench/learning.py's curve point keeps each stratum's interval and the paired verdict (a lent
 GPU's per-query errors do not come back, so the point is all a report has); bench/recipe_gpu.py
-refuses a variant world without a name of its own."""
+refuses a variant world without a name of its own; bench/run.py says its parts."""
 
 import pytest
 
@@ -53,3 +53,13 @@ def test_recipe_gpu_variant_world_needs_a_tag(argv, says, capsys):
     with pytest.raises(SystemExit) as e:
         recipe_gpu.main(argv)
     assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_bench_run_names_its_parts(capsys):
+    from bench import run
+
+    assert run.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "parts: beam compile etl eval import memory" in out and "example:" in out
+    assert run.main(["etl", "nope"]) == 2
+    assert capsys.readouterr().err.startswith("bench.run: no part nope; the parts: beam ")
