@@ -294,7 +294,7 @@ def test_summary_says_what_the_buckets_cost():
 def test_a_first_run_says_it_compiles_and_leaves_it_out_of_the_rate(tmp_path, monkeypatch):
     """Item 15: the first run after an install compiles the Numba kernels (15-25 s): it says
     so before the progress bars, and the summary's rate is that of the run's own work. With
-    the cache filled, the driver loads nothing (its workers load what they run) and says so."""
+    the cache filled, the driver loads nothing (its workers load what they run), silently."""
     import time as _time
 
     from prep.ingest.synth import SynthConfig, synth
@@ -327,16 +327,14 @@ def test_a_first_run_says_it_compiles_and_leaves_it_out_of_the_rate(tmp_path, mo
     lo, hi = 2_000 / (work + 0.001) - 1, 2_000 / max(work - 0.001, 1e-3) + 1
     assert lo <= s["measurements_per_s"] <= hi
     assert f"(the {s['compile_s']:.1f} s of compiling kernels left out of the rate)" in r.stderr
-    # cached: nothing loaded in the driver (the workers load what they run), and said
+    # cached: nothing loaded in the driver (the workers load what they run), nothing said
     def no_warm(d):
         raise AssertionError("the driver loaded the cached kernels")
     monkeypatch.setattr(kernels, "kernels_cached", lambda: True)
     monkeypatch.setattr(kernels, "warm_kernels", no_warm)
     r = CliRunner().invoke(main, ["shards", str(raw), "--out", str(tmp_path / "out2"),
                                   "--workers", "1", "--quiet", "--json"])
-    assert r.exit_code == 0 and "compiling" not in r.stderr, r.output
-    assert r.stderr.splitlines()[1] == ("prep shards: kernels in Numba's cache (each worker "
-                                        "loads them)")
+    assert r.exit_code == 0 and "kernels" not in r.stderr, r.output
     s = json.loads(r.stdout)
     assert s["compile_s"] == 0.0 and s["kernels_compiled"] is None
     assert "kernels left out of the rate" not in r.stderr

@@ -67,10 +67,10 @@ def compile_kernels(stage: Path | None, says: str, *,
     worker under a progress bar standing at 0, and say which on stderr: (the seconds it
     took, which the summary's rate leaves out; how many it compiled). `prep kernels` is
     this alone (``stage`` None: a temporary folder). ``only_missing`` (`prep shards`): with
-    the cache filled, load nothing here (each worker loads what it runs; loading here too
-    cost a run 0.3-0.4 s and its driver 70 MB) and say so: (0.0, None)."""
+    the cache filled, load nothing here and say nothing, as every run after the first (each
+    worker loads what it runs; loading here too cost a run 0.3-0.4 s and its driver 70 MB):
+    (0.0, None)."""
     if only_missing and kernels_cached():
-        print(f"{says}: kernels in Numba's cache (each worker loads them)", file=sys.stderr)
         return 0.0, None
     if not kernels_cached():
         print(f"{says}: compiling kernels (once; Numba caches them for later runs)",
