@@ -16,14 +16,15 @@ def test_clock_adds_stages_and_gives_the_rest_of_a_task_to_task(monkeypatch):
     cpus = iter([0.0, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.0, 9.0])
     monkeypatch.setattr(stages.time, "perf_counter", lambda: next(walls))
     monkeypatch.setattr(stages.time, "process_time", lambda: next(cpus))
-    clock = StageClock()
+    clock, ran = StageClock(), []
     with clock.task():                     # wall 0, CPU 0
         with clock("read"):                # wall 10 -> 11, CPU 1 -> 1.5
-            pass
+            ran.append("read")
         with clock("validate"):            # wall 13 -> 14.5, CPU 2 -> 3
-            pass
+            ran.append("validate")
     with clock("read"):                    # (the task ended at 20, CPU 4) 100 -> 103, 5 -> 7
-        pass
+        ran.append("read")
+    assert ran == ["read", "validate", "read"]  # each body ran once, inside its stage
     assert clock.seconds == {"read": 4.0, "validate": 1.5, "task": 17.5}
     assert clock.cpu == {"read": 2.5, "validate": 1.0, "task": 2.5}
     clock.add({"stage_s": {"read": 1.0, "write": 2.0}, "stage_cpu_s": {"write": 0.5}})
@@ -36,7 +37,8 @@ def test_clock_adds_stages_and_gives_the_rest_of_a_task_to_task(monkeypatch):
     assert {k: v for k, v in report["stage_cpu_s"].items() if v} == {
         "read": 2.5, "validate": 1.0, "write": 0.5, "task": 2.5, "main_units": 1.0}
     with pytest.raises(KeyError, match="unknown stage 'sort'"), clock("sort"):
-        pass
+        ran.append("sort")
+    assert ran[-1] == "read"  # an unknown stage fails on entry: its body never runs
 
 
 @pytest.mark.parametrize("workers", [1, 2])
