@@ -164,7 +164,7 @@ def finish(od: Claim, cfg: ShardsConfig, inputs: list[dict], read: dict,
     timing = timing | clock.report()
     elapsed = time.perf_counter() - t0
     manifest["elapsed_s"] = round(elapsed, 3)
-    # the rate of the run's work: the kernels' one-off compile (a first run) or load is not
+    # the rate of the run's work: a first run's one-off kernel compile is not part of it
     work_s = elapsed - timing.get("compile_s", 0.0)
     manifest["timing"] = timing | {
         "measurements_per_s": round(read["rows_in"] / max(work_s, 1e-9))}
@@ -320,11 +320,10 @@ def format_summary(s: dict) -> str:
         if sp["rule"] == "time+probe":
             split += (f", {100 * sp['test_fraction']:g} % of the probes held out; "
                       f"{s['measurements_excluded_by_split']:,} measurements in neither split")
-    what = "compiling" if s.get("kernels_compiled") else "loading"
     return "\n".join([
         f"prep shards: done in {s['elapsed_s']:.1f} s, "
         f"{s['measurements_per_s']:,} measurements/s on {count(s['workers'], 'worker')}"
-        + (f" (the {s['compile_s']:.1f} s of {what} kernels left out of the rate)"
+        + (f" (the {s['compile_s']:.1f} s of compiling kernels left out of the rate)"
            if s.get("compile_s") else ""),
         f"  measurements  {s['measurements_in']:,} in, {s['measurements_rejected']:,} rejected ({rej})",
         f"  split         {split}",
