@@ -44,6 +44,8 @@ def curve_point(report: dict, tokens: int) -> dict:
         point[name] = {"all": m["median_rel"], "ci": m["median_rel_ci"],
                        **{s: v["median_rel"] for s, v in m["by_stratum"].items()},
                        "stratum_ci": {s: v["median_rel_ci"] for s, v in m["by_stratum"].items()}}
+    # the intervals resample whole sources (train.eval.metrics): how many each scope holds
+    point["sources"] = {"all": report.get("sources"), **(report.get("sources_by_stratum") or {})}
     # per scope, the model minus the strongest baseline on the same queries, paired intervals
     # (train eval's verdict lines; a GPU run's per-query errors do not come back)
     point["verdict"] = {scope: {"n_rtt": v["n_rtt"], "baseline": v["baseline"],

@@ -29,7 +29,9 @@ def _report() -> dict:
                for scope in ("all", *STRATA)}
     verdict["node_known"] = {"n": 0, "n_rtt": 0, "baseline": None}  # no query in the scope
     return {"step": 40, "loss": {"loss": 1.5, "by_role": {"rtt": {"loss": 2.0}}},
-            "rtt": {n: _scores(0.1 * k) for k, n in enumerate(names)}, "verdict": verdict}
+            "rtt": {n: _scores(0.1 * k) for k, n in enumerate(names)}, "verdict": verdict,
+            "sources": 7, "sources_by_stratum": {"pair_in_context": 5, "node_known": 0,
+                                                 "cold": 3}}
 
 
 def test_curve_point_keeps_stratum_intervals_and_verdict():
@@ -43,6 +45,7 @@ def test_curve_point_keeps_stratum_intervals_and_verdict():
                                     "median_rel": {"diff": -0.02, "diff_ci": [-0.03, -0.01]},
                                     "mae_ms": {"diff": -1.0, "diff_ci": [-1.5, -0.5]}}
     assert p["verdict"]["node_known"] == {"n_rtt": 0, "baseline": None, "winner": None}
+    assert p["sources"] == {"all": 7, "pair_in_context": 5, "node_known": 0, "cold": 3}
 
 
 @pytest.mark.parametrize("argv, says", [

@@ -115,3 +115,53 @@ def test_the_paired_interval_is_that_of_the_difference():
     lo, hi = EM.paired_bootstrap_ci(a, np.zeros(501), np.median, seed=3)
     assert lo < np.median(a) < hi
     assert EM.paired_bootstrap_ci([], [], np.median) is None
+
+
+def test_multiset_medians_are_those_of_the_repeated_values():
+    rng = np.random.default_rng(5)
+    xs = np.sort(rng.lognormal(size=40))
+    w = rng.integers(0, 4, (300, 40))
+    w[:, 7] += 1  # no empty multiset
+    got = EM._multiset_medians(xs, w)
+    want = [np.median(np.repeat(xs, row)) for row in w]
+    assert got == pytest.approx(want, rel=0, abs=0)
+    # one value once, and two values once each (the mean of the middle two)
+    assert EM._multiset_medians(np.array([1.0, 2.0, 9.0]), np.array([[0, 1, 0], [1, 0, 1]])
+                                ).tolist() == [2.0, 5.0]
+
+
+def test_grouped_interval_resamples_whole_groups():
+    # 10 probes of 100 queries each, every query of probe g at exactly g: resampling single
+    # queries sees 1,000 independent values and pins the median to 4 or 5 (the middle
+    # two probes); resampling probes sees 10 and spreads it over the probes' range
+    x = np.repeat(np.arange(10.0), 100)
+    g = np.repeat(np.arange(10), 100)
+    lo, hi = EM.bootstrap_median_ci(x, seed=0)
+    assert 4.0 <= lo <= hi <= 5.0
+    glo, ghi = EM.bootstrap_median_ci(x, seed=0, groups=g)
+    assert glo <= 2.5 and ghi >= 6.5
+    # each value its own group: the same interval as resampling the values, within noise
+    y = np.random.default_rng(2).lognormal(0.0, 1.0, 301)
+    want_lo, want_hi = _resampled_ci(y, 4_000, 1)
+    lo, hi = EM.bootstrap_median_ci(y, seed=0, n_boot=4_000, groups=np.arange(301))
+    spread = want_hi - want_lo
+    assert abs(lo - want_lo) < 0.1 * spread and abs(hi - want_hi) < 0.1 * spread
+    # one group: every resample is the whole sample
+    assert EM.bootstrap_median_ci(y, groups=np.zeros(301)) == [np.median(y)] * 2
+
+
+def test_grouped_paired_interval():
+    # model and baseline differ by +1 on probe 0's 500 queries and by -1 on probe 1's 5:
+    # query by query the model is surely worse (every resample's median diff is +1 ...);
+    # probe by probe, half the resamples hold only probe 1 or both, so the sign is open
+    a = np.r_[np.full(500, 2.0), np.full(5, 0.0)]
+    b = np.ones(505)
+    g = np.r_[np.zeros(500, int), np.ones(5, int)]
+    assert EM.paired_bootstrap_ci(a, b, np.median) == [1.0, 1.0]
+    assert EM.paired_bootstrap_ci(a, b, np.median, groups=g) == [-1.0, 1.0]
+    lo, hi = EM.paired_bootstrap_ci(a, b, np.mean, groups=g)
+    assert (lo, hi) == (pytest.approx(-1.0), pytest.approx(1.0))
+    # a shift is a shift whatever the groups
+    c = np.random.default_rng(1).exponential(size=505)
+    assert EM.paired_bootstrap_ci(c + 0.5, c, np.median, groups=g) == pytest.approx([0.5, 0.5])
+    assert EM.paired_bootstrap_ci(c + 0.5, c, np.mean, groups=g) == pytest.approx([0.5, 0.5])

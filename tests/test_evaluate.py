@@ -18,7 +18,7 @@ from prep.tokens import rowdecode
 from prep.tokens.decode import decode_context
 from tests.test_predictor import brute_force
 from train.cli import main
-from train.eval.evaluate import PREDICTORS, EvalConfig, evaluate
+from train.eval.evaluate import PREDICTORS, EvalConfig, evaluate, source_groups
 from train.eval.metrics import STRATA
 from train.eval.report import format_report, label
 from train.fit import reader
@@ -123,6 +123,7 @@ def test_strata_and_context_last_equal_brute_force(run, full):
     train = rowdecode.decode_rows(*reader.read_split(run / "shards", manifest, "train"))
     known = {_address(train, j, side) for j in range(len(train)) for side in ("src", "dst")}
     counts = dict.fromkeys(STRATA, 0)
+    sources = {s: set() for s in STRATA}
     ms = q.rtt_ms()
     for i in range(len(q)):
         before = [j for j in range(len(q)) if (q.row[j], q.segment[j]) == (q.row[i], q.segment[i])
@@ -131,10 +132,18 @@ def test_strata_and_context_last_equal_brute_force(run, full):
         stratum = ("pair_in_context" if before else "node_known"
                    if _address(q, i, "src") in known else "cold")
         counts[stratum] += 1
+        sources[stratum].add(_address(q, i, "src"))
         if before:  # the last earlier reply to the same destination, exactly
             assert detail.rtt_ms["context_last"][i] == ms[max(before, key=lambda j: q.index[j])]
     assert {s: v["n"] for s, v in report["rtt"]["model"]["by_stratum"].items()} == counts
     assert counts["pair_in_context"] > 0 and counts["node_known"] + counts["cold"] > 0
+    # the intervals' groups: one per source address, counted per stratum
+    assert report["sources_by_stratum"] == {s: len(v) for s, v in sources.items()}
+    groups = source_groups(q)
+    assert report["sources"] == len(set().union(*sources.values())) == groups.max() + 1
+    for i in range(len(q)):  # the same address, the same group; another, another
+        same = [j for j in range(len(q)) if _address(q, j, "src") == _address(q, i, "src")]
+        assert set(np.flatnonzero(groups == groups[i])) == set(same)
 
 
 def test_eval_answers_equal_brute_force(run, full):  # full: the full report is written
@@ -230,8 +239,11 @@ def test_verdict_per_stratum_against_the_strongest_baseline(full):
         assert lo <= row["median_rel"]["diff"] <= hi
         assert row["winner"] == ("model" if hi < 0 else "baseline" if lo > 0 else "neither")
     text = format_report(report).splitlines()
-    at = text.index("verdict: the model minus the strongest baseline, paired on the same "
-                    "queries [95 % interval]")
+    head = ("verdict: the model minus the strongest baseline, paired on the same queries "
+            "[95 % interval]; intervals resample whole sources: ")
+    at = next(i for i, line in enumerate(text) if line.startswith(head))
+    assert text[at] == head + f"{report['sources']:,} (" + ", ".join(
+        f"{s} {report['sources_by_stratum'][s]:,}" for s in STRATA) + ")"
     assert [line.split(" (")[0].strip() for line in text[at + 1:at + 5]] == ["all", *STRATA]
 
 

@@ -15,8 +15,8 @@ Steps (all on the test split's first epoch, so each measurement counts once):
 3. **Baselines**: train-fit (train.eval.baselines: from (source, destination)) and context
    baselines (train.eval.context_baselines: the query's earlier measurements, as the model).
 4. **Metrics** (train.eval.metrics) for the model and each baseline, overall, by stratum and
-   by context length. The truth is each measurement as the shards hold it (its RTT code's
-   bin value). Fewer than 1,000 queries with a reply is a warning.
+   by context length; intervals resample whole sources (``source_groups``). Truth: each
+   measurement's RTT code's bin value. Fewer than 1,000 queries with a reply: a warning.
 
 ``--max-queries N`` takes test rows in a seeded order until they hold N measurements, and
 exactly N RTT queries. The result is a table (train.eval.report), a JSON document (also
@@ -118,16 +118,18 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
                         f"{EM.MIN_REPLIES:,}): the medians and their intervals are rough; "
                         "evaluate on a larger test split")
         print(f"warning: {warnings[-1]}", file=sys.stderr, flush=True)
+    groups = source_groups(qm)  # the intervals resample whole sources (train.eval.metrics)
     intervals = {"model": ans, "model_no_context": alone}
     rtt = {}
     for name, (pr, pf, cov) in preds.items():
         a = intervals.get(name)
         rtt[name] = EM.metrics(pr, pf, cov, truth_ms, failed, history, stratum, seed=cfg.seed,
-                               interval=None if a is None else (a.quantile_ms[:, 0],
+                               groups=groups, interval=None if a is None else (a.quantile_ms[:, 0],
                                                                 a.quantile_ms[:, 2]))
     baseline_names = [n for n in preds if registry.kind_of(n) != registry.MODEL]
     verdict = EM.verdict({k: v[0] for k, v in preds.items()}, {k: v[1] for k, v in preds.items()},
-                         truth_ms, failed, stratum, rtt, baseline_names, seed=cfg.seed)
+                         truth_ms, failed, stratum, rtt, baseline_names, seed=cfg.seed,
+                         groups=groups)
     result = {
         "run_dir": str(cfg.run_dir), "step": pred.step, "data": str(data),
         "data_fingerprint": fingerprint,
@@ -139,6 +141,10 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
         "train_measurements": int(len(train)),
         "loss": loss,
         "queries": int(len(q)), "queries_with_rtt": n_rtt,
+        # every interval resamples whole source addresses, not single queries
+        "sources": int(groups.max()) + 1 if len(groups) else 0,
+        "sources_by_stratum": {name: int(len(np.unique(groups[stratum == k])))
+                               for k, name in enumerate(EM.STRATA)},
         "query_rows": query_rows,
         "non_canonical_mass_mean": float(np.nanmean(ans.non_canonical_mass))
         if (~failed).any() else None,
@@ -154,6 +160,16 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
                                             len(q) if cfg.max_queries else 0))
     return result, Detail(qm, {k: v[0] for k, v in preds.items()},
                           {k: v[1] for k, v in preds.items()}, ans, stratum)
+
+
+def source_groups(q: rowdecode.RowMeasurements) -> np.ndarray:
+    """int64 per query: the index of its source address (family and bytes) among the
+    queries' sources. A probe's queries share its place and its destinations; addresses
+    are what the rows keep of the probe (probes behind one NAT address form one group)."""
+    key = np.stack([q.family.astype(np.uint64), q.src_hi, q.src_lo], axis=1)
+    if not len(key):
+        return np.zeros(0, np.int64)
+    return np.unique(key, axis=0, return_inverse=True)[1].ravel().astype(np.int64)
 
 
 _EMPTY_TEST = ("{data}: the test split is empty; rebuild with `prep shards ... "

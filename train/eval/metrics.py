@@ -9,11 +9,13 @@ Strata (``STRATA``, one per query, they partition the queries):
 - ``cold``: neither.
 
 The 95 % interval of a median relative error is a percentile bootstrap over ``N_BOOT``
-seeded resamples. A resample's median needs no resample: with the n values sorted, a
-resample's k-th smallest is the value at index floor(n U_(k)), U_(k) the k-th smallest of
-n uniforms, a Beta(k, n - k + 1) draw (the (k+1)-th given the k-th: U_(k) + (1 - U_(k)) ×
-Beta(1, n - k)). So each resample costs two draws, not n, and the intervals are those of
-resampling the values themselves (tests/test_evaluate.py holds them to it).
+seeded resamples. Given ``groups`` (`train eval`: the query's source address), it resamples
+whole groups: one probe's queries share its place and its destinations, so resampling them
+one by one treats a few probes' hundreds of queries as hundreds of probes (the cluster
+bootstrap; each resample weighs a query by its group's draws, ``_multiset_medians``).
+Without: a resample's median needs no resample, its k-th smallest is the value at index
+floor(n U_(k)), U_(k) a Beta(k, n - k + 1) draw (the (k+1)-th: U_(k) + (1 - U_(k)) ×
+Beta(1, n - k)), the intervals of resampling the values (tests/test_eval_metrics.py).
 
 The verdict (``verdict``, the report's ``verdict`` key): overall and per stratum, the
 model minus the strongest baseline there (the baseline, not a model, with the lowest
@@ -37,31 +39,65 @@ def strata(pair_in_context: np.ndarray, node_known: np.ndarray) -> np.ndarray:
     return np.where(pair_in_context, 0, np.where(node_known, 1, 2)).astype(np.int8)
 
 
-def bootstrap_median_ci(x, *, seed: int = 0, n_boot: int = N_BOOT,
-                        level: float = CI_LEVEL) -> list[float] | None:
-    """[lo, hi]: the percentile bootstrap interval of np.median(x) (None if x is empty)."""
-    xs = np.sort(np.asarray(x, np.float64))
-    n = len(xs)
+def _group_draws(groups, n_boot: int, rng):
+    """Chunks of int64[b, n]: per resample, how many times each query's group was drawn
+    (G groups drawn with replacement from the G there are); ~32 MB at a time."""
+    inv = np.unique(np.asarray(groups), return_inverse=True)[1].ravel()
+    G = int(inv.max()) + 1
+    chunk = max(1, 4_000_000 // max(len(inv), G))
+    for i in range(0, n_boot, chunk):
+        counts = rng.multinomial(G, np.full(G, 1.0 / G), size=min(chunk, n_boot - i))
+        yield counts.astype(np.int32)[:, inv]
+
+
+def _multiset_medians(xs_sorted, w) -> np.ndarray:
+    """np.median of each multiset that holds xs_sorted[i] w[r, i] times (w: int[b, n]), as
+    np.median(np.repeat(xs_sorted, w[r])) would give it, without the repeat."""
+    c = np.cumsum(w, axis=1, dtype=np.int64 if w.size * w.max(initial=0) >= 2**31 else np.int32)
+    total = c[:, -1].astype(np.int64)
+    # each row's running counts, shifted past the rows before it: one sorted array to search
+    shift = np.cumsum(total) - total
+    flat = (c + shift[:, None]).ravel()  # int64: shift is
+    start = np.arange(len(c)) * c.shape[1]
+    lo = np.searchsorted(flat, shift + (total + 1) // 2) - start  # the lower middle value
+    hi = np.searchsorted(flat, shift + total // 2 + 1) - start  # the upper (= lower if odd)
+    return 0.5 * (xs_sorted[lo] + xs_sorted[hi])
+
+
+def bootstrap_median_ci(x, *, seed: int = 0, n_boot: int = N_BOOT, level: float = CI_LEVEL,
+                        groups=None) -> list[float] | None:
+    """[lo, hi]: the percentile bootstrap interval of np.median(x) (None if x is empty);
+    with ``groups`` (a label per value), whole groups are resampled."""
+    x = np.asarray(x, np.float64)
+    n = len(x)
     if n == 0:
         return None
     rng = np.random.default_rng(seed)
+    tail = (1.0 - level) / 2
+    if groups is not None:
+        order = np.argsort(x, kind="stable")
+        med = np.concatenate([_multiset_medians(x[order], w[:, order])
+                              for w in _group_draws(groups, n_boot, rng)])
+        lo, hi = np.quantile(med, [tail, 1.0 - tail])
+        return [float(lo), float(hi)]
+    xs = np.sort(x)
     k = (n + 1) // 2  # numpy's median: order statistic k, or the mean of k and k + 1 (even n)
     u = rng.beta(k, n - k + 1, n_boot)
     med = xs[np.minimum((n * u).astype(np.int64), n - 1)]
     if n % 2 == 0:
         u2 = u + (1.0 - u) * rng.beta(1, n - k, n_boot)
         med = 0.5 * (med + xs[np.minimum((n * u2).astype(np.int64), n - 1)])
-    tail = (1.0 - level) / 2
     lo, hi = np.quantile(med, [tail, 1.0 - tail])
     return [float(lo), float(hi)]
 
 
 def metrics(pred_ms, p_fail, covered, truth_ms, failed, history, stratum, *,
-            interval=None, seed: int = 0) -> dict:
+            interval=None, seed: int = 0, groups=None) -> dict:
     """MAE, median absolute error, median relative error and its interval, p90 relative
     error (queries with a reply); Brier score and precision / recall of P(failed) > 0.5
     (all queries); coverage; with ``interval`` (p10, p90 per query) the share of replies
-    inside it. The same by stratum (STRATA) and by HISTORY_BUCKETS."""
+    inside it. The same by stratum (STRATA) and by HISTORY_BUCKETS. ``groups``: a label per
+    query, resampled whole by the intervals."""
     def one(sel):
         ok = sel & ~failed
         err = np.abs(pred_ms[ok] - truth_ms[ok])
@@ -73,7 +109,8 @@ def metrics(pred_ms, p_fail, covered, truth_ms, failed, history, stratum, *,
                "mae_ms": float(err.mean()) if any_ok else None,
                "median_ae_ms": float(np.median(err)) if any_ok else None,
                "median_rel": float(np.median(rel)) if any_ok else None,
-               "median_rel_ci": bootstrap_median_ci(rel, seed=seed),
+               "median_rel_ci": bootstrap_median_ci(
+                   rel, seed=seed, groups=None if groups is None else groups[ok]),
                "p90_rel": float(np.quantile(rel, 0.9)) if any_ok else None,
                "brier": float(np.mean((p_fail[sel] - failed[sel]) ** 2)) if sel.any() else None,
                "fail_precision": hit / int(said.sum()) if said.any() else None,
@@ -103,15 +140,28 @@ VERDICT_SCOPES = ("all",) + STRATA  # the whole, then each stratum
 
 
 def paired_bootstrap_ci(a, b, stat=np.median, *, seed: int = 0, n_boot: int = N_BOOT,
-                        level: float = CI_LEVEL) -> list[float] | None:
+                        level: float = CI_LEVEL, groups=None) -> list[float] | None:
     """[lo, hi]: the percentile bootstrap interval of stat(a) - stat(b), where a[i] and b[i]
     belong to the same query and are resampled together (pairing cancels the queries'
-    shared difficulty, so the interval is that of the difference, not of two medians)."""
+    shared difficulty, so the interval is that of the difference, not of two medians);
+    with ``groups`` (a label per query), whole groups are resampled. stat: np.median or
+    np.mean."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     n = len(a)
     if n == 0:
         return None
     rng = np.random.default_rng(seed)
+    tail = (1.0 - level) / 2
+    if groups is not None:
+        oa, ob = np.argsort(a, kind="stable"), np.argsort(b, kind="stable")
+        parts = []
+        for w in _group_draws(groups, n_boot, rng):
+            if stat is np.mean:
+                parts.append((w * (a - b)).sum(axis=1) / w.sum(axis=1))
+            else:
+                parts.append(_multiset_medians(a[oa], w[:, oa]) - _multiset_medians(b[ob], w[:, ob]))
+        lo, hi = np.quantile(np.concatenate(parts), [tail, 1.0 - tail])
+        return [float(lo), float(hi)]
     diffs = np.empty(n_boot)
     chunk = max(1, 4_000_000 // n)  # resamples per draw: ~32 MB of indices at a time
     for i in range(0, n_boot, chunk):
@@ -120,7 +170,6 @@ def paired_bootstrap_ci(a, b, stat=np.median, *, seed: int = 0, n_boot: int = N_
             diffs[i:i + len(idx)] = (a - b)[idx].mean(axis=1)
         else:
             diffs[i:i + len(idx)] = stat(a[idx], axis=1) - stat(b[idx], axis=1)
-    tail = (1.0 - level) / 2
     lo, hi = np.quantile(diffs, [tail, 1.0 - tail])
     return [float(lo), float(hi)]
 
@@ -136,7 +185,7 @@ def strongest_baseline(scores: dict, baselines, scope: str) -> str | None:
 
 
 def verdict(pred_ms: dict, p_fail: dict, truth_ms, failed, stratum, scores: dict,
-            baselines, *, seed: int = 0) -> dict:
+            baselines, *, seed: int = 0, groups=None) -> dict:
     """Per scope (VERDICT_SCOPES): the model minus the strongest baseline there
     (strongest_baseline), on the same queries, with paired bootstrap intervals:
 
@@ -146,7 +195,8 @@ def verdict(pred_ms: dict, p_fail: dict, truth_ms, failed, stratum, scores: dict
 
     median relative error and MAE over the queries with a reply, Brier over all;
     ``winner`` by the median relative error's interval: "model" (below 0), "baseline"
-    (above 0) or "neither" (it holds 0). ``baseline`` None: no query in the scope."""
+    (above 0) or "neither" (it holds 0). ``baseline`` None: no query in the scope.
+    ``groups``: a label per query, resampled whole (the module's docstring)."""
     rel = {k: np.abs(v - truth_ms) / np.maximum(truth_ms, 1e-3) for k, v in pred_ms.items()}
     ae = {k: np.abs(v - truth_ms) for k, v in pred_ms.items()}
     bri = {k: (v - failed) ** 2 for k, v in p_fail.items()}
@@ -167,7 +217,9 @@ def verdict(pred_ms: dict, p_fail: dict, truth_ms, failed, stratum, scores: dict
             m, b = per["model"][where], per[best][where]
             row[key] = {"model": float(stat(m)), "baseline": float(stat(b)),
                         "diff": float(stat(m) - stat(b)),
-                        "diff_ci": paired_bootstrap_ci(m, b, stat, seed=seed + k)}
+                        "diff_ci": paired_bootstrap_ci(
+                            m, b, stat, seed=seed + k,
+                            groups=None if groups is None else groups[where])}
         lo, hi = row["median_rel"]["diff_ci"]
         row["winner"] = "model" if hi < 0 else "baseline" if lo > 0 else "neither"
         out[scope] = row

@@ -66,10 +66,10 @@ def format_report(r: dict) -> str:
         lines.append("")
     lines += _main_table(r["rtt"])
     scored = {k: m for k, m in r["rtt"].items() if not fell_back(m)}
-    lines += ["", "median relative error [95 % interval] by stratum"]
+    lines += ["", "median relative error [95 % interval] by stratum" + _resampled(r)]
     lines += _sub_table(scored, "by_stratum", list(STRATA), 24, lambda s: (
         f"{_fmt(s['median_rel'], '.3f')} {_ci(s, 14)}" if s["median_rel"] is not None else "-"))
-    lines += _verdict(r.get("verdict"))
+    lines += _verdict(r.get("verdict"), _resampled(r))
     buckets = list(next(iter(r["rtt"].values()))["by_history"])
     lines += ["", "median relative error by earlier measurements in the context"]
     lines += _sub_table(scored, "by_history", buckets, 9, lambda s: _fmt(s["median_rel"], "9.3f"))
@@ -131,12 +131,20 @@ WON = {"model": "the model wins", "baseline": "the baseline wins",
        "neither": "no winner (the interval holds 0)"}
 
 
-def _verdict(v: dict | None) -> list[str]:
+def _resampled(r: dict) -> str:
+    """How the intervals were drawn (reports before 2026-11-29 resampled single queries)."""
+    if r.get("sources") is None:
+        return ""
+    by = ", ".join(f"{s} {n:,}" for s, n in r["sources_by_stratum"].items())
+    return f"; intervals resample whole sources: {r['sources']:,} ({by})"
+
+
+def _verdict(v: dict | None, resampled: str = "") -> list[str]:
     """One line per scope: who wins and by how much (train.eval.metrics.verdict)."""
     if not v:
         return []
     lines = ["", "verdict: the model minus the strongest baseline, paired on the same queries "
-             "[95 % interval]"]
+             "[95 % interval]" + resampled]
     for scope, row in v.items():
         head = f"{scope} ({row['n_rtt']:,} with a reply)"
         if row["baseline"] is None:
