@@ -35,7 +35,8 @@ $(VENV)/.kernels: $(STAMP) $(shell find prep train -name '*.py')
 	touch $@
 
 # (the stamp of earlier versions, data/raw/.done, would be a file prep synth did not write)
-data/raw.done: | $(STAMP)
+# Again when the generator changes (its world did on 2026-11-29): old data is other data.
+data/raw.done: prep/ingest/synth.py | $(STAMP)
 	rm -f data/raw/.done
 	$(BIN)/prep synth --out data/raw --rows $(ROWS) --probes $(PROBES) --days $(DAYS) --seed $(SEED) --overwrite
 	touch $@

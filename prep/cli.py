@@ -64,23 +64,27 @@ def main():
 @click.option("--probes", default=3_000, show_default=True, type=click.IntRange(min=1, max=1_000_000))
 @click.option("--days", default=2, show_default=True, type=click.IntRange(min=1, max=366))
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
-@click.option("--access-ms", default=0.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--access-ms", default=8.0, show_default=True, type=click.FloatRange(min=0),
               help="Each probe's access delay, a lognormal with this median (ms) added to all "
                    "its RTTs (0: none).")
-@click.option("--detour", default=0.35, show_default=True, type=click.FloatRange(min=0),
+@click.option("--access-sigma", default=1.1, show_default=True, type=click.FloatRange(min=0),
+              help="Sigma of that lognormal.")
+@click.option("--detour", default=0.15, show_default=True, type=click.FloatRange(min=0),
               help="Sigma of each (probe, target) stream's lognormal routing detour factor.")
-@click.option("--anycast-sites", default=0, show_default=True, type=click.IntRange(min=0),
+@click.option("--anycast-sites", default=30, show_default=True, type=click.IntRange(min=0),
               help="Each root server gets 2 to this many sites and a probe's RTT to it is "
                    "the distance to the nearest (0: a draw per probe and root).")
 @REPLACE_PARQUET
-def synth(out, rows, probes, days, seed, access_ms, detour, anycast_sites, overwrite):
+def synth(out, rows, probes, days, seed, access_ms, access_sigma, detour, anycast_sites,
+          overwrite):
     """Write realistic RIPE-Atlas-like measurements as hourly parquet files.
 
     \b
     Example:
       prep synth --out data/raw --rows 100000 --probes 300
-      prep synth --out data/geo --access-ms 5 --detour 0.15 --anycast-sites 30
-    (the second: RTTs that a probe's place predicts, as in real data; docs/learning.md §8.10)
+      prep synth --out data/flat --access-ms 0 --detour 0.35 --anycast-sites 0
+    (the second: the built-in world before 2026-11-29, where a probe's replies say nothing
+    of each other; by default they do, as real ones do: docs/learning.md §8.10, §8.12)
     """
     from pathlib import Path
 
@@ -89,7 +93,8 @@ def synth(out, rows, probes, days, seed, access_ms, detour, anycast_sites, overw
 
     _interruptible(run, SynthConfig(out=Path(out), rows=rows, probes=probes, days=days,
                                     seed=seed, overwrite=overwrite, access_ms=access_ms,
-                                    detour=detour, anycast_sites=anycast_sites), "prep synth")
+                                    access_sigma=access_sigma, detour=detour,
+                                    anycast_sites=anycast_sites), "prep synth")
 
 
 @main.command("import-atlas")

@@ -14,8 +14,8 @@ The model, numpy-vectorized and a pure function of the config (same seed, same b
    contiguous run of its schedule (the probe was online then), a few seconds of jitter each.
 4. RTT per (probe, target): a distance-like base (anycast roots are near everywhere), per-pair
    jitter, diurnal congestion in the probe's local evening, rare spikes and very rare
-   multi-second outliers: p50 ~50 ms, p99 ~350 ms. ~17 % of pings fail (rtt = -1). Options
-   make a probe's RTTs share its place (access delays, smaller detours, anycast sites).
+   multi-second outliers, plus the probe's access delay: p50 ~48 ms, p99 ~300 ms. ~17 % of
+   pings fail (rtt = -1). A probe's RTTs share its place, as real ones do (options: none).
 5. ~0.1 % malformed rows as in the real data: empty src/dst address, ip_version not
    matching the addresses. `prep shards` rejects them by reason.
 
@@ -63,13 +63,16 @@ class SynthConfig:
     days: int = 2  # data spans this many days from 2026-01-01
     seed: int = 0
     overwrite: bool = False  # replace the parquet files already in out
-    # Each probe's access delay (ms, lognormal median; 0: none), added to every RTT of its
-    # streams; the sigma of the per-stream routing detour (a lognormal factor); and the most
-    # sites an anycast root has (0: a root's RTT is a draw per stream, not its distance to
-    # the probe's nearest site).
-    access_ms: float = 0.0
-    detour: float = 0.35
-    anycast_sites: int = 0
+    # Each probe's access delay (ms, lognormal median and sigma; 0 ms: none), added to every
+    # RTT of its streams; the sigma of the per-stream routing detour (a lognormal factor);
+    # and the most sites an anycast root has (0: a root's RTT is a draw per stream, not its
+    # distance to the probe's nearest site). The defaults (2026-11-29) make a probe's replies
+    # predict each other, as real ones do (docs/learning.md §8.12); access_ms=0, detour=0.35,
+    # anycast_sites=0 is the world before, where nothing but the target predicts an RTT.
+    access_ms: float = 8.0
+    access_sigma: float = 1.1
+    detour: float = 0.15
+    anycast_sites: int = 30
 
 
 def _locations(rng, n):
@@ -192,7 +195,7 @@ def generate(cfg: SynthConfig) -> dict[str, np.ndarray | list]:
         base[:nb] = _anycast_rtt(geo, cfg.anycast_sites, p_lat[b_probe], p_lon[b_probe],
                                  b_target, R) * np.exp(cfg.detour * geo.standard_normal(nb))
     if cfg.access_ms > 0:
-        base += geo.lognormal(np.log(cfg.access_ms), 0.8, P)[s_probe]
+        base += geo.lognormal(np.log(cfg.access_ms), cfg.access_sigma, P)[s_probe]
     jitter = base * rng.lognormal(np.log(0.03), 0.8, S)
     diurnal = rng.lognormal(np.log(0.08), 0.9, S)
     fail_p = rng.beta(0.6, 4.0, S) * 0.9
