@@ -165,11 +165,11 @@ def plot(curve: dict, path: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("median relative error")
     h, lab = axes[0].get_legend_handles_labels()
-    fig.legend(h, lab, loc="lower center", ncol=len(lab), fontsize=8, frameon=False)
+    fig.legend(h, lab, loc="lower center", ncol=(len(lab) + 1) // 2, fontsize=8, frameon=False)
     cfg = curve["config"]
     fig.suptitle(f"{cfg['train']['model']} on {Path(cfg['train']['data']).name} "
                  f"({curve['device']}): error by stratum against training tokens", fontsize=10)
-    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    fig.tight_layout(rect=(0, 0.13, 1, 0.95))  # two legend rows below the panels
     fig.savefig(path, dpi=150)
     plt.close(fig)
 
