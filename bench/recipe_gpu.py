@@ -16,8 +16,8 @@ an H200 at 32 rows; the memory's tables add a little).
     python -m bench.recipe_gpu --rows 30000 --steps 20 --queries 200  # a CPU dry run
     python -m bench.recipe_gpu --seeds 0 --budget-s 300 --model-set n_layers=6 \
         --model-set d_model=256 --model-set head_dim=64 --model-set d_mlp=1024   # wider
-    python -m bench.recipe_gpu --seeds 0 --budget-s 240 --tag placeable \
-        --synth-args "--access-ms 5 --detour 0.15 --anycast-sites 30"   # learning.md 8.10
+    python -m bench.recipe_gpu --seeds 0 --budget-s 240 --tag flat \
+        --synth-args "--access-ms 0 --detour 0.35 --anycast-sites 0"   # the world before 11-29
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=None, help="folder for the JSON [bench/results]")
     p.add_argument("--seattle", default=None, help="a folder of SeattleData_* frames: one more world")
     p.add_argument("--synth-args", default="", metavar="ARGS",
-                   help="more `prep synth` options for the generated worlds, e.g. the placeable "
-                        "world of docs/learning.md 8.10: '--access-ms 5 --detour 0.15 "
-                        "--anycast-sites 30'; its JSON is named ...-synth<seed>-<--tag> [none]")
+                   help="more `prep synth` options for the generated worlds, e.g. the flat "
+                        "world of before 2026-11-29: '--access-ms 0 --detour 0.35 "
+                        "--anycast-sites 0'; its JSON is named ...-synth<seed>-<--tag> [none]")
     p.add_argument("--tag", default="", help="a name for this variant in the JSON's name [none]")
     p.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE",
                    help="change a field of small's ModelConfig, e.g. n_layers=6 d_model=256 "
