@@ -12,10 +12,9 @@ The model, numpy-vectorized and a pure function of the config (same seed, same b
    user measurements to other targets every 60-3600 s (msm_id >= 10,000,000).
 3. Rows are spread over streams by a multinomial on busyness x rate; a stream's rows are a
    contiguous run of its schedule (the probe was online then), a few seconds of jitter each.
-4. RTT per (probe, target): a distance-like base (anycast roots are near everywhere), per-pair
-   jitter, diurnal congestion in the probe's local evening, rare spikes and very rare
-   multi-second outliers, plus the probe's access delay: p50 ~48 ms, p99 ~300 ms. ~17 % of
-   pings fail (rtt = -1). A probe's RTTs share its place, as real ones do (options: none).
+4. RTT per (probe, target): distance (anycast roots: the nearest site) plus the probe's access
+   delay, per-pair jitter, evening congestion, rare spikes and outliers: p50 ~48 ms, p99 ~300
+   ms, a probe's RTTs sharing its place as real ones do. ~17 % of pings fail (rtt = -1).
 5. ~0.1 % malformed rows as in the real data: empty src/dst address, ip_version not
    matching the addresses. `prep shards` rejects them by reason.
 
