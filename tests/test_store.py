@@ -401,3 +401,74 @@ def test_the_fold_trains_the_store_gate_and_nothing_else():
     assert fold["store_gate"] > 0 and fold["store_bias"] > 0
     assert rest["store_gate"] == 0 and rest["store_bias"] == 0
     assert all(rest[k] > 0 for k in ("embed", "copy_gate", "store_width"))
+
+
+# --- the placed store (ModelConfig.placed_store): the store moved by the probe's factor ----
+
+def _code(us: float) -> int:
+    from prep.tokens.reference import rtt_code
+    e, m = rtt_code(us / 1000.0)
+    return (e << 11) | m
+
+
+def test_value_code_is_the_tokenizers_code():
+    """Every canonical code's value comes back as that code; twice it, as the tokenizer's
+    code of twice the value; any value within half a mantissa step of its code's."""
+    codes = np.array([_code(v) for v in (1.0, 7.0, 1023.0, 2047.0, 2048.0, 4095.0, 4096.0,
+                                         123_456.0, 9.9e6, 3.3e9, 2**42)])
+    got = np.asarray(model._value_code(model._code_value(jnp.asarray(codes))))
+    assert got.tolist() == codes.tolist()
+    twice = np.asarray(model._value_code(2 * model._code_value(jnp.asarray(codes))))
+    assert twice.tolist() == [_code(2 * (c & 0x7FF) * 2.0 ** (c >> 11)) for c in codes]
+    us = np.exp(np.random.default_rng(0).uniform(0, 29, 2000)).astype(np.float32)  # < 2047 x 2^31
+    back = np.asarray(model._code_value(model._value_code(jnp.asarray(us))))
+    assert (np.abs(back - us) <= np.maximum(us * 2.0 ** -11, 0.5) * 1.0001).all()
+    assert int(model._value_code(jnp.float32(2.0 ** 50))) == (31 << 11) | 2047  # saturates
+
+
+def _octave(b1: int, b2: int, k: int) -> tuple[int, int]:
+    """The code bytes of 2^k times code (b1, b2)'s value (planted codes: exponent + k)."""
+    c = (b1 << 8 | b2) + (k << 11)
+    return c >> 8, c & 255
+
+
+def test_probe_shift_is_the_contexts_mean_log_ratio_to_the_store():
+    """.129's store median is 0x6830. A reply to it at twice that (an octave up), one to .130
+    (too few replies in the store: not counted), a failed ping to .129 (no reply: not
+    counted), one at half (an octave down): the shift, over n + 1, is 0 until the first
+    reply's last token, 1/2 from there, back to 0 after the half one; a new segment starts
+    from 0 again; a probe reads its anchor's."""
+    table, _ = store.build(*planted(), 1024)
+    assert table[row_of(129, 1024), K // 2] == 0x6830
+    up, down = reply(*_octave(0x68, 0x30, 1)), reply(*_octave(0x68, 0x30, -1))
+    row = up + reply(0x10, 0x10, dst_last=130) + FAILED + down + reply(0x68, 0x20)
+    seg = [1] * (16 + 16) + [2] * (14 + 16 + 16)  # the failed ping opens a second segment
+    tok, seg = jnp.asarray([row + row]), jnp.asarray([seg + [s + 2 for s in seg]])
+    probes = (jnp.asarray([[B + 0x68, B + 0x68]]), jnp.asarray([[16 + 11, 46 + 14 + 11]]))
+    shift, p_shift = model.probe_shift(jnp.asarray(table), tok, seg, 1.0, probes)
+    shift = np.asarray(shift)[0]
+    want = np.r_[np.zeros(15), np.full(17, 0.5),  # segment 1: the up reply counts at its end
+                 np.zeros(14 + 15), np.full(16, -0.5),  # segment 2: failed, then down
+                 (-1 + np.log2(0x20 / 0x30)) / 3]  # the last reply's own last token: 3 counted
+    np.testing.assert_allclose(shift, np.r_[want, want], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(p_shift)[0], [0.5, -0.5], atol=1e-6)
+    # nothing in the store: no measurement counts, no shift
+    none, _ = model.probe_shift(jnp.zeros_like(jnp.asarray(table)), tok, seg, 1.0)
+    assert not np.asarray(none).any()
+
+
+def test_store_dists_moves_the_quantiles_by_the_shift():
+    """With a shift of one octave at the last .129 reply's RTT, its quantiles' values are
+    doubled before they become bytes: the first byte's mass moves to the doubled codes'."""
+    table, _ = store.build(*planted(), 1024)
+    tok, seg = jnp.asarray([ROW]), jnp.ones((1, len(ROW)), jnp.int32)
+    rs = 5 * 16 - 2 + 11
+    shift = jnp.zeros(tok.shape).at[0, rs].set(1.0)
+    (dist, on), _ = model.store_dists(jnp.asarray(table), tok, seg, widths=(1e-3, 1e-3),
+                                      shift=(shift, None))
+    want = np.zeros(256)
+    for c, w in ((0x6820, 0.25), (0x6825, 0.25), (0x6830, 0.25), (0x6905, 0.25)):
+        want[_code(2 * (c & 0x7FF) * 2.0 ** (c >> 11)) >> 8] += w
+    np.testing.assert_allclose(np.asarray(dist)[0, rs], want, atol=1e-6)
+    (plain, _), _ = model.store_dists(jnp.asarray(table), tok, seg, widths=(1e-3, 1e-3))
+    np.testing.assert_allclose(np.asarray(dist)[0, 11], np.asarray(plain)[0, 11])  # no shift

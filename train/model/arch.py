@@ -111,6 +111,13 @@ class ModelConfig:
     # where no reverse ping exists (probes to targets), it is off. Only where the context
     # holds no earlier reply to the destination (docs/learning.md section 8.8)
     pair_store: int = 0
+    # with dst_store: the store read a second time, its quantiles moved by the probe's
+    # factor as the context says it (the sum of the log ratios of the context's earlier
+    # replies to their destinations' store medians, over their count plus this shrink;
+    # train.model.model.probe_shift), mixed in by a gate of its own where the store is: a
+    # new probe placed from its replies to other targets (docs/learning.md section 8.12).
+    # 0: off
+    placed_store: float = 0.0
     # training only, with dst_store or pair_store: the RTTs of one training context in this
     # many (by its source address's hash, train.model.model.fold_targets) train nothing but
     # the stores' gates, and those gates learn from nothing else. The model never learns
@@ -140,7 +147,7 @@ MODELS = {
                          grammar_embed=True, init_std=0.08, match_dst=4.0, byte_features=7,
                          dst_memory=8192, dst_prior_scale=30.0, anonymize_src=True,
                          context_copy=0.3, copy_aux=1.0, dst_store=32768, pair_store=32768,
-                         gate_fold=8),
+                         placed_store=0.25, gate_fold=8),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,
@@ -209,6 +216,10 @@ def param_specs(cfg: ModelConfig) -> dict:
         memory |= {"dst_store": Param((cfg.dst_store, STORE_K + 2), 0.0, decay=False, data=True),
                    "store_gate": Param((D,), std), "store_bias": Param((), 0.0, decay=False),
                    "store_width": Param((2,), 0.0, decay=False)}
+    if cfg.dst_store and cfg.placed_store:  # the store moved by the probe's factor
+        memory |= {"placed_gate": Param((D,), 0.0, zeros=True),  # no draw, as the pair's
+                   "placed_bias": Param((), 0.0, decay=False),
+                   "placed_width": Param((2,), 0.0, decay=False)}
     if cfg.pair_store:  # the same, for the reverse pair's replies
         memory |= {"pair_store": Param((cfg.pair_store, STORE_K + 2), 0.0, decay=False, data=True),
                    # zeros: the bias opens it at first; and no draw, so the other parameters

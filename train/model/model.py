@@ -258,15 +258,20 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     if cfg.context_copy:
         widths = tuple(jax.nn.softplus(params["copy_width"][i]) * COPY_WIDTH[i] for i in range(2))
         copy, p_copy = context_copy(tokens, seg, match, cfg.context_copy, probes, p_match, widths)
-    stores = []  # (table, parameter prefix, keys: the destination's hashes where None)
+    stores = []  # (table, parameter prefix, keys: the destination's hashes where None, shift)
     if cfg.dst_store:  # the train split's replies to the destination (not learned)
-        stores.append(("dst_store", "store", None))
+        stores.append(("dst_store", "store", None, None))
+    if cfg.dst_store and cfg.placed_store:  # the same, moved by the probe's factor
+        stores.append(("dst_store", "placed", None,
+                       probe_shift(jax.lax.stop_gradient(params["dst_store"]), tokens, seg,
+                                   cfg.placed_store, probes)))
     if cfg.pair_store:  # the train split's replies of the reverse pair (not learned)
-        stores.append(("pair_store", "pair", reverse_pair_keys(tokens, seg, probes, src_hash)))
-    for table, name, keys in stores:
+        stores.append(("pair_store", "pair", reverse_pair_keys(tokens, seg, probes, src_hash),
+                       None))
+    for table, name, keys, shift in stores:
         widths = tuple(jax.nn.softplus(params[f"{name}_width"][i]) * COPY_WIDTH[i] for i in range(2))
         (dist, s_on), p_store = store_dists(jax.lax.stop_gradient(params[table]), tokens, seg,
-                                            probes, widths, keys)
+                                            probes, widths, keys, shift)
         # only where the context holds no reply to the destination: where it does, the copy
         # answers, and a store mixed in there too diluted what the layers read of the
         # context (docs/learning.md section 8.7)
@@ -509,8 +514,72 @@ def store_check(h):
     return (h & 0xFFFF).astype(np.float32)
 
 
+def _code_value(code):
+    """An RTT code's value in µs (mantissa * 2^exponent; prep.tokens)."""
+    return (code & 0x7FF).astype(jnp.float32) * jnp.exp2((code >> 11).astype(jnp.float32))
+
+
+def _value_code(us):
+    """The code of a value in µs, as the tokenizer writes it (prep.tokens.reference.rtt_code:
+    the smallest exponent whose rounded mantissa fits 11 bits; at least 1 µs, saturating)."""
+    us = jnp.maximum(us, 1.0)
+    e = jnp.clip(jnp.floor(jnp.log2(us)).astype(jnp.int32) - 10, 0, 31)
+    m = jnp.floor(us / jnp.exp2(e.astype(jnp.float32)) + 0.5).astype(jnp.int32)
+    up = m >= 2048  # rounding carried into a 12th bit
+    e = jnp.where(up, e + 1, e)
+    m = jnp.where(up, jnp.floor(us / jnp.exp2(e.astype(jnp.float32)) + 0.5).astype(jnp.int32), m)
+    big = e > 31
+    return jnp.where(big, (31 << 11) | 2047, (e << 11) | jnp.minimum(m, 2047))
+
+
+def _store_row(store, h):
+    """(row float32[..., K + 2], ok bool[...]): key h's row of a store (``store_rows``; its
+    own: the check matches and it holds at least STORE_MIN replies)."""
+    K = arch.STORE_K
+    mine = lambda r: (r[..., K] >= arch.STORE_MIN) & (r[..., K + 1] == store_check(h))
+    r1, r2 = (store[i] for i in store_rows(h, store.shape[0]))
+    ok1 = mine(r1)
+    return jnp.where(ok1[..., None], r1, r2), ok1 | mine(r2)
+
+
+def probe_shift(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, shrink: float,
+                probes=None):
+    """(shift float32[B, T], p_shift [B, M] or None): at each token, the probe's factor as
+    its context says it, in octaves: over the earlier measurements of its segment that
+    have a reply and a destination with its own row in ``store`` (the destination store),
+    the sum of log2(reply / the row's median quantile), divided by their count plus
+    ``shrink`` (no such measurement: 0). A measurement counts from its last token on, so
+    its own reply never moves its own answer. For probes: their anchor's."""
+    K = arch.STORE_K
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    role, index, _ = grammar(tokens, seg)
+    T = tokens.shape[1]
+    idx = jnp.arange(T, dtype=jnp.int32)
+    start = (tokens == vocab.MEASUREMENT_START) & (seg > 0)
+    first = jax.lax.cummax(jnp.where(start, idx, 0), axis=1)
+    rtt, b = vocab.ROLES.index("rtt"), tokens - vocab.BYTE_OFFSET
+    on1, on2 = (role == rtt) & (index == 0), (role == rtt) & (index == 1)
+    code = _so_far(jnp.where(on1, b << 8, 0) + jnp.where(on2, b, 0), first)
+    replied = _so_far(on2.astype(jnp.int32), first) > 0
+    h, dst_on, _, _ = dst_hashes(tokens, seg)
+    row, ok = _store_row(store, h)
+    median = row[..., K // 2].astype(jnp.int32)
+    # a measurement's last token: the next is a measurement start, padding, or the row's end
+    nxt_start = jnp.concatenate([start[:, 1:] | (seg[:, 1:] != seg[:, :-1]),
+                                 jnp.ones_like(start[:, :1])], axis=1)
+    count = nxt_start & (seg > 0) & replied & dst_on & ok
+    lr = jnp.where(count, jnp.log2(_code_value(code)) - jnp.log2(_code_value(median)), 0.0)
+    # sums over the segment's tokens up to each one (the segment's start: position 0)
+    seg_first = jax.lax.cummax(jnp.where(positions(seg) == 0, idx, 0), axis=1)
+    s, n = (_so_far(x, seg_first) for x in (lr, count.astype(jnp.float32)))
+    shift = jnp.where(seg > 0, s / (n + shrink), 0.0)
+    if probes is None:
+        return shift, None
+    return shift, jnp.take_along_axis(shift, probes[1].astype(jnp.int32), axis=1)
+
+
 def store_dists(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, probes=None,
-                widths=(1.0, 1.0), keys=None):
+                widths=(1.0, 1.0), keys=None, shift=None):
     """((dist float32[B, T, 256], on bool[B, T]), (p_dist, p_on) or None): at each token
     whose next one is an RTT byte, the distribution of that byte over the STORE_K quantiles
     of the measurement's destination's train-split RTTs (ModelConfig.dst_store; the table
@@ -522,7 +591,8 @@ def store_dists(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, pro
     byte) one such quantile. With ``probes``, the same for them (a probe that is a first
     RTT byte asks for the second). ``keys``: (key, on, p_key, p_on) to look rows up by
     instead of the destination's hash (``dst_hashes``): the pair store's
-    ``reverse_pair_keys``."""
+    ``reverse_pair_keys``. ``shift``: ``probe_shift``'s (shift, p_shift): every quantile
+    times 2^shift first (the placed store)."""
     K = arch.STORE_K
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     role, index, last = grammar(tokens, seg)
@@ -531,13 +601,13 @@ def store_dists(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, pro
     lo = vocab.BYTE_OFFSET
     kern = [_byte_kernel(jnp.arange(256), w) for w in widths]  # [256, 256]: row v spread
 
-    def dists(h, on, tok, first, second):
-        mine = lambda r: (r[..., K] >= arch.STORE_MIN) & (r[..., K + 1] == store_check(h))
-        r1, r2 = (store[i] for i in store_rows(h, store.shape[0]))  # [B, T, K + 2] each
-        ok1 = mine(r1)
-        r = jnp.where(ok1[..., None], r1, r2)
-        ok = on & (ok1 | mine(r2))
+    def dists(h, on, tok, first, second, octaves):
+        r, ok = _store_row(store, h)  # [B, T, K + 2]
+        ok = on & ok
         code = r[..., :K].astype(jnp.int32)
+        if octaves is not None:  # (no shift: the codes as stored)
+            code = jnp.where(octaves[..., None] == 0, code,
+                             _value_code(_code_value(code) * jnp.exp2(octaves)[..., None]))
         b1, b2 = code >> 8, code & 255
         d1 = jnp.mean(jax.nn.one_hot(b1, 256), axis=-2) @ kern[0]
         hit = b1 == (tok - lo)[..., None]  # [B, T, K]: quantiles with the written first byte
@@ -548,13 +618,14 @@ def store_dists(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, pro
         dist = jnp.where(first[..., None], d1, d2)
         return dist, ok & (first | (second & (n > 0)))
 
-    out = dists(h, on, tokens, tokens == vocab.RTT_START, (role == rtt) & (index == 0))
+    shift, p_shift = (None, None) if shift is None else shift
+    out = dists(h, on, tokens, tokens == vocab.RTT_START, (role == rtt) & (index == 0), shift)
     if probes is None:
         return out, None
     p_tok, p_prev = (x.astype(jnp.int32) for x in probes)
     p_role, p_index = _probe_grammar(tokens, seg, last, p_tok, p_prev)
     return out, dists(p_h, p_on, p_tok, p_tok == vocab.RTT_START,
-                      (p_role == rtt) & (p_index == 0))
+                      (p_role == rtt) & (p_index == 0), p_shift)
 
 
 # an odd multiplier per (what, index) for the source anonymization's mix
