@@ -36,13 +36,17 @@ PRICE_K = 1 << 10  # a size's price: 1 + PRICE_K x its demand // (its measuremen
 # Step 4's state, in eight arrays: a call of a compiled helper increfs and decrefs, one
 # atomic operation each, every array it is passed, so fewer arrays cost fewer of those.
 # - cum (the measurements' cost prefix sums) and used (measurements taken from donors);
-# - windows[w] = (W_START, W_NEXT): the donors' windows, a stack per length in a flat
-#   array: window w of l tokens is the measurements from start on that cost l (its end is
-#   found from cum), next the window of its length listed before it (-1: none);
+# - windows: the donors' windows, a stack per length, in chunks of WINDOW_CHUNK slots:
+#   slot 0 of a chunk holds the chunk below it in its stack (-1: none), slots 1.. the
+#   windows, each start << 8 | its measurements (a window of l tokens: the measurements
+#   from start on that cost l). A stack's windows lie side by side, so dropping the ones
+#   that lost a measurement reads memory in order; an emptied chunk is reused;
 #   sizes[s] = (S_MEASUREMENT, S_NEXT): the opened donors' measurements, a stack per size
 #   likewise;
 # - table[ROW, c], one row per quantity, indexed by a size c (or a sum t) up to WINDOW_MAX:
-#   WINDOW_HEAD[l] the window of l tokens listed last, SIZE_HEAD[c] the measurement of c
+#   WINDOW_HEAD[l] the top chunk of the windows of l tokens (-1: none) and WINDOW_TOP[l]
+#   its first free slot, CHUNKS[0] the chunks handed out, CHUNKS[1] the first emptied one
+#   (-1: none; slot 0 chains them), SIZE_HEAD[c] the measurement of c
 #   tokens listed last, AVAILABLE[c] of them unused, FREE_LEFT[c] the unused ones in all
 #   free rows, DEMAND[c] and SCARCE[c] (0/1, ``demand``), QUOTA[c]; REST_STALE[0] != 0
 #   while the rest table rest_ok (a bitset: bit r set = a rest of r tokens has a fill) is
@@ -57,9 +61,9 @@ Fill = namedtuple("Fill", "cum used windows sizes table rest_ok items taken")
 # free, pieces, its first and last piece.
 P_START, P_END, P_ROW, P_NEXT, P_LEN = range(5)
 R_GAP, R_NSEG, R_FIRST, R_LAST = range(4)
-(WINDOW_HEAD, SIZE_HEAD, AVAILABLE, FREE_LEFT, DEMAND, SCARCE, QUOTA, REST_STALE, SUM_COST,
- SUM_VIA, SIZE_COUNT, N_TABLE) = range(12)
-W_START, W_NEXT = range(2)
+(WINDOW_HEAD, WINDOW_TOP, CHUNKS, SIZE_HEAD, AVAILABLE, FREE_LEFT, DEMAND, SCARCE, QUOTA,
+ REST_STALE, SUM_COST, SUM_VIA, SIZE_COUNT, N_TABLE) = range(14)
+WINDOW_CHUNK = 64  # slots of a chunk of windows: the chunk below, then 63 windows
 S_MEASUREMENT, S_NEXT = range(2)
 I_SIZE, I_COUNT, I_PRICE = range(3)
 assert CLOSE_MAX <= WINDOW_MAX  # the sums share the table's width
