@@ -129,7 +129,10 @@ def rest_table(f):
     ok[:] = 0
     ok[0] = 1
     for c in range(1, WINDOW_MAX + 1):
-        left_c = min(tab[AVAILABLE, c], tab[QUOTA, c], n // c)
+        left_c = min(tab[AVAILABLE, c], tab[QUOTA, c])
+        if left_c <= 0:
+            continue  # no division (slow) for the many sizes none are left of
+        left_c = min(left_c, n // c)
         step = 1
         while left_c > 0:
             m = min(step, left_c)
