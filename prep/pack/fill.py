@@ -128,35 +128,36 @@ def _find_window(win, tab, used, rest_ok, g, exact, last):
 
 
 @kernel
-def _free_rows(cum, has_ts, abs_extra, p, rows, n0):
+def _free_rows(cum, has_ts, abs_extra, ctx_start, ctx_end, order, p, n0):
     """(free[r] for the first n0 rows, the measurements in free rows, the cheapest of them,
     left[c]: how many of them cost c tokens): a row is free when no measurement of it has a
-    timestamp that a cut would make absolute."""
-    free = np.zeros(n0, np.bool_)
+    timestamp that a cut would make absolute. Piece j of p is context order[j] (step 3).
+    Both passes read the contexts in their order in memory: the rows' pieces lie anywhere
+    in it, and read row by row each piece costs cache misses."""
+    n_ctx = ctx_start.shape[0]
+    free_ctx = np.ones(n_ctx, np.bool_)
+    for c in range(n_ctx):
+        for i in range(ctx_start[c], ctx_end[c]):
+            if has_ts[i] and abs_extra[i] != 0:  # a cut before it would make it absolute
+                free_ctx[c] = False
+                break
+    free = np.ones(n0, np.bool_)
+    row_of = np.empty(n_ctx, np.int64)
+    for j in range(n_ctx):
+        row_of[order[j]] = p[j, P_ROW]
+        if not free_ctx[order[j]]:
+            free[p[j, P_ROW]] = False
     left = np.zeros(WINDOW_MAX + 1, np.int64)
     m_free = 0
     cheapest = WINDOW_MAX
-    for r in range(n0):
-        free[r] = True
-        m, c = 0, WINDOW_MAX
-        q = rows[r, R_FIRST]
-        while q >= 0 and free[r]:
-            m += p[q, P_END] - p[q, P_START]
-            for i in range(p[q, P_START], p[q, P_END]):
-                if has_ts[i] and abs_extra[i] != 0:  # a cut before it would make it absolute
-                    free[r] = False
-                    break
-                c = min(c, cum[i + 1] - cum[i])
-            q = p[q, P_NEXT]
-        if free[r]:
-            m_free += m
-            cheapest = min(cheapest, c)
-            q = rows[r, R_FIRST]
-            while q >= 0:
-                for i in range(p[q, P_START], p[q, P_END]):
-                    if cum[i + 1] - cum[i] <= WINDOW_MAX:
-                        left[cum[i + 1] - cum[i]] += 1
-                q = p[q, P_NEXT]
+    for c in range(n_ctx):
+        if free[row_of[c]]:
+            m_free += ctx_end[c] - ctx_start[c]
+            for i in range(ctx_start[c], ctx_end[c]):
+                ci = cum[i + 1] - cum[i]
+                cheapest = min(cheapest, ci)
+                if ci <= WINDOW_MAX:
+                    left[ci] += 1
     return free, m_free, cheapest, left
 
 
@@ -351,11 +352,14 @@ def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
     return k, n_rows
 
 
-def fill_gaps(cum, has_ts, abs_extra, row_len, cap, p, rows, k, n_rows):
-    """Step 4 on pieces p[:k] in rows[:n_rows]: returns (p, rows, k, n_rows), the arrays
-    grown. Donor rows stay, their pieces no longer in a row."""
+def fill_gaps(cum, has_ts, abs_extra, ctx_start, ctx_end, order, row_len, cap, p, rows, k,
+              n_rows):
+    """Step 4 on pieces p[:k] in rows[:n_rows], piece j being context order[j] (step 3's
+    whole contexts): returns (p, rows, k, n_rows), the arrays grown. Donor rows stay, their
+    pieces no longer in a row."""
     n0 = n_rows
-    free, m_free, cheapest, left = _free_rows(cum, has_ts, abs_extra, p, rows, n0)
+    free, m_free, cheapest, left = _free_rows(cum, has_ts, abs_extra, ctx_start, ctx_end, order,
+                                              p, n0)
     fill = row_len - rows[:n0, R_GAP]
     fr = np.flatnonzero(free)
     fr = fr[np.argsort(-fill[fr], kind="stable")]
