@@ -186,3 +186,42 @@ def test_idle_cores_is_a_share_of_the_cores():
     from prep.shards.kernels import idle_cores
 
     assert 0 <= idle_cores(0.05) <= (os.cpu_count() or 1)
+
+
+_NO_BLAS_SCRIPT = '''
+import multiprocessing, sys
+
+def child(answer):
+    from prep.base.jit import no_blas_in_worker
+    from prep.pack.packing import context_lengths
+    if answer:
+        no_blas_in_worker()
+    lens = context_lengths([0, 1], [1, 3], [12, 14, 38], [False] * 3, [0] * 3)
+    return [int(x) for x in lens], "scipy.linalg" in sys.modules
+
+if __name__ == "__main__":
+    import numba.np.linalg
+    from prep.base.jit import no_blas_in_worker
+    probe = numba.np.linalg.ensure_blas
+    no_blas_in_worker()
+    print(numba.np.linalg.ensure_blas is probe)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(pool.map(child, [True])[0])
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(pool.map(child, [False])[0])
+'''
+
+
+def test_a_pool_worker_runs_kernels_without_numbas_blas_probe(tmp_path):
+    """prep.base.jit.no_blas_in_worker: in a pool worker, the first kernel runs without
+    Numba's BLAS probe importing scipy.linalg (which it does in a worker that does not
+    answer it); in the main process it changes nothing."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_blas.py"
+    script.write_text(_NO_BLAS_SCRIPT)
+    root = os.path.dirname(prep.__path__[0])
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         check=True, env=os.environ | {"PYTHONPATH": root}).stdout
+    assert out.splitlines() == ["True", "([12, 52], False)", "([12, 52], True)"]

@@ -20,6 +20,9 @@ from Numba's cache and those it compiled (Numba's own counters): what `prep kern
 `prep shards` report.
 """
 
+import multiprocessing
+import sys
+
 from numba import njit, types
 from numba.core.registry import CPUDispatcher
 
@@ -73,3 +76,19 @@ def helper(fn=None, *, inline=False):
         _MADE.append(d)
         return d
     return make if fn is None else make(fn)
+
+
+def no_blas_in_worker() -> None:
+    """In a worker process whose kernels are all prep's, before its first kernel: Numba's
+    first kernel in a process (compiled or loaded) asks whether a BLAS is there
+    (numba.np.arraymath's ``_check_blas``), which imports scipy.linalg: ~0.12 s of CPU in
+    every `prep shards` worker. prep's kernels call no BLAS, so the worker answers no
+    without the import. Not in the main process, where other code (a test, train's
+    kernels) may compile a kernel that does; nor once Numba has asked."""
+    if multiprocessing.parent_process() is None or "numba.np.arraymath" in sys.modules:
+        return
+    import numba.np.linalg
+
+    def no_blas():
+        raise ImportError("prep's kernels call no BLAS (prep.base.jit.no_blas_in_worker)")
+    numba.np.linalg.ensure_blas = no_blas

@@ -36,19 +36,24 @@ PRICE_K = 1 << 10  # a size's price: 1 + PRICE_K x its demand // (its measuremen
 # Step 4's state, in eight arrays: a call of a compiled helper increfs and decrefs, one
 # atomic operation each, every array it is passed, so fewer arrays cost fewer of those.
 # - cum (the measurements' cost prefix sums) and used (measurements taken from donors);
-# - windows[w] = (W_START, W_NEXT): the donors' windows, a stack per length in a flat
-#   array: window w of l tokens is the measurements from start on that cost l (its end is
-#   found from cum), next the window of its length listed before it (-1: none);
+# - windows: the donors' windows, a stack per length, in chunks of WINDOW_CHUNK slots:
+#   slot 0 of a chunk holds the chunk below it in its stack (-1: none), slots 1.. the
+#   windows, each start << 8 | its measurements (a window of l tokens: the measurements
+#   from start on that cost l). A stack's windows lie side by side, so dropping the ones
+#   that lost a measurement reads memory in order; an emptied chunk is reused;
 #   sizes[s] = (S_MEASUREMENT, S_NEXT): the opened donors' measurements, a stack per size
 #   likewise;
 # - table[ROW, c], one row per quantity, indexed by a size c (or a sum t) up to WINDOW_MAX:
-#   WINDOW_HEAD[l] the window of l tokens listed last, SIZE_HEAD[c] the measurement of c
+#   WINDOW_HEAD[l] the top chunk of the windows of l tokens (-1: none) and WINDOW_TOP[l]
+#   its first free slot, CHUNKS[0] the chunks handed out, CHUNKS[1] the first emptied one
+#   (-1: none; slot 0 chains them), SIZE_HEAD[c] the measurement of c
 #   tokens listed last, AVAILABLE[c] of them unused, FREE_LEFT[c] the unused ones in all
 #   free rows, DEMAND[c] and SCARCE[c] (0/1, ``demand``), QUOTA[c]; REST_STALE[0] != 0
 #   while the rest table rest_ok (a bitset: bit r set = a rest of r tokens has a fill) is
-#   stale; ``close_gap``'s scratch: SUM_COST[t] and SUM_VIA[t] (the cheapest sum of t
-#   tokens and its last size), SIZE_COUNT[c], and its bounded knapsack's items[i] =
-#   (I_SIZE, I_COUNT, I_PRICE) and taken[i, t].
+#   stale; ``close_gap``'s table: SUM_COST[t] and SUM_VIA[t] (the cheapest sum of t
+#   tokens and its last size), right for t <= SUM_LEN[0] while each size's price is
+#   still SUM_KEY[c] (0: none left), kept from call to call; its scratch: SIZE_COUNT[c],
+#   and its bounded knapsack's items[i] = (I_SIZE, I_COUNT, I_PRICE) and taken[i, t].
 Fill = namedtuple("Fill", "cum used windows sizes table rest_ok items taken")
 # The pieces and rows that steps 3-5 share (prep.pack.packing), int64: piece j =
 # p[j] = (P_START, P_END, P_ROW, P_NEXT, P_LEN), measurements [start, end) in row `row`
@@ -57,9 +62,9 @@ Fill = namedtuple("Fill", "cum used windows sizes table rest_ok items taken")
 # free, pieces, its first and last piece.
 P_START, P_END, P_ROW, P_NEXT, P_LEN = range(5)
 R_GAP, R_NSEG, R_FIRST, R_LAST = range(4)
-(WINDOW_HEAD, SIZE_HEAD, AVAILABLE, FREE_LEFT, DEMAND, SCARCE, QUOTA, REST_STALE, SUM_COST,
- SUM_VIA, SIZE_COUNT, N_TABLE) = range(12)
-W_START, W_NEXT = range(2)
+(WINDOW_HEAD, WINDOW_TOP, CHUNKS, SIZE_HEAD, AVAILABLE, FREE_LEFT, DEMAND, SCARCE, QUOTA,
+ REST_STALE, SUM_COST, SUM_VIA, SUM_KEY, SUM_LEN, SIZE_COUNT, N_TABLE) = range(16)
+WINDOW_CHUNK = 64  # slots of a chunk of windows: the chunk below, then 63 windows
 S_MEASUREMENT, S_NEXT = range(2)
 I_SIZE, I_COUNT, I_PRICE = range(3)
 assert CLOSE_MAX <= WINDOW_MAX  # the sums share the table's width
@@ -124,7 +129,10 @@ def rest_table(f):
     ok[:] = 0
     ok[0] = 1
     for c in range(1, WINDOW_MAX + 1):
-        left_c = min(tab[AVAILABLE, c], tab[QUOTA, c], n // c)
+        left_c = min(tab[AVAILABLE, c], tab[QUOTA, c])
+        if left_c <= 0:
+            continue  # no division (slow) for the many sizes none are left of
+        left_c = min(left_c, n // c)
         step = 1
         while left_c > 0:
             m = min(step, left_c)
@@ -183,21 +191,28 @@ def take_single(f, p, rows, r, c, k):
 def close_gap(f, p, rows, r, k):
     """Fills row r's gap g (to 1 token) with the cheapest set of single unused measurements
     of the opened donors; returns k, or -1 and nothing placed if no set does. The cheapest
-    sum with any number of each size first; only where that takes more of a size than
-    there is, a bounded knapsack (each size split into items of 1, 2, 4, ...)."""
+    sum with any number of each size first (its table kept while the prices of the sizes
+    it read stay, and only lengthened); only where that takes more of a size than there
+    is, a bounded knapsack (each size split into items of 1, 2, 4, ...)."""
     tab, it, take = f.table, f.items, f.taken
     g = rows[r, R_GAP]
     if g < SMALLEST_BODY or g > CLOSE_MAX:
         return -1
     ns = 0
     for c in range(SMALLEST_BODY, min(g, WINDOW_MAX) + 1):
+        pc = 0
         if tab[AVAILABLE, c] > 0:
-            it[ns, I_SIZE], it[ns, I_PRICE] = c, size_price(tab, c)
+            pc = size_price(tab, c)
+            it[ns, I_SIZE], it[ns, I_PRICE] = c, pc
             ns += 1
+        if pc != tab[SUM_KEY, c]:
+            tab[SUM_KEY, c] = pc
+            if c <= tab[SUM_LEN, 0]:
+                tab[SUM_LEN, 0] = 0  # a price the table read changed
     if ns == 0:
         return -1
     tab[SUM_COST, 0], tab[SUM_VIA, 0] = 0, -1
-    for t in range(1, g + 1):
+    for t in range(tab[SUM_LEN, 0] + 1, g + 1):  # the sums of up to t tokens read sizes <= t
         best, v = INF, -1
         for b in range(ns):
             s = it[b, I_SIZE]
@@ -205,6 +220,7 @@ def close_gap(f, p, rows, r, k):
                     tab[SUM_COST, t - s] + it[b, I_PRICE] < best:
                 best, v = tab[SUM_COST, t - s] + it[b, I_PRICE], s
         tab[SUM_COST, t], tab[SUM_VIA, t] = best, v
+    tab[SUM_LEN, 0] = max(tab[SUM_LEN, 0], g)
     t = g - 1 if tab[SUM_COST, g - 1] < tab[SUM_COST, g] else g
     if tab[SUM_COST, t] >= INF:
         return -1
@@ -239,6 +255,7 @@ def close_gap(f, p, rows, r, k):
             ni += 1
             n -= m
             step *= 2
+    tab[SUM_LEN, 0] = 0  # the bounded knapsack takes the table's place
     for t in range(g + 1):
         tab[SUM_COST, t] = INF
     tab[SUM_COST, 0] = 0

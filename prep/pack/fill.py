@@ -26,6 +26,7 @@ import numpy as np
 from prep.base.jit import helper, kernel
 from prep.pack.closing import (
     AVAILABLE,
+    CHUNKS,
     CLOSE_MAX,
     DEMAND,
     FREE_LEFT,
@@ -45,10 +46,10 @@ from prep.pack.closing import (
     S_NEXT,
     SCARCE,
     SIZE_HEAD,
-    W_NEXT,
-    W_START,
+    WINDOW_CHUNK,
     WINDOW_HEAD,
     WINDOW_MAX,
+    WINDOW_TOP,
     Fill,
     closable,
     close_gap,
@@ -74,8 +75,37 @@ def _grow(a, n):
     return b
 
 
+@helper(inline=True)
+def _push_window(win, tab, wl, v):
+    """Window v (start << 8 | measurements) onto the stack of windows of wl tokens."""
+    c = tab[WINDOW_HEAD, wl]
+    if c < 0 or tab[WINDOW_TOP, wl] == WINDOW_CHUNK:  # a chunk on top: an emptied one or new
+        n = tab[CHUNKS, 1]
+        if n >= 0:
+            tab[CHUNKS, 1] = win[n, 0]
+        else:
+            n = tab[CHUNKS, 0]
+            tab[CHUNKS, 0] += 1
+        win[n, 0] = c
+        tab[WINDOW_HEAD, wl], tab[WINDOW_TOP, wl] = n, 1
+        c = n
+    win[c, tab[WINDOW_TOP, wl]] = v
+    tab[WINDOW_TOP, wl] += 1
+
+
+@helper(inline=True)
+def _pop_window(win, tab, wl):
+    """Drops the top window of wl tokens; an emptied chunk goes to the reused ones."""
+    c = tab[WINDOW_HEAD, wl]
+    tab[WINDOW_TOP, wl] -= 1
+    if tab[WINDOW_TOP, wl] == 1:
+        tab[WINDOW_HEAD, wl], tab[WINDOW_TOP, wl] = win[c, 0], WINDOW_CHUNK  # full below
+        win[c, 0] = tab[CHUNKS, 1]
+        tab[CHUNKS, 1] = c
+
+
 @helper
-def _find_window(cum, win, tab, used, rest_ok, g, exact, last):
+def _find_window(win, tab, used, rest_ok, g, exact, last):
     """(x, y, length) of a listed window with no used measurement for a gap of ``g``: exactly
     g tokens, else g - 1, else (``exact``) the longest whose rest can be filled (not on a
     row's ``last`` slot; the rest table fresh), else (not ``exact``) the longest
@@ -85,54 +115,57 @@ def _find_window(cum, win, tab, used, rest_ok, g, exact, last):
                                        or not closable(rest_ok, g - want)):
             continue
         while tab[WINDOW_HEAD, want] >= 0:  # drop windows that lost a measurement
-            w = tab[WINDOW_HEAD, want]
-            x = y = win[w, W_START]
-            while cum[y] - cum[x] < want and not used[y]:  # its end: want tokens on
-                y += 1
-            if cum[y] - cum[x] == want:
+            v = win[tab[WINDOW_HEAD, want], tab[WINDOW_TOP, want] - 1]
+            x = v >> 8
+            y = x + (v & 255)
+            i = x
+            while i < y and not used[i]:
+                i += 1
+            if i == y:
                 return x, y, want
-            tab[WINDOW_HEAD, want] = win[w, W_NEXT]
+            _pop_window(win, tab, want)
     return -1, -1, 0
 
 
 @kernel
-def _free_rows(cum, has_ts, abs_extra, p, rows, n0):
+def _free_rows(cum, has_ts, abs_extra, ctx_start, ctx_end, order, p, n0):
     """(free[r] for the first n0 rows, the measurements in free rows, the cheapest of them,
     left[c]: how many of them cost c tokens): a row is free when no measurement of it has a
-    timestamp that a cut would make absolute."""
-    free = np.zeros(n0, np.bool_)
+    timestamp that a cut would make absolute. Piece j of p is context order[j] (step 3).
+    Both passes read the contexts in their order in memory: the rows' pieces lie anywhere
+    in it, and read row by row each piece costs cache misses."""
+    n_ctx = ctx_start.shape[0]
+    free_ctx = np.ones(n_ctx, np.bool_)
+    for c in range(n_ctx):
+        for i in range(ctx_start[c], ctx_end[c]):
+            if has_ts[i] and abs_extra[i] != 0:  # a cut before it would make it absolute
+                free_ctx[c] = False
+                break
+    free = np.ones(n0, np.bool_)
+    row_of = np.empty(n_ctx, np.int64)
+    for j in range(n_ctx):
+        row_of[order[j]] = p[j, P_ROW]
+        if not free_ctx[order[j]]:
+            free[p[j, P_ROW]] = False
     left = np.zeros(WINDOW_MAX + 1, np.int64)
     m_free = 0
     cheapest = WINDOW_MAX
-    for r in range(n0):
-        free[r] = True
-        m, c = 0, WINDOW_MAX
-        q = rows[r, R_FIRST]
-        while q >= 0 and free[r]:
-            m += p[q, P_END] - p[q, P_START]
-            for i in range(p[q, P_START], p[q, P_END]):
-                if has_ts[i] and abs_extra[i] != 0:  # a cut before it would make it absolute
-                    free[r] = False
-                    break
-                c = min(c, cum[i + 1] - cum[i])
-            q = p[q, P_NEXT]
-        if free[r]:
-            m_free += m
-            cheapest = min(cheapest, c)
-            q = rows[r, R_FIRST]
-            while q >= 0:
-                for i in range(p[q, P_START], p[q, P_END]):
-                    if cum[i + 1] - cum[i] <= WINDOW_MAX:
-                        left[cum[i + 1] - cum[i]] += 1
-                q = p[q, P_NEXT]
+    for c in range(n_ctx):
+        if free[row_of[c]]:
+            m_free += ctx_end[c] - ctx_start[c]
+            for i in range(ctx_start[c], ctx_end[c]):
+                ci = cum[i + 1] - cum[i]
+                cheapest = min(cheapest, ci)
+                if ci <= WINDOW_MAX:
+                    left[ci] += 1
     return free, m_free, cheapest, left
 
 
 @helper
-def _open_donor(f, p, rows, d, nw, ns):
+def _open_donor(f, p, rows, d, ns):
     """Row d becomes a donor: its pieces leave it (windows or new rows take them), every
-    window of them up to WINDOW_MAX tokens is listed, from index nw on, and every measurement
-    by size, from index ns on; returns the new (nw, ns)."""
+    window of them up to WINDOW_MAX tokens is listed, and every measurement by size, from
+    index ns on; returns the new ns."""
     cum, win, sz, tab = f.cum, f.windows, f.sizes, f.table
     q = rows[d, R_FIRST]
     while q >= 0:
@@ -151,11 +184,9 @@ def _open_donor(f, p, rows, d, nw, ns):
                 if wl > WINDOW_MAX or (y > x + 1 and (scarce_at(cum, tab, x)
                                                          or scarce_at(cum, tab, y - 1))):
                     break
-                win[nw, W_START], win[nw, W_NEXT] = x, tab[WINDOW_HEAD, wl]
-                tab[WINDOW_HEAD, wl] = nw
-                nw += 1
+                _push_window(win, tab, wl, x << 8 | (y - x))
         q = p[q, P_NEXT]
-    return nw, ns
+    return ns
 
 
 @helper
@@ -196,7 +227,7 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
     # call at the first sight of its arguments, and a literal there compiles the callee
     # twice (once for Literal[int](0), once for int64), several seconds each cold.
     cum, win, tab, used, ok = f.cum, f.windows, f.table, f.used, f.rest_ok
-    nd = nw = ns = np.int64(0)
+    nd = ns = np.int64(0)
     ti, dj = 0, order.shape[0] - 1
     # long gaps: donor, piece and measurement to take runs from
     cur, cq, ca = np.int64(0), np.int64(-1), np.int64(0)
@@ -213,7 +244,7 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
                 if tab[REST_STALE, 0] != 0:
                     rest_table(f)
                 last = cap > 0 and rows[t, R_NSEG] == cap - 1
-                wa, wb, _ = _find_window(cum, win, tab, used, ok, g, True, last)
+                wa, wb, _ = _find_window(win, tab, used, ok, g, True, last)
                 if cap == 0 and (wa < 0 or g - (cum[wb] - cum[wa]) > 1):
                     k2 = close_gap(f, p, rows, t, k)  # no window fills it: single measurements
                     if k2 >= 0:
@@ -226,10 +257,10 @@ def _fill_rows(f, p, rows, order, free, donors, cap, k):
                 dj -= 1
                 donors[nd] = d
                 nd += 1
-                nw, ns = _open_donor(f, p, rows, d, nw, ns)
+                ns = _open_donor(f, p, rows, d, ns)
                 continue
             if wa < 0:  # nothing fills it: the longest window that fits
-                wa, wb, _ = _find_window(cum, win, tab, used, ok, g, False, False)
+                wa, wb, _ = _find_window(win, tab, used, ok, g, False, False)
             if wa < 0:
                 break
             k = place(f, p, rows, t, wa, wb, k)
@@ -253,7 +284,7 @@ def _close_row(f, p, rows, r, cap, k):
         last = cap > 0 and rows[r, R_NSEG] == cap - 1
         if tab[REST_STALE, 0] != 0:
             rest_table(f)
-        wa, wb, _ = _find_window(cum, win, tab, used, ok, rows[r, R_GAP], True, last)
+        wa, wb, _ = _find_window(win, tab, used, ok, rows[r, R_GAP], True, last)
         if wa < 0:
             break
         k = place(f, p, rows, r, wa, wb, k)
@@ -321,11 +352,14 @@ def _lay_kept(f, p, rows, donors, row_len, cap, k, n_rows):
     return k, n_rows
 
 
-def fill_gaps(cum, has_ts, abs_extra, row_len, cap, p, rows, k, n_rows):
-    """Step 4 on pieces p[:k] in rows[:n_rows]: returns (p, rows, k, n_rows), the arrays
-    grown. Donor rows stay, their pieces no longer in a row."""
+def fill_gaps(cum, has_ts, abs_extra, ctx_start, ctx_end, order, row_len, cap, p, rows, k,
+              n_rows):
+    """Step 4 on pieces p[:k] in rows[:n_rows], piece j being context order[j] (step 3's
+    whole contexts): returns (p, rows, k, n_rows), the arrays grown. Donor rows stay, their
+    pieces no longer in a row."""
     n0 = n_rows
-    free, m_free, cheapest, left = _free_rows(cum, has_ts, abs_extra, p, rows, n0)
+    free, m_free, cheapest, left = _free_rows(cum, has_ts, abs_extra, ctx_start, ctx_end, order,
+                                              p, n0)
     fill = row_len - rows[:n0, R_GAP]
     fr = np.flatnonzero(free)
     fr = fr[np.argsort(-fill[fr], kind="stable")]
@@ -340,14 +374,16 @@ def fill_gaps(cum, has_ts, abs_extra, row_len, cap, p, rows, k, n_rows):
     # spans at most WINDOW_MAX // (its cheapest measurement) of them.
     p, rows = _grow(p, k + m_free + 1), _grow(rows, n_rows + m_free + 1)
     n_win = m_free * (WINDOW_MAX // max(cheapest, 1)) + 1
+    n_chunks = n_win // (WINDOW_CHUNK - 1) + WINDOW_MAX + 2  # full ones, one top a length
     n_items = (WINDOW_MAX + 1) * 8
     tab = np.zeros((N_TABLE, WINDOW_MAX + 1), np.int64)
     tab[WINDOW_HEAD] = tab[SIZE_HEAD] = -1
+    tab[CHUNKS, 1] = -1
     tab[FREE_LEFT], tab[DEMAND], tab[SCARCE] = left, dem, scarce
     tab[QUOTA] = row_len // np.maximum(np.arange(WINDOW_MAX + 1), 1)
     tab[REST_STALE, 0] = 1
     f = Fill(cum=cum, used=np.zeros(cum.shape[0], np.bool_),
-             windows=np.empty((n_win, 2), np.int64), sizes=np.empty((m_free + 1, 2), np.int64),
+             windows=np.empty((n_chunks, WINDOW_CHUNK), np.int64), sizes=np.empty((m_free + 1, 2), np.int64),
              table=tab, rest_ok=np.zeros(row_len // 64 + 1, np.uint64),
              items=np.empty((n_items, I_PRICE + 1), np.int64),
              taken=np.zeros((n_items, CLOSE_MAX + 1), np.bool_))

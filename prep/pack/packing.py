@@ -255,7 +255,8 @@ def _pack(ctx_start, ctx_end, cum, has_ts, abs_extra, clen, row_len, cap, split)
     order = _longest_first(clen, row_len)  # 2.
     p, rows, k, n_rows = _best_fit(ctx_start, ctx_end, clen, order, row_len, cap)  # 3.
     if split and n_rows > 1:  # 4.
-        p, rows, k, n_rows = fill_gaps(cum, has_ts, abs_extra, row_len, cap, p, rows, k, n_rows)
+        p, rows, k, n_rows = fill_gaps(cum, has_ts, abs_extra, ctx_start, ctx_end, order, row_len,
+                                       cap, p, rows, k, n_rows)
     o_s, o_e, o_l, o_r, n_out = _renumber(p, rows, k, n_rows)  # 5.
     if split and cap == 0 and n_out > 1:  # 6. repack the rows of small pieces
         order, o_r2, n2 = repack(o_l, o_r, n_out, row_len)

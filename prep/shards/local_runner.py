@@ -39,6 +39,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from prep.base.errors import InputError
+from prep.base.jit import no_blas_in_worker
 from prep.base.words import count
 from prep.jobs.owned import Claim
 from prep.jobs.pool import Pool, WorkerDied
@@ -247,6 +248,7 @@ def load_bucket(stage: Path, bucket: int) -> Measurements:
 def _bucket_task(task) -> dict:
     bucket, cfg_json, stage = task
     _heap_gives_back()
+    no_blas_in_worker()
     clock = StageClock()
     with clock.task():
         cfg = config_from_dict(json.loads(cfg_json))
