@@ -36,15 +36,17 @@ def _shards(tmp_path, world) -> None:
                workers=1, progress=False)
 
 
-def _planted_world(path):
+def _planted_world(path, *, seed=3, factor_sigma=0.0):
     """Destination k answers in about 4 ms x 1.25^k (4 to 670 ms), +/- 3 %, whoever asks;
-    every probe pings PER_PROBE destinations drawn with replacement, one a minute."""
-    rng = np.random.default_rng(3)
+    every probe pings PER_PROBE destinations drawn with replacement, one a minute. With
+    ``factor_sigma``, each probe's RTTs are all times a factor of its own (lognormal)."""
+    rng = np.random.default_rng(seed)
     level = 4.0 * 1.25 ** np.arange(N_DST)
+    factor = rng.lognormal(0.0, factor_sigma, N_PROBES) if factor_sigma else np.ones(N_PROBES)
     probe = np.repeat(np.arange(N_PROBES), PER_PROBE)
     dst = rng.integers(0, N_DST, len(probe))
     t = 1_767_225_600 + np.tile(np.arange(PER_PROBE) * 60, N_PROBES) + probe
-    rtt = np.round(level[dst] * rng.uniform(0.97, 1.03, len(probe)), 3)
+    rtt = np.round(level[dst] * factor[probe] * rng.uniform(0.97, 1.03, len(probe)), 3)
     pq.write_table(pa.table({
         "event_time": pa.array(t, pa.int64()), "prb_id": probe + 1000,
         "src_addr": [f"10.1.{p // 256}.{p % 256}" for p in probe],
@@ -82,21 +84,9 @@ MARGIN, NEAR_DST = 0.1, 0.03
 # --- a new probe placed by its replies to other destinations --------------------------------
 
 def _factor_world(path):
-    """As _planted_world, and each probe's RTTs all times a factor of its own (lognormal,
-    sigma 0.5): what a destination costs depends on who asks, and a probe's replies to
-    other destinations say by how much."""
-    rng = np.random.default_rng(7)
-    level = 4.0 * 1.25 ** np.arange(N_DST)
-    factor = rng.lognormal(0.0, 0.5, N_PROBES)
-    probe = np.repeat(np.arange(N_PROBES), PER_PROBE)
-    dst = rng.integers(0, N_DST, len(probe))
-    t = 1_767_225_600 + np.tile(np.arange(PER_PROBE) * 60, N_PROBES) + probe
-    rtt = np.round(level[dst] * factor[probe] * rng.uniform(0.97, 1.03, len(probe)), 3)
-    pq.write_table(pa.table({
-        "event_time": pa.array(t, pa.int64()), "prb_id": probe + 1000,
-        "src_addr": [f"10.1.{p // 256}.{p % 256}" for p in probe],
-        "dst_addr": [f"198.51.100.{d + 1}" for d in dst],
-        "ip_version": np.full(len(probe), 4, np.int8), "rtt": rtt}), path / "world.parquet")
+    """What a destination costs depends on who asks: each probe scales its RTTs by a factor
+    of its own (sigma 0.5), and its replies to other destinations say by how much."""
+    _planted_world(path, seed=7, factor_sigma=0.5)
 
 
 @pytest.mark.slow
