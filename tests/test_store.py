@@ -143,7 +143,7 @@ def test_the_store_gate_mixes_the_store_into_the_distribution(bias, stored):
     model's own (the same as without a store, everywhere). Nothing of the loss's gradient
     reaches the table: it is data, not a parameter to learn."""
     cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(ROW), dst_store=1024,
-                              context_copy=0.0, copy_aux=0.0)
+                              context_copy=0.0, copy_aux=0.0, placed_store=0.0)
     off = dataclasses.replace(cfg, dst_store=0)
     table, _ = store.build(*planted(), 1024)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
@@ -174,7 +174,8 @@ def test_the_store_answers_only_where_the_context_holds_no_reply():
     earlier reply to the destination (there the copy answers): with both gates held open,
     the first .129 reply's first byte is the store's distribution, and the last one's is the
     copy's (its three earlier replies: 0x68 0.7, 0x69 0.3), untouched by the store."""
-    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(ROW), dst_store=1024)
+    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(ROW), dst_store=1024,
+                              placed_store=0.0)
     table, _ = store.build(*planted(), 1024)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     params = {**params, "dst_store": jnp.asarray(table), "store_gate": params["store_gate"] * 0,
@@ -375,8 +376,8 @@ def test_a_fold_of_the_sources_is_whole_contexts_by_their_address():
 
 def test_the_fold_trains_the_store_gate_and_nothing_else():
     """With ``fold`` (ModelConfig.gate_fold), the logits are the same, but the gradient
-    is routed: the fold's tokens reach the store's gate (and its spreads) alone, the other
-    tokens everything but the store's gate."""
+    is routed: the fold's tokens reach the stores' gates (and their spreads: the store's
+    and the placed store's) alone, the other tokens everything but the gates."""
     cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(ROW), dst_store=1024,
                               pair_store=0)
     table, _ = store.build(*planted(), 1024)
@@ -394,13 +395,13 @@ def test_the_fold_trains_the_store_gate_and_nothing_else():
         return {k: sum(float(jnp.abs(x).sum()) for x in jax.tree.leaves(v))
                 for k, v in g.items() if k != "dst_store"}
 
-    gate = {"store_gate", "store_bias", "store_width"}
+    gate = {f"{s}_{p}" for s in ("store", "placed") for p in ("gate", "bias", "width")}
     every, fold, rest = grads(None), grads(jnp.asarray(True)), grads(jnp.asarray(False))
     assert all(v > 0 for k, v in every.items() if k in gate)
     assert {k for k, v in fold.items() if v > 0} == gate
-    assert fold["store_gate"] > 0 and fold["store_bias"] > 0
-    assert rest["store_gate"] == 0 and rest["store_bias"] == 0
-    assert all(rest[k] > 0 for k in ("embed", "copy_gate", "store_width"))
+    assert all(fold[f"{s}_{p}"] > 0 for s in ("store", "placed") for p in ("gate", "bias"))
+    assert all(rest[f"{s}_{p}"] == 0 for s in ("store", "placed") for p in ("gate", "bias"))
+    assert all(rest[k] > 0 for k in ("embed", "copy_gate", "store_width", "placed_width"))
 
 
 # --- the placed store (ModelConfig.placed_store): the store moved by the probe's factor ----
