@@ -53,14 +53,10 @@ def _group_draws(groups, n_boot: int, rng):
 def _multiset_medians(xs_sorted, w) -> np.ndarray:
     """np.median of each multiset that holds xs_sorted[i] w[r, i] times (w: int[b, n]), as
     np.median(np.repeat(xs_sorted, w[r])) would give it, without the repeat."""
-    c = np.cumsum(w, axis=1, dtype=np.int64 if w.size * w.max(initial=0) >= 2**31 else np.int32)
-    total = c[:, -1].astype(np.int64)
-    # each row's running counts, shifted past the rows before it: one sorted array to search
-    shift = np.cumsum(total) - total
-    flat = (c + shift[:, None]).ravel()  # int64: shift is
-    start = np.arange(len(c)) * c.shape[1]
-    lo = np.searchsorted(flat, shift + (total + 1) // 2) - start  # the lower middle value
-    hi = np.searchsorted(flat, shift + total // 2 + 1) - start  # the upper (= lower if odd)
+    c = np.cumsum(w, axis=1)
+    total = c[:, -1:]
+    lo = (c < (total + 1) // 2).sum(axis=1)  # 0-based index of the lower middle value
+    hi = (c < total // 2 + 1).sum(axis=1)  # of the upper one (the same where total is odd)
     return 0.5 * (xs_sorted[lo] + xs_sorted[hi])
 
 
