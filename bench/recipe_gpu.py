@@ -69,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         seeds.append("seattle")
     if not seeds:
         p.error("no world to run: give --seeds, --seattle or both")
+    for flag, v in (("--budget-s", args.budget_s), ("--rate", args.rate), ("--rows", args.rows),
+                    ("--steps", args.steps), ("--batch-size", args.batch_size),
+                    ("--queries", args.queries)):
+        if v is not None and v <= 0:
+            p.error(f"{flag} {v:g}: must be above 0")
     synth_args = shlex.split(args.synth_args)
     if synth_args and not args.tag:
         p.error("--synth-args: give --tag too, so the JSON is not named as the built-in world's")

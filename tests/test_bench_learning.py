@@ -51,8 +51,10 @@ def test_curve_point_keeps_stratum_intervals_and_verdict():
 @pytest.mark.parametrize("argv, says", [
     (["--synth-args", "--access-ms 5"], "give --tag too"),
     (["--tag", "a/b", "--synth-args", "--access-ms 5"], "letters, digits"),
+    (["--budget-s", "-1"], "--budget-s -1: must be above 0"),
+    (["--steps", "0"], "--steps 0: must be above 0"),
 ])
-def test_recipe_gpu_variant_world_needs_a_tag(argv, says, capsys):
+def test_recipe_gpu_refuses_bad_arguments_at_parse(argv, says, capsys):
     with pytest.raises(SystemExit) as e:
         recipe_gpu.main(argv)
     assert e.value.code == 2 and says in capsys.readouterr().err
