@@ -12,6 +12,7 @@ baselines as horizontal lines.
 
     python -m bench.learning --data shards-256 --model small            # the CPU recipe
     python -m bench.learning --data shards --model base --steps 4000    # make gpu-check
+    python -m bench.learning --score runs/learn-s0 --plot s0.png   # a finished run's checkpoints
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from bench.run import RESULTS, machine
 
 BASELINES = ("context_last", "context_ema", "context_median", "context_vivaldi", "context_knn",
-             "dst_median", "matrix_factorization", "global_median")
+             "context_krig", "dst_median", "matrix_factorization", "global_median")
 
 
 def curve_point(report: dict, tokens: int) -> dict:
@@ -58,7 +59,11 @@ def curve_point(report: dict, tokens: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", required=True, help="a shards folder (prep shards)")
+    p.add_argument("--data", help="a shards folder (prep shards); required unless --score")
+    p.add_argument("--score", metavar="RUN_DIR", default=None,
+                   help="score the checkpoints of a finished run instead of training one "
+                        "(its config.json says what ran; train it with --ckpt-every its "
+                        "steps / --points) [none]")
     p.add_argument("--model", default="small")
     p.add_argument("--steps", type=int, help="default: the model's CPU/GPU preset")
     p.add_argument("--batch-size", type=int)
@@ -71,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", default=None, help="a PNG or PDF of error against tokens")
     p.add_argument("--out", default=None, help="JSON path [bench/results/learning-<device>-<model>.json]")
     args = p.parse_args(argv)
+    if args.score is None and args.data is None:
+        p.error("give --data (a shards folder to train on) or --score RUN_DIR")
+    if args.score is not None and not (Path(args.score) / "config.json").is_file():
+        p.error(f"--score {args.score}: no config.json there (a run folder `train` wrote)")
 
     import jax
 
@@ -86,15 +95,26 @@ def main(argv: list[str] | None = None) -> int:
             settings[k] = getattr(args, k)
     steps = settings["steps"]
     every = max(1, steps // args.points)
-    run_dir = args.run_dir or f"runs/learning-{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
-    settings.update(model=args.model, ckpt_every=every, eval_every=0, log_every=max(1, every // 4),
-                    keep_checkpoints=args.points + 1)
-    cfg = TrainConfig(data=args.data, run_dir=run_dir, **settings)
-    print(f"[learning] {cfg.model} on {cfg.data}: {steps} steps of {cfg.batch_size} rows, "
-          f"checkpoints every {every}; run in {run_dir}", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    summary = train(cfg)
-    train_s = time.perf_counter() - t0
+    if args.score is None:
+        run_dir = args.run_dir or f"runs/learning-{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+        settings.update(model=args.model, ckpt_every=every, eval_every=0,
+                        log_every=max(1, every // 4), keep_checkpoints=args.points + 1)
+        cfg = TrainConfig(data=args.data, run_dir=run_dir, **settings)
+        print(f"[learning] {cfg.model} on {cfg.data}: {steps} steps of {cfg.batch_size} rows, "
+              f"checkpoints every {every}; run in {run_dir}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        summary = train(cfg)
+        train_s = time.perf_counter() - t0
+    else:  # its own throughput as it logged it (beside other work, it is that work's too)
+        run_dir = args.score
+        cfg = TrainConfig(**json.loads((Path(run_dir) / "config.json").read_text())["train"])
+        logged = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").open()
+                  if '"tokens_per_s"' in line]
+        rates = [m["tokens_per_s"] for m in logged if m.get("tokens_per_s")]
+        summary = {"tokens_per_s": sum(rates) / len(rates) if rates else None, "mfu": None}
+        train_s = None
+        print(f"[learning] scoring the checkpoints of {run_dir} ({cfg.model} on {cfg.data})",
+              file=sys.stderr, flush=True)
     record = json.loads((Path(run_dir) / "config.json").read_text())
     row_len = record["model"]["seq_len"]
     device = jax.devices()[0].device_kind
@@ -112,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
               f"context_last {m['context_last']['all']:.3f} | context_median "
               f"{m['context_median']['all']:.3f}", file=sys.stderr, flush=True)
         out = {"machine": machine(), "device": device, "config": record,
-               "train_s": round(train_s, 1), "tokens_per_s": summary["tokens_per_s"],
+               "train_s": None if train_s is None else round(train_s, 1),
+               "scored": args.score, "tokens_per_s": summary["tokens_per_s"],
                "mfu": summary["mfu"], "queries": report["queries"],
                "queries_with_rtt": report["queries_with_rtt"],
                "n_by_stratum": {s: v["n_rtt"] for s, v in report["rtt"]["model"]["by_stratum"].items()},
@@ -140,6 +161,7 @@ def plot(curve: dict, path: str) -> None:
               "context_median": ("tab:orange", ":"),
               "matrix_factorization": ("tab:cyan", (0, (4, 2))),
               "context_vivaldi": ("tab:purple", "-."), "context_knn": ("tab:pink", (0, (2, 1))),
+              "context_krig": ("tab:blue", (0, (6, 2, 1, 2))),
               "dst_median": ("tab:brown", (0, (1, 3))),
               "global_median": ("grey", (0, (5, 5)))}
     for ax, s in zip(axes, strata):

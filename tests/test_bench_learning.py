@@ -68,3 +68,13 @@ def test_bench_run_names_its_parts(capsys):
     assert "parts: beam compile etl eval import memory" in out and "example:" in out
     assert run.main(["etl", "nope"]) == 2
     assert capsys.readouterr().err.startswith("bench.run: no part nope; the parts: beam ")
+
+
+@pytest.mark.parametrize("argv, says", [
+    ([], "give --data (a shards folder to train on) or --score RUN_DIR"),
+    (["--score", "{tmp}"], "no config.json there (a run folder `train` wrote)"),
+])
+def test_learning_needs_data_or_a_run_to_score(argv, says, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        learning.main([a.format(tmp=tmp_path) for a in argv])
+    assert e.value.code == 2 and says in capsys.readouterr().err

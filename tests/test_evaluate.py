@@ -70,12 +70,12 @@ def test_eval_counts_every_query_and_target(run, full):
     assert report["loss"]["tokens"] == targets
     assert sum(v["tokens"] for v in report["loss"]["by_role"].values()) == targets
     assert sorted(report["loss"]["by_role"]) == ["dst", "marker", "result", "rtt", "src", "timestamp"]
-    # the model with and without its context, five context and seven train-fit baselines,
+    # the model with and without its context, six context and seven train-fit baselines,
     # each scored on the same queries, by stratum and by context length
     assert list(report["rtt"]) == list(PREDICTORS) == [
         "model", "model_no_context", "context_last", "context_ema", "context_median",
-        "context_vivaldi", "context_knn", "global_median", "dst_median", "pair_last", "pair_ema",
-        "pair_median", "vivaldi", "matrix_factorization"]
+        "context_vivaldi", "context_knn", "context_krig", "global_median", "dst_median",
+        "pair_last", "pair_ema", "pair_median", "vivaldi", "matrix_factorization"]
     for m in report["rtt"].values():
         assert m["n"] == n_q and m["n_rtt"] == n_rtt
         assert sum(b["n"] for b in m["by_history"].values()) == n_q

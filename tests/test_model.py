@@ -151,7 +151,8 @@ def test_decay_mask_is_the_old_rule_leaf_by_leaf(name):
                                           "copy_bias", "copy_width", "dst_store",
                                           "store_bias", "store_width", "pair_store",
                                           "pair_bias", "pair_width", "placed_bias",
-                                          "placed_width")),
+                                          "placed_width", "krig_store", "krig_noise",
+                                          "krig_bias", "krig_width")),
         shapes)
     new = arch.decay_mask(cfg)
     assert jax.tree.structure(new) == jax.tree.structure(old)

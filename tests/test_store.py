@@ -218,7 +218,7 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
     d = tmp_path / "shards"
     synthetic.write_shards(d, {"train": (tok, seg), "test": (tok[:2], seg[:2])})
     monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(arch.MODELS["small"],
-                                                                  dst_store=1024))
+                                                                  dst_store=1024, krig_store=256))
     run = tmp_path / "run"
     train(TrainConfig(model="small", data=str(d), run_dir=str(run), steps=3, batch_size=2,
                       lr=3e-3, warmup=1, log_every=1, eval_every=0, ckpt_every=0))
@@ -231,8 +231,12 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
             "data)\npair store: off for this run (no train reply has its reverse pair, so "
             "nothing would teach its gate)") in err
     want, _ = store.build(tok, seg, 1024)
+    krig, noise, summary = store.build_krig(tok, seg, 256, want)
+    assert summary.line() in err and (summary.pairs, summary.placed, summary.sources) == (1, 1, 1)
     loaded = predictor.load(str(run))
     np.testing.assert_array_equal(np.asarray(loaded.params["dst_store"]), want)
+    np.testing.assert_array_equal(np.asarray(loaded.params["krig_store"]), krig)
+    assert np.asarray(loaded.params["krig_noise"]).tolist() == [np.float32(noise)]
     assert not any(k.startswith("pair_") for k in loaded.params)
     assert json.loads((run / "config.json").read_text())["model"]["pair_store"] == 0
     # and a resume keeps it off (its checkpoint has no pair store to restore)
@@ -473,3 +477,63 @@ def test_store_dists_moves_the_quantiles_by_the_shift():
     np.testing.assert_allclose(np.asarray(dist)[0, rs], want, atol=1e-6)
     (plain, _), _ = model.store_dists(jnp.asarray(table), tok, seg, widths=(1e-3, 1e-3))
     np.testing.assert_allclose(np.asarray(dist)[0, 11], np.asarray(plain)[0, 11])  # no shift
+
+
+# --- the kriging store: destinations' covariance over the train split's sources ----------
+# sources 1-3 ping destinations 20 and 21 at half, once and twice each one's middle code
+# (0x6830, 0x7010): residuals -1, 0, +1 octave at both; each pair 3 times at its code and
+# once at twice it (the pair's median: its code; a reply's noise 1/4 octave^2)
+def _krig_rows():
+    row = []
+    for s, k in ((1, -1), (2, 0), (3, 1)):
+        for d, (b1, b2) in ((20, (0x68, 0x30)), (21, (0x70, 0x10))):
+            c = _octave(b1, b2, k)
+            row += ping(s, d, *c) * 3 + ping(s, d, *_octave(*c, 1))
+    tok = np.asarray([row] * 3, np.uint16)  # 36 replies a destination: a store row each
+    return tok, np.ones(tok.shape, np.uint8)
+
+
+def _node_hash(last: int) -> int:
+    r = ping(1, last, 0, 0)
+    _, full, _ = model.address_hashes(jnp.asarray([r]), jnp.ones((1, len(r)), jnp.int32), "dst")
+    return int(full[0, -1])
+
+
+def test_the_kriging_store_holds_the_destinations_covariances():
+    tok, seg = _krig_rows()
+    dst_table, _ = store.build(tok, seg, 1024)
+    table, noise, summary = store.build_krig(tok, seg, 1024, dst_table)
+    assert noise == pytest.approx(0.25)
+    assert summary == store.KrigSummary(pairs=3, placed=3, sources=3, noise=noise)
+    h20, h21, h22 = (_node_hash(n) for n in (20, 21, 22))
+    a, b = np.asarray([(h20, h20), (h21, h21), (h20, h21), (h21, h20), (h20, h22)], np.int32).T
+    keys = jnp.asarray(model.cov_key(a, b))
+    got = np.asarray(model._cov_lookup(jnp.asarray(table), keys))
+    # variances over 3 sources; the covariance (1 + 0 + 1) over 3 + KRIG_SHRINK; none for 22
+    np.testing.assert_allclose(got, [2 / 3, 2 / 3, 2 / 8, 2 / 8, 0.0], atol=1e-6)
+
+
+def test_kriged_shift_is_the_gaussian_mean_given_the_contexts_replies():
+    """A new source 9 pings 20 at twice its middle (+1 octave), then 21 (its shift: the
+    covariance over 20's variance plus the noise), then 22 (no store row: no shift, not
+    read), then 21 again after its first reply to 21 at 4 times the middle (+2): both read."""
+    tok, seg = _krig_rows()
+    dst_table, _ = store.build(tok, seg, 1024)
+    table, noise, _ = store.build_krig(tok, seg, 1024, dst_table)
+    ask = (ping(9, 20, *_octave(0x68, 0x30, 1)) + ping(9, 21, *_octave(0x70, 0x10, 2))
+           + ping(9, 22, 0x50, 0x00) + ping(9, 21, 0x70, 0x10))
+    q_tok, q_seg = jnp.asarray([ask]), jnp.ones((1, len(ask)), jnp.int32)
+    probes = (jnp.asarray([[B + 0x70]]), jnp.asarray([[48 + 11]]))
+    shift, p_shift = model.kriged_shift(jnp.asarray(dst_table), jnp.asarray(table),
+                                        jnp.float32(noise), q_tok, q_seg, probes)
+    v, c = 2 / 3, 2 / 8
+    w = np.linalg.solve([[v + noise, c], [c, v + noise]], [1.0, 2.0])
+    want = np.r_[np.zeros(16), np.full(16, c / (v + noise)), np.zeros(16),
+                 np.full(16, c * w[0] + v * w[1])]
+    np.testing.assert_allclose(np.asarray(shift)[0], want, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(p_shift)[0], want[[48 + 11]], atol=1e-5)
+    # a second segment from the third ping on reads nothing of the first's replies
+    seg2 = jnp.asarray([[1] * 32 + [2] * 32])
+    split, _ = model.kriged_shift(jnp.asarray(dst_table), jnp.asarray(table),
+                                  jnp.float32(noise), q_tok, seg2)
+    np.testing.assert_allclose(np.asarray(split)[0], np.r_[want[:32], np.zeros(32)], atol=1e-5)

@@ -1,12 +1,11 @@
 """Baselines that read exactly what the model reads: each query's earlier measurements in
-its own context (the probe's measurements before it in the same row segment), in context
-order (train.eval.evaluate.full_mode_queries); nothing later or outside it, but the
-train-split fits named below.
+its own context (the probe's before it in the same row segment), in context order
+(train.eval.evaluate.full_mode_queries); nothing later or outside it, but the train-split
+fits named below.
 
 - ``context_last``: the last reply (not a failure) to the same destination earlier in the
-  context: what a probe's own dashboard would show.
-- ``context_ema``: the EMA (alpha 0.3, first value as is) of those replies, in context order.
-- ``context_median``: the median of all earlier replies in the context, any destination.
+  context; ``context_ema``: their EMA (alpha 0.3, first value as is), in context order;
+  ``context_median``: the median of all earlier replies in the context, any destination.
 - ``context_vivaldi``: the source placed in the train split's Vivaldi space by its earlier
   replies, the destinations' coordinates held fixed, as a new host joins a running Vivaldi
   system (coord_kernels.place_in_contexts); then its distance to the query's destination.
@@ -14,17 +13,17 @@ train-split fits named below.
   ``KNN_K`` with a reply to the query's destination whose pair medians are nearest (mean
   |log ratio|) to the context's replies to other destinations; the median (in log space)
   of their pair medians to the query's destination.
+- ``context_krig``: placed by the destinations' covariance (kriging): each train pair
+  median's log ratio to its destination's median of them, covariances over the sources
+  that reached both destinations (shrunk, KRIG_SHRINK); the query's ratio is the Gaussian
+  mean given the context's replies (a reply's noise: the train replies' about their pairs).
 
 Where a baseline has nothing (no earlier reply; for the placements, none usable yet) it
 falls back to the train split's ``pair_median`` → ``dst_median`` → ``global_median``;
 ``covered`` counts only its own answers. P(failed), the same for all: the context's earlier
-failure rate to that destination, else to any, else the train split's.
-
-Cost: Numba passes over the contexts, O(k²) in a context's length k (k <= row length / 12),
-the placement's few spring rounds per reply, and per kNN query the train sources of the
-destinations read (rates: `make bench`, eval.*).
+failure rate to that destination, else to any, else the train split's. Cost: Numba passes,
+O(k²) in a context's length k (k <= row length / 12); rates: `make bench`, eval.*.
 """
-
 from __future__ import annotations
 
 import numpy as np
@@ -37,6 +36,7 @@ from train.eval import registry
 CONTEXT_BASELINES = registry.names(registry.CONTEXT)  # names, labels, order: train/eval/registry.py
 _FLOOR = B.RTT_FLOOR_MS
 KNN_K = 5  # neighbours whose pair medians context_knn's answer is the median of
+KRIG_SHRINK = 5.0  # context_krig: a covariance over n shared sources is scaled n / (n + this)
 # placement: spring rounds over the replies so far after each new one, and the timestep
 # (a fixed node's error is ~0 next to a new node's 1, so the paper's c_c * w is c_c)
 PLACE_ROUNDS, PLACE_CC = 4, 0.25
@@ -70,14 +70,55 @@ def knn_table(pair_median: B.PairTable) -> tuple[np.ndarray, np.ndarray, np.ndar
     return ptr, src[o].astype(np.int64), np.log(np.maximum(rtt[o], B.RTT_FLOOR_MS))
 
 
+def krig_table(pair_median: B.PairTable, src, dst, rtt) -> tuple:
+    """context_krig's view of the train split (its measurements: node ids, ms, -1 failed):
+    (per node its destination median of log pair medians, NaN: none; the covariance's
+    sorted keys d * n + e and values, its diagonal being the residuals' variance; a
+    reply's noise variance about its pair's log median)."""
+    n = pair_median.n_nodes
+    own = ~np.isnan(pair_median.rtt_ms)
+    keys, logm = pair_median.keys[own], np.log(np.maximum(pair_median.rtt_ms[own], _FLOOR))
+    p_src, p_dst = keys // n, keys % n
+    level = np.full(n, np.nan)
+    o = np.lexsort((logm, p_dst))
+    d_sorted, starts = p_dst[o], np.flatnonzero(np.r_[True, np.diff(p_dst[o]) != 0])
+    counts = np.diff(np.r_[starts, len(o)])
+    lo, hi = starts + (counts - 1) // 2, starts + counts // 2
+    level[d_sorted[starts]] = 0.5 * (logm[o][lo] + logm[o][hi])
+    resid = logm - level[p_dst]
+    # every ordered pair of destinations one source reached: its residuals' product
+    o = np.argsort(p_src, kind="stable")
+    s_dst, s_res = p_dst[o], resid[o]
+    g_start = np.flatnonzero(np.r_[True, np.diff(p_src[o]) != 0])
+    g_size = np.diff(np.r_[g_start, len(o)])
+    size = np.repeat(g_size, g_size)
+    first = np.repeat(np.arange(len(o)), size)
+    second = (np.repeat(np.repeat(g_start, g_size), size)
+              + np.arange(len(first)) - np.repeat(np.cumsum(size) - size, size))
+    pair_key = s_dst[first] * n + s_dst[second]
+    ukeys, inv = np.unique(pair_key, return_inverse=True)
+    total = np.bincount(inv, s_res[first] * s_res[second], len(ukeys))
+    shared = np.bincount(inv, minlength=len(ukeys)).astype(np.float64)
+    diag = ukeys // n == ukeys % n
+    cov = np.where(diag, total / shared, total / (shared + KRIG_SHRINK))
+    ok = (np.asarray(src) >= 0) & (np.asarray(rtt) >= 0)
+    t_src, t_dst = np.asarray(src)[ok], np.asarray(dst)[ok]
+    t_log = np.log(np.maximum(np.asarray(rtt, np.float64)[ok], _FLOOR))
+    pair = pair_median.predict(t_src, t_dst)
+    dev = t_log - np.log(np.maximum(pair.rtt_ms, _FLOOR))
+    noise = float(np.mean(dev[pair.covered] ** 2)) if pair.covered.any() else 0.0
+    return level, ukeys.astype(np.int64), cov, max(noise, 1e-6)
+
+
 def predict(ctx, src, dst, rtt, *, fallback: np.ndarray, fail_rate: float,
             vivaldi: B.Vivaldi | None = None,
-            knn: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-            ) -> dict[str, B.Prediction]:
+            knn: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+            krig: tuple | None = None) -> dict[str, B.Prediction]:
     """Every context baseline's answers to the queries (ctx: context id per query, runs in
     context order; src, dst: node ids as in the train fits; rtt: the true ms, -1 failed:
     only earlier ones are read). ``fallback``: per query, what an empty answer becomes;
-    ``vivaldi``, ``knn`` (``knn_table``): context_vivaldi's and context_knn's train fits."""
+    ``vivaldi``, ``knn`` (``knn_table``), ``krig`` (``krig_table``): context_vivaldi's,
+    context_knn's and context_krig's train fits."""
     starts = context_starts(ctx)
     src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
     rtt = np.asarray(rtt, np.float64)
@@ -90,6 +131,8 @@ def predict(ctx, src, dst, rtt, *, fallback: np.ndarray, fail_rate: float,
             (PLACE_ROUNDS, PLACE_CC, B.VIVALDI_HEIGHT_MIN))
     if knn is not None:
         own["context_knn"] = _knn(starts, dst, rtt, *knn, KNN_K)
+    if krig is not None:
+        own["context_krig"] = _krig(starts, dst, rtt, *krig)
     out = {}
     for name, r in own.items():
         covered = ~np.isnan(r)
@@ -195,4 +238,79 @@ def _knn(starts, dst, rtt, ptr, col_src, col_log, k):
             if got:
                 v = np.sort(best_v[:got])
                 out[i] = np.exp(0.5 * (v[(got - 1) // 2] + v[got // 2]))
+    return out
+
+
+@njit(cache=True)
+def _cov(keys, vals, n, d, e):
+    """The covariance of destinations d and e (0 where no source reached both)."""
+    k = d * n + e
+    pos = np.searchsorted(keys, k)
+    return vals[pos] if pos < len(keys) and keys[pos] == k else 0.0
+
+
+@njit(cache=True)
+def _krig(starts, dst, rtt, level, keys, vals, noise):
+    """context_krig per query (NaN: its destination has no train level, or the context no
+    earlier reply to a destination with one). Along a context the inverse of the replied
+    destinations' covariance (plus each one's noise over its reply count) is kept up to
+    date, a new destination by bordering it and one more reply by Sherman-Morrison, so a
+    query costs O(m²) in its m destinations; a destination whose bordering would leave it
+    not positive definite (a shrunk pairwise covariance need not be) is not read."""
+    n, n_nodes = len(dst), len(level)
+    out = np.full(n, np.nan)
+    cap = 1
+    for c in range(len(starts) - 1):
+        cap = max(cap, starts[c + 1] - starts[c])
+    es, tot, cnt = np.empty(cap, np.int64), np.empty(cap), np.empty(cap)
+    inv, u, r = np.empty((cap, cap)), np.empty(cap), np.empty(cap)
+    for c in range(len(starts) - 1):
+        a, b = starts[c], starts[c + 1]
+        m = 0  # destinations read so far: es[:m], their sums of logs and counts, inv[:m, :m]
+        for i in range(a, b):
+            d = dst[i]
+            if m and d >= 0 and d < n_nodes and not np.isnan(level[d]):
+                for p in range(m):
+                    r[p] = tot[p] / cnt[p] - level[es[p]]
+                x = 0.0
+                for p in range(m):
+                    w = 0.0
+                    for q in range(m):
+                        w += inv[p, q] * r[q]
+                    x += _cov(keys, vals, n_nodes, d, es[p]) * w
+                out[i] = np.exp(level[d] + x)
+            e = dst[i]  # then this reply, if any, joins what later queries read
+            if e < 0 or e >= n_nodes or rtt[i] < 0 or np.isnan(level[e]):
+                continue
+            v = np.log(max(rtt[i], _FLOOR))
+            p = 0
+            while p < m and es[p] != e:
+                p += 1
+            if p < m:  # one more reply: its noise noise / k becomes noise / (k + 1)
+                delta = noise / (cnt[p] + 1.0) - noise / cnt[p]
+                for q in range(m):
+                    u[q] = inv[q, p]
+                den = 1.0 + delta * u[p]
+                for q in range(m):
+                    for t in range(m):
+                        inv[q, t] -= delta * u[q] * u[t] / den
+                tot[p] += v
+                cnt[p] += 1.0
+                continue
+            s = _cov(keys, vals, n_nodes, e, e) + noise  # a new destination: border inv
+            for q in range(m):
+                acc = 0.0
+                for t in range(m):
+                    acc += inv[q, t] * _cov(keys, vals, n_nodes, es[t], e)
+                u[q] = acc
+                s -= _cov(keys, vals, n_nodes, es[q], e) * acc
+            if s <= 1e-12:
+                continue
+            for q in range(m):
+                for t in range(m):
+                    inv[q, t] += u[q] * u[t] / s
+                inv[q, m] = inv[m, q] = -u[q] / s
+            inv[m, m] = 1.0 / s
+            es[m], tot[m], cnt[m] = e, v, 1.0
+            m += 1
     return out

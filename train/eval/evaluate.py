@@ -239,7 +239,8 @@ def _baselines(data, manifest: dict, qm, seed: int):
         qm.row * 256 + qm.segment, q_src, q_dst, qm.rtt_ms(),
         fallback=context_baselines.fallback_chain(fitted, q_src, q_dst),
         fail_rate=fitted["global_median"].fail_rate, vivaldi=fitted["vivaldi"],
-        knn=context_baselines.knn_table(fitted["pair_median"]))
+        knn=context_baselines.knn_table(fitted["pair_median"]),
+        krig=context_baselines.krig_table(fitted["pair_median"], tr_src, tr_dst, train.rtt_ms()))
     context_s = time.perf_counter() - t_c
     in_train = np.zeros(n_nodes, bool)
     in_train[tr_src] = in_train[tr_dst] = True

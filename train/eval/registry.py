@@ -34,6 +34,7 @@ REGISTRY = (
     Predictor("context_median", "context median", CONTEXT, CONTEXT_FALLBACK),
     Predictor("context_vivaldi", "context Vivaldi", CONTEXT, CONTEXT_FALLBACK),
     Predictor("context_knn", "context kNN (5)", CONTEXT, CONTEXT_FALLBACK),
+    Predictor("context_krig", "context kriging", CONTEXT, CONTEXT_FALLBACK),
     Predictor("global_median", "global median", TRAIN_FIT, "global median"),
     Predictor("dst_median", "dst median", TRAIN_FIT, "global median"),
     Predictor("pair_last", "pair last-seen", TRAIN_FIT, "global median"),

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 
 from prep.base.errors import InputError
 from prep.base.lock import FolderLock
@@ -184,11 +185,11 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: FolderLock, devices, on_step, 
 
 
 def _store_tables(mcfg, data, manifest: dict):
-    """(mcfg, {field: table}, log lines): the stores (ModelConfig.dst_store, pair_store)
-    built from the train split (train.model.store). A pair store that no train reply finds
-    its reverse pair in (probes pinging targets that never ping back) is turned off for
-    the run: its gate would learn nothing, and its lookups cost a quarter of a CPU step;
-    a line says so, and the run's config.json records it."""
+    """(mcfg, {field: table}, log lines): the stores (ModelConfig.dst_store, pair_store,
+    krig_store) built from the train split (train.model.store). A pair store that no train
+    reply finds its reverse pair in (probes pinging targets that never ping back) is turned
+    off for the run: its gate would learn nothing, and its lookups cost a quarter of a CPU
+    step; a line says so, and the run's config.json records it."""
     tok, seg = reader.read_split(data, manifest, "train", sha256=False)
     tables, lines = {}, []
     for key, field in (("dst", "dst_store"), ("pair", "pair_store")):
@@ -202,6 +203,11 @@ def _store_tables(mcfg, data, manifest: dict):
             mcfg = dataclasses.replace(mcfg, pair_store=0)
             continue
         tables[field] = table
+    if mcfg.dst_store and mcfg.krig_store:  # read through the destination store's medians
+        table, noise, summary = store_lib.build_krig(tok, seg, mcfg.krig_store,
+                                                     tables["dst_store"])
+        lines.append(summary.line())
+        tables |= {"krig_store": table, "krig_noise": np.array([noise], np.float32)}
     return mcfg, tables, lines
 
 

@@ -118,6 +118,12 @@ class ModelConfig:
     # new probe placed from its replies to other targets (docs/learning.md section 8.12).
     # 0: off
     placed_store: float = 0.0
+    # with dst_store: the store read once more, its quantiles moved by what the context's
+    # earlier replies say of the query's destination through the destinations' covariance
+    # over the train split's sources (kriging; train.model.model.kriged_shift, the
+    # context_krig baseline's rule), mixed in by a gate of its own: a table of this many
+    # rows (a power of two) of destination pairs, filled when a run starts. 0: off
+    krig_store: int = 0
     # training only, with dst_store or pair_store: the RTTs of one training context in this
     # many (by its source address's hash, train.model.model.fold_targets) train nothing but
     # the stores' gates, and those gates learn from nothing else. The model never learns
@@ -128,7 +134,7 @@ class ModelConfig:
     gate_fold: int = 0
 
     def __post_init__(self):
-        for name in ("dst_memory", "dst_store", "pair_store"):
+        for name in ("dst_memory", "dst_store", "pair_store", "krig_store"):
             n = getattr(self, name)
             if n < 0 or n & (n - 1):
                 raise ValueError(f"{name} must be 0 or a power of two, not {n}")
@@ -220,6 +226,12 @@ def param_specs(cfg: ModelConfig) -> dict:
         memory |= {"placed_gate": Param((D,), 0.0, zeros=True),  # no draw, as the pair's
                    "placed_bias": Param((), 0.0, decay=False),
                    "placed_width": Param((2,), 0.0, decay=False)}
+    if cfg.dst_store and cfg.krig_store:  # the store moved by the destinations' covariance
+        memory |= {"krig_store": Param((cfg.krig_store, 2), 0.0, decay=False, data=True),
+                   "krig_noise": Param((1,), 0.0, decay=False, data=True),
+                   "krig_gate": Param((D,), 0.0, zeros=True),
+                   "krig_bias": Param((), 0.0, decay=False),
+                   "krig_width": Param((2,), 0.0, decay=False)}
     if cfg.pair_store:  # the same, for the reverse pair's replies
         memory |= {"pair_store": Param((cfg.pair_store, STORE_K + 2), 0.0, decay=False, data=True),
                    # zeros: the bias opens it at first; and no draw, so the other parameters

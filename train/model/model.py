@@ -50,7 +50,7 @@ def count_params(params: dict) -> int:
     return sum(x.size for k, v in params.items() if k not in STORES for x in jax.tree.leaves(v))
 
 
-STORES = ("dst_store", "pair_store")  # data in the parameters: filled, not learned
+STORES = ("dst_store", "pair_store", "krig_store", "krig_noise")  # data: filled, not learned
 
 
 def positions(segment_ids: jax.Array) -> jax.Array:
@@ -265,6 +265,11 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         stores.append(("dst_store", "placed", None,
                        probe_shift(jax.lax.stop_gradient(params["dst_store"]), tokens, seg,
                                    cfg.placed_store, probes)))
+    if cfg.dst_store and cfg.krig_store:  # the same, moved by the destinations' covariance
+        sg = jax.lax.stop_gradient
+        stores.append(("dst_store", "krig", None,
+                       kriged_shift(sg(params["dst_store"]), sg(params["krig_store"]),
+                                    sg(params["krig_noise"][0]), tokens, seg, probes)))
     if cfg.pair_store:  # the train split's replies of the reverse pair (not learned)
         stores.append(("pair_store", "pair", reverse_pair_keys(tokens, seg, probes, src_hash),
                        None))
@@ -542,19 +547,16 @@ def _store_row(store, h):
     return jnp.where(ok1[..., None], r1, r2), ok1 | mine(r2)
 
 
-def probe_shift(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, shrink: float,
-                probes=None):
-    """(shift float32[B, T], p_shift [B, M] or None): at each token, the probe's factor as
-    its context says it, in octaves: over the earlier measurements of its segment that
-    have a reply and a destination with its own row in ``store`` (the destination store),
-    the sum of log2(reply / the row's median quantile), divided by their count plus
-    ``shrink`` (no such measurement: 0). A measurement counts from its last token on, so
-    its own reply never moves its own answer. For probes: their anchor's."""
+def _reply_ratios(store: jax.Array, tokens: jax.Array, seg: jax.Array):
+    """(start, last, h, dst_on, seen, lr), [B, T] each: the measurement starts; a
+    measurement's last tokens (the next is a start, padding, or the row's end); the hash of
+    the destination it has named so far and whether that is whole (``dst_hashes``);
+    whether it has a reply and its destination a row of its own in ``store`` (the
+    destination store); the log2 ratio of that reply to the row's median quantile. At a
+    measurement's last token these are the whole measurement's."""
     K = arch.STORE_K
-    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     role, index, _ = grammar(tokens, seg)
-    T = tokens.shape[1]
-    idx = jnp.arange(T, dtype=jnp.int32)
+    idx = jnp.arange(tokens.shape[1], dtype=jnp.int32)
     start = (tokens == vocab.MEASUREMENT_START) & (seg > 0)
     first = jax.lax.cummax(jnp.where(start, idx, 0), axis=1)
     rtt, b = vocab.ROLES.index("rtt"), tokens - vocab.BYTE_OFFSET
@@ -564,15 +566,85 @@ def probe_shift(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, shr
     h, dst_on, _, _ = dst_hashes(tokens, seg)
     row, ok = _store_row(store, h)
     median = row[..., K // 2].astype(jnp.int32)
-    # a measurement's last token: the next is a measurement start, padding, or the row's end
     nxt_start = jnp.concatenate([start[:, 1:] | (seg[:, 1:] != seg[:, :-1]),
                                  jnp.ones_like(start[:, :1])], axis=1)
-    count = nxt_start & (seg > 0) & replied & dst_on & ok
-    lr = jnp.where(count, jnp.log2(_code_value(code)) - jnp.log2(_code_value(median)), 0.0)
+    last = nxt_start & (seg > 0)
+    lr = jnp.log2(_code_value(code)) - jnp.log2(_code_value(median))
+    return start, last, h, dst_on, replied & dst_on & ok, lr
+
+
+def probe_shift(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, shrink: float,
+                probes=None):
+    """(shift float32[B, T], p_shift [B, M] or None): at each token, the probe's factor as
+    its context says it, in octaves: over the earlier measurements of its segment that
+    have a reply and a destination with its own row in ``store`` (the destination store),
+    the sum of log2(reply / the row's median quantile), divided by their count plus
+    ``shrink`` (no such measurement: 0). A measurement counts from its last token on, so
+    its own reply never moves its own answer. For probes: their anchor's."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    _, last, _, _, seen, lr = _reply_ratios(store, tokens, seg)
+    count = last & seen
+    lr = jnp.where(count, lr, 0.0)
+    idx = jnp.arange(tokens.shape[1], dtype=jnp.int32)
     # sums over the segment's tokens up to each one (the segment's start: position 0)
     seg_first = jax.lax.cummax(jnp.where(positions(seg) == 0, idx, 0), axis=1)
     s, n = (_so_far(x, seg_first) for x in (lr, count.astype(jnp.float32)))
     shift = jnp.where(seg > 0, s / (n + shrink), 0.0)
+    if probes is None:
+        return shift, None
+    return shift, jnp.take_along_axis(shift, probes[1].astype(jnp.int32), axis=1)
+
+
+def cov_key(a, b):
+    """The key of the unordered destination pair {a, b} (hashes, numpy or jax int32): the
+    ordered pair's key, the smaller hash first."""
+    xp = jnp if isinstance(a, jax.Array) or isinstance(b, jax.Array) else np
+    return pair_key(xp.minimum(a, b), xp.maximum(a, b))
+
+
+def _cov_lookup(table: jax.Array, key: jax.Array) -> jax.Array:
+    """float32[...]: the covariance key's row of the kriging store holds (``store_rows``;
+    the row whose check is the key's), 0 where neither is."""
+    r1, r2 = (table[i] for i in store_rows(key, table.shape[0]))
+    c = store_check(key)
+    return jnp.where(r1[..., 1] == c, r1[..., 0], jnp.where(r2[..., 1] == c, r2[..., 0], 0.0))
+
+
+def kriged_shift(store: jax.Array, cov: jax.Array, noise: jax.Array, tokens: jax.Array,
+                 segment_ids: jax.Array, probes=None):
+    """(shift float32[B, T], p_shift [B, M] or None) as ``probe_shift``'s, from the
+    destinations' covariance instead of one factor (ModelConfig.krig_store; the
+    context_krig baseline's rule, train.eval.context_baselines): a measurement's earlier
+    replies in its segment, to destinations with a row in ``store``, give their log2 ratios
+    to those rows' medians; the shift is the mean of the measurement's own destination's
+    ratio given them, for a Gaussian over destinations with the covariances of ``cov``
+    (train.model.store.build_krig, keyed by ``cov_key``; 0 where a pair has none) and a
+    reply's ``noise`` variance. The measurements of a row are its first T // 12 + 1 (none
+    is shorter than 12 tokens)."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    B, T = tokens.shape
+    Mx = T // 12 + 1
+    start, last, h, dst_on, seen, lr = _reply_ratios(store, tokens, seg)
+    meas = jnp.cumsum(start, axis=1, dtype=jnp.int32) - 1  # the measurement's number, -1 before
+    last = last & (meas >= 0)  # a measurement's last token: its whole
+    slot = jnp.where(last, meas, Mx)  # out of range: dropped
+    rows = jnp.arange(B)[:, None]
+    put = lambda x, fill: jnp.full((B, Mx), fill, x.dtype).at[rows, slot].set(x, mode="drop")
+    m_h, m_seg = put(h, 0), put(seg, 0)
+    m_has = put(dst_on, False)  # a destination named whole
+    m_ok = put(seen, False)  # and a reply and a store row: observed
+    m_r = jnp.where(m_ok, put(lr, 0.0), 0.0)
+    C = jnp.where(m_has[:, :, None] & m_has[:, None, :],
+                  _cov_lookup(cov, cov_key(m_h[:, :, None], m_h[:, None, :])), 0.0)
+    i, j = jnp.arange(Mx)[:, None], jnp.arange(Mx)[None, :]
+    obs = (j < i) & m_ok[:, None, :] & (m_seg[:, None, :] == m_seg[:, :, None])  # [B, i, j]
+    both = obs[..., :, None] & obs[..., None, :]
+    eye = jnp.eye(Mx, dtype=jnp.float32)
+    A = jnp.where(both, C[:, None] + noise * eye, eye)  # [B, i, j, k]; 1 on the unobserved
+    w = jnp.linalg.solve(A, jnp.where(obs, m_r[:, None, :], 0.0)[..., None])[..., 0]
+    m_shift = jnp.sum(jnp.where(obs, C * w, 0.0), axis=-1)  # [B, i]
+    at = jnp.take_along_axis(m_shift, jnp.clip(meas, 0, Mx - 1), axis=1)
+    shift = jnp.where((seg > 0) & (meas >= 0) & (meas < Mx), at, 0.0)
     if probes is None:
         return shift, None
     return shift, jnp.take_along_axis(shift, probes[1].astype(jnp.int32), axis=1)

@@ -61,13 +61,15 @@ def _replies(tokens, segment_ids, key="dst"):
     """(key, reverse key, code, is_reply), [B, T] each: at each RTT_START whose two bytes
     follow in its segment, the measurement's destination hash (``key`` "dst"; its reverse
     key is itself) or the key of its ordered (source, destination) pair ("pair"; the
-    reverse: (destination, source)), and the reply's 16-bit code."""
+    reverse: (destination, source)), or ("ends") the destination's hash and the source's,
+    and the reply's 16-bit code."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     _, full, _ = M.address_hashes(tokens, seg, "dst")
     back = full
-    if key == "pair":
+    if key in ("pair", "ends"):
         src = M.address_hashes(tokens, seg, "src")[1]
-        full, back = M.pair_key(src, full), M.pair_key(full, src)
+        full, back = ((M.pair_key(src, full), M.pair_key(full, src)) if key == "pair"
+                      else (full, src))
     nxt = lambda x, k: jnp.concatenate([x[:, k:], jnp.zeros_like(x[:, :k])], axis=1)
     b1, b2 = nxt(tokens, 1) - vocab.BYTE_OFFSET, nxt(tokens, 2) - vocab.BYTE_OFFSET
     ok = ((tokens == vocab.RTT_START) & (seg > 0) & (nxt(seg, 2) == seg)
@@ -100,13 +102,8 @@ def _place(first: np.ndarray, second: np.ndarray, n: np.ndarray, keys: np.ndarra
     return row
 
 
-def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = "dst",
-          batch: int = 512) -> tuple[np.ndarray, StoreSummary]:
-    """(float32[rows, STORE_K + 2], summary) from packed rows ``tokens``/``segment_ids``,
-    by destination (``key`` "dst") or by ordered address pair ("pair")."""
-    if key not in KEYS:
-        raise ValueError(f"store key must be one of {sorted(KEYS)}, not {key!r}")
-    K = arch.STORE_K
+def _collect(tokens, segment_ids, key: str, batch: int):
+    """``_replies``' (key, reverse key, code) of every reply in the rows, int32[n] each."""
     hs, backs, codes = [], [], []
     for r0 in range(0, len(tokens), batch):
         t, s = tokens[r0:r0 + batch], segment_ids[r0:r0 + batch]
@@ -117,9 +114,18 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
         hs.append(h[ok])
         backs.append(b[ok])
         codes.append(c[ok])
-    h = np.concatenate(hs) if hs else np.zeros(0, np.int32)
-    back = np.concatenate(backs) if backs else np.zeros(0, np.int32)
-    code = np.concatenate(codes) if codes else np.zeros(0, np.int32)
+    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int32)
+    return cat(hs), cat(backs), cat(codes)
+
+
+def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = "dst",
+          batch: int = 512) -> tuple[np.ndarray, StoreSummary]:
+    """(float32[rows, STORE_K + 2], summary) from packed rows ``tokens``/``segment_ids``,
+    by destination (``key`` "dst") or by ordered address pair ("pair")."""
+    if key not in KEYS:
+        raise ValueError(f"store key must be one of {sorted(KEYS)}, not {key!r}")
+    K = arch.STORE_K
+    h, back, code = _collect(tokens, segment_ids, key, batch)
     table = np.zeros((rows, K + 2), np.float32)
     answered = -1 if key == "dst" else 0
     if len(h) == 0:
@@ -142,3 +148,76 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
         answered = int(np.isin(back, dest[usable]).sum())
     return table, StoreSummary(len(dest), int(usable.sum()), int(len(h)), collided, key,
                                answered)
+
+
+KRIG_SHRINK = 5.0  # a covariance over n shared sources is scaled n / (n + this): context_krig's
+
+
+@dataclass(frozen=True)
+class KrigSummary:
+    pairs: int  # destination pairs (a destination with itself included) some source reached
+    placed: int  # of them, with a row
+    sources: int
+    noise: float  # a reply's variance about its pair's median, in octaves squared
+
+    def line(self) -> str:
+        return (f"kriging store: {self.placed:,} of {self.pairs:,} destination pairs from "
+                f"{self.sources:,} train sources; a reply's noise {self.noise:.3f} octaves^2"
+                + ("" if self.placed == self.pairs else
+                   f"; {self.pairs - self.placed:,} found no free row (a larger "
+                   "ModelConfig.krig_store would hold them)"))
+
+
+def _log2_value(code: np.ndarray) -> np.ndarray:
+    """log2 of an RTT code's value in µs (model._code_value in numpy)."""
+    code = np.asarray(code, np.int64)
+    return np.log2((code & 0x7FF).astype(np.float64)) + (code >> 11)
+
+
+def build_krig(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, dst_table: np.ndarray,
+               *, batch: int = 512) -> tuple[np.ndarray, float, KrigSummary]:
+    """(float32[rows, 2] of (covariance, check), a reply's noise variance, summary): the
+    kriging store (ModelConfig.krig_store) from packed rows, as the context_krig baseline
+    fits its (train.eval.context_baselines.krig_table), in octaves: per (source,
+    destination) the median code of its replies, its residual the log2 ratio to the
+    destination's row median in ``dst_table`` (destinations with a row of their own only);
+    per destination pair (``model.cov_key``) the residuals' products summed over the
+    sources that reached both, over their count (plus KRIG_SHRINK for two destinations);
+    the noise the replies' mean square log2 ratio to their pair's median."""
+    K = arch.STORE_K
+    dst, src, code = _collect(tokens, segment_ids, "ends", batch)
+    table = np.zeros((rows, 2), np.float32)
+    if len(dst):
+        row, ok = (np.asarray(x) for x in M._store_row(jnp.asarray(dst_table), jnp.asarray(dst)))
+        dst, src, code, median = dst[ok], src[ok], code[ok], row[ok][:, K // 2]
+    if not len(dst):
+        return table, 0.0, KrigSummary(0, 0, 0, 0.0)
+    o = np.lexsort((code, dst, src))  # by source, destination, then code
+    dst, src, code, median = dst[o], src[o], code[o], median[o]
+    first = np.flatnonzero(np.r_[True, (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])])
+    n = np.diff(np.r_[first, len(dst)])
+    pair_code = code[first + (n - 1) // 2]  # the lower middle of an even count
+    noise = float(np.mean((_log2_value(code) - np.repeat(_log2_value(pair_code), n)) ** 2))
+    p_src, p_dst = src[first], dst[first]
+    resid = _log2_value(pair_code) - _log2_value(median[first].astype(np.int64))
+    # every ordered pair of destinations one source reached (a source's pairs are runs)
+    g_start = np.flatnonzero(np.r_[True, p_src[1:] != p_src[:-1]])
+    g_size = np.diff(np.r_[g_start, len(p_src)])
+    size = np.repeat(g_size, g_size)
+    one = np.repeat(np.arange(len(p_src)), size)
+    other = (np.repeat(np.repeat(g_start, g_size), size)
+             + np.arange(len(one)) - np.repeat(np.cumsum(size) - size, size))
+    keep = p_dst[one] <= p_dst[other]  # each unordered pair once per source
+    one, other = one[keep], other[keep]
+    key = M.cov_key(p_dst[one], p_dst[other])
+    ukey, inv = np.unique(key, return_inverse=True)
+    total = np.bincount(inv, resid[one] * resid[other], len(ukey))
+    shared = np.bincount(inv, minlength=len(ukey))
+    same = np.zeros(len(ukey), bool)
+    same[inv[p_dst[one] == p_dst[other]]] = True
+    cov = total / (shared + np.where(same, 0.0, KRIG_SHRINK))
+    at = _place(*(np.asarray(r) for r in M.store_rows(ukey, rows)), shared, ukey, rows)
+    held = at >= 0
+    table[at[held], 0] = cov[held]
+    table[at[held], 1] = M.store_check(ukey[held])
+    return table, noise, KrigSummary(len(ukey), int(held.sum()), len(g_start), noise)
