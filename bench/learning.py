@@ -21,6 +21,7 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -58,13 +59,17 @@ def curve_point(report: dict, tokens: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    head, _, examples = __doc__.partition("\n\n    python")
+    first = " ".join(head.split("\n\n")[0].split())  # the first paragraph, rewrapped
+    p = argparse.ArgumentParser(description=textwrap.fill(first, 79),
+                                epilog="examples:\n    python" + examples.rstrip(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="a shards folder (prep shards); required unless --score")
     p.add_argument("--score", metavar="RUN_DIR", default=None,
                    help="score the checkpoints of a finished run instead of training one "
                         "(its config.json says what ran; train it with --ckpt-every its "
                         "steps / --points) [none]")
-    p.add_argument("--model", default="small")
+    p.add_argument("--model", default="small", help="tiny, small or base [small]")
     p.add_argument("--steps", type=int, help="default: the model's CPU/GPU preset")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)

@@ -187,9 +187,13 @@ def build_krig(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, dst_table
     K = arch.STORE_K
     dst, src, code = _collect(tokens, segment_ids, "ends", batch)
     table = np.zeros((rows, 2), np.float32)
-    if len(dst):
-        row, ok = (np.asarray(x) for x in M._store_row(jnp.asarray(dst_table), jnp.asarray(dst)))
-        dst, src, code, median = dst[ok], src[ok], code[ok], row[ok][:, K // 2]
+    if len(dst):  # the destination's own row (model.store_rows; its check, enough replies)
+        r1, r2 = (np.asarray(r) for r in M.store_rows(dst, len(dst_table)))
+        mine = lambda r: ((dst_table[r, K] >= arch.STORE_MIN)
+                          & (dst_table[r, K + 1] == M.store_check(dst)))
+        row = np.where(mine(r1), r1, r2)
+        ok = mine(r1) | mine(r2)
+        dst, src, code, median = dst[ok], src[ok], code[ok], dst_table[row[ok], K // 2]
     if not len(dst):
         return table, 0.0, KrigSummary(0, 0, 0, 0.0)
     o = np.lexsort((code, dst, src))  # by source, destination, then code
