@@ -263,14 +263,12 @@ def attention(q, k, v, segment_ids, *, implementation: str, max_segments: int, b
         a0 = dense_attention(q[:, :, :1], k[:, :, :1], v[:, :, :1], segment_ids, bias)
         return jnp.concatenate([a0, dense_attention(q[:, :, 1:], k[:, :, 1:], v[:, :, 1:],
                                                     segment_ids)], axis=2)
-    if bias is not None:
-        n = q.shape[2]
-        if implementation == "cudnn":
-            a0 = xla_attention(q[:, :, :1], k[:, :, :1], v[:, :, :1], segment_ids, bias)
-            rest = cudnn_attention(q[:, :, 1:], k[:, :, 1:], v[:, :, 1:], segment_ids,
-                                   max_segments=max_segments)
-            return jnp.concatenate([a0.astype(rest.dtype), rest], axis=2)
-        bias = bias * (jnp.arange(n) == 0).astype(bias.dtype)[None, :, None, None]
+    if bias is not None:  # head 0 with the bias; the others without (no [B, N, T, T] bias)
+        a0 = xla_attention(q[:, :, :1], k[:, :, :1], v[:, :, :1], segment_ids, bias)
+        rest = (cudnn_attention(q[:, :, 1:], k[:, :, 1:], v[:, :, 1:], segment_ids,
+                                max_segments=max_segments) if implementation == "cudnn"
+                else xla_attention(q[:, :, 1:], k[:, :, 1:], v[:, :, 1:], segment_ids))
+        return jnp.concatenate([a0.astype(rest.dtype), rest], axis=2)
     if implementation == "cudnn":
         return cudnn_attention(q, k, v, segment_ids, max_segments=max_segments)
     return xla_attention(q, k, v, segment_ids, bias)
