@@ -537,3 +537,11 @@ def test_kriged_shift_is_the_gaussian_mean_given_the_contexts_replies():
     split, _ = model.kriged_shift(jnp.asarray(dst_table), jnp.asarray(table),
                                   jnp.float32(noise), q_tok, seg2)
     np.testing.assert_allclose(np.asarray(split)[0], np.r_[want[:32], np.zeros(32)], atol=1e-5)
+
+
+def test_pairs_in_runs_lists_every_ordered_pair_within_each_run():
+    one, other = store.pairs_in_runs(np.array([3, 3, 5, 7, 7, 7]))
+    assert list(zip(one.tolist(), other.tolist())) == [
+        (0, 0), (0, 1), (1, 0), (1, 1), (2, 2), (3, 3), (3, 4), (3, 5),
+        (4, 3), (4, 4), (4, 5), (5, 3), (5, 4), (5, 5)]
+    assert [len(x) for x in store.pairs_in_runs(np.zeros(0, np.int64))] == [0, 0]

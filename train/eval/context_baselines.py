@@ -32,11 +32,11 @@ from numba import njit
 from train.eval import baselines as B
 from train.eval import coord_kernels as K
 from train.eval import registry
+from train.model.store import KRIG_SHRINK, pairs_in_runs
 
 CONTEXT_BASELINES = registry.names(registry.CONTEXT)  # names, labels, order: train/eval/registry.py
 _FLOOR = B.RTT_FLOOR_MS
 KNN_K = 5  # neighbours whose pair medians context_knn's answer is the median of
-KRIG_SHRINK = 5.0  # context_krig: a covariance over n shared sources is scaled n / (n + this)
 # placement: spring rounds over the replies so far after each new one, and the timestep
 # (a fixed node's error is ~0 next to a new node's 1, so the paper's c_c * w is c_c)
 PLACE_ROUNDS, PLACE_CC = 4, 0.25
@@ -89,12 +89,7 @@ def krig_table(pair_median: B.PairTable, src, dst, rtt) -> tuple:
     # every ordered pair of destinations one source reached: its residuals' product
     o = np.argsort(p_src, kind="stable")
     s_dst, s_res = p_dst[o], resid[o]
-    g_start = np.flatnonzero(np.r_[True, np.diff(p_src[o]) != 0])
-    g_size = np.diff(np.r_[g_start, len(o)])
-    size = np.repeat(g_size, g_size)
-    first = np.repeat(np.arange(len(o)), size)
-    second = (np.repeat(np.repeat(g_start, g_size), size)
-              + np.arange(len(first)) - np.repeat(np.cumsum(size) - size, size))
+    first, second = pairs_in_runs(p_src[o])
     pair_key = s_dst[first] * n + s_dst[second]
     ukeys, inv = np.unique(pair_key, return_inverse=True)
     total = np.bincount(inv, s_res[first] * s_res[second], len(ukeys))

@@ -150,7 +150,21 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
                                answered)
 
 
-KRIG_SHRINK = 5.0  # a covariance over n shared sources is scaled n / (n + this): context_krig's
+KRIG_SHRINK = 5.0  # a covariance over n shared sources is scaled n / (n + this); context_krig's
+
+
+def pairs_in_runs(group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(one, other): every ordered pair (i, j), i == j included, of indices whose ``group``
+    values are equal, ``group`` being in runs (sorted); by i, then j. The pairs of
+    destinations one source reached, for build_krig and the context_krig baseline."""
+    group = np.asarray(group)
+    start = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if len(group) else group[:0]
+    size = np.diff(np.r_[start, len(group)]).astype(np.int64)
+    per = np.repeat(size, size)  # each index pairs with its run's every member
+    one = np.repeat(np.arange(len(group)), per)
+    other = (np.repeat(np.repeat(start, size), per)
+             + np.arange(len(one)) - np.repeat(np.cumsum(per) - per, per))
+    return one, other
 
 
 @dataclass(frozen=True)
@@ -204,13 +218,7 @@ def build_krig(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, dst_table
     noise = float(np.mean((_log2_value(code) - np.repeat(_log2_value(pair_code), n)) ** 2))
     p_src, p_dst = src[first], dst[first]
     resid = _log2_value(pair_code) - _log2_value(median[first].astype(np.int64))
-    # every ordered pair of destinations one source reached (a source's pairs are runs)
-    g_start = np.flatnonzero(np.r_[True, p_src[1:] != p_src[:-1]])
-    g_size = np.diff(np.r_[g_start, len(p_src)])
-    size = np.repeat(g_size, g_size)
-    one = np.repeat(np.arange(len(p_src)), size)
-    other = (np.repeat(np.repeat(g_start, g_size), size)
-             + np.arange(len(one)) - np.repeat(np.cumsum(size) - size, size))
+    one, other = pairs_in_runs(p_src)  # every ordered pair of destinations one source reached
     keep = p_dst[one] <= p_dst[other]  # each unordered pair once per source
     one, other = one[keep], other[keep]
     key = M.cov_key(p_dst[one], p_dst[other])
@@ -224,4 +232,4 @@ def build_krig(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, dst_table
     held = at >= 0
     table[at[held], 0] = cov[held]
     table[at[held], 1] = M.store_check(ukey[held])
-    return table, noise, KrigSummary(len(ukey), int(held.sum()), len(g_start), noise)
+    return table, noise, KrigSummary(len(ukey), int(held.sum()), len(np.unique(p_src)), noise)
