@@ -159,7 +159,7 @@ def plot(curve: dict, path: str) -> None:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    strata = ["all"] + list(curve["n_by_stratum"])
+    strata = ["all"] + [s for s, n in curve["n_by_stratum"].items() if n]  # none: no panel
     fig, axes = plt.subplots(1, len(strata), figsize=(3.3 * len(strata), 3.4), sharey=True)
     x = [p["tokens"] / 1e6 for p in curve["points"]]
     styles = {"context_last": ("tab:green", "--"), "context_ema": ("tab:olive", (0, (3, 1, 1, 1))),

@@ -78,3 +78,14 @@ def test_learning_needs_data_or_a_run_to_score(argv, says, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         learning.main([a.format(tmp=tmp_path) for a in argv])
     assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_plot_draws_one_panel_per_stratum_with_queries(tmp_path):
+    from PIL import Image
+
+    curve = {"points": [learning.curve_point(_report(), t) for t in (1000, 2000)],
+             "n_by_stratum": {"pair_in_context": 5, "node_known": 0, "cold": 3},
+             "config": {"train": {"model": "small", "data": "shards-256"}}, "device": "cpu"}
+    learning.plot(curve, tmp_path / "c.png")
+    # all, pair_in_context and cold: 3 panels of 3.3 inches at 150 dpi (node_known has none)
+    assert Image.open(tmp_path / "c.png").size == (round(3 * 3.3 * 150), round(3.4 * 150))

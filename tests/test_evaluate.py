@@ -3,6 +3,7 @@ exact query and target counts, strata held to a brute force, the model's answers
 without context) held to a brute force, --max-queries, the figure, the CLIs."""
 
 import datetime
+import ipaddress
 import json
 import os
 import shutil
@@ -14,11 +15,12 @@ import pytest
 from click.testing import CliRunner
 
 from prep.schema import rows as rows_lib
+from prep.schema.measurements import addr_text, addr_words
 from prep.tokens import rowdecode
 from prep.tokens.decode import decode_context
 from tests.test_predictor import brute_force
 from train.cli import main
-from train.eval.evaluate import PREDICTORS, EvalConfig, evaluate, source_groups
+from train.eval.evaluate import PREDICTORS, EvalConfig, evaluate, local_scope, source_groups
 from train.eval.metrics import STRATA
 from train.eval.report import format_report, label
 from train.fit import reader
@@ -116,6 +118,28 @@ def _address(m, j, side):
     return (int(m.family[j]), int(getattr(m, side + "_hi")[j]), int(getattr(m, side + "_lo")[j]))
 
 
+_SHARED = [ipaddress.ip_network(n) for n in (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+    "192.168.0.0/16", "::/128", "::1/128", "fc00::/7", "fe80::/10")]
+
+
+def _shared(address):
+    """A source address that unrelated hosts share (a NAT's private side and the like)."""
+    a = ipaddress.ip_address(addr_text(*address))
+    return any(a in n for n in _SHARED if n.version == a.version)
+
+
+def test_local_scope_marks_the_addresses_unrelated_hosts_share():
+    texts = ["192.168.1.2", "10.0.0.2", "172.16.0.2", "172.32.0.1", "100.64.0.1", "100.128.0.1",
+             "8.8.8.8", "127.0.0.1", "169.254.1.1", "0.1.2.3", "192.0.2.1", "::", "::1",
+             "fc00::1", "fd12::1", "fe80::1", "febf::1", "fec0::1", "2001:db8::1", "::2"]
+    fam, hi, lo = (np.array(c, np.uint64) for c in zip(*(addr_words(t) for t in texts)))
+    got = local_scope(fam.astype(np.uint8), hi, lo)
+    assert [t for t, g in zip(texts, got) if g] == [
+        "192.168.1.2", "10.0.0.2", "172.16.0.2", "100.64.0.1", "127.0.0.1", "169.254.1.1",
+        "0.1.2.3", "::", "::1", "fc00::1", "fd12::1", "fe80::1", "febf::1"]
+
+
 def test_strata_and_context_last_equal_brute_force(run, full):
     report, detail = full
     q = detail.queries
@@ -124,19 +148,23 @@ def test_strata_and_context_last_equal_brute_force(run, full):
     known = {_address(train, j, side) for j in range(len(train)) for side in ("src", "dst")}
     counts = dict.fromkeys(STRATA, 0)
     sources = {s: set() for s in STRATA}
+    behind_nat = 0  # queries whose private source address the train split also holds: cold
     ms = q.rtt_ms()
     for i in range(len(q)):
         before = [j for j in range(len(q)) if (q.row[j], q.segment[j]) == (q.row[i], q.segment[i])
                   and q.index[j] < q.index[i] and _address(q, j, "dst") == _address(q, i, "dst")
                   and not q.failed[j]]
+        src = _address(q, i, "src")
         stratum = ("pair_in_context" if before else "node_known"
-                   if _address(q, i, "src") in known else "cold")
+                   if src in known and not _shared(src) else "cold")
         counts[stratum] += 1
+        behind_nat += not before and src in known and _shared(src)
         sources[stratum].add(_address(q, i, "src"))
         if before:  # the last earlier reply to the same destination, exactly
             assert detail.rtt_ms["context_last"][i] == ms[max(before, key=lambda j: q.index[j])]
     assert {s: v["n"] for s, v in report["rtt"]["model"]["by_stratum"].items()} == counts
     assert counts["pair_in_context"] > 0 and counts["node_known"] + counts["cold"] > 0
+    assert behind_nat > 0  # the fixture's NAT addresses exercise the rule (28 queries)
     # the intervals' groups: one per source address, counted per stratum
     assert report["sources_by_stratum"] == {s: len(v) for s, v in sources.items()}
     groups = source_groups(q)
