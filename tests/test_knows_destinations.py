@@ -140,7 +140,8 @@ def _matrix_world(path):
     rtt = np.round(level[src, dst] * rng.uniform(0.97, 1.03, len(src)), 3)
     pq.write_table(pa.table({
         "event_time": pa.array(t, pa.int64()), "prb_id": src + 1000,
-        "src_addr": [f"10.1.0.{i + 1}" for i in src], "dst_addr": [f"10.1.0.{j + 1}" for j in dst],
+        "src_addr": [f"203.0.113.{i + 1}" for i in src],  # one global address a node, as
+        "dst_addr": [f"203.0.113.{j + 1}" for j in dst],  # `prep import-matrix` gives (not NAT's)
         "ip_version": np.full(len(src), 4, np.int8), "rtt": rtt}), path / "matrix.parquet")
 
 
