@@ -247,7 +247,7 @@ def _baselines(data, manifest: dict, qm, seed: int):
     known = in_train[q_src] & ~local_scope(qm.family, qm.src_hi, qm.src_lo)
     preds = {name: (p.rtt_ms, p.p_fail, p.covered) for name, p in (ctx | base).items()}
     return train, preds, known, {"baselines_s": round(fit_s, 3),
-                                           "context_baselines_s": round(context_s, 3)}
+                                 "context_baselines_s": round(context_s, 3)}
 
 
 def _sample_rows(seg, meas, max_queries: int, rng) -> np.ndarray:
