@@ -200,7 +200,9 @@ def test_a_new_model_starts_with_an_empty_store():
         dataclasses.replace(cfg, dst_store=1000)
 
 
-def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("by_source", [False, True])
+def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monkeypatch, capsys,
+                                                                 by_source):
     """`train` with a store fills it from the train split before the first step (one line
     says what it holds), never learns it, and the run's checkpoint holds exactly what
     store.build makes of the train rows: `train eval` and `train predict` read it there. The
@@ -217,20 +219,21 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
     tok[:, :len(ROW)], seg[:, :len(ROW)] = ROW, 1
     d = tmp_path / "shards"
     synthetic.write_shards(d, {"train": (tok, seg), "test": (tok[:2], seg[:2])})
-    monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(arch.MODELS["small"],
-                                                                  dst_store=1024, krig_store=256))
+    monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(
+        arch.MODELS["small"], dst_store=1024, krig_store=256, store_by_source=by_source))
     run = tmp_path / "run"
     train(TrainConfig(model="small", data=str(d), run_dir=str(run), steps=3, batch_size=2,
                       lr=3e-3, warmup=1, log_every=1, eval_every=0, ckpt_every=0))
     err = capsys.readouterr().err
     assert ("destination store: 1 of 3 destinations (>= 32 replies each) from 70 train "
-            "replies") in err
+            "replies" + (", quantiles over 3 (destination, source) medians\n" if by_source
+                         else "\n")) in err
     # probes pinging a target that never pings back: no reverse pair, the pair store off
     assert ("pair store: 1 of 3 address pairs (>= 32 replies each) from 70 train replies; 0 "
             "train replies have their reverse pair there (none: it answers nothing on this "
             "data)\npair store: off for this run (no train reply has its reverse pair, so "
             "nothing would teach its gate)") in err
-    want, _ = store.build(tok, seg, 1024)
+    want, _ = store.build(tok, seg, 1024, by_source=by_source)
     krig, noise, summary = store.build_krig(tok, seg, 256, want)
     assert summary.line() in err and (summary.pairs, summary.placed, summary.sources) == (1, 1, 1)
     loaded = predictor.load(str(run))
@@ -545,3 +548,30 @@ def test_pairs_in_runs_lists_every_ordered_pair_within_each_run():
         (0, 0), (0, 1), (1, 0), (1, 1), (2, 2), (3, 3), (3, 4), (3, 5),
         (4, 3), (4, 4), (4, 5), (5, 3), (5, 4), (5, 5)]
     assert [len(x) for x in store.pairs_in_runs(np.zeros(0, np.int64))] == [0, 0]
+
+
+def test_a_store_by_source_weighs_each_source_once():
+    """Destination 20: source 1 replies 30 times at 0x5000, sources 2 and 3 once each at
+    0x6000 and 0x7000 (32 replies: a row to read). By replies its quantiles are 30/32 at
+    0x5000; by source, a third each; its count is 32 replies either way. Source 4's four
+    replies to 21 (0x4200, 0x4100 x 2, 0x4000) give one median, the lower middle, 0x4100."""
+    row = (ping(1, 20, 0x50, 0x00) * 30 + ping(2, 20, 0x60, 0x00) + ping(3, 20, 0x70, 0x00)
+           + ping(4, 21, 0x42, 0x00) + ping(4, 21, 0x41, 0x00) * 2 + ping(4, 21, 0x40, 0x00))
+    tok = np.asarray([row], np.uint16)
+    seg = np.ones(tok.shape, np.uint8)
+    by_reply, s1 = store.build(tok, seg, 1024)
+    by_source, s2 = store.build(tok, seg, 1024, by_source=True)
+    r20, r21 = (int(model.store_rows(jnp.asarray(_node_hash(d)), 1024)[0]) for d in (20, 21))
+    assert (by_reply[r20, :K] == 0x5000).sum() == 60  # levels (k + 0.5) / K below 30 / 32
+    third = [int(np.ceil(K / 3 * i - 0.5)) for i in (1, 2)]  # the levels' thirds: 21, 43
+    want = [0x5000] * third[0] + [0x6000] * (third[1] - third[0]) + [0x7000] * (K - third[1])
+    assert by_source[r20, :K].astype(int).tolist() == want
+    assert by_source[r20, K] == by_reply[r20, K] == 32
+    assert (by_source[r20, K + 1] == by_reply[r20, K + 1]) and by_source[r20, K + 1] != 0
+    assert (by_source[r21, :K] == 0x4100).all() and by_source[r21, K] == 4
+    assert s1 == store.StoreSummary(destinations=2, usable=1, replies=36, collided=0)
+    assert s2 == dataclasses.replace(s1, sources=4)
+    assert s2.line().endswith("from 36 train replies, quantiles over 4 (destination, source) "
+                              "medians")
+    with pytest.raises(ValueError, match="destination store"):
+        store.build(tok, seg, 1024, key="pair", by_source=True)

@@ -195,7 +195,8 @@ def _store_tables(mcfg, data, manifest: dict):
     for key, field in (("dst", "dst_store"), ("pair", "pair_store")):
         if not getattr(mcfg, field):
             continue
-        table, summary = store_lib.build(tok, seg, getattr(mcfg, field), key=key)
+        table, summary = store_lib.build(tok, seg, getattr(mcfg, field), key=key,
+                                         by_source=key == "dst" and mcfg.store_by_source)
         lines.append(summary.line())
         if key == "pair" and summary.answered == 0:
             lines.append("pair store: off for this run (no train reply has its reverse pair, "

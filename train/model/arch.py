@@ -103,6 +103,12 @@ class ModelConfig:
     # holds no earlier reply to the destination (with context_copy, the copy answers there;
     # docs/learning.md section 8.7)
     dst_store: int = 0
+    # with dst_store: a destination's quantiles are over its train sources (each source's
+    # median reply once) instead of over its replies, so that a few probes that ping it
+    # often do not set what it costs a new one; the placed and kriged stores read it as
+    # their center (kriging about the replies' median instead of the sources' loses most of
+    # context_krig's edge over dst_median: docs/learning.md section 8.14)
+    store_by_source: bool = False
     # a store of the train split's replies by ordered address pair, read for a measurement
     # at its reverse pair (its destination's pings to its source: a round trip crosses the
     # same two ends), as dst_store's rows are read: a table of this many rows (a power of

@@ -43,11 +43,14 @@ class StoreSummary:
     # the pair store: train replies whose reverse pair is usable (what it answers in
     # training, where its gate learns); -1 for the destination store
     answered: int = -1
+    sources: int = 0  # by_source: the (destination, source) medians its quantiles are over
 
     def line(self) -> str:
         name, what, field = KEYS[self.key]
         return (f"{name}: {self.usable:,} of {self.destinations:,} {what} "
                 f"(>= {arch.STORE_MIN} replies each) from {self.replies:,} train replies"
+                + (f", quantiles over {self.sources:,} (destination, source) medians"
+                   if self.sources else "")
                 + (f"; {self.collided:,} found no free row (a larger ModelConfig.{field} "
                    "would hold them)" if self.collided else "")
                 + ("" if self.answered < 0 else
@@ -119,35 +122,48 @@ def _collect(tokens, segment_ids, key: str, batch: int):
 
 
 def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = "dst",
-          batch: int = 512) -> tuple[np.ndarray, StoreSummary]:
+          batch: int = 512, by_source: bool = False) -> tuple[np.ndarray, StoreSummary]:
     """(float32[rows, STORE_K + 2], summary) from packed rows ``tokens``/``segment_ids``,
-    by destination (``key`` "dst") or by ordered address pair ("pair")."""
+    by destination (``key`` "dst") or by ordered address pair ("pair"). ``by_source`` (with
+    "dst"; ModelConfig.store_by_source): a destination's quantiles are over its sources'
+    median codes (the lower middle of an even count), each source once, instead of over its
+    replies; its count is its replies either way."""
     if key not in KEYS:
         raise ValueError(f"store key must be one of {sorted(KEYS)}, not {key!r}")
+    if by_source and key != "dst":
+        raise ValueError(f"by_source is for the destination store, not key {key!r}")
     K = arch.STORE_K
-    h, back, code = _collect(tokens, segment_ids, key, batch)
+    h, back, code = _collect(tokens, segment_ids, "ends" if by_source else key, batch)
     table = np.zeros((rows, K + 2), np.float32)
     answered = -1 if key == "dst" else 0
     if len(h) == 0:
         return table, StoreSummary(0, 0, 0, 0, key, answered)
+    replies = np.ones(len(h), np.int64)  # the replies each entry stands for
+    if by_source:  # back is the source's hash: one entry per (destination, source)
+        o = np.lexsort((code, back, h))
+        h, back, code = h[o], back[o], code[o]
+        start = np.flatnonzero(np.r_[True, (h[1:] != h[:-1]) | (back[1:] != back[:-1])])
+        replies = np.diff(np.r_[start, len(h)])
+        h, code = h[start], code[start + (replies - 1) // 2]
     order = np.lexsort((code, h))  # by destination, codes ascending within
-    h, code = h[order], code[order]
+    h, code, replies = h[order], code[order], replies[order]
     first = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
     n = np.diff(np.r_[first, len(h)])
+    n_replies = np.add.reduceat(replies, first)
     dest = h[first]
-    row = _place(*(np.asarray(r) for r in M.store_rows(dest, rows)), n, dest, rows)
+    row = _place(*(np.asarray(r) for r in M.store_rows(dest, rows)), n_replies, dest, rows)
     keep = row >= 0
     levels = (np.arange(K) + 0.5) / K
     q = first[:, None] + np.minimum((levels[None, :] * n[:, None]).astype(np.int64), n[:, None] - 1)
     table[row[keep], :K] = code[q[keep]]
-    table[row[keep], K] = n[keep]
+    table[row[keep], K] = n_replies[keep]
     table[row[keep], K + 1] = M.store_check(dest[keep])
-    usable = keep & (n >= arch.STORE_MIN)
-    collided = int((~keep & (n >= arch.STORE_MIN)).sum())
+    usable = keep & (n_replies >= arch.STORE_MIN)
+    collided = int((~keep & (n_replies >= arch.STORE_MIN)).sum())
     if key == "pair":
         answered = int(np.isin(back, dest[usable]).sum())
-    return table, StoreSummary(len(dest), int(usable.sum()), int(len(h)), collided, key,
-                               answered)
+    return table, StoreSummary(len(dest), int(usable.sum()), int(replies.sum()), collided, key,
+                               answered, len(code) if by_source else 0)
 
 
 KRIG_SHRINK = 5.0  # a covariance over n shared sources is scaled n / (n + this); context_krig's
