@@ -215,9 +215,11 @@ def test_cost_of_a_few_hundred_thousand_queries():
     krig = C.krig_table(knn_pm, tr_src, tr_dst, knn_pm.predict(tr_src, tr_dst).rtt_ms)
     C.predict(ctx[:100], q_src[:100], q_dst[:100], rtt[:100], fallback=np.zeros(100),
               fail_rate=0.1, vivaldi=viv, knn=knn, krig=krig)  # compile
-    t0 = time.perf_counter()
+    # CPU seconds of this process (the kernels run on one thread): what other work on the
+    # machine does to the wall clock is not this code's cost (wall 5.7 s at load 6 once)
+    t0 = time.process_time()
     got = C.predict(ctx, q_src, q_dst, rtt, fallback=np.zeros(n), fail_rate=0.1, vivaldi=viv,
                     knn=knn, krig=krig)
-    seconds = time.perf_counter() - t0
+    seconds = time.process_time() - t0
     assert set(got) == set(C.CONTEXT_BASELINES)
-    assert seconds < 5.0, seconds  # 2.6 s on the 2-core machine at load 7 (kNN, kriging: 2.0)
+    assert seconds < 5.0, seconds  # 1.9 s of CPU on the 2-core machine, at load 4
