@@ -245,10 +245,13 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     measurement of a full-timestamp context given the ones before it, and given nothing
     (the model without context); the same from the context baselines (last reply to the
     destination, its EMA, the context's median, the source placed in the train Vivaldi
-    space, and among the train sources by its nearest 5) and the train-fit ones (global median; destination median; per-pair last-seen,
-    EMA, median, each from the reverse pair where the pair has no ping of its own;
-    Vivaldi; matrix factorization). Overall, by stratum (pair_in_context,
-    node_known, cold) and by context length, with 95 % bootstrap intervals; the model's
+    space, among the train sources by its nearest 5, and kriged through the destinations'
+    covariance) and the train-fit ones (global median; destination median; per-pair
+    last-seen, EMA, median, each from the reverse pair where the pair has no ping of its
+    own; Vivaldi; matrix factorization). Overall, by stratum (pair_in_context: an earlier
+    reply to the destination in the context; node_known: else the source is in the train
+    split, a NAT's private address never; cold) and by context length, with 95 %
+    bootstrap intervals resampling whole sources; the model's
     [p10, p90] coverage. Writes RUN_DIR/eval/step-<S>.json. Without RUN_DIR: the newest
     run under runs/ (the one that saved a checkpoint last), as `train --resume` takes.
 
