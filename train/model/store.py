@@ -121,6 +121,18 @@ def _collect(tokens, segment_ids, key: str, batch: int):
     return cat(hs), cat(backs), cat(codes)
 
 
+def _pair_medians(one: np.ndarray, other: np.ndarray, code: np.ndarray):
+    """(order, first, n, middle): the replies in ``order`` are by (``one``, ``other``), then
+    ``code`` ascending; each pair's first index in that order, its reply count, and the index
+    of its median code (the lower middle of an even count). build's store by source and
+    build_krig's residuals read a (destination, source) pair's median so."""
+    order = np.lexsort((code, other, one))
+    one, other = one[order], other[order]
+    first = np.flatnonzero(np.r_[True, (one[1:] != one[:-1]) | (other[1:] != other[:-1])])
+    n = np.diff(np.r_[first, len(one)])
+    return order, first, n, first + (n - 1) // 2
+
+
 def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = "dst",
           batch: int = 512, by_source: bool = False) -> tuple[np.ndarray, StoreSummary]:
     """(float32[rows, STORE_K + 2], summary) from packed rows ``tokens``/``segment_ids``,
@@ -140,11 +152,8 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
         return table, StoreSummary(0, 0, 0, 0, key, answered)
     replies = np.ones(len(h), np.int64)  # the replies each entry stands for
     if by_source:  # back is the source's hash: one entry per (destination, source)
-        o = np.lexsort((code, back, h))
-        h, back, code = h[o], back[o], code[o]
-        start = np.flatnonzero(np.r_[True, (h[1:] != h[:-1]) | (back[1:] != back[:-1])])
-        replies = np.diff(np.r_[start, len(h)])
-        h, code = h[start], code[start + (replies - 1) // 2]
+        o, start, replies, mid = _pair_medians(h, back, code)
+        h, code = h[o][start], code[o][mid]
     order = np.lexsort((code, h))  # by destination, codes ascending within
     h, code, replies = h[order], code[order], replies[order]
     first = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
@@ -226,11 +235,9 @@ def build_krig(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, dst_table
         dst, src, code, median = dst[ok], src[ok], code[ok], dst_table[row[ok], K // 2]
     if not len(dst):
         return table, 0.0, KrigSummary(0, 0, 0, 0.0)
-    o = np.lexsort((code, dst, src))  # by source, destination, then code
+    o, first, n, mid = _pair_medians(src, dst, code)  # by source, destination, then code
     dst, src, code, median = dst[o], src[o], code[o], median[o]
-    first = np.flatnonzero(np.r_[True, (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])])
-    n = np.diff(np.r_[first, len(dst)])
-    pair_code = code[first + (n - 1) // 2]  # the lower middle of an even count
+    pair_code = code[mid]
     noise = float(np.mean((_log2_value(code) - np.repeat(_log2_value(pair_code), n)) ** 2))
     p_src, p_dst = src[first], dst[first]
     resid = _log2_value(pair_code) - _log2_value(median[first].astype(np.int64))
