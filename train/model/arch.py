@@ -107,7 +107,9 @@ class ModelConfig:
     # median reply once) instead of over its replies, so that a few probes that ping it
     # often do not set what it costs a new one; the placed and kriged stores read it as
     # their center (kriging about the replies' median instead of the sources' loses most of
-    # context_krig's edge over dst_median: docs/learning.md section 8.14)
+    # context_krig's edge over dst_median: docs/learning.md section 8.14); on in `small`
+    # since five generated worlds pooled put it ahead of the replies' store in `cold`
+    # (section 8.15)
     store_by_source: bool = False
     # a store of the train split's replies by ordered address pair, read for a measurement
     # at its reverse pair (its destination's pings to its source: a round trip crosses the
@@ -154,12 +156,14 @@ MODELS = {
     # the CPU recipe (train.fit.config.SMALL_CPU): tiny's shape, reading the grammar from
     # embeddings, so its 2 layers go to matching fields; larger initial weights, with which
     # copying forms sooner; a head pointed at the earlier pings to the query's destination,
-    # and byte values with a sense of nearness, with which it copies an RTT (docs/learning.md)
+    # and byte values with a sense of nearness, with which it copies an RTT; the train
+    # split's replies by destination (each source once), by reverse pair and placed by the
+    # probe's other replies, each behind a gate (docs/learning.md)
     "small": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256,
                          grammar_embed=True, init_std=0.08, match_dst=4.0, byte_features=7,
                          dst_memory=8192, dst_prior_scale=30.0, anonymize_src=True,
                          context_copy=0.3, copy_aux=1.0, dst_store=32768, pair_store=32768,
-                         placed_store=0.25, gate_fold=8),
+                         store_by_source=True, placed_store=0.25, gate_fold=8),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,
