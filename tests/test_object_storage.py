@@ -6,6 +6,7 @@ unreachable endpoint as one line; the Beam runner's worker processes reading the
 the bucket and writing the shards into it (never on the driver's disk), byte for byte the
 local run, and a worker's failed upload or death leaving the old dataset."""
 
+import hashlib
 import itertools
 import json
 import os
@@ -240,6 +241,27 @@ def test_a_second_run_into_one_prefix_names_the_prefix_not_tmpdir(s3, env, raw):
     assert r.stderr == (f"error: {uri} (staged in {local}): another `prep shards` (pid "
                         f"{os.getpid()}) is writing this folder; wait for it to end, or stop "
                         "it, then run again\n")
+
+
+def test_the_staging_folder_is_one_per_destination(monkeypatch):
+    """Two runs into the same URI on two S3-compatible servers (two test suites on one
+    machine, each with its server) are two destinations: each stages in a folder of its own,
+    and neither is refused as "another `prep shards` is writing this folder"."""
+    from prep.jobs import remote_out
+
+    loc = Remote.parse("s3://pp-test/kill/ds")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    default = remote_out._local_for(loc)  # the service's default endpoint: the URI alone
+    assert default == remote_out.staging_root() / (
+        "s3-pp-test-kill-ds-" + hashlib.sha256(b"s3://pp-test/kill/ds").hexdigest()[:8])
+    folders = set()
+    for port in (49223, 49224):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        folders.add(remote_out._local_for(loc))
+        assert remote_out._local_for(loc) in folders  # the same destination, the same folder
+    assert len(folders | {default}) == 3
+    assert {f.name[:-8] for f in folders} == {"s3-pp-test-kill-ds-"}
 
 
 def test_a_dataset_needs_overwrite_and_foreign_objects_are_refused(s3, env, raw):

@@ -67,8 +67,13 @@ def staging_root() -> Path:
 
 
 def _local_for(loc: Remote) -> Path:
+    """The staging folder of a run into ``loc``: one per destination on this machine, so a
+    second run into it is refused. The same URI on another S3-compatible server (another
+    AWS_ENDPOINT_URL) is another destination, with a folder of its own."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{loc.scheme}-{loc.bucket}-{loc.key}")[:80]
-    return staging_root() / f"{name}-{hashlib.sha256(loc.uri.encode()).hexdigest()[:8]}"
+    at = storage.endpoint() if loc.scheme == "s3" else None
+    where = loc.uri if at is None else f"{at} {loc.uri}"
+    return staging_root() / f"{name}-{hashlib.sha256(where.encode()).hexdigest()[:8]}"
 
 
 def _marker(role: str, token: str) -> bytes:
