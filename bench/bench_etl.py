@@ -62,13 +62,14 @@ def _shards(inp: Path, buckets: int) -> tuple[dict, float]:
 def read_parse(unit: list[tuple[str, list[int]]]) -> int:
     """The floor of pass 1 on one unit: its row groups read as `prep shards` reads them
     (prep.schema.validate.validated_batches: the columns, the batch size, the addresses as
-    dictionaries) and each batch's addresses parsed (``parse_addresses``); the rows read."""
+    dictionaries) and each batch's addresses parsed (``parse_addresses``, every row's words
+    taken); the rows read."""
     rows, cache = 0, {}
     for path, row_groups in unit:
         pf = open_parquet(path, read_dictionary=ADDRESS_COLUMNS)
         for rb in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=row_groups):
             for c in ADDRESS_COLUMNS:
-                parse_addresses(rb.column(c), cache)
+                parse_addresses(rb.column(c), cache).words()
             rows += rb.num_rows
     return rows
 

@@ -17,6 +17,7 @@ line on stderr and exit code 2.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import click
@@ -364,5 +365,17 @@ def analyze_padding(input_path, crop, batch_size, max_segments, grain_sample, se
         click.echo(f"wrote {plot}", err=True)
 
 
+def run() -> None:
+    """The `prep` console script: ``main``, then, as the process ends, the collector's final
+    pass told to skip what the command left (``gc.freeze``): walking the objects of Numba,
+    LLVM and Arrow took ~0.1 s of every `prep shards` exit (3 % of a 10M-row run), and a
+    process that ends frees its memory whole. Objects still die by their reference counts,
+    files close; only garbage in reference cycles is left to the exit."""
+    try:
+        main()
+    finally:
+        gc.freeze()
+
+
 if __name__ == "__main__":
-    main()
+    run()

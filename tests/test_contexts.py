@@ -165,6 +165,21 @@ def test_sort_order_is_total():
     for perm in ([5, 4, 3, 2, 1, 0], [2, 0, 4, 1, 5, 3]):
         mm = make([rows[i] for i in perm])
         assert [perm[i] for i in sort_order(mm)] == expect
+    # of some rows only: indices into m, the ties among them broken by every field
+    assert sort_order(m, np.array([0, 1, 2, 3, 5])).tolist() == [5, 3, 2, 1, 0]
+    assert sort_order(m, np.array([4, 0])).tolist() == [4, 0]
+
+
+def test_plan_of_some_rows_is_the_plan_of_their_copy():
+    m = make(random_rows(3, n=300, probes=4))
+    rows = np.flatnonzero(np.arange(300) % 3 != 1)
+    a = plan_contexts(m, ContextConfig(row_len=300), 5, rows)
+    b = plan_contexts(m.take(rows), ContextConfig(row_len=300), 5)
+    for k in ("ctx_start", "ctx_mode", "ctx_len", "cost", "has_ts", "abs_extra", "hist"):
+        assert getattr(a, k).tolist() == getattr(b, k).tolist(), k
+    assert a.sorted.columns().keys() == b.sorted.columns().keys()
+    for k, v in a.sorted.columns().items():
+        assert v.tolist() == getattr(b.sorted, k).tolist(), k
 
 
 def test_epoch_seed():

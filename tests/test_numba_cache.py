@@ -70,6 +70,7 @@ KERNELS = [
     "prep.pack.repack._by_row", "prep.pack.repack._pool", "prep.pack.repack._subset",
     "prep.pack.repack._take", "prep.pack.repack.repack",
     "prep.pack.supply.cheapest_fills", "prep.pack.supply.slack_target",
+    "prep.shards.bucket._place_rows",
     "prep.tokens.costs.piece_lengths_kernel",
     "prep.tokens.kernel.encode_kernel",
 ]

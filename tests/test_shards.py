@@ -32,7 +32,7 @@ from helpers import (
 from prep.cli import main
 from prep.schema import manifest as mf
 from prep.schema import rows
-from prep.schema.measurements import addr_words
+from prep.schema.measurements import Measurements, addr_words
 from prep.shards.bucket import ShardsConfig, is_test_probe, process_bucket
 from prep.shards.local_runner import run_shards
 from prep.tokens.decode import decode_context, rtt_ms
@@ -263,6 +263,93 @@ def test_assemble_rows_places_pieces_in_slot_order():
     assert [int.from_bytes(r[8:10].tobytes(), "little") for r in block] == [2, 1]
     with pytest.raises(ValueError, match="row past row_len"):
         assemble_rows(tokens, np.array([0, 3, 5, 10]), np.array([0, 0, 1]), 2, 4)
+
+
+@pytest.mark.parametrize("row_len", [96, 97])
+def test_encoding_into_the_records_gives_the_assembled_block(row_len):
+    """prep.shards.bucket.encode_rows: the pieces encoded straight into the rows' records
+    (an even row_len), or end to end then assembled (odd), give the block that encoding
+    end to end and ``assemble_rows`` give, byte for byte: headers, tokens, segment ids,
+    and zero padding where the encoder left garbage past a row's last piece."""
+    from prep.pack.contexts import ContextConfig, plan_contexts
+    from prep.pack.packing import pack
+    from prep.shards.bucket import assemble_rows, encode_rows
+    from prep.tokens.kernel import encode_pieces
+
+    m = Measurements(**{k: np.asarray(v) for k, v in tiny_bucket_columns().items()})
+    plan = plan_contexts(m, ContextConfig(row_len=row_len, max_gap_s=3_600), 7)
+    packing = pack(plan.ctx_start, plan.ctx_end, plan.cost, plan.has_ts, plan.abs_extra,
+                   row_len=row_len)
+    tokens, offsets = encode_pieces(plan.sorted, plan, packing.piece_start, packing.piece_end, 7)
+    want = assemble_rows(tokens, offsets, packing.piece_row, packing.n_rows, row_len)
+    got, n_tokens = encode_rows(plan, packing, 7, row_len)
+    assert n_tokens == len(tokens) == int(offsets[-1])
+    assert got.shape == want.shape == (packing.n_rows, rows.record_size(row_len))
+    assert np.array_equal(got, want)
+    tails = [row_len - int((r[16 + 2 * row_len:] > 0).sum()) for r in got]
+    assert sum(tails) > 0  # rows with padding: where the encoder's garbage was cleared
+    assert packing.n_rows > 3 and sum(np.bincount(packing.piece_row) > 1) > 0
+
+
+def tiny_bucket_columns() -> dict:
+    """600 measurements of 9 probes: both families, failures, gaps (planted)."""
+    i = np.arange(600)
+    six = i % 4 == 0
+    return dict(probe=(i % 9 + 1).astype(np.uint64),
+                time=(1_767_225_600 + i * 53 + (i > 400) * 90_000).astype(np.int64),
+                family=np.where(six, 6, 4).astype(np.uint8),
+                src_hi=np.where(six, 0x2001_0db8 << 32, 0).astype(np.uint64),
+                src_lo=(0xC000_0200 + i % 9).astype(np.uint64),
+                dst_hi=np.where(six, 0x2001_0db8 << 32, 0).astype(np.uint64),
+                dst_lo=(0xC100_0000 + i % 13).astype(np.uint64),
+                rtt=np.where(i % 7 == 0, -1.0, 1.0 + i * 0.41))
+
+
+def test_encode_pieces_at_places_and_refuses_overlaps():
+    """encode_pieces ``at``: each piece's tokens at its own place in ``out`` (gaps
+    between them kept), the same tokens as end to end; places that overlap, or an ``out``
+    without the kernel's slack past ``at[-1]``, are refused."""
+    from prep.pack.contexts import ContextConfig, plan_contexts
+    from prep.tokens.kernel import SLACK, encode_pieces
+
+    m = Measurements(**{k: np.asarray(v) for k, v in tiny_bucket_columns().items()})
+    plan = plan_contexts(m, ContextConfig(row_len=128), 3)
+    ps, pe = plan.ctx_start[:4], plan.ctx_end[:4]
+    tokens, offsets = encode_pieces(plan.sorted, plan, ps, pe, 3)
+    lens = np.diff(offsets)
+    at = np.concatenate([[0], np.cumsum(lens + 20)])  # 20 tokens apart
+    out = np.full(int(at[-1]) + SLACK, 7, np.uint16)
+    encode_pieces(plan.sorted, plan, ps, pe, 3, out=out, at=at)
+    for j in range(4):
+        assert out[at[j]:at[j] + lens[j]].tolist() == tokens[offsets[j]:offsets[j + 1]].tolist()
+    assert out[at[0] + lens[0] + 10:at[1]].tolist() == [7] * 10  # past the garbage: untouched
+    with pytest.raises(ValueError, match="in order"):
+        bad = at.copy()
+        bad[1] = lens[0] - 1
+        encode_pieces(plan.sorted, plan, ps, pe, 3, out=out, at=bad)
+    with pytest.raises(ValueError, match="SLACK"):
+        encode_pieces(plan.sorted, plan, ps, pe, 3, out=out[:-1], at=at)
+
+
+def test_the_console_script_ends_with_the_collector_frozen(monkeypatch):
+    """`prep` (pyproject's console script, prep.cli.run) runs the click group, then freezes
+    the garbage collector, so that the interpreter's last collection at exit walks nothing
+    (~0.1 s of every `prep shards`). The group itself (what the tests invoke) freezes nothing."""
+    import gc
+    import tomllib
+
+    from prep.cli import run
+
+    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert scripts["project"]["scripts"]["prep"] == "prep.cli:run"
+    gc.unfreeze()
+    assert CliRunner().invoke(main, ["--version"]).exit_code == 0
+    assert gc.get_freeze_count() == 0
+    monkeypatch.setattr(sys, "argv", ["prep", "--version"])
+    with pytest.raises(SystemExit) as e:
+        run()
+    assert e.value.code == 0 and gc.get_freeze_count() > 0
+    gc.unfreeze()
 
 
 def test_max_segments_caps_every_row(tmp_path):

@@ -92,6 +92,24 @@ def test_rtt_avg_alias_dictionary_strings_and_no_prb_id():
     assert m.rtt.tolist() == [12.5, -1.0]
 
 
+def test_addresses_parse_each_text_once_and_give_the_kept_rows_words():
+    """parse_addresses: per row the status (0 ok, 1 empty, 2 invalid) and family, per
+    distinct text its words; ``words`` takes them for the rows asked (a mask or indices)."""
+    col = pa.array(["10.0.0.1", None, "2001:db8::1", "10.0.0.1", "k.root", ""])
+    cache = {}
+    a = validate.parse_addresses(col, cache)
+    assert a.status.tolist() == [0, 1, 0, 0, 2, 1]
+    assert a.family.tolist() == [4, 0, 6, 4, 0, 0]
+    assert sorted(t for t in cache if t) == ["10.0.0.1", "2001:db8::1", "k.root"]
+    hi, lo = a.words(a.status == 0)
+    assert hi.tolist() == [0, 0x2001_0DB8 << 32, 0]
+    assert lo.tolist() == [0x0A00_0001, 1, 0x0A00_0001]
+    assert [w.tolist() for w in a.words(np.array([3]))] == [[0], [0x0A00_0001]]
+    assert len(a.words()[0]) == 6 and a.words()[0].dtype == np.uint64
+    again = validate.parse_addresses(col, cache)  # from the cache: the same answers
+    assert again.status.tolist() == a.status.tolist() and np.array_equal(again.lo_of, a.lo_of)
+
+
 def test_missing_column_and_wrong_type_name_the_source():
     with pytest.raises(InputError, match=r"^a\.parquet: missing required column rtt "):
         validate.validate_table(table(GOOD).drop_columns(["rtt"]), source="a.parquet")

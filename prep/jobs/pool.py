@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import gc
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -209,7 +210,10 @@ def _worker_init(parent: int | None) -> None:
     """A worker's signals: it starts with SIGINT and SIGTERM blocked (they are, while the
     driver forks it: prep.base.signals.signals_blocked) and with the driver's handlers; it
     ignores SIGINT, dies of SIGTERM, and dies with the driver (``parent`` is its pid when
-    forked from it)."""
+    forked from it). The objects it starts with (the driver's modules, when forked) go to
+    the garbage collector's permanent generation: its collections then skip them (they
+    were 2 % of `prep shards`' CPU) and leave their pages shared with the driver."""
+    gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent(parent)

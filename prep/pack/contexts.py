@@ -92,20 +92,24 @@ def mode_thresholds(weights) -> tuple[int, int]:
             min(1 << 32, round((w0 + w1) / total * (1 << 32))))
 
 
-def sort_order(m: Measurements) -> np.ndarray:
-    """Indices that sort ``m`` by (probe, time, family, src, dst, rtt)."""
+def sort_order(m: Measurements, rows: np.ndarray | None = None) -> np.ndarray:
+    """Indices into ``m`` that sort ``m[rows]`` (all of ``m`` when None) by (probe, time,
+    family, src, dst, rtt)."""
     # A radix sort orders by (probe, time); only rows tied on both need the other
     # columns, so the full 8-key lexsort runs on those rows alone (usually none).
-    order = kernels.argsort_probe_time(m.probe, m.time)
+    if rows is None:
+        order = kernels.argsort_probe_time(m.probe, m.time)
+    else:
+        order = rows[kernels.argsort_probe_time(m.probe[rows], m.time[rows])]
     p, t = m.probe[order], m.time[order]
     tie = (p[1:] == p[:-1]) & (t[1:] == t[:-1])
     if tie.any():
         in_run = np.zeros(len(order), bool)
         in_run[1:] |= tie
         in_run[:-1] |= tie
-        rows = order[in_run]
-        sub = np.lexsort([getattr(m, k)[rows] for k in reversed(FIELDS)])  # all fields, in order
-        order[in_run] = rows[sub]  # tie runs are contiguous, so their slots stay theirs
+        tied = order[in_run]
+        sub = np.lexsort([getattr(m, k)[tied] for k in reversed(FIELDS)])  # all fields, in order
+        order[in_run] = tied[sub]  # tie runs are contiguous, so their slots stay theirs
     return order
 
 
@@ -121,9 +125,11 @@ def free_supply(s: Measurements, row_len: int, t_partial: int) -> kernels.Supply
     return kernels.Supply(np.array(sizes, np.int64), rate, cap)
 
 
-def plan_contexts(m: Measurements, cfg: ContextConfig, seed: int) -> Plan:
-    """Sort ``m``, cut it into contexts and fix every measurement's token cost."""
-    s = m.take(sort_order(m))
+def plan_contexts(m: Measurements, cfg: ContextConfig, seed: int,
+                  rows: np.ndarray | None = None) -> Plan:
+    """Sort ``m[rows]`` (all of ``m`` when None), cut it into contexts and fix every
+    measurement's token cost. ``rows`` (a split's, say) spares the caller a copy of them."""
+    s = m.take(sort_order(m, rows))
     hist = kernels.history_index(s.probe)
     t_full, t_partial = mode_thresholds(cfg.mode_weights)
     n = len(s)

@@ -61,16 +61,22 @@ def encode_row(tokens: np.ndarray, segment_ids: np.ndarray) -> bytes:
     )
 
 
-def new_block(n_segments: np.ndarray, row_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def new_block(n_segments: np.ndarray, row_len: int, *, zeroed: bool = True,
+              buffer: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(block, tokens, segment_ids): a uint8[n_rows, record_size] block of records with
     headers filled in, and writable [n_rows, row_len] views of its token and segment-id
-    fields, zero (padding) until the caller fills them. Row r's record is ``block[r].tobytes()``.
+    fields, zero (padding) until the caller fills them; with ``zeroed`` False, whatever the
+    memory held (a caller that writes every cell). ``buffer``: uint8 memory to build it in,
+    at its start (``zeroed`` then says nothing). Row r's record is ``block[r].tobytes()``.
     """
     n_segments = np.asarray(n_segments)
     if len(n_segments) and int(n_segments.max()) > MAX_SEGMENTS:
         raise ValueError(f"more than {MAX_SEGMENTS} segments in a row")
-    n_rows = len(n_segments)
-    block = np.zeros((n_rows, record_size(row_len)), np.uint8)
+    n_rows, size = len(n_segments), record_size(row_len)
+    if buffer is not None:
+        block = buffer[:n_rows * size].reshape(n_rows, size)
+    else:
+        block = (np.zeros if zeroed else np.empty)((n_rows, size), np.uint8)
     block[:, :HEADER_SIZE] = np.frombuffer(_HEADER.pack(MAGIC, ROW_FORMAT_VERSION, row_len, 0),
                                            np.uint8)
     block[:, 8:10] = n_segments.astype("<u2").reshape(n_rows, 1).view(np.uint8)

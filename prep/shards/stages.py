@@ -11,8 +11,9 @@ them up over the workers (``add``). The stages, in the order the data meets them
                        route     bucket hash, sort by bucket, columns gathered
                        spill     Arrow IPC writes of each bucket's rows (uncompressed)
     pass 2 (workers)   load      a bucket's spill files read back and joined
-                       split     train/test masks and the split's rows taken
-                       plan      sort by (probe, time), context cuts, costs (prep.pack.contexts)
+                       split     train/test masks and each split's row numbers
+                       plan      the split's rows sorted by (probe, time) and taken in that
+                                 order, context cuts, costs (prep.pack.contexts)
                        pack      rows packed (prep.pack.packing)
                        encode    tokens (prep.tokens.kernel)
                        assemble  record bytes of the rows

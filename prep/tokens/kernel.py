@@ -365,11 +365,17 @@ def encode_kernel(cols, values, hist, has_ts, pieces, seed, out):
         _write_piece(out, cols, values, has_ts, order, desc, (us, m), offsets[j], scratch)
     return out
 
-def encode_pieces(sorted_m, plan, piece_start, piece_end, seed: int):
+def encode_pieces(sorted_m, plan, piece_start, piece_end, seed: int, *, out=None, at=None):
     """(tokens uint16[total], offsets int64[k+1]) of pieces of ``plan``'s contexts.
 
     Each piece [s, e) lies inside one context and is encoded as a context of its own
     (its parent's mode and timestamp flags, its first timestamp absolute).
+
+    ``at`` (int64[k+1], with ``out``): piece j's tokens go to ``out[at[j]:]`` instead, the
+    pieces in that order with gaps allowed, and ``at[k]`` past them all, where ``out`` has
+    SLACK tokens to spare (what the kernel scribbles); returns (out, at). Up to 9 tokens
+    past a piece's end are garbage unless the next piece starts there (the caller clears
+    them: prep.shards.bucket places pieces straight into the rows' records so).
     """
     ps = np.ascontiguousarray(piece_start, dtype=np.int64)
     pe = np.ascontiguousarray(piece_end, dtype=np.int64)
@@ -381,7 +387,18 @@ def encode_pieces(sorted_m, plan, piece_start, piece_end, seed: int):
                     or np.any(pe > plan.ctx_end[ctx])):
         raise ValueError("every piece must be a non-empty range inside one context")
     lengths = piece_lengths_kernel(plan.cost, plan.has_ts, plan.abs_extra, ps, pe)
-    return _encode(sorted_m, plan, ps, pe, plan.ctx_mode[ctx], lengths, seed)
+    if at is None:
+        return _encode(sorted_m, plan, ps, pe, plan.ctx_mode[ctx], lengths, seed, out)
+    at = np.ascontiguousarray(at, dtype=np.int64)
+    if out is None or len(at) != len(ps) + 1 or np.any(np.diff(at) < lengths) or (
+            len(at) and at[0] < 0) or out.dtype != np.uint16 or len(out) < at[-1] + SLACK:
+        raise ValueError("at must place the pieces in order, each after the one before, "
+                         "in a uint16 out with SLACK tokens past at[-1]")
+    if len(ps):
+        encode_kernel(sorted_m.arrays(), sorted_m.values(), plan.hist, plan.has_ts,
+                      PiecesToEncode(ps, pe, plan.ctx_mode[ctx], at),
+                      np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF), out)
+    return out, at
 
 
 def _encode(m, plan, ps, pe, modes, lengths, seed, out=None):
