@@ -154,6 +154,15 @@ def test_default_cutoff_is_exact_and_recorded(tmp_path, monkeypatch):
     assert verify_dir(tmp_path / "w1") == []
 
 
+def test_bucket_and_split_of_planted_keys():
+    """bucket_of and is_test_probe: splitmix64 of the key with their salts, planted values
+    (the extremes of the key included): a change here moves every probe's bucket or split."""
+    keys = np.array([0, 1, 2, 3, 12345, (1 << 63) | 7, (1 << 64) - 1], np.uint64)
+    assert bucket_of(keys, 7).tolist() == [0, 5, 4, 4, 0, 4, 2]
+    assert is_test_probe(keys, 0.3).tolist() == [False, True, False, False, False, False, False]
+    assert is_test_probe(keys, 1.0).all() and not is_test_probe(keys, 0.0).any()
+
+
 def test_default_cutoff_rule():
     minutes, counts = [0, 1, 2, 7, 60, 61], [4, 4, 4, 4, 4, 4]
     assert default_cutoff(minutes, counts, 1 / 3) == 7 * 60 + 60  # 8 of 24 at or after it
