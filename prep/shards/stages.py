@@ -1,10 +1,9 @@
 """Where the time of `prep shards` goes: seconds per stage, for the manifest's ``timing``.
 
-A ``StageClock`` adds up, around the calls the run makes anyway (no profiler), wall
-seconds (``perf_counter``: ``stage_s``) and the process's CPU seconds (``process_time``,
-Arrow's threads included: ``stage_cpu_s``, which other processes on the cores do not
-inflate). A pool task returns its clock's ``state()`` as plain data and the driver adds
-them up over the workers (``add``). The stages, in the order the data meets them:
+A ``StageClock`` adds up, around the calls the run makes anyway, wall seconds (``stage_s``)
+and the process's CPU seconds (``process_time``, Arrow's threads included: ``stage_cpu_s``,
+which other processes do not inflate). A pool task returns its clock's ``state()`` as plain
+data; the driver adds them up over the workers (``add``). The stages, in data order:
 
     pass 1 (workers)   read      parquet pages decoded into Arrow batches
                        validate  address parsing and the row checks (prep.schema.validate)
@@ -12,18 +11,18 @@ them up over the workers (``add``). The stages, in the order the data meets them
                        spill     Arrow IPC writes of each bucket's rows (uncompressed)
     pass 2 (workers)   load      a bucket's spill files read back and joined
                        split     train/test masks and each split's row numbers
-                       plan      the split's rows sorted by (probe, time) and taken in that
-                                 order, context cuts, costs (prep.pack.contexts)
+                       plan      the split's rows taken in (probe, time) order, context cuts,
+                                 costs (prep.pack.contexts)
                        pack      rows packed (prep.pack.packing)
-                       encode    tokens (prep.tokens.kernel)
-                       assemble  record bytes of the rows
+                       encode    tokens, straight into the rows' records (prep.tokens.kernel)
+                       assemble  the records' headers, segment ids and padding
                        write     ArrayRecord file and its sha256
     both               task      the rest of a task (its start, the result)
     driver             main_*    the driver's own work (listing, the units, the manifest)
 
-A worker's stages add up to its tasks' seconds: ``task`` is what the others leave over.
-Numba loads a worker's cached kernels on their first call, inside ``plan``, ``pack`` and
-``encode``. The driver's CPU seconds include its thread that hashes the inputs.
+A worker's stages add up to its tasks' seconds (``task``: what the others leave over).
+Numba loads a worker's cached kernels on their first call, inside ``plan``, ``pack``,
+``encode`` and ``assemble``. The driver's CPU seconds include its input-hashing thread.
 """
 
 from __future__ import annotations
