@@ -17,9 +17,12 @@ run (the mean); ``etl.over_read_parse`` is that rate over the run's (the goal: a
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -128,5 +131,71 @@ def run() -> dict[str, float]:
     return metrics
 
 
+# a checkout's `prep shards` as its console script runs it (``run`` where it has one)
+CHECKOUT_PREP = "import sys, prep.cli as c; getattr(c, 'run', c.main)()"
+
+
+def _checkout_shards(repo: Path, inp: Path, buckets: int) -> dict:
+    """The checkout ``repo``'s `prep shards` on ``inp``, 2 workers, in a fresh process: its
+    summary's stage CPU seconds and peak RSS, with ``wall_s`` and ``cpu_s`` (of the process
+    and its workers) measured here."""
+    out = DATA / "shards-ab"
+    shutil.rmtree(out, ignore_errors=True)
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # the checkout's own prep (sys.path[0] is its folder)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", CHECKOUT_PREP, "shards", str(inp), "--out", str(out),
+                        "--workers", str(WORKERS), "--buckets", str(buckets), "--seed", "0",
+                        "--json", "--quiet"], cwd=repo, env=env, check=True,
+                       stdout=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    shutil.rmtree(out, ignore_errors=True)
+    s = json.loads(p.stdout.strip().splitlines()[-1])
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu, **{f"stage_{k}": v for k, v in s["stage_cpu_s"].items()},
+            "peak_rss_mb": float(max(s["peak_rss_mb"].values()))}
+
+
+def against(other: Path, rounds: int) -> list[dict[str, float]]:
+    """Medians of ``_checkout_shards`` for this checkout and ``other`` on the 10M input, the
+    two alternating (ABBA...), each warmed by one untimed run (Numba's cache, the page cache)."""
+    inp, buckets = _synth(SIZES[-1]), max(1, SIZES[-1] // BUCKET_ROWS)
+    repos = [HERE.parent, other]
+    for repo in repos:
+        _checkout_shards(repo, inp, buckets)
+    runs: list[list[dict]] = [[], []]
+    for r in range(rounds):
+        for i in (0, 1) if r % 2 == 0 else (1, 0):
+            runs[i].append(_checkout_shards(repos[i], inp, buckets))
+    return [{k: statistics.median(x.get(k, 0.0) for x in rs) for k in rs[0]} for rs in runs]
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example, a change against the commit before it:\n"
+               "  git worktree add ../before HEAD~1\n"
+               "  python -m bench.bench_etl --against ../before --rounds 7")
+    ap.add_argument("--against", type=Path, help="another checkout, timed by turns in the same run "
+                    "(without it: the bench's figures as `make bench` takes them)")
+    ap.add_argument("--rounds", type=int, default=5, help="timed runs of each (default 5)")
+    args = ap.parse_args(argv)
+    if args.against is None:
+        print(json.dumps(run(), indent=2))
+        return 0
+    ours, theirs = against(args.against.resolve(), args.rounds)
+    print(f"prep shards, {SIZES[-1]:,} rows, {WORKERS} workers, medians of {args.rounds} runs each")
+    print(f"{'':24}{'this checkout':>16}{'--against':>12}{'ratio':>8}")
+    stages = sorted((k for k in ours if k.startswith("stage_")), key=lambda k: -ours[k])
+    for k in ["wall_s", "cpu_s", "peak_rss_mb"] + stages:
+        a, b = ours[k], theirs.get(k, 0.0)
+        print(f"{k.removeprefix('stage_'):<24}{a:>16.3f}{b:>12.3f}{a / b if b else float('nan'):>8.3f}")
+    print(f"measurements/s: {SIZES[-1] / ours['wall_s']:,.0f} against "
+          f"{SIZES[-1] / theirs['wall_s']:,.0f}")
+    return 0
+
+
 if __name__ == "__main__":
-    print(json.dumps(run(), indent=2))
+    sys.exit(main(sys.argv[1:]))
