@@ -57,3 +57,33 @@ def test_report_has_every_stage_and_the_shares_add_up(tmp_path, workers):
     shares = stage_shares(s["stage_cpu_s"])
     assert list(shares) == [f"etl.stage_share.{k}" for k in STAGES]
     assert sum(shares.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_bench_etl_against_times_two_checkouts_by_turns(tmp_path, monkeypatch, capsys):
+    """bench.bench_etl --against: each checkout's `prep shards` run in a fresh process of its
+    own folder (here this checkout against itself, on the tiny input), warmed once, then
+    timed by turns; the table has every stage, the ratios, and the rate of each."""
+    from pathlib import Path
+
+    from bench import bench_etl
+
+    inp = tiny_input(tmp_path)
+    calls = []
+    real = bench_etl._checkout_shards
+
+    def counted(repo, where, buckets):
+        calls.append((Path(repo), where, buckets))
+        return real(repo, where, buckets)
+    monkeypatch.setattr(bench_etl, "DATA", tmp_path / "bench")
+    monkeypatch.setattr(bench_etl, "_synth", lambda rows: inp.parent)
+    monkeypatch.setattr(bench_etl, "_checkout_shards", counted)
+    repo = Path(bench_etl.__file__).resolve().parents[1]
+    assert bench_etl.main(["--against", str(repo), "--rounds", "2"]) == 0
+    assert len(calls) == 2 + 2 * 2 and {c[1] for c in calls} == {inp.parent}
+    assert {c[2] for c in calls} == {bench_etl.SIZES[-1] // bench_etl.BUCKET_ROWS}
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "prep shards, 10,000,000 rows, 2 workers, medians of 2 runs each"
+    rows = {line.split()[0]: line.split()[1:] for line in out[2:-1]}
+    assert set(rows) == {"wall_s", "cpu_s", "peak_rss_mb", *STAGES}
+    assert float(rows["wall_s"][0]) > 0 and float(rows["cpu_s"][1]) > 0
+    assert out[-1].startswith("measurements/s: ")
