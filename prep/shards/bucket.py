@@ -13,8 +13,8 @@ For one bucket:
    Contexts are planned per split, so none straddles the cutoff.
 2. For each split and each epoch k (seed ``epoch_seed(cfg.seed, k)``: every pass has its
    own field orders, timestamp modes and cut points): plan contexts → pack pieces into
-   rows → encode pieces (Numba) → assemble rows (Numba: a row's pieces are contiguous
-   in the token stream) → record bytes (prep.schema.rows) →
+   rows → encode each piece (Numba) straight into its row's record (prep.schema.rows'
+   layout; ``encode_rows``), then the segment ids and padding →
    ``<split>/shard-b<bucket>-e<k>.array_record``, written under a temp name and renamed. A
    split with no measurements writes no file.
 3. Return a plain, JSON-serializable dict (see ``process_bucket``).
@@ -103,7 +103,7 @@ def assemble_rows(tokens: np.ndarray, offsets: np.ndarray, piece_row: np.ndarray
     offsets, piece_row = _checked(offsets, piece_row, n_rows, row_len)
     if len(tokens) < offsets[-1]:
         raise ValueError("tokens run short of the pieces' offsets")
-    block, cells, words = _record_block(piece_row, n_rows, row_len)
+    block, cells, words = _record_block(np.bincount(piece_row, minlength=n_rows), row_len)
     _place_rows(words, cells, block.shape[1], row_len, np.ascontiguousarray(tokens, np.uint16),
                 offsets, piece_row, False)
     return block
@@ -130,8 +130,8 @@ def encode_rows(plan, packing, seed: int, row_len: int, clock=None) -> tuple[np.
         np.cumsum(packing.piece_len, out=offsets[1:])
         offsets, piece_row = _checked(offsets, packing.piece_row, n_rows, row_len)
         buffer = np.empty(n_rows * size + 2 * SLACK, np.uint8)  # SLACK tokens for the encoder
-        block, cells, words = _record_block(piece_row, n_rows, row_len, buffer)
         n_seg = np.bincount(piece_row, minlength=n_rows)
+        block, cells, words = _record_block(n_seg, row_len, buffer)
         first = offsets[np.cumsum(n_seg) - n_seg]  # each row's first token in the stream
         at = np.empty(len(ps) + 1, np.int64)
         at[:-1] = piece_row * (size // 2) + _HEADER // 2 + offsets[:-1] - first[piece_row]
@@ -160,11 +160,11 @@ def _checked(offsets, piece_row, n_rows: int, row_len: int) -> tuple[np.ndarray,
     return offsets, piece_row
 
 
-def _record_block(piece_row, n_rows: int, row_len: int, buffer=None):
+def _record_block(n_seg: np.ndarray, row_len: int, buffer=None):
     """(block, its bytes flat, the same as uint16 where a record's size keeps them aligned,
-    else empty): headers written, the fields left to ``_place_rows``."""
-    block, _, _ = rows.new_block(np.bincount(piece_row, minlength=n_rows), row_len,
-                                 zeroed=False, buffer=buffer)
+    else empty) for rows of ``n_seg`` segments: headers written, the fields left to
+    ``_place_rows``."""
+    block, _, _ = rows.new_block(n_seg, row_len, zeroed=False, buffer=buffer)
     cells = block.reshape(-1)
     return block, cells, cells.view(np.uint16) if block.shape[1] % 2 == 0 else np.zeros(
         0, np.uint16)
@@ -189,12 +189,10 @@ def _place_rows(words, cells, size, row_len, tokens, offsets, piece_row, in_plac
         while j < k and piece_row[j] == r:
             a, n = offsets[j], offsets[j + 1] - offsets[j]
             slot += 1
-            if in_place:
-                pass
-            elif aligned:
+            if aligned and not in_place:
                 for x in range(n):
                     words[tok // 2 + c + x] = tokens[a + x]
-            else:
+            elif not in_place:
                 for x in range(n):
                     cells[tok + 2 * (c + x)] = tokens[a + x] & 0xFF
                     cells[tok + 2 * (c + x) + 1] = tokens[a + x] >> 8
