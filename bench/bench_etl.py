@@ -185,7 +185,13 @@ def main(argv: list[str]) -> int:
     if args.against is None:
         print(json.dumps(run(), indent=2))
         return 0
-    ours, theirs = against(args.against.resolve(), args.rounds)
+    other = args.against.resolve()
+    if not (other / "prep" / "cli.py").is_file():
+        ap.error(f"--against {args.against}: not a checkout of this project (no prep/cli.py "
+                 "there); make one with `git worktree add DIR REV`")
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    ours, theirs = against(other, args.rounds)
     print(f"prep shards, {SIZES[-1]:,} rows, {WORKERS} workers, medians of {args.rounds} runs each")
     print(f"{'':24}{'this checkout':>16}{'--against':>12}{'ratio':>8}")
     stages = sorted((k for k in ours if k.startswith("stage_")), key=lambda k: -ours[k])

@@ -87,3 +87,6 @@ def test_bench_etl_against_times_two_checkouts_by_turns(tmp_path, monkeypatch, c
     assert set(rows) == {"wall_s", "cpu_s", "peak_rss_mb", *STAGES}
     assert float(rows["wall_s"][0]) > 0 and float(rows["cpu_s"][1]) > 0
     assert out[-1].startswith("measurements/s: ")
+    with pytest.raises(SystemExit) as e:  # not a checkout: one line naming the fix, exit 2
+        bench_etl.main(["--against", str(tmp_path)])
+    assert e.value.code == 2 and "git worktree add" in capsys.readouterr().err
