@@ -301,8 +301,9 @@ def test_eval_of_a_shards_folder_names_it_and_the_commands_that_take_it(run):
         f"evaluate a run on it: train eval RUN_DIR --data {d}"]
 
 
-def test_eval_without_run_dir_takes_the_newest_run(run, tmp_path, monkeypatch):
-    """`train eval` alone evaluates the newest run under runs/, as `train --resume` resumes."""
+def test_eval_and_predict_without_run_dir_take_the_newest_run(run, tmp_path, monkeypatch):
+    """`train eval` and `train predict` alone take the newest run under runs/, as `train
+    --resume` resumes."""
     shutil.copytree(run / "run", tmp_path / "runs" / "tiny-new")
     shutil.copytree(run / "run", tmp_path / "runs" / "tiny-old")
     for step in (tmp_path / "runs" / "tiny-old" / "checkpoints").iterdir():  # saved earlier
@@ -312,6 +313,19 @@ def test_eval_without_run_dir_takes_the_newest_run(run, tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert r.stderr.splitlines()[0] == "evaluating runs/tiny-new, the newest run under runs/"
     assert json.loads(r.stdout)["run_dir"] == "runs/tiny-new"
+    # `train predict` takes the same run, and answers as it does given it
+    ping = ["--src", "192.0.2.7", "--dst", "193.0.14.129", "--time", "1767272400", "--json"]
+    r = CliRunner().invoke(main, ["predict", *ping])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.splitlines() == ["answering from runs/tiny-new, the newest run under runs/"]
+    given = CliRunner().invoke(main, ["predict", "runs/tiny-new", *ping])
+    assert given.exit_code == 0 and given.stderr == "", given.output
+    assert json.loads(r.stdout) == json.loads(given.stdout)
+    shutil.rmtree(tmp_path / "runs")
+    r = CliRunner().invoke(main, ["predict", *ping])
+    assert r.exit_code == 2
+    assert r.stderr.splitlines() == ["error: no run with checkpoints under runs/; give RUN_DIR, "
+                                     "e.g. train predict runs/tiny-20261123-101500"]
 UTC = datetime.UTC
 
 

@@ -51,6 +51,18 @@ def test_readable_rows(tiny):
     assert lines[5].split()[-1] == "FAILED"
 
 
+def test_a_segment_without_timestamps_says_so(tmp_path):
+    cfg = ShardsConfig(row_len=64, n_buckets=1, test_fraction=0.0, mode_weights=(0.0, 0.0, 1.0))
+    run_shards([str(tiny_input(tmp_path))], str(tmp_path / "out"), cfg, progress=False)
+    r = CliRunner().invoke(main, ["inspect", str(tmp_path / "out"), "--rows", "1:2"])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    # 39 tokens with timestamps (test_readable_rows) less an absolute one (9) and a delta (2)
+    assert lines[1] == "  segment 1: 2 measurements, 28 tokens, no timestamps (its timestamp mode)"
+    assert lines[2].split() == ["-", "192.0.2.1", "->", "193.0.14.129", "10.000", "ms"]
+    assert lines[3].split() == ["-", "192.0.2.1", "->", "193.0.14.129", "20.000", "ms"]
+
+
 def test_split_and_range_select_rows(tmp_path):
     inp = write_parquet(tmp_path / "in" / "a.parquet", probe_data(n_probes=40, per_probe=80, seed=6))
     run_shards([str(inp)], str(tmp_path / "out"), ShardsConfig(n_buckets=3, test_fraction=0.3),

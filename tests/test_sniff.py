@@ -25,6 +25,7 @@ def kinds(tmp_path, atlas_dir):
     (tmp_path / "run" / "config.json").write_text("{}")
     (tmp_path / "empty").mkdir()
     (tmp_path / "blob.bin").write_bytes(b"\x00\x01garbage")
+    (tmp_path / "void.parquet").write_bytes(b"")
     return tmp_path
 
 
@@ -51,7 +52,10 @@ def test_kinds(kinds):
                "`train --data {d}/shards` (or `prep inspect {d}/shards`)"),
     ("run", "{d}/run is a training run folder; evaluate it with `train eval {d}/run` or query "
             "it with `train predict`"),
-    ("blob.bin", "{d}/blob.bin is of an unknown format"),
+    ("blob.bin", "{d}/blob.bin is of an unknown format; `prep shards` reads parquet measurements "
+                 "(make some with `prep synth`, or from RIPE Atlas results with `prep import-atlas`)"),
+    ("void.parquet", "{d}/void.parquet is empty; `prep shards` reads parquet measurements (make "
+                     "some with `prep synth`, or from RIPE Atlas results with `prep import-atlas`)"),
 ])
 def test_prep_shards_names_the_command_that_takes_it(kinds, name, message):
     r = CliRunner().invoke(main, ["shards", str(kinds / name), "--out", str(kinds / "out")])

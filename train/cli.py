@@ -265,13 +265,7 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     from train.eval.plot import plot as plot_fn
     from train.eval.report import format_report
 
-    if run_dir is None:
-        newest = _newest_run()
-        if newest is None:
-            _fail(f"no run with checkpoints under {RUNS}/; give RUN_DIR, e.g. "
-                  "train eval runs/tiny-20261123-101500")
-        run_dir = str(newest)
-        click.echo(f"evaluating {run_dir}, the newest run under {RUNS}/", err=True)
+    run_dir = _run_or_newest(run_dir, "train eval", "evaluating")
     report, detail = evaluate(EvalConfig(run_dir=run_dir, data=data, step=step,
                                       max_queries=max_queries, seed=seed, batch_size=batch_size))
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
@@ -281,7 +275,7 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
 
 
 @main.command(short_help="RTT median, p10, p90 and P(failed) of pings, from a run's model.")
-@click.argument("run_dir", type=click.Path())
+@click.argument("run_dir", type=click.Path(), required=False)
 @click.option("--src", help="Source address (the probe), IPv4 or IPv6.")
 @click.option("--dst", help="Destination address.")
 @click.option("--time", "when", default=None,
@@ -302,7 +296,8 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
 @click.option("--step", type=int, default=None, help="Checkpoint step [default: the latest].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 def predict(run_dir, src, dst, when, history, queries, out, step, as_json):
-    """RTT median, p10, p90 and P(failed) of pings, from the model of RUN_DIR.
+    """RTT median, p10, p90 and P(failed) of pings, from the model of RUN_DIR (without it:
+    the newest run under runs/, as `train eval` takes).
 
     \b
     Examples:
@@ -313,6 +308,7 @@ def predict(run_dir, src, dst, when, history, queries, out, step, as_json):
 
     from train.predict import queries as queries_lib
 
+    run_dir = _run_or_newest(run_dir, "train predict", "answering from")
     if queries:
         if src or dst or when:
             raise InputError("--queries takes the queries from the file; drop --src/--dst/--time")
@@ -337,6 +333,18 @@ def predict(run_dir, src, dst, when, history, queries, out, step, as_json):
         click.echo(f"{src} -> {dst}: RTT median {a['rtt_ms']:.2f} ms (p10 {a['p10_ms']:.2f}, "
                    f"p90 {a['p90_ms']:.2f}), P(failed) {a['p_failed']:.3f}; "
                    f"{a['history_used']} earlier measurements as context")
+
+
+def _run_or_newest(run_dir: str | None, command: str, doing: str) -> str:
+    """RUN_DIR as given, else the newest run under runs/ (said on stderr)."""
+    if run_dir is not None:
+        return run_dir
+    newest = _newest_run()
+    if newest is None:
+        _fail(f"no run with checkpoints under {RUNS}/; give RUN_DIR, e.g. "
+              f"{command} runs/tiny-20261123-101500")
+    click.echo(f"{doing} {newest}, the newest run under {RUNS}/", err=True)
+    return str(newest)
 
 
 def _fail(message: str):

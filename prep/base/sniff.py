@@ -116,6 +116,11 @@ def _number(word: bytes) -> bool:
     return True
 
 
+# What a command reads, for the advice on a file of no kind it takes
+READS = {"prep shards": "parquet measurements (make some with `prep synth`, or from RIPE Atlas "
+                        "results with `prep import-atlas`)"}
+
+
 def advice(path: str | Path, k: str, command: str) -> str | None:
     """The one-line fix for giving ``path`` (of kind ``k``) to ``command``; None if right."""
     base = k.removeprefix("folder:")
@@ -146,5 +151,5 @@ def advice(path: str | Path, k: str, command: str) -> str | None:
     if base == "run":
         return f"{holds}; evaluate it with `train eval {path}` or query it with `train predict`"
     if base in ("empty", "unknown"):
-        return f"{holds}"
+        return f"{holds}" + (f"; `{command}` reads {READS[command]}" if command in READS else "")
     return None

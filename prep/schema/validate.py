@@ -126,8 +126,9 @@ def find_files(paths: Iterable[str | Path], suffixes: tuple[str, ...], none_foun
               "remove the link", file=sys.stderr)
     if not found:
         for p in map(Path, paths):  # say what the folders hold instead, if it is telling
-            hint = sniff.advice(p, sniff.kind(p), command) if command and p.is_dir() else None
-            if hint and not hint.endswith(("empty", "unknown format")):
+            k = sniff.kind(p) if command and p.is_dir() else "empty"
+            hint = sniff.advice(p, k, command)
+            if hint and k.removeprefix("folder:") not in ("empty", "unknown"):
                 raise InputError(hint)
         raise InputError(f"{', '.join(map(str, paths))}: {none_found}")
     return sorted(found)

@@ -8,7 +8,8 @@ Rows are numbered per split in manifest order (shard by shard), which is what
         2026-01-01 00:00:00  192.0.2.1 -> 193.0.14.129  12.345 ms
         +60 s                192.0.2.1 -> 193.0.14.129  FAILED
 
-Each timestamp is shown as decoded (``-`` where the measurement carried none). With
+Each timestamp is shown as decoded (``-`` where the measurement carried none; a segment
+whose context was written without timestamps says so in its line). With
 ``--json`` each row is one object: split, shard, record, row, tokens, segment_ids and
 segments (each a list of measurements with time, family, src, dst, rtt_ms, failed).
 (The module is not named ``inspect``: run as a script from prep/, that would shadow
@@ -129,8 +130,9 @@ def format_row(row: dict) -> str:
         if isinstance(ms, str):
             lines.append(f"  segment {sid}: {count(len(toks), 'token')}, {ms}")
             continue
+        untimed = ", no timestamps (its timestamp mode)" if all(x.time is None for x in ms) else ""
         lines.append(f"  segment {sid}: {count(len(ms), 'measurement')}, "
-                     f"{count(len(toks), 'token')}")
+                     f"{count(len(toks), 'token')}{untimed}")
         prev = None
         for x in ms:
             if x.time is None:
