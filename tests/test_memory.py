@@ -61,14 +61,16 @@ def test_base_keeps_at_most_22kb_per_token_per_layer():
             + kinds[f"bfloat16[{BASE.n_heads},1,{BASE.head_dim}]"]) == 4 * 2 * D
 
 
-def test_the_plain_forms_kept_3_8x_as_much(plain_model):
-    """What the same count gave before (issue 33's 49.1 KB): six bf16 tensors of the MLP's
-    width and four float32 ones of d_model per layer."""
+def test_the_plain_forms_kept_3_4_to_3_8x_as_much(plain_model):
+    """What the same count gave before (issue 33's 49.1 KB, jax 0.10): six bf16 tensors of
+    the MLP's width and four float32 ones of d_model per layer. From jax 0.11 on (the GPU
+    machine's) autodiff of jax.nn.gelu keeps one of the six fewer: 44.0 KB."""
     got = memory.per_token_layer(BASE)
-    assert got["by_kind"][f"bfloat16[{F}]"] == 6 * 2 * F
+    gelu_kept = 6 if jax.__version_info__ < (0, 11) else 5
+    assert got["by_kind"][f"bfloat16[{F}]"] == gelu_kept * 2 * F
     assert got["by_kind"][f"float32[{D}]"] == (4 + 2 / BASE.n_layers) * 4 * D
     # (49,136.5 when each layer computed its own RoPE angles; now they are computed once)
-    assert got["bytes"] == pytest.approx(49_123.7, abs=0.5)
+    assert got["bytes"] == pytest.approx(49_123.7 - (6 - gelu_kept) * 2 * F, abs=0.5)
 
 
 def test_on_the_cudnn_path_the_softmax_statistics_grow_with_the_segment_table(no_cuda_probes):
