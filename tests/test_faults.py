@@ -274,4 +274,5 @@ def test_counts_of_one_are_singular(raw, tmp_path):
            "segment_ids": np.array([1] * len(toks) + [0] * 4, np.uint8)}
     text = format_row(row)
     assert text.splitlines()[0] == "test row 0 (s #0): 1 segment, 12 tokens, 4 padding"
-    assert text.splitlines()[1] == "  segment 1: 1 measurement, 12 tokens"
+    assert text.splitlines()[1] == ("  segment 1: 1 measurement, 12 tokens, no timestamps (its "
+                                    "timestamp mode)")
