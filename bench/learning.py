@@ -181,6 +181,9 @@ def plot(curve: dict, path: str) -> None:
         n = sum(curve["n_by_stratum"].values()) if s == "all" else curve["n_by_stratum"][s]
         ax.set_title(f"{s.replace('_', ' ')} (n = {n:,})", fontsize=9)
         ax.set_xlabel("training tokens (M)")
+        if x[0] > 0 and x[-1] / x[0] > 30:  # points from the first steps on: a log axis
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         if s == "all":
             ax.fill_between(x, [p["model"]["ci"][0] for p in curve["points"]],
                             [p["model"]["ci"][1] for p in curve["points"]], color="black",

@@ -220,7 +220,8 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
     d = tmp_path / "shards"
     synthetic.write_shards(d, {"train": (tok, seg), "test": (tok[:2], seg[:2])})
     monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(
-        arch.MODELS["small"], dst_store=1024, krig_store=256, store_by_source=by_source))
+        arch.MODELS["small"], dst_store=1024, krig_store=256, store_by_source=by_source,
+        store_without_fold=False))
     run = tmp_path / "run"
     train(TrainConfig(model="small", data=str(d), run_dir=str(run), steps=3, batch_size=2,
                       lr=3e-3, warmup=1, log_every=1, eval_every=0, ckpt_every=0))
@@ -575,3 +576,75 @@ def test_a_store_by_source_weighs_each_source_once():
                               "medians")
     with pytest.raises(ValueError, match="destination store"):
         store.build(tok, seg, 1024, key="pair", by_source=True)
+
+
+def test_stores_built_without_the_fold_are_the_stores_of_the_other_contexts():
+    """ModelConfig.store_without_fold: with ``fold``, build (by reply and by source) and
+    build_krig leave out the replies of that gate fold's contexts, and give exactly the
+    tables of the rows with those contexts blanked out. 64 sources 10.0.0.1-64, one context
+    of two replies each to 10.0.0.20 (source s at code 0x6800 + s) and one to 10.0.0.21: 17
+    of them fall in a fold of 4, so 47 sources' 94 replies to 20 stay."""
+    def ctx(s):
+        return ping(s, 20, 0x68, s) * 2 + ping(s, 21, 0x70, s)
+    n = len(ctx(1))
+    tok = np.asarray([sum((ctx(s) for s in range(r * 4 + 1, r * 4 + 5)), []) for r in range(16)],
+                     np.uint16)
+    seg = np.asarray([[i + 1 for i in range(4) for _ in range(n)]] * 16, np.uint8)
+    fold = np.asarray(model.source_fold(jnp.asarray(tok), jnp.asarray(seg), 4))
+    out = fold[:, ::n].reshape(-1)  # per source 1..64: its context in the fold
+    assert out.sum() == 17
+    blank_tok, blank_seg = np.where(fold, 0, tok).astype(np.uint16), np.where(fold, 0, seg)
+    r20 = int(model.store_rows(jnp.asarray(_node_hash(20)), 1024)[0])
+    for by_source in (False, True):
+        got, summary = store.build(tok, seg, 1024, by_source=by_source, fold=4)
+        want, want_summary = store.build(blank_tok, blank_seg, 1024, by_source=by_source)
+        np.testing.assert_array_equal(got, want)
+        assert summary == want_summary and summary.replies == 47 * 3
+        kept = {0x6800 + s for s in np.flatnonzero(~out) + 1}
+        assert got[r20, K] == 94 and set(got[r20, :K].astype(int).tolist()) <= kept
+    dst_table, _ = store.build(tok, seg, 1024, by_source=True, fold=4)
+    got = store.build_krig(tok, seg, 1024, dst_table, fold=4)
+    want = store.build_krig(blank_tok, blank_seg, 1024, dst_table)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1:] == want[1:]
+    whole = store.build(tok, seg, 1024, by_source=True)[0]
+    assert whole[r20, K] == 128
+    with pytest.raises(ValueError, match="set gate_fold"):
+        dataclasses.replace(arch.MODELS["small"], gate_fold=0, store_without_fold=True)
+
+
+def test_a_run_of_small_builds_its_stores_without_the_gate_fold(tmp_path, monkeypatch, capsys):
+    """`small` (store_without_fold): the run says so, and its checkpoint holds the stores of
+    the train rows without the gate fold's contexts (1 in 8 by source), not the whole split's."""
+    from prep.tools import synthetic_shards as synthetic
+    from train.fit.config import TrainConfig
+    from train.fit.loop import train
+    from train.predict import predictor
+
+    def ctx(s):
+        return ping(s, 20, 0x68, s) * 2 + ping(s, 21, 0x70, s)
+    n = len(ctx(1))
+    tok = np.zeros((16, 256), np.uint16)
+    seg = np.zeros((16, 256), np.uint8)
+    for r in range(16):
+        tok[r, :4 * n] = sum((ctx(s) for s in range(r * 4 + 1, r * 4 + 5)), [])
+        seg[r, :4 * n] = [i + 1 for i in range(4) for _ in range(n)]
+    d = tmp_path / "shards"
+    synthetic.write_shards(d, {"train": (tok, seg), "test": (tok[:2], seg[:2])})
+    small = arch.MODELS["small"]
+    assert small.store_without_fold and small.gate_fold == 8
+    monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(small, dst_store=1024,
+                                                                  krig_store=256))
+    train(TrainConfig(model="small", data=str(d), run_dir=str(tmp_path / "run"), steps=2,
+                      batch_size=2, lr=3e-3, warmup=1, log_every=1, eval_every=0, ckpt_every=0))
+    err = capsys.readouterr().err
+    assert ("stores: built without the gate fold's contexts (1 in 8, by source), on which the "
+            "gates learn\n") in err
+    want, summary = store.build(tok, seg, 1024, by_source=True, fold=8)
+    assert summary.line() in err
+    whole, _ = store.build(tok, seg, 1024, by_source=True)
+    loaded = predictor.load(str(tmp_path / "run"))
+    np.testing.assert_array_equal(np.asarray(loaded.params["dst_store"]), want)
+    assert not np.array_equal(want, whole)
+    krig, _, _ = store.build_krig(tok, seg, 256, want, fold=8)
+    np.testing.assert_array_equal(np.asarray(loaded.params["krig_store"]), krig)

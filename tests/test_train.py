@@ -197,6 +197,8 @@ def test_small_preset_and_its_cpu_recipe():
     assert (small.dst_store, small.pair_store, tiny.dst_store, STORE_K) == (32768, 32768, 0, 64)
     assert (small.placed_store, tiny.placed_store) == (0.25, 0.0)
     assert (small.krig_store, tiny.krig_store) == (0, 0)  # no gain on the built-in data (8.13)
+    # the gates learn on a fold of the probes that the stores leave out too (8.17)
+    assert (small.gate_fold, small.store_without_fold, tiny.store_without_fold) == (8, True, False)
     # the stores (32,768 rows of 64 quantiles, a count and a check) are data, not counted;
     # each read of a store (plain, placed, pair) has a gate (64), a bias and two widths
     assert n_params(small) == (n_params(tiny) + (7 + 17) * 64 + 2 + 2 * 14 * 64

@@ -192,11 +192,16 @@ def _store_tables(mcfg, data, manifest: dict):
     step; a line says so, and the run's config.json records it."""
     tok, seg = reader.read_split(data, manifest, "train", sha256=False)
     tables, lines = {}, []
+    fold = mcfg.gate_fold if mcfg.store_without_fold else 0
+    if fold:
+        lines.append(f"stores: built without the gate fold's contexts (1 in {fold}, by source), "
+                     "on which the gates learn")
     for key, field in (("dst", "dst_store"), ("pair", "pair_store")):
         if not getattr(mcfg, field):
             continue
         table, summary = store_lib.build(tok, seg, getattr(mcfg, field), key=key,
-                                         by_source=key == "dst" and mcfg.store_by_source)
+                                         by_source=key == "dst" and mcfg.store_by_source,
+                                         fold=fold)
         lines.append(summary.line())
         if key == "pair" and summary.answered == 0:
             lines.append("pair store: off for this run (no train reply has its reverse pair, "
@@ -206,7 +211,7 @@ def _store_tables(mcfg, data, manifest: dict):
         tables[field] = table
     if mcfg.dst_store and mcfg.krig_store:  # read through the destination store's medians
         table, noise, summary = store_lib.build_krig(tok, seg, mcfg.krig_store,
-                                                     tables["dst_store"])
+                                                     tables["dst_store"], fold=fold)
         lines.append(summary.line())
         tables |= {"krig_store": table, "krig_noise": np.array([noise], np.float32)}
     return mcfg, tables, lines

@@ -140,6 +140,12 @@ class ModelConfig:
     # context, they learned it where the model had memorized the probe, and stayed too
     # closed for new ones (docs/learning.md section 8.9). 0: off
     gate_fold: int = 0
+    # with gate_fold: the stores (dst_store, pair_store, krig_store) are built without the
+    # fold's contexts, so that the gates learn on probes the stores have not seen either,
+    # as the test split's are (with them in, a fold probe's own replies are among its
+    # destinations' quantiles, and the gates learn to trust the stores more than a new
+    # probe should: docs/learning.md section 8.17)
+    store_without_fold: bool = False
 
     def __post_init__(self):
         for name in ("dst_memory", "dst_store", "pair_store", "krig_store"):
@@ -148,6 +154,8 @@ class ModelConfig:
                 raise ValueError(f"{name} must be 0 or a power of two, not {n}")
         if self.gate_fold < 0 or self.gate_fold == 1:
             raise ValueError(f"gate_fold must be 0 (off) or at least 2, not {self.gate_fold}")
+        if self.store_without_fold and not self.gate_fold:
+            raise ValueError("store_without_fold leaves out the gate fold's contexts: set gate_fold")
 
 
 MODELS = {
@@ -158,12 +166,14 @@ MODELS = {
     # copying forms sooner; a head pointed at the earlier pings to the query's destination,
     # and byte values with a sense of nearness, with which it copies an RTT; the train
     # split's replies by destination (each source once), by reverse pair and placed by the
-    # probe's other replies, each behind a gate (docs/learning.md)
+    # probe's other replies, each behind a gate that learns on probes neither the layers
+    # nor the stores have seen (docs/learning.md)
     "small": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256,
                          grammar_embed=True, init_std=0.08, match_dst=4.0, byte_features=7,
                          dst_memory=8192, dst_prior_scale=30.0, anonymize_src=True,
                          context_copy=0.3, copy_aux=1.0, dst_store=32768, pair_store=32768,
-                         store_by_source=True, placed_store=0.25, gate_fold=8),
+                         store_by_source=True, placed_store=0.25, gate_fold=8,
+                         store_without_fold=True),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,

@@ -59,13 +59,14 @@ class StoreSummary:
                       else "")))
 
 
-@functools.partial(jax.jit, static_argnames="key")
-def _replies(tokens, segment_ids, key="dst"):
+@functools.partial(jax.jit, static_argnames=("key", "fold"))
+def _replies(tokens, segment_ids, key="dst", fold=0):
     """(key, reverse key, code, is_reply), [B, T] each: at each RTT_START whose two bytes
     follow in its segment, the measurement's destination hash (``key`` "dst"; its reverse
     key is itself) or the key of its ordered (source, destination) pair ("pair"; the
     reverse: (destination, source)), or ("ends") the destination's hash and the source's,
-    and the reply's 16-bit code."""
+    and the reply's 16-bit code. ``fold`` (ModelConfig.gate_fold, with store_without_fold):
+    the replies of that fold's contexts (model.source_fold) are not replies here."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     _, full, _ = M.address_hashes(tokens, seg, "dst")
     back = full
@@ -77,6 +78,8 @@ def _replies(tokens, segment_ids, key="dst"):
     b1, b2 = nxt(tokens, 1) - vocab.BYTE_OFFSET, nxt(tokens, 2) - vocab.BYTE_OFFSET
     ok = ((tokens == vocab.RTT_START) & (seg > 0) & (nxt(seg, 2) == seg)
           & (b1 >= 0) & (b1 < 256) & (b2 >= 0) & (b2 < 256))
+    if fold:
+        ok = ok & ~M.source_fold(tokens, seg, fold)
     return full, back, b1 * 256 + b2, ok
 
 
@@ -105,7 +108,7 @@ def _place(first: np.ndarray, second: np.ndarray, n: np.ndarray, keys: np.ndarra
     return row
 
 
-def _collect(tokens, segment_ids, key: str, batch: int):
+def _collect(tokens, segment_ids, key: str, batch: int, fold: int = 0):
     """``_replies``' (key, reverse key, code) of every reply in the rows, int32[n] each."""
     hs, backs, codes = [], [], []
     for r0 in range(0, len(tokens), batch):
@@ -113,7 +116,7 @@ def _collect(tokens, segment_ids, key: str, batch: int):
         if len(t) < batch:  # one compiled shape: pad the last batch with empty rows
             t = np.concatenate([t, np.zeros((batch - len(t),) + t.shape[1:], t.dtype)])
             s = np.concatenate([s, np.zeros((batch - len(s),) + s.shape[1:], s.dtype)])
-        h, b, c, ok = (np.asarray(x) for x in _replies(t, s, key))
+        h, b, c, ok = (np.asarray(x) for x in _replies(t, s, key, fold))
         hs.append(h[ok])
         backs.append(b[ok])
         codes.append(c[ok])
@@ -134,18 +137,20 @@ def _pair_medians(one: np.ndarray, other: np.ndarray, code: np.ndarray):
 
 
 def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = "dst",
-          batch: int = 512, by_source: bool = False) -> tuple[np.ndarray, StoreSummary]:
+          batch: int = 512, by_source: bool = False,
+          fold: int = 0) -> tuple[np.ndarray, StoreSummary]:
     """(float32[rows, STORE_K + 2], summary) from packed rows ``tokens``/``segment_ids``,
     by destination (``key`` "dst") or by ordered address pair ("pair"). ``by_source`` (with
     "dst"; ModelConfig.store_by_source): a destination's quantiles are over its sources'
     median codes (the lower middle of an even count), each source once, instead of over its
-    replies; its count is its replies either way."""
+    replies; its count is its replies either way. ``fold``: without the replies of that
+    gate fold's contexts (ModelConfig.store_without_fold)."""
     if key not in KEYS:
         raise ValueError(f"store key must be one of {sorted(KEYS)}, not {key!r}")
     if by_source and key != "dst":
         raise ValueError(f"by_source is for the destination store, not key {key!r}")
     K = arch.STORE_K
-    h, back, code = _collect(tokens, segment_ids, "ends" if by_source else key, batch)
+    h, back, code = _collect(tokens, segment_ids, "ends" if by_source else key, batch, fold)
     table = np.zeros((rows, K + 2), np.float32)
     answered = -1 if key == "dst" else 0
     if len(h) == 0:
@@ -214,7 +219,7 @@ def _log2_value(code: np.ndarray) -> np.ndarray:
 
 
 def build_krig(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, dst_table: np.ndarray,
-               *, batch: int = 512) -> tuple[np.ndarray, float, KrigSummary]:
+               *, batch: int = 512, fold: int = 0) -> tuple[np.ndarray, float, KrigSummary]:
     """(float32[rows, 2] of (covariance, check), a reply's noise variance, summary): the
     kriging store (ModelConfig.krig_store) from packed rows, as the context_krig baseline
     fits its (train.eval.context_baselines.krig_table), in octaves: per (source,
@@ -224,7 +229,7 @@ def build_krig(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, dst_table
     sources that reached both, over their count (plus KRIG_SHRINK for two destinations);
     the noise the replies' mean square log2 ratio to their pair's median."""
     K = arch.STORE_K
-    dst, src, code = _collect(tokens, segment_ids, "ends", batch)
+    dst, src, code = _collect(tokens, segment_ids, "ends", batch, fold)
     table = np.zeros((rows, 2), np.float32)
     if len(dst):  # the destination's own row (model.store_rows; its check, enough replies)
         r1, r2 = (np.asarray(r) for r in M.store_rows(dst, len(dst_table)))
