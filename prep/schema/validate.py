@@ -127,9 +127,9 @@ def find_files(paths: Iterable[str | Path], suffixes: tuple[str, ...], none_foun
     if not found:
         for p in map(Path, paths):  # say what the folders hold instead, if it is telling
             k = sniff.kind(p) if command and p.is_dir() else "empty"
-            hint = sniff.advice(p, k, command)
-            if hint and k.removeprefix("folder:") not in ("empty", "unknown"):
-                raise InputError(hint)
+            if k.removeprefix("folder:") not in ("empty", "unknown"):
+                if hint := sniff.advice(p, k, command):
+                    raise InputError(hint)
         raise InputError(f"{', '.join(map(str, paths))}: {none_found}")
     return sorted(found)
 
