@@ -244,6 +244,34 @@ def test_eval_and_predict_cli(run, tmp_path):
 P_KEYS = ("rtt_ms", "p10_ms", "p90_ms", "p_failed", "history_used")
 
 
+def test_eval_keeps_its_answers_and_pooling_them_alone_gives_its_report(run, full):
+    """`train eval` writes each query's answers beside its report (train.eval.answers);
+    `train pool` of that one evaluation (its run folder) reproduces the report's scores and
+    verdict exactly, from the file alone."""
+    from train.eval.answers import read_answers
+    from train.eval.pool import pool
+
+    report, detail = full
+    path = run / "run" / "eval" / f"step-{report['step']}.answers.npz"
+    assert report["answers_written_to"] == str(path)
+    a = read_answers(path)
+    assert a["names"] == list(report["rtt"]) == list(detail.rtt_ms)
+    for i, name in enumerate(a["names"]):
+        np.testing.assert_array_equal(a["pred_ms"][i], detail.rtt_ms[name])
+        np.testing.assert_array_equal(a["p_failed"][i], detail.p_failed[name])
+    np.testing.assert_array_equal(a["source"], source_groups(detail.queries))
+    np.testing.assert_array_equal(a["stratum"], detail.stratum)
+    assert a["interval_of"] == ["model", "model_no_context"]
+    np.testing.assert_array_equal(a["interval_ms"][0, 1], detail.model.quantile_ms[:, 2])
+    assert a["about"]["data_fingerprint"] == report["data_fingerprint"]
+    pooled = pool([str(run / "run")])
+    assert pooled["inputs"][0]["answers"] == str(path)
+    assert json.dumps(pooled["rtt"]) == json.dumps(report["rtt"])
+    assert pooled["verdict"] == report["verdict"]
+    assert (pooled["queries"], pooled["sources"], pooled["sources_by_stratum"]) == (
+        report["queries"], report["sources"], report["sources_by_stratum"])
+
+
 def test_verdict_per_stratum_against_the_strongest_baseline(full):
     # issue 36, item 8: per stratum, the model minus the strongest baseline (lowest median
     # relative error, not a model) on the same queries, with Brier and MAE

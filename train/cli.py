@@ -82,6 +82,7 @@ def main():
     Examples, one per command:
       train --data shards/                # fit: CPU tiny model ~1 min; GPU the 95M model
       train eval runs/tiny-20261123-101500 --plot eval.png
+      train pool runs/small-world0 runs/small-world1   # several evals as one, e.g. worlds
       train predict runs/tiny-20261123-101500 --src 192.0.2.7 --dst 193.0.14.129
 
     `train ARGS` is `train fit ARGS` (training is the default command); `train COMMAND
@@ -272,6 +273,40 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     if plot:
         plot_fn(report, detail, plot)
         click.echo(f"wrote {plot}", err=True)
+
+
+@main.command("pool", short_help="Several evaluations (e.g. one per world) scored as one.")
+@click.argument("answers", nargs=-1, type=click.Path())
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Also write the pooled report as JSON here.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the bootstrap intervals.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+def pool_cmd(answers, out, seed, as_json):
+    """The per-query answers of several `train eval` runs (ANSWERS: their
+    eval/step-<S>.answers.npz files, or run folders, for the answers of their newest
+    whole-split evaluation) scored as one test split: every predictor's median relative
+    error by stratum with its 95 % interval, and the verdict (the model minus the strongest
+    baseline per stratum, paired), the intervals resampling whole (evaluation, source)
+    pairs. For a result across worlds: one world's interval may hold 0 where the pooled one
+    does not. Evaluations of the same test split (the same queries) are refused.
+
+    \b
+    Example, five generated worlds (prep synth --seed 0..4, a run on each):
+      train pool runs/small-w0 runs/small-w1 runs/small-w2 runs/small-w3 runs/small-w4 \\
+          --out pooled.json
+    """
+    import json
+
+    from train.eval.pool import format_pooled, pool, write_pooled
+
+    if not answers:
+        raise click.UsageError("name the answers of at least one `train eval` (its "
+                               "eval/step-<S>.answers.npz) or a run folder")
+    report = pool(list(answers), seed=seed)
+    click.echo(json.dumps(report, indent=2) if as_json else format_pooled(report))
+    if out:
+        click.echo(f"wrote {write_pooled(report, out)}", err=True)
 
 
 @main.command(short_help="RTT median, p10, p90 and P(failed) of pings, from a run's model.")

@@ -20,8 +20,9 @@ Steps (all on the test split's first epoch, so each measurement counts once):
 
 ``--max-queries N`` takes test rows in a seeded order until they hold N measurements, and
 exactly N RTT queries. The result is a table (train.eval.report), a JSON document (also
-``RUN_DIR/eval/step-<S>.json``, or ``step-<S>-q<N>.json`` for a sample) and optionally a
-figure (train.eval.plot).
+``RUN_DIR/eval/step-<S>.json``, or ``step-<S>-q<N>.json`` for a sample), every query's
+answers beside it (``step-<S>.answers.npz``, train.eval.answers: what `train pool` scores
+across evaluations) and optionally a figure (train.eval.plot).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from tqdm import tqdm
 from prep.base.errors import InputError
 from prep.schema import manifest as manifest_lib
 from prep.tokens import rowdecode
-from train.eval import baselines, context_baselines, registry
+from train.eval import answers, baselines, context_baselines, registry
 from train.eval import metrics as EM
 from train.eval.report import write_report
 from train.fit.reader import dataset_fingerprint, local_copy, read_split
@@ -119,17 +120,9 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
                         "evaluate on a larger test split")
         print(f"warning: {warnings[-1]}", file=sys.stderr, flush=True)
     groups = source_groups(qm)  # the intervals resample whole sources (train.eval.metrics)
-    intervals = {"model": ans, "model_no_context": alone}
-    rtt = {}
-    for name, (pr, pf, cov) in preds.items():
-        a = intervals.get(name)
-        rtt[name] = EM.metrics(pr, pf, cov, truth_ms, failed, history, stratum, seed=cfg.seed,
-                               groups=groups, interval=None if a is None else (a.quantile_ms[:, 0],
-                                                                a.quantile_ms[:, 2]))
-    baseline_names = [n for n in preds if registry.kind_of(n) != registry.MODEL]
-    verdict = EM.verdict({k: v[0] for k, v in preds.items()}, {k: v[1] for k, v in preds.items()},
-                         truth_ms, failed, stratum, rtt, baseline_names, seed=cfg.seed,
-                         groups=groups)
+    intervals = {k: (a.quantile_ms[:, 0], a.quantile_ms[:, 2])
+                 for k, a in (("model", ans), ("model_no_context", alone))}
+    rtt, verdict = score(preds, intervals, truth_ms, failed, history, stratum, groups, cfg.seed)
     result = {
         "run_dir": str(cfg.run_dir), "step": pred.step, "data": str(data),
         "data_fingerprint": fingerprint,
@@ -156,10 +149,29 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
                    **timing, "elapsed_s": round(time.perf_counter() - t0, 3),
                    "device": jax.devices()[0].device_kind},
     }
-    result["written_to"] = str(write_report(result, cfg.run_dir, pred.step,
-                                            len(q) if cfg.max_queries else 0))
+    written = write_report(result, cfg.run_dir, pred.step, len(q) if cfg.max_queries else 0)
+    result["written_to"] = str(written)
+    # what `train pool` reads to score this evaluation with others (train.eval.answers)
+    result["answers_written_to"] = str(answers.write_answers(
+        answers.answers_path(written), preds=preds, intervals=intervals, truth_ms=truth_ms,
+        failed=failed, history=history, stratum=stratum, groups=groups,
+        about={k: result[k] for k in answers.ABOUT}))
     return result, Detail(qm, {k: v[0] for k, v in preds.items()},
                           {k: v[1] for k, v in preds.items()}, ans, stratum)
+
+
+def score(preds: dict, intervals: dict, truth_ms, failed, history, stratum, groups,
+          seed: int) -> tuple[dict, dict]:
+    """(rtt, verdict): each predictor's metrics (``preds``: name -> (RTT ms, P(failed),
+    covered); ``intervals``: name -> (p10, p90) where it has them) and the verdict, every
+    interval resampling whole ``groups``."""
+    rtt = {name: EM.metrics(pr, pf, cov, truth_ms, failed, history, stratum, seed=seed,
+                            groups=groups, interval=intervals.get(name))
+           for name, (pr, pf, cov) in preds.items()}
+    baseline_names = [n for n in preds if registry.kind_of(n) != registry.MODEL]
+    verdict = EM.verdict({k: v[0] for k, v in preds.items()}, {k: v[1] for k, v in preds.items()},
+                         truth_ms, failed, stratum, rtt, baseline_names, seed=seed, groups=groups)
+    return rtt, verdict
 
 
 def source_groups(q: rowdecode.RowMeasurements) -> np.ndarray:

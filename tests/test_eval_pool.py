@@ -1,0 +1,130 @@
+"""`train pool` (train.eval.pool) and the answers `train eval` keeps (train.eval.answers):
+planted worlds pooled, with exact medians, sources told apart by world, the verdict's
+intervals those of the pooled queries, and what it refuses. `train eval`'s own answers file
+is held to its report in tests/test_evaluate.py."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from prep.base.errors import InputError
+from train.cli import main
+from train.eval import answers as A
+from train.eval import metrics as EM
+from train.eval.pool import pool, resolve
+
+
+def _world(path, *, model, ema, sources, fingerprint, extra=None, p10=90.0):
+    """An answers file of queries to a 100 ms truth (one failed at the end), each source
+    with the same number of queries, the model and context EMA answering ``model``/``ema``."""
+    n = len(model)
+    truth = np.full(n, 100.0)
+    failed = np.zeros(n, bool)
+    failed[-1] = True
+    preds = {"model": (np.asarray(model, float), np.full(n, 0.1), np.ones(n, bool)),
+             "context_ema": (np.asarray(ema, float), np.full(n, 0.2), np.ones(n, bool))}
+    if extra:
+        preds[extra] = (np.full(n, 100.0), np.zeros(n), np.ones(n, bool))
+    source = np.repeat(np.arange(sources), n // sources)
+    stratum = np.where(np.arange(n) % 2 == 0, 0, 2).astype(np.int8)
+    return A.write_answers(
+        path, preds=preds, intervals={"model": (np.full(n, p10), np.full(n, 120.0))},
+        truth_ms=truth, failed=failed, history=np.arange(n), stratum=stratum, groups=source,
+        about={"run_dir": f"runs/{fingerprint}", "step": 7, "data": f"shards-{fingerprint}",
+               "data_fingerprint": fingerprint, "split": {"split": "time"},
+               "config": {"max_queries": 0, "seed": 0}})
+
+
+def test_answers_round_trip(tmp_path):
+    p = _world(tmp_path / "step-7.answers.npz", model=[110, 120, 130, 140], ema=[130] * 4,
+               sources=2, fingerprint="a")
+    assert A.answers_path(tmp_path / "step-7.json") == p
+    a = A.read_answers(p)
+    assert a["names"] == ["model", "context_ema"] and a["interval_of"] == ["model"]
+    assert a["pred_ms"][0].tolist() == [110, 120, 130, 140]
+    assert a["source"].tolist() == [0, 0, 1, 1] and a["stratum"].tolist() == [0, 2, 0, 2]
+    assert a["failed"].tolist() == [False, False, False, True]
+    assert a["interval_ms"].shape == (1, 2, 4) and a["about"]["data_fingerprint"] == "a"
+    assert list(tmp_path.iterdir()) == [p]  # no temp file left
+
+
+def test_two_worlds_pooled(tmp_path):
+    """World a: the model 0.1 off, the EMA 0.3; world b: the model 0.2 off, the EMA 0.05.
+    Pooled: medians over both worlds' replies, 2 + 3 sources (source 0 of each world is
+    another probe), and the verdict of the concatenated queries with those groups."""
+    fa = _world(tmp_path / "a.answers.npz", model=[110] * 6, ema=[130] * 6, sources=2,
+                fingerprint="a")
+    fb = _world(tmp_path / "b.answers.npz", model=[120] * 9, ema=[105] * 9, sources=3,
+                fingerprint="b", extra="dst_median", p10=101.0)
+    r = pool([str(fa), str(fb)])
+    assert (r["queries"], r["queries_with_rtt"], r["sources"]) == (15, 13, 5)
+    assert r["warnings"] == ["left out, not in every input: dst_median",
+                             "only 13 queries have a reply (fewer than 1,000): the medians "
+                             "and their intervals are rough"]
+    assert list(r["rtt"]) == ["model", "context_ema"]
+    # replies: world a 5 (model 0.1, EMA 0.3), world b 8 (model 0.2, EMA 0.05)
+    assert r["rtt"]["model"]["median_rel"] == pytest.approx(0.2)
+    assert r["rtt"]["context_ema"]["median_rel"] == pytest.approx(0.05)
+    # the model's [p10, p90] holds the truth in world a, not in world b (p10 101 ms)
+    assert r["rtt"]["model"]["interval_coverage"] == pytest.approx(5 / 13)
+    assert [i["sources"] for i in r["inputs"]] == [2, 3]
+    v = r["verdict"]["all"]
+    assert (v["baseline"], v["n"], v["n_rtt"], v["winner"]) == ("context_ema", 15, 13, "neither")
+    truth = np.full(15, 100.0)
+    failed = np.array([False] * 5 + [True] + [False] * 8 + [True])
+    groups = np.concatenate([np.repeat([0, 1], 3), np.repeat([2, 3, 4], 3)])
+    rel_m = np.abs(np.r_[[110.0] * 6, [120.0] * 9] - truth) / truth
+    rel_e = np.abs(np.r_[[130.0] * 6, [105.0] * 9] - truth) / truth
+    assert v["median_rel"]["diff_ci"] == EM.paired_bootstrap_ci(
+        rel_m[~failed], rel_e[~failed], seed=0, n_boot=EM.VERDICT_N_BOOT, groups=groups[~failed])
+    assert r["sources_by_stratum"] == {"pair_in_context": 5, "node_known": 0, "cold": 5}
+
+
+def test_pool_refuses_the_same_queries_twice_and_what_is_not_answers(tmp_path):
+    fa = _world(tmp_path / "a.answers.npz", model=[110] * 4, ema=[130] * 4, sources=2,
+                fingerprint="a")
+    fa2 = _world(tmp_path / "a2.answers.npz", model=[120] * 4, ema=[130] * 4, sources=2,
+                 fingerprint="a")
+    with pytest.raises(InputError, match="hold the same queries .* count twice"):
+        pool([str(fa), str(fa2)])
+    bad = tmp_path / "x.answers.npz"
+    bad.write_text("not an archive")
+    with pytest.raises(InputError, match="not a NumPy archive.*`train eval RUN_DIR` writes one"):
+        pool([str(bad)])
+    np.savez(tmp_path / "y.npz", names=np.array(["model"]))
+    with pytest.raises(InputError, match="not the answers of a `train eval` .no pred_ms"):
+        pool([str(tmp_path / "y.npz")])
+    with pytest.raises(InputError, match="no answers of a whole-split evaluation .* run "
+                                         "`train eval"):
+        resolve(str(tmp_path))
+
+
+def test_a_run_folder_means_its_newest_whole_split_answers(tmp_path):
+    ev = tmp_path / "run" / "eval"
+    ev.mkdir(parents=True)
+    for name in ("step-800.answers.npz", "step-2400.answers.npz", "step-3000-q500.answers.npz"):
+        (ev / name).write_bytes(b"")
+    assert resolve(str(tmp_path / "run")) == ev / "step-2400.answers.npz"
+    assert resolve(str(ev / "step-800.answers.npz")) == ev / "step-800.answers.npz"
+
+
+def test_pool_cli(tmp_path):
+    fa = _world(tmp_path / "a.answers.npz", model=[110] * 6, ema=[130] * 6, sources=2,
+                fingerprint="a")
+    fb = _world(tmp_path / "b.answers.npz", model=[120] * 9, ema=[105] * 9, sources=3,
+                fingerprint="b")
+    res = CliRunner().invoke(main, ["pool", str(fa), str(fb), "--out", str(tmp_path / "p.json")])
+    assert res.exit_code == 0, res.output
+    assert res.output.startswith("train pool: 2 evaluations, 15 RTT queries (13 with a reply)\n"
+                                 f"  {fa}: runs/a at step 7 on shards-a, 6 queries (5 with a "
+                                 "reply), 2 sources\n")
+    assert "intervals resample whole (evaluation, source) pairs: 5" in res.output
+    assert "  all (13 with a reply): no winner (the interval holds 0); vs context EMA (0.3)" \
+        in res.output
+    assert json.loads((tmp_path / "p.json").read_text())["sources"] == 5
+    res = CliRunner().invoke(main, ["pool"])
+    assert res.exit_code == 2 and "name the answers of at least one `train eval`" in res.output
+    res = CliRunner().invoke(main, ["pool", str(tmp_path / "none.npz")])
+    assert res.exit_code == 2 and "none.npz: no such file" in res.output

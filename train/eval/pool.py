@@ -1,0 +1,127 @@
+"""`train pool`: several evaluations scored as one, from the per-query answers each
+`train eval` keeps (train.eval.answers): e.g. one run per generated world, to say whether
+the model wins in a stratum across worlds where one world's interval holds 0.
+
+The queries of all inputs are put together and scored as `train eval` scores one test split
+(train.eval.evaluate.score: every predictor's metrics, by stratum and by context length,
+and the verdict), with the intervals resampling whole (input, source) pairs: a source of
+one world and a source of another are different probes, and each probe's queries move
+together. Inputs must hold different queries: two evaluations of one test split (two runs,
+or one run twice) would count each query twice, as if independent, and are refused.
+Predictors that not every input has are left out, with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from prep.base.errors import InputError
+from prep.base.words import count
+from train.eval import metrics as EM
+from train.eval.answers import read_answers
+from train.eval.evaluate import score
+
+
+def resolve(arg: str) -> Path:
+    """An answers file, or a run folder's: the answers of its newest whole-split
+    evaluation (eval/step-<S>.answers.npz, S the largest)."""
+    p = Path(arg)
+    if not p.is_dir():
+        return p
+    found = sorted(((int(f.name.split("-")[1].split(".")[0]), f)
+                    for f in (p / "eval").glob("step-*.answers.npz")
+                    if f.name.count("-") == 1), reverse=True)
+    if not found:
+        raise InputError(f"{p}: no answers of a whole-split evaluation under {p}/eval; run "
+                         f"`train eval {p}` first (or name a step-<S>-q<N>.answers.npz)")
+    return found[0][1]
+
+
+def pool(paths: list[str], *, seed: int = 0) -> dict:
+    """The pooled report: ``inputs`` (each one's file, run, step, data and counts), the
+    pooled counts, ``warnings``, ``rtt`` and ``verdict`` as in `train eval`'s report."""
+    if not paths:
+        raise InputError("train pool: name at least one answers file or run folder")
+    files = [resolve(p) for p in paths]
+    loaded = [read_answers(f) for f in files]
+    seen: dict[tuple, Path] = {}
+    for f, a in zip(files, loaded):
+        ab = a["about"]
+        cfg = ab.get("config", {})
+        key = (ab.get("data_fingerprint"), cfg.get("max_queries"), cfg.get("seed"))
+        if key in seen:
+            raise InputError(
+                f"{seen[key]} and {f} hold the same queries (the test split of "
+                f"{ab.get('data')}, the same sample): pooled, each query would count twice "
+                "as if independent; pool evaluations of different datasets (e.g. one per "
+                "`prep synth --seed`)")
+        seen[key] = f
+    common = [n for n in loaded[0]["names"] if all(n in a["names"] for a in loaded)]
+    if "model" not in common:
+        raise InputError(f"{files[0]}: no model answers; run `train eval` again")
+    warnings = []
+    left = sorted({n for a in loaded for n in a["names"]} - set(common))
+    if left:
+        warnings.append(f"left out, not in every input: {', '.join(left)}")
+    cat = lambda key: np.concatenate([a[key] for a in loaded])
+    take = lambda a, key, n: a[key][a["names"].index(n)]
+    preds = {n: tuple(np.concatenate([take(a, k, n) for a in loaded])
+                      for k in ("pred_ms", "p_failed", "covered")) for n in common}
+    both = [n for n in common if all(n in a["interval_of"] for a in loaded)]
+    intervals = {n: tuple(np.concatenate([a["interval_ms"][a["interval_of"].index(n)][j]
+                                          for a in loaded]) for j in (0, 1)) for n in both}
+    # (input, source) as one label: the bootstrap draws whole probes of whole worlds
+    offsets = np.cumsum([0] + [int(a["source"].max()) + 1 if len(a["source"]) else 0
+                               for a in loaded])
+    groups = np.concatenate([a["source"] + off for a, off in zip(loaded, offsets)])
+    truth, failed, history, stratum = (cat("truth_ms"), cat("failed"), cat("history"),
+                                       cat("stratum"))
+    n_rtt = int((~failed).sum())
+    if n_rtt < EM.MIN_REPLIES:
+        warnings.append(f"only {n_rtt:,} queries have a reply (fewer than "
+                        f"{EM.MIN_REPLIES:,}): the medians and their intervals are rough")
+    rtt, verdict = score(preds, intervals, truth, failed, history, stratum, groups, seed)
+    inputs = [{"answers": str(f), **{k: a["about"].get(k) for k in ("run_dir", "step", "data",
+                                                                     "data_fingerprint")},
+               "queries": int(len(a["truth_ms"])), "queries_with_rtt": int((~a["failed"]).sum()),
+               "sources": int(len(np.unique(a["source"])))} for f, a in zip(files, loaded)]
+    return {"inputs": inputs, "queries": int(len(truth)), "queries_with_rtt": n_rtt,
+            "sources": int(len(np.unique(groups))),
+            "sources_by_stratum": {name: int(len(np.unique(groups[stratum == k])))
+                                   for k, name in enumerate(EM.STRATA)},
+            "seed": seed, "warnings": warnings, "rtt": rtt, "verdict": verdict}
+
+
+def format_pooled(r: dict) -> str:
+    """The pooled report as text: the inputs, then `train eval`'s tables and verdict."""
+    from train.eval import report as R
+
+    lines = [f"train pool: {count(len(r['inputs']), 'evaluation')}, {r['queries']:,} RTT "
+             f"queries ({r['queries_with_rtt']:,} with a reply)"]
+    for i in r["inputs"]:
+        lines.append(f"  {i['answers']}: {i['run_dir']} at step {i['step']} on {i['data']}, "
+                     f"{i['queries']:,} queries ({i['queries_with_rtt']:,} with a reply), "
+                     f"{i['sources']:,} sources")
+    lines += [f"warning: {w}" for w in r["warnings"]]
+    lines.append("")
+    lines += R._main_table(r["rtt"])
+    scored = {k: m for k, m in r["rtt"].items() if not R.fell_back(m)}
+    by = ", ".join(f"{s} {n:,}" for s, n in r["sources_by_stratum"].items())
+    resampled = (f"; intervals resample whole (evaluation, source) pairs: {r['sources']:,} "
+                 f"({by})")
+    lines += ["", "median relative error [95 % interval] by stratum" + resampled]
+    lines += R._sub_table(scored, "by_stratum", list(EM.STRATA), 24, lambda s: (
+        f"{R._fmt(s['median_rel'], '.3f')} {R._ci(s, 14)}" if s["median_rel"] is not None
+        else "-"))
+    lines += R._verdict(r["verdict"], resampled)
+    return "\n".join(lines)
+
+
+def write_pooled(r: dict, out: str | Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(r, indent=2) + "\n")
+    return out
