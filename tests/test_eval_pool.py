@@ -91,11 +91,19 @@ def test_pool_refuses_the_same_queries_twice_and_what_is_not_answers(tmp_path):
         pool([str(fa), str(fa2)])
     bad = tmp_path / "x.answers.npz"
     bad.write_text("not an archive")
-    with pytest.raises(InputError, match="not a NumPy archive.*`train eval RUN_DIR` writes one"):
+    with pytest.raises(InputError, match="not a NumPy archive of answers; `train eval RUN_DIR` "
+                                         "writes one"):
         pool([str(bad)])
+    (tmp_path / "step-7.json").write_text("{}")
+    with pytest.raises(InputError, match="step-7.json: a report, not its answers; they are "
+                                         "step-7.answers.npz beside it"):
+        pool([str(tmp_path / "step-7.json")])
     np.savez(tmp_path / "y.npz", names=np.array(["model"]))
     with pytest.raises(InputError, match="not the answers of a `train eval` .no pred_ms"):
         pool([str(tmp_path / "y.npz")])
+    with pytest.raises(InputError, match="not a run folder .no config.json."):
+        resolve(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
     with pytest.raises(InputError, match="no answers of a whole-split evaluation .* run "
                                          "`train eval"):
         resolve(str(tmp_path))

@@ -71,6 +71,10 @@ def read_answers(path: str | Path) -> dict:
     hint = "`train eval RUN_DIR` writes one beside its report (RUN_DIR/eval/step-<S>.answers.npz)"
     if not path.is_file():
         raise InputError(f"{path}: no such file; {hint}")
+    if path.name.endswith(".json"):
+        raise InputError(f"{path}: a report, not its answers; they are "
+                         f"{answers_path(path).name} beside it (`train eval` since "
+                         "2026-11-29; evaluate again for an older report)")
     try:
         with np.load(path, allow_pickle=False) as z:
             missing = [k for k in _ARRAYS if k not in z.files]
@@ -78,8 +82,8 @@ def read_answers(path: str | Path) -> dict:
                 raise InputError(f"{path}: not the answers of a `train eval` (no "
                                  f"{', '.join(missing)}); {hint}")
             a = {k: z[k] for k in _ARRAYS}
-    except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise InputError(f"{path}: not a NumPy archive ({e}); {hint}") from None
+    except (OSError, ValueError, zipfile.BadZipFile):
+        raise InputError(f"{path}: not a NumPy archive of answers; {hint}") from None
     if int(a["version"]) != ANSWERS_VERSION:
         raise InputError(f"{path}: answers format {int(a['version'])}, this version reads "
                          f"{ANSWERS_VERSION}; run `train eval` again")

@@ -34,6 +34,9 @@ def resolve(arg: str) -> Path:
     found = sorted(((int(f.name.split("-")[1].split(".")[0]), f)
                     for f in (p / "eval").glob("step-*.answers.npz")
                     if f.name.count("-") == 1), reverse=True)
+    if not found and not (p / "config.json").is_file():
+        raise InputError(f"{p}: not a run folder (no config.json); name runs that `train "
+                         "eval` has evaluated, or their eval/step-<S>.answers.npz")
     if not found:
         raise InputError(f"{p}: no answers of a whole-split evaluation under {p}/eval; run "
                          f"`train eval {p}` first (or name a step-<S>-q<N>.answers.npz)")
