@@ -5,7 +5,8 @@ baseline in every stratum once it has the tokens? One command for a lent GPU.
 For each `prep synth` seed: the built-in data's flags (3M rows, 3,000 probes, 2 days),
 `prep shards --split time+probe --row-len 256`, then bench/learning.py with the recipe's
 objective at GPU batch sizes; writes bench/results/learning-<device>-small-synth<seed>.json
-(and its figure) per world; with ``--seattle DIR`` (the SeattleData_* frames, README:
+(and its figure) per world, and the worlds' last checkpoints pooled (`train pool`) into
+learning-<device>-small-pooled.json; with ``--seattle DIR`` (the SeattleData_* frames, README:
 Seattle) the same on that real matrix, `learning-<device>-small-seattle.json`, where matrix
 factorization is the bar. With ``--budget-s`` each world's run takes the steps its share
 of the budget allows at ``--rate`` real tokens/s (the `small` of 11-27 ran 2.5M tokens/s on
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     results.mkdir(parents=True, exist_ok=True)
     device = re.sub(r"[^A-Za-z0-9]+", "-", jax.devices()[0].device_kind).strip("-").lower()
     t0 = time.perf_counter()
-    failed = []
+    failed, done = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for k, seed in enumerate(seeds):
             steps = args.steps
@@ -135,9 +136,28 @@ def main(argv: list[str] | None = None) -> int:
                                 "--out", str(out), "--plot", str(out.with_suffix(".png"))])
             if rc:
                 failed.append(f"seed {seed}")
+            elif seed != "seattle":
+                done.append(Path(f"{tmp}/run{seed}"))
+        if len(done) > 1:  # the generated worlds' last checkpoints scored as one
+            _pooled(done, results / f"learning-{device}-small-pooled"
+                    f"{'-' + args.tag if args.tag else ''}.json")
     print(f"[recipe-gpu] done in {time.perf_counter() - t0:.0f} s"
           + (f"; failed: {', '.join(failed)}" if failed else ""), file=sys.stderr)
     return 1 if failed else 0
+
+
+def _pooled(runs: list[Path], out: Path) -> None:
+    """`train pool` of each run's last scored checkpoint (its newest answers file), written
+    to ``out``, its verdict lines on stderr."""
+    from train.eval.pool import format_pooled, pool, write_pooled
+
+    newest = [max(r.glob("eval/step-*.answers.npz"),
+                  key=lambda f: int(f.name.split("-")[1].split(".")[0])) for r in runs]
+    report = pool([str(f) for f in newest])
+    write_pooled(report, out)
+    verdict = format_pooled(report).split("\nverdict:")[-1]
+    print(f"[recipe-gpu] {len(runs)} worlds pooled, verdict:{verdict}\n[recipe-gpu] wrote {out}",
+          file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

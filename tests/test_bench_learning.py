@@ -89,3 +89,27 @@ def test_plot_draws_one_panel_per_stratum_with_queries(tmp_path):
     learning.plot(curve, tmp_path / "c.png")
     # all, pair_in_context and cold: 3 panels of 3.3 inches at 150 dpi (node_known has none)
     assert Image.open(tmp_path / "c.png").size == (round(3 * 3.3 * 150), round(3.4 * 150))
+
+
+def test_recipe_gpu_pools_each_world_s_last_scored_checkpoint(tmp_path, capsys):
+    """After the worlds' runs: `train pool` of each run's newest answers (its last point)."""
+    import json
+
+    from tests.test_eval_pool import _world
+
+    runs = []
+    for w, model in ((0, 110), (1, 120)):
+        ev = tmp_path / f"run{w}" / "eval"
+        ev.mkdir(parents=True)
+        for step, m in ((10, 200), (20, model)):  # the step-10 answers are far off: not read
+            _world(ev / f"step-{step}-q6.answers.npz", model=[m] * 6, ema=[130] * 6, sources=2,
+                   fingerprint=f"w{w}")
+        runs.append(tmp_path / f"run{w}")
+    recipe_gpu._pooled(runs, tmp_path / "pooled.json")
+    r = json.loads((tmp_path / "pooled.json").read_text())
+    assert [i["answers"] for i in r["inputs"]] == [
+        str(tmp_path / f"run{w}" / "eval" / "step-20-q6.answers.npz") for w in (0, 1)]
+    assert r["rtt"]["model"]["median_rel"] == pytest.approx(0.15)  # 0.1 x5, 0.2 x5
+    err = capsys.readouterr().err
+    assert "[recipe-gpu] 2 worlds pooled, verdict: the model minus the strongest baseline" in err
+    assert f"[recipe-gpu] wrote {tmp_path / 'pooled.json'}" in err
