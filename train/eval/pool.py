@@ -23,6 +23,7 @@ from prep.base.words import count
 from train.eval import metrics as EM
 from train.eval.answers import read_answers
 from train.eval.evaluate import score
+from train.eval.report import score_tables
 
 
 def resolve(arg: str) -> Path:
@@ -100,8 +101,6 @@ def pool(paths: list[str], *, seed: int = 0) -> dict:
 
 def format_pooled(r: dict) -> str:
     """The pooled report as text: the inputs, then `train eval`'s tables and verdict."""
-    from train.eval import report as R
-
     lines = [f"train pool: {count(len(r['inputs']), 'evaluation')}, {r['queries']:,} RTT "
              f"queries ({r['queries_with_rtt']:,} with a reply)"]
     for i in r["inputs"]:
@@ -109,18 +108,10 @@ def format_pooled(r: dict) -> str:
                      f"{i['queries']:,} queries ({i['queries_with_rtt']:,} with a reply), "
                      f"{i['sources']:,} sources")
     lines += [f"warning: {w}" for w in r["warnings"]]
-    lines.append("")
-    lines += R._main_table(r["rtt"])
-    scored = {k: m for k, m in r["rtt"].items() if not R.fell_back(m)}
     by = ", ".join(f"{s} {n:,}" for s, n in r["sources_by_stratum"].items())
     resampled = (f"; intervals resample whole (evaluation, source) pairs: {r['sources']:,} "
                  f"({by})")
-    lines += ["", "median relative error [95 % interval] by stratum" + resampled]
-    lines += R._sub_table(scored, "by_stratum", list(EM.STRATA), 24, lambda s: (
-        f"{R._fmt(s['median_rel'], '.3f')} {R._ci(s, 14)}" if s["median_rel"] is not None
-        else "-"))
-    lines += R._verdict(r["verdict"], resampled)
-    return "\n".join(lines)
+    return "\n".join(lines + [""] + score_tables(r["rtt"], r["verdict"], resampled))
 
 
 def write_pooled(r: dict, out: str | Path) -> Path:

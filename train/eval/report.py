@@ -64,12 +64,8 @@ def format_report(r: dict) -> str:
                          f"first source of a family is not): {ca['loss']:.3f} "
                          f"({100 * ca['accuracy']:.1f} %) over {ca['tokens']:,} targets")
         lines.append("")
-    lines += _main_table(r["rtt"])
+    lines += score_tables(r["rtt"], r.get("verdict"), _resampled(r))
     scored = {k: m for k, m in r["rtt"].items() if not fell_back(m)}
-    lines += ["", "median relative error [95 % interval] by stratum" + _resampled(r)]
-    lines += _sub_table(scored, "by_stratum", list(STRATA), 24, lambda s: (
-        f"{_fmt(s['median_rel'], '.3f')} {_ci(s, 14)}" if s["median_rel"] is not None else "-"))
-    lines += _verdict(r.get("verdict"), _resampled(r))
     buckets = list(next(iter(r["rtt"].values()))["by_history"])
     lines += ["", "median relative error by earlier measurements in the context"]
     lines += _sub_table(scored, "by_history", buckets, 9, lambda s: _fmt(s["median_rel"], "9.3f"))
@@ -85,6 +81,18 @@ def format_report(r: dict) -> str:
               f"{t.get('context_baselines_s', 0):.2f} s; {t['elapsed_s']:.1f} s in all; "
               f"JSON in {r.get('written_to', '-')}"]
     return "\n".join(lines)
+
+
+def score_tables(rtt: dict, verdict: dict | None, resampled: str) -> list[str]:
+    """Every predictor's scores, its median relative error by stratum, then the verdict
+    lines (``resampled``: how the intervals were drawn, said after their headings); what
+    `train eval`'s table and `train pool`'s (train.eval.pool) share."""
+    lines = _main_table(rtt)
+    scored = {k: m for k, m in rtt.items() if not fell_back(m)}
+    lines += ["", "median relative error [95 % interval] by stratum" + resampled]
+    lines += _sub_table(scored, "by_stratum", list(STRATA), 24, lambda s: (
+        f"{_fmt(s['median_rel'], '.3f')} {_ci(s, 14)}" if s["median_rel"] is not None else "-"))
+    return lines + _verdict(verdict, resampled)
 
 
 def _main_table(rtt: dict) -> list[str]:
