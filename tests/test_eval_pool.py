@@ -87,7 +87,8 @@ def test_pool_refuses_the_same_queries_twice_and_what_is_not_answers(tmp_path):
                 fingerprint="a")
     fa2 = _world(tmp_path / "a2.answers.npz", model=[120] * 4, ema=[130] * 4, sources=2,
                  fingerprint="a")
-    with pytest.raises(InputError, match="hold the same queries .* count twice"):
+    with pytest.raises(InputError, match="hold queries of the same test split .of shards-a.: "
+                                         "pooled, a query or a probe would count twice"):
         pool([str(fa), str(fa2)])
     bad = tmp_path / "x.answers.npz"
     bad.write_text("not an archive")

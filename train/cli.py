@@ -289,7 +289,8 @@ def pool_cmd(answers, out, seed, as_json):
     error by stratum with its 95 % interval, and the verdict (the model minus the strongest
     baseline per stratum, paired), the intervals resampling whole (evaluation, source)
     pairs. For a result across worlds: one world's interval may hold 0 where the pooled one
-    does not. Evaluations of the same test split (the same queries) are refused.
+    does not. Two evaluations of one test split (its queries, or samples of its probes) are
+    refused.
 
     \b
     Example, five generated worlds (prep synth --seed 0..4, a run on each):

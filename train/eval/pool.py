@@ -6,8 +6,9 @@ The queries of all inputs are put together and scored as `train eval` scores one
 (train.eval.evaluate.score: every predictor's metrics, by stratum and by context length,
 and the verdict), with the intervals resampling whole (input, source) pairs: a source of
 one world and a source of another are different probes, and each probe's queries move
-together. Inputs must hold different queries: two evaluations of one test split (two runs,
-or one run twice) would count each query twice, as if independent, and are refused.
+together. Inputs must be of different test splits: two evaluations of one (two runs, one
+run twice, or two samples of it) would count a query or a probe twice, as if independent,
+and are refused.
 Predictors that not every input has are left out, with a warning.
 """
 
@@ -51,16 +52,14 @@ def pool(paths: list[str], *, seed: int = 0) -> dict:
         raise InputError("train pool: name at least one answers file or run folder")
     files = [resolve(p) for p in paths]
     loaded = [read_answers(f) for f in files]
-    seen: dict[tuple, Path] = {}
+    seen: dict[str, Path] = {}
     for f, a in zip(files, loaded):
-        ab = a["about"]
-        cfg = ab.get("config", {})
-        key = (ab.get("data_fingerprint"), cfg.get("max_queries"), cfg.get("seed"))
-        if key in seen:
+        key = a["about"].get("data_fingerprint")
+        if key in seen:  # one test split: the same queries, or samples of the same probes
             raise InputError(
-                f"{seen[key]} and {f} hold the same queries (the test split of "
-                f"{ab.get('data')}, the same sample): pooled, each query would count twice "
-                "as if independent; pool evaluations of different datasets (e.g. one per "
+                f"{seen[key]} and {f} hold queries of the same test split (of "
+                f"{a['about'].get('data')}): pooled, a query or a probe would count twice as "
+                "if independent; pool evaluations of different datasets (e.g. one per "
                 "`prep synth --seed`)")
         seen[key] = f
     common = [n for n in loaded[0]["names"] if all(n in a["names"] for a in loaded)]
