@@ -31,10 +31,10 @@ def test_train_help_lists_the_commands_with_an_example_each(flag):
     assert r.exit_code == 0, r.output
     assert r.output.splitlines()[0] == "Usage: train [OPTIONS] [COMMAND] [ARGS]..."
     assert [line.split()[0] for line in _section(r.output, "Commands:")] == [
-        "eval", "fit", "predict"]
+        "eval", "fit", "pool", "predict"]
     examples = _section(r.output, "  Examples, one per command:")
     assert [line.split()[:2] for line in examples] == [
-        ["train", "--data"], ["train", "eval"], ["train", "predict"]]
+        ["train", "--data"], ["train", "eval"], ["train", "pool"], ["train", "predict"]]
     assert "`train ARGS` is `train fit ARGS`" in " ".join(r.output.split())
 
 
