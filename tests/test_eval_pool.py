@@ -137,3 +137,19 @@ def test_pool_cli(tmp_path):
     assert res.exit_code == 2 and "name the answers of at least one `train eval`" in res.output
     res = CliRunner().invoke(main, ["pool", str(tmp_path / "none.npz")])
     assert res.exit_code == 2 and "none.npz: no such file" in res.output
+
+
+def test_verdict_lines_keep_four_decimals_below_a_tenth(tmp_path):
+    """Where the relative errors are ~0.01 (a context's replies to the destination), the
+    verdict line says them to 4 decimals: 3 would print -0.000 [-0.001, -0.000]."""
+    from train.eval.pool import format_pooled
+
+    fa = _world(tmp_path / "a.answers.npz", model=[101] * 6, ema=[102] * 6, sources=2,
+                fingerprint="a")
+    fb = _world(tmp_path / "b.answers.npz", model=[301] * 9, ema=[102] * 9, sources=3,
+                fingerprint="b")
+    lines = format_pooled(pool([str(fa)])).splitlines()
+    assert ("  all (5 with a reply): the model wins; vs context EMA (0.3): median rel 0.0100 "
+            "vs 0.0200, -0.0100 [-0.0100, -0.0100]; ") in "\n".join(lines)
+    text = format_pooled(pool([str(fa), str(fb)]))
+    assert "median rel 2.010 vs 0.020, +1.990 [" in text  # the model's 2.01: 3 decimals

@@ -159,8 +159,11 @@ def _verdict(v: dict | None, resampled: str = "") -> list[str]:
             lines.append(f"  {head}: no queries")
             continue
         m, a, b = row["median_rel"], row["mae_ms"], row["brier"]
+        # below 0.1 (a context's replies to the destination: ~0.02) three decimals hide
+        # the difference: -0.000 [-0.001, -0.000]
+        r = ".4f" if max(abs(m["model"]), abs(m["baseline"])) < 0.1 else ".3f"
         lines.append(f"  {head}: {WON[row['winner']]}; vs {label(row['baseline'])}: "
-                     f"median rel {m['model']:.3f} vs {m['baseline']:.3f}, {_diff(m, '.3f')}; "
+                     f"median rel {m['model']:{r}} vs {m['baseline']:{r}}, {_diff(m, r)}; "
                      f"MAE {a['model']:.2f} vs {a['baseline']:.2f} ms, {_diff(a, '.2f')}; "
                      f"Brier {b['model']:.4f} vs {b['baseline']:.4f}, {_diff(b, '.4f')}")
     return lines
