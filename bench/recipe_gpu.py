@@ -149,10 +149,11 @@ def main(argv: list[str] | None = None) -> int:
 def _pooled(runs: list[Path], out: Path) -> None:
     """`train pool` of each run's last scored checkpoint (its newest answers file), written
     to ``out``, its verdict lines on stderr."""
+    from train.eval.answers import step_of
     from train.eval.pool import format_pooled, pool, write_pooled
 
-    newest = [max(r.glob("eval/step-*.answers.npz"),
-                  key=lambda f: int(f.name.split("-")[1].split(".")[0])) for r in runs]
+    newest = [max((f for f in r.glob("eval/step-*.answers.npz") if step_of(f)), key=step_of)
+              for r in runs]
     report = pool([str(f) for f in newest])
     write_pooled(report, out)
     verdict = format_pooled(report).split("\nverdict:")[-1]

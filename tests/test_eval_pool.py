@@ -113,8 +113,12 @@ def test_pool_refuses_the_same_queries_twice_and_what_is_not_answers(tmp_path):
 def test_a_run_folder_means_its_newest_whole_split_answers(tmp_path):
     ev = tmp_path / "run" / "eval"
     ev.mkdir(parents=True)
-    for name in ("step-800.answers.npz", "step-2400.answers.npz", "step-3000-q500.answers.npz"):
+    for name in ("step-800.answers.npz", "step-2400.answers.npz", "step-3000-q500.answers.npz",
+                 "step-9999-copy.answers.npz"):  # not a name `train eval` writes: not read
         (ev / name).write_bytes(b"")
+    assert [A.step_of(ev / n) for n in ("step-800.answers.npz", "step-3000-q500.answers.npz",
+                                        "step-9999-copy.answers.npz")] == [(800, 0), (3000, 500),
+                                                                           None]
     assert resolve(str(tmp_path / "run")) == ev / "step-2400.answers.npz"
     assert resolve(str(ev / "step-800.answers.npz")) == ev / "step-800.answers.npz"
 

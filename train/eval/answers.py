@@ -22,6 +22,7 @@ compressed archive, no pickled objects:
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -34,6 +35,15 @@ ANSWERS_VERSION = 1
 ABOUT = ("run_dir", "step", "data", "data_fingerprint", "split", "config")  # report keys kept
 _ARRAYS = ("names", "pred_ms", "p_failed", "covered", "interval_of", "interval_ms", "truth_ms",
            "failed", "history", "stratum", "source", "about", "version")
+
+
+_NAME = re.compile(r"step-(\d+)(?:-q(\d+))?\.answers\.npz")
+
+
+def step_of(path: str | Path) -> tuple[int, int] | None:
+    """(step, queries: 0 for a whole split) of an answers file's name, None for another."""
+    m = _NAME.fullmatch(Path(path).name)
+    return (int(m[1]), int(m[2] or 0)) if m else None
 
 
 def answers_path(report: str | Path) -> Path:

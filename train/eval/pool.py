@@ -22,7 +22,7 @@ import numpy as np
 from prep.base.errors import InputError
 from prep.base.words import count
 from train.eval import metrics as EM
-from train.eval.answers import read_answers
+from train.eval.answers import read_answers, step_of
 from train.eval.evaluate import score
 from train.eval.report import score_tables
 
@@ -33,9 +33,8 @@ def resolve(arg: str) -> Path:
     p = Path(arg)
     if not p.is_dir():
         return p
-    found = sorted(((int(f.name.split("-")[1].split(".")[0]), f)
-                    for f in (p / "eval").glob("step-*.answers.npz")
-                    if f.name.count("-") == 1), reverse=True)
+    found = sorted(((s[0], f) for f in (p / "eval").glob("step-*.answers.npz")
+                    if (s := step_of(f)) and s[1] == 0), reverse=True)
     if not found and not (p / "config.json").is_file():
         raise InputError(f"{p}: not a run folder (no config.json); name runs that `train "
                          "eval` has evaluated, or their eval/step-<S>.answers.npz")
