@@ -221,6 +221,16 @@ def test_failed_beam_run_leaves_no_dataset_and_rerun_completes(raw, tmp_path, mo
     assert len(_files(out)) == 28
 
 
+def test_a_beam_sdk_worker_process_is_told_from_a_driver_by_its_control_endpoint(
+        monkeypatch):
+    from prep.shards import beam_worker
+
+    monkeypatch.delenv("CONTROL_API_SERVICE_DESCRIPTOR", raising=False)
+    assert beam_worker.in_sdk_worker() is False  # this process: a driver, or a test
+    monkeypatch.setenv("CONTROL_API_SERVICE_DESCRIPTOR", "url: 'localhost:1'")
+    assert beam_worker.in_sdk_worker() is True
+
+
 def test_importing_beam_says_nothing_about_apitools():
     """#36 item 22: `WARNING:root:apitools not found` on every Beam run (Beam's GCP client,
     unused here), and the root logger configured as a side effect."""
@@ -273,6 +283,12 @@ def test_a_unit_goes_to_the_stage_as_one_spill_file_per_bucket_and_only_names_tr
     for b, name in out:  # each file holds exactly its bucket's rows
         got = beam_worker.read_spill(stage, [name])
         assert len(got) == want[b] and set(bucket_of(got.probe, 8).tolist()) == {b}
+    # in a folder the spill is uncompressed, as the local runner's (no LZ4 frame in it);
+    # in a bucket LZ4, a third of the bytes to upload
+    spill = (tmp_path / out[0][1]).read_bytes()
+    assert b"\x04\x22\x4d\x18" not in spill and len(spill) > want[out[0][0]] * 8 * 5
+    assert stage.spill_options.compression is None
+    assert beam_worker.BucketStage.spill_options.compression == "lz4"
     unit = stage.read_json("read/unit-000007.json")
     assert (unit["rows_in"], unit["accepted"], len(m)) == (rows_in, 3_840, 3_840)
     assert rows_in == 3_842 and unit["started"] <= unit["ended"]

@@ -226,3 +226,22 @@ def test_a_pool_worker_runs_kernels_without_numbas_blas_probe(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          check=True, env=os.environ | {"PYTHONPATH": root}).stdout
     assert out.splitlines() == ["True", "([12, 52], False)", "([12, 52], True)"]
+
+
+def test_a_process_that_says_it_is_a_worker_runs_kernels_without_numbas_blas_probe(tmp_path):
+    """no_blas_in_worker(True): a process started on its own that says it is a worker (a
+    Beam SDK worker process: prep.shards.beam_worker.BucketFn.setup) is one too."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from prep.base.jit import no_blas_in_worker\n"
+            "from prep.pack.packing import context_lengths\n"
+            "no_blas_in_worker(sys.argv[1] == 'worker')\n"
+            "lens = context_lengths([0, 1], [1, 3], [12, 14, 38], [False] * 3, [0] * 3)\n"
+            "print([int(x) for x in lens], 'scipy.linalg' in sys.modules)\n")
+    root = os.path.dirname(prep.__path__[0])
+    said = [subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True,
+                           check=True, env=os.environ | {"PYTHONPATH": root}).stdout.strip()
+            for arg in ("worker", "driver")]
+    assert said == ["[12, 52] False", "[12, 52] True"]

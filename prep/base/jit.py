@@ -78,14 +78,18 @@ def helper(fn=None, *, inline=False):
     return make if fn is None else make(fn)
 
 
-def no_blas_in_worker() -> None:
+def no_blas_in_worker(worker: bool | None = None) -> None:
     """In a worker process whose kernels are all prep's, before its first kernel: Numba's
     first kernel in a process (compiled or loaded) asks whether a BLAS is there
     (numba.np.arraymath's ``_check_blas``), which imports scipy.linalg: ~0.12 s of CPU in
     every `prep shards` worker. prep's kernels call no BLAS, so the worker answers no
     without the import. Not in the main process, where other code (a test, train's
-    kernels) may compile a kernel that does; nor once Numba has asked."""
-    if multiprocessing.parent_process() is None or "numba.np.arraymath" in sys.modules:
+    kernels) may compile a kernel that does; nor once Numba has asked. ``worker``: whether
+    this process is such a worker (default: a multiprocessing child; a Beam SDK worker
+    process, started on its own, says so itself)."""
+    if worker is None:
+        worker = multiprocessing.parent_process() is not None
+    if not worker or "numba.np.arraymath" in sys.modules:
         return
     import numba.np.linalg
 

@@ -6,8 +6,9 @@ driver's wheel: README, "Beam on a cluster"). What travels is JSON text, ints an
 a read task ``'[unit, [[path, [row group, …]], …]]'`` (a path may be ``s3://…``, read in
 place by ranged reads), ``ShardsConfig`` as JSON, the staging location (``Stage.at``), a
 time split's cutoff as a side input, and ``(bucket, spill name)``: the rows themselves go
-through the stage, one LZ4 Arrow IPC file per unit and bucket (``spill/b<b>/u<unit>.arrow``),
-as the local runner's do (through Beam's own shuffle they made the run 2.3x slower).
+through the stage, one Arrow IPC file per unit and bucket (``spill/b<b>/u<unit>.arrow``), as
+the local runner's do (through Beam's own shuffle they made the run 2.3x slower);
+uncompressed in a folder, as the local runner's, and LZ4 in a bucket (``Stage.spill_options``).
 
 ``Stage`` is the one place the workers (and the driver, reading back) touch the run's
 output: the shards (``shard_dir``), the spill, each unit's read counts, each bucket's
@@ -47,6 +48,7 @@ import pyarrow as pa
 
 from prep.base import storage
 from prep.base.atomic import write_atomic
+from prep.base.jit import no_blas_in_worker
 from prep.base.errors import InputError
 from prep.schema.measurements import ARROW_SCHEMA, DTYPES, FIELDS, Measurements, from_arrow
 from prep.schema.splits import default_cutoff, merge_histograms, minute_histogram
@@ -61,6 +63,7 @@ class Stage(abc.ABC):
     ``Stage.at`` from the location's text, on whichever process opens it."""
 
     RECORDS = ("read", "results", "spill")  # what the workers leave for the driver
+    spill_options: pa.ipc.IpcWriteOptions  # how the spill files are written
 
     def __init__(self, location: str):
         self.location = location
@@ -110,7 +113,11 @@ class Stage(abc.ABC):
 
 class FolderStage(Stage):
     """A folder: the staging folder of prep.jobs.outdir, on a disk every worker and the
-    driver see (this machine, or a shared mount)."""
+    driver see (this machine, or a shared mount). The spill is uncompressed, as the local
+    runner's: it lives seconds in the page cache, and LZ4 cost a 10M-row run more CPU to
+    compress and read back than the bytes it saved (docs/measurements.md)."""
+
+    spill_options = pa.ipc.IpcWriteOptions(compression=None)
 
     def __init__(self, location: str):
         super().__init__(location)
@@ -143,7 +150,10 @@ class BucketStage(Stage):
     A JSON result is one PUT (an object is visible only once whole); shards are written
     into a local temporary folder on the worker and uploaded to ``<prefix>/train/…``,
     ``<prefix>/test/…`` when ``process_bucket`` has returned; the folder is removed either
-    way. A retried bundle writes the same names again, with the same bytes."""
+    way. A retried bundle writes the same names again, with the same bytes. The spill is
+    LZ4: a third of the bytes to upload and read back."""
+
+    spill_options = pa.ipc.IpcWriteOptions(compression="lz4")
 
     def __init__(self, location: str):
         super().__init__(location)
@@ -187,13 +197,15 @@ class BucketStage(Stage):
         storage.delete([self.loc.child("cutoff.json")])
 
 
+def in_sdk_worker() -> bool:
+    """Whether this process is an SDK worker process that Beam started for its work (as
+    sdk_worker_main, which reads its control endpoint from this variable), not a driver
+    running the pipeline in itself."""
+    return "CONTROL_API_SERVICE_DESCRIPTOR" in os.environ
+
+
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-# LZ4 (the local runner's spill is uncompressed: it lives seconds in the page cache; Beam's
-# may cross a bucket): a third of the bytes to write, upload and read back
-SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
 def spill_name(bucket: int, unit: int) -> str:
@@ -210,6 +222,7 @@ def read_unit(task: str, stage: str, n_buckets: int, with_minutes: bool = False)
     counts = new_read_counts()
     hists = []
     sinks: dict[int, tuple] = {}  # bucket -> (buffer, IPC stream writer)
+    st = Stage.at(stage)
     for path, row_groups in parts:
         for batch in validated_batches(path, row_groups):
             m = batch.measurements
@@ -226,11 +239,10 @@ def read_unit(task: str, stage: str, n_buckets: int, with_minutes: bool = False)
                 if bucket not in sinks:
                     sink = pa.BufferOutputStream()
                     sinks[bucket] = sink, pa.ipc.new_stream(sink, ARROW_SCHEMA,
-                                                            options=SPILL_OPTIONS)
+                                                            options=st.spill_options)
                 lo, hi = bounds[bucket], bounds[bucket + 1]
                 sinks[bucket][1].write_batch(
                     pa.record_batch([c[lo:hi] for c in cols], schema=ARROW_SCHEMA))
-    st = Stage.at(stage)
     files = []
     for bucket, (sink, w) in sorted(sinks.items()):
         w.close()
@@ -277,6 +289,7 @@ class BucketFn(beam.DoFn):
     def setup(self):
         t = time.time()
         self.cfg = config_from_dict(json.loads(self.cfg_json))
+        no_blas_in_worker(in_sdk_worker())
         warm_up(self.cfg)
         self.setup_s = time.time() - t
         self.placing = concurrent.futures.ThreadPoolExecutor(1, "place-shards")
@@ -294,7 +307,7 @@ class BucketFn(beam.DoFn):
         # exit: Beam's runner here closes its workers one after another, each waiting for
         # the previous one's exit, and Python's last garbage collection over Beam, Numba and
         # Arrow took half of a worker's ~0.6 s exit. Frozen objects are left to the exit.
-        if "CONTROL_API_SERVICE_DESCRIPTOR" in os.environ:
+        if in_sdk_worker():
             gc.freeze()
 
     def process(self, element, cutoff=None):
