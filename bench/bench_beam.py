@@ -10,7 +10,10 @@ Two pairs, each the same data, config and worker count, timed from call to retur
   start-up, paid once per run on a cluster, is most of its run; ``beam.mp2_marginal_vs_local``
   (the 10M run less the 2M one, each runner) is the per-measurement cost. The pipeline split
   by the workers' records (beam_runner.phases): ``beam.mp2_<phase>_s`` (start, read, ...);
-  ``beam.mp2_startup_s`` is a whole Beam run on 2,000 measurements.
+  ``beam.mp2_startup_s`` is a whole Beam run on 2,000 measurements; ``beam.mp2_empty_s`` a
+  pipeline of the same shape doing nothing (Beam's own cost: its workers started, its
+  stages run, its workers stopped), and ``beam.mp2_empty_over_local_2workers`` that over the
+  local runner's 2M run (Beam's cost alone is that much of 1.2x's 0.2 budget).
 
 - with a local S3-compatible server (moto's on 127.0.0.1, prep/tools/s3_server.py; skipped
   without it), the second pair again with ``--out s3://…`` (``beam.*_to_bucket_*``): the
@@ -112,6 +115,35 @@ def _to_bucket(raw: str, cfg, d: Path) -> dict[str, float]:
             "beam.mp2_to_bucket_identical_shards": same} | _phases(timing, "beam.mp2_to_bucket")
 
 
+def _pairs(x: int) -> list[tuple[int, str]]:
+    return [(x % 4, "name")]
+
+
+def _nothing(kv) -> int:
+    return kv[0]
+
+
+def _empty_pipeline_s() -> float:
+    """Wall seconds of a pipeline of the same shape as `prep shards`' (Create, FlatMap,
+    GroupByKey, a step after it) on the same runner and 2 worker processes, doing nothing:
+    Beam's own cost (workers started, stages run, workers stopped); the best of two."""
+    from prep.shards.beam_runner import beam_options, run_watched
+
+    def pipeline():
+        with beam.Pipeline(runner=runner, options=options) as p:
+            _ = (p | beam.Create(list(range(8))) | beam.FlatMap(_pairs) | beam.GroupByKey()
+                 | beam.Map(_nothing))
+
+    best = float("inf")
+    with tempfile.TemporaryDirectory() as d:
+        for _ in range(2):
+            beam, options, runner = beam_options(list(TWO_PROCESSES))
+            t = time.perf_counter()
+            run_watched(pipeline, Path(d) / "workers.log")  # as run_beam runs it, quiet
+            best = min(best, time.perf_counter() - t)
+    return best
+
+
 def _cpu_s() -> float:
     """CPU seconds of this process and its ended children."""
     return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
@@ -161,6 +193,7 @@ def run() -> dict[str, float]:
         same10 = _same(d / "local10", d / "mp10")
         phases = _phases(_timing(d / "mp2"), "beam.mp2") | _phases(_timing(d / "mp10"),
                                                                    "beam.mp2_10m")
+        empty = _empty_pipeline_s()
         bucket = _to_bucket(raw, cfg, d)
     if bucket:
         bucket["beam.mp2_to_bucket_vs_folder"] = (
@@ -174,6 +207,8 @@ def run() -> dict[str, float]:
             "beam.local_2workers_measurements_per_s": ROWS / local2,
             "beam.mp2_slowdown_vs_local_2workers": mp2 / local2,
             "beam.mp2_startup_s": startup,
+            "beam.mp2_empty_s": empty,
+            "beam.mp2_empty_over_local_2workers": empty / local2,
             "beam.mp2_identical_shards": same2,
             "beam.mp2_10m_measurements_per_s": BIG / mp10,
             "beam.local_2workers_10m_measurements_per_s": BIG / local10,

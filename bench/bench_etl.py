@@ -13,6 +13,10 @@ floor in the same run: ``etl.read_parse_measurements_per_s``, the same parquet f
 by the same units on a pool of as many workers, with their addresses parsed by the same
 calls (``read_parse``: nothing validated, routed or written), before and after the 10M
 run (the mean); ``etl.over_read_parse`` is that rate over the run's (the goal: at most 3).
+``etl.write_floor_cpu_s``: the CPU seconds of writing the 10M run's shards alone (their
+records written again by the same call, with the same options, and hashed:
+``write_again``), and ``etl.over_read_parse_bound`` = 1 + those seconds on both workers
+over the floor's time: where a pipeline that only read, parsed and wrote would stand.
 """
 
 from __future__ import annotations
@@ -25,11 +29,16 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+from array_record.python.array_record_module import ArrayRecordReader
+
 from prep.jobs.pool import Pool
 from prep.schema.validate import ADDRESS_COLUMNS, BATCH_ROWS, open_parquet, parse_addresses
+from prep.shards.bucket import write_shard
 from prep.shards.dataset import read_units
 
 HERE = Path(__file__).resolve().parent
@@ -50,7 +59,8 @@ def _synth(rows: int) -> Path:
     return out
 
 
-def _shards(inp: Path, buckets: int) -> tuple[dict, float]:
+def _shards(inp: Path, buckets: int, keep: bool = False) -> tuple[dict, float]:
+    """The run's summary and wall seconds; with ``keep``, its shards stay in DATA/shards."""
     out = DATA / "shards"
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
@@ -58,8 +68,33 @@ def _shards(inp: Path, buckets: int) -> tuple[dict, float]:
                         "--buckets", str(buckets), "--seed", "0", "--json", "--quiet"],
                        check=True, stdout=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t0
-    shutil.rmtree(out, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(out, ignore_errors=True)
     return json.loads(p.stdout.strip().splitlines()[-1]), wall
+
+
+def write_again(shard: str) -> tuple[int, float, str]:
+    """The floor of writing one shard: its records (read first, not timed) written again
+    by the very call `prep shards` writes them with (prep.shards.bucket.write_shard: the
+    ArrayRecord writer with the manifest's options, then the sha256); (records, CPU s,
+    the sha256 of what it wrote: the manifest's)."""
+    path = Path(shard)
+    reader = ArrayRecordReader(str(path))
+    block = np.frombuffer(b"".join(reader.read_all()), np.uint8).reshape(reader.num_records(), -1)
+    reader.close()
+    compression = json.loads((path.parent.parent / "manifest.json").read_text())["config"][
+        "compression"]
+    with tempfile.TemporaryDirectory(dir=DATA) as d:
+        t0 = time.process_time()
+        sha = write_shard(Path(d) / path.name, block, compression)
+        return len(block), time.process_time() - t0, sha
+
+
+def _write_floor_cpu_s(shards: Path) -> float:
+    """CPU seconds of ``write_again`` over every shard of ``shards``, summed (on the pool)."""
+    files = sorted(str(p) for p in shards.rglob("*.array_record"))
+    with Pool(WORKERS, preload=(__name__,)) as pool:
+        return sum(cpu for _, cpu, _ in pool.imap_unordered(write_again, files))
 
 
 def read_parse(unit: list[tuple[str, list[int]]]) -> int:
@@ -104,7 +139,7 @@ def run() -> dict[str, float]:
     metrics: dict[str, float] = {}
     floor = [_read_parse_rate(inputs[SIZES[-1]])]
     for n in SIZES:
-        s, wall = _shards(inputs[n], max(1, n // BUCKET_ROWS))
+        s, wall = _shards(inputs[n], max(1, n // BUCKET_ROWS), keep=n == SIZES[-1])
         rss = s["peak_rss_mb"]
         tag = f"{n // 1_000_000}m" if n % 1_000_000 == 0 else f"{n / 1e6:.1f}m".replace(".", "p")
         metrics[f"etl.peak_rss_mb_{tag}"] = float(max(rss.values()))
@@ -112,14 +147,22 @@ def run() -> dict[str, float]:
               f"{rss}", file=sys.stderr)
     # The last run is the 10M one: throughput and packing figures come from it.
     floor.append(_read_parse_rate(inputs[SIZES[-1]]))
+    write_cpu = _write_floor_cpu_s(DATA / "shards")
+    shutil.rmtree(DATA / "shards", ignore_errors=True)
     rate, floor_rate = SIZES[-1] / wall, sum(floor) / len(floor)
+    # read + parse, then the shards' writing on both workers, nothing else: the least
+    # etl.over_read_parse any pipeline that reads these inputs and writes these shards gets
+    bound = 1 + (write_cpu / WORKERS) / (SIZES[-1] / floor_rate)
     each = ", ".join(f"{f:,.0f}" for f in floor)
     print(f"[bench] etl read + parse floor {floor_rate:,.0f}/s ({each}), "
-          f"{floor_rate / rate:.2f}x the run's rate", file=sys.stderr)
+          f"{floor_rate / rate:.2f}x the run's rate; writing the shards alone {write_cpu:.2f} "
+          f"CPU s: at least {bound:.2f}x with it", file=sys.stderr)
     metrics.update(stage_shares(s["stage_cpu_s"]))
     metrics.update({
         "etl.read_parse_measurements_per_s": float(floor_rate),
         "etl.over_read_parse": float(floor_rate / rate),
+        "etl.write_floor_cpu_s": float(write_cpu),
+        "etl.over_read_parse_bound": float(bound),
         "etl.measurements_per_s": float(rate),
         "etl.elapsed_s": float(wall),
         "etl.peak_rss_mb": float(max(rss.values())),

@@ -59,6 +59,25 @@ def test_report_has_every_stage_and_the_shares_add_up(tmp_path, workers):
     assert sum(shares.values()) == pytest.approx(1.0, abs=1e-12)
 
 
+def test_bench_etl_write_floor_writes_the_very_bytes_of_each_shard(tmp_path, monkeypatch):
+    """bench.bench_etl.write_again: a shard's records written again as `prep shards` wrote
+    them, so the write floor times the same bytes (the manifest's sha256, every record)."""
+    import json
+
+    from bench import bench_etl
+
+    monkeypatch.setattr(bench_etl, "DATA", tmp_path)
+    run_shards([str(tiny_input(tmp_path))], str(tmp_path / "shards"), TINY_CFG,
+               progress=False)
+    manifest = json.loads((tmp_path / "shards" / "manifest.json").read_text())
+    shards = [e for sp in manifest["splits"].values() for e in sp["shards"]]
+    assert [e["records"] for e in shards] == [2]  # 115 tokens in rows of 64
+    for e in shards:
+        records, cpu, sha = bench_etl.write_again(str(tmp_path / "shards" / e["path"]))
+        assert (records, sha) == (e["records"], e["sha256"]) and cpu > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "shards"]  # nothing left
+
+
 def test_bench_etl_against_times_two_checkouts_by_turns(tmp_path, monkeypatch, capsys):
     """bench.bench_etl --against: each checkout's `prep shards` run in a fresh process of its
     own folder (here this checkout against itself, on the tiny input), warmed once, then
