@@ -466,6 +466,23 @@ def test_probe_shift_is_the_contexts_mean_log_ratio_to_the_store():
     assert not np.asarray(none).any()
 
 
+def test_byte_counts_are_the_one_hots_summed():
+    """model._byte_counts, the stores' histogram of a position's quantiles' bytes: exactly
+    the one-hot of [..., K, 256] summed over K, with and without a mask."""
+    rng = np.random.default_rng(5)
+    b = rng.integers(0, 256, (2, 3, 64)).astype(np.int32)
+    b[0, 0] = 7  # one position's quantiles all one byte
+    where = rng.random((2, 3, 64)) < 0.3
+    got = np.asarray(model._byte_counts(jnp.asarray(b)))
+    want = np.eye(256, dtype=np.float32)[b].sum(-2)
+    np.testing.assert_array_equal(got, want)
+    assert got[0, 0, 7] == 64 and got[0, 0].sum() == 64 and got.shape == (2, 3, 256)
+    masked = np.asarray(model._byte_counts(jnp.asarray(b), jnp.asarray(where)))
+    np.testing.assert_array_equal(masked, (np.eye(256, dtype=np.float32)[b]
+                                           * where[..., None]).sum(-2))
+    assert masked.sum() == where.sum()
+
+
 def test_store_dists_moves_the_quantiles_by_the_shift():
     """With a shift of one octave at the last .129 reply's RTT, its quantiles' values are
     doubled before they become bytes: the first byte's mass moves to the doubled codes'."""

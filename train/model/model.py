@@ -650,6 +650,19 @@ def kriged_shift(store: jax.Array, cov: jax.Array, noise: jax.Array, tokens: jax
     return shift, jnp.take_along_axis(shift, probes[1].astype(jnp.int32), axis=1)
 
 
+def _byte_counts(b: jax.Array, where: jax.Array | None = None) -> jax.Array:
+    """float32[..., 256]: how many of the last axis' byte values ``b`` [..., K] (where
+    ``where``) are each value: a scatter-add of K ones a position, not a one-hot of
+    [..., K, 256] summed (docs/measurements.md: ``store_dists`` 25x quicker on a CPU, the
+    same counts)."""
+    lead, k = b.shape[:-1], b.shape[-1]
+    n = int(np.prod(lead))
+    at = (jnp.arange(n, dtype=jnp.int32)[:, None] * 256 + b.reshape(n, k)).reshape(-1)
+    ones = jnp.ones(n * k, jnp.float32) if where is None else where.reshape(-1).astype(
+        jnp.float32)
+    return jnp.zeros(n * 256, jnp.float32).at[at].add(ones).reshape(*lead, 256)
+
+
 def store_dists(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, probes=None,
                 widths=(1.0, 1.0), keys=None, shift=None):
     """((dist float32[B, T, 256], on bool[B, T]), (p_dist, p_on) or None): at each token
@@ -681,12 +694,10 @@ def store_dists(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, pro
             code = jnp.where(octaves[..., None] == 0, code,
                              _value_code(_code_value(code) * jnp.exp2(octaves)[..., None]))
         b1, b2 = code >> 8, code & 255
-        d1 = jnp.mean(jax.nn.one_hot(b1, 256), axis=-2) @ kern[0]
+        d1 = _byte_counts(b1) / K @ kern[0]
         hit = b1 == (tok - lo)[..., None]  # [B, T, K]: quantiles with the written first byte
         n = hit.sum(-1)
-        h2 = jnp.einsum("btk,btkv->btv", hit / jnp.maximum(n, 1)[..., None],
-                        jax.nn.one_hot(b2, 256))
-        d2 = h2 @ kern[1]
+        d2 = _byte_counts(b2, hit) / jnp.maximum(n, 1)[..., None] @ kern[1]
         dist = jnp.where(first[..., None], d1, d2)
         return dist, ok & (first | (second & (n > 0)))
 
