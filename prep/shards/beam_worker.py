@@ -48,8 +48,8 @@ import pyarrow as pa
 
 from prep.base import storage
 from prep.base.atomic import write_atomic
-from prep.base.jit import no_blas_in_worker
 from prep.base.errors import InputError
+from prep.base.jit import no_blas_in_worker
 from prep.schema.measurements import ARROW_SCHEMA, DTYPES, FIELDS, Measurements, from_arrow
 from prep.schema.splits import default_cutoff, merge_histograms, minute_histogram
 from prep.schema.validate import validated_batches
