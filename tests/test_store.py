@@ -52,16 +52,15 @@ def row_of(last: int, rows: int) -> int:
 def test_a_row_holds_a_destinations_count_quantiles_and_check():
     """.129's 40 replies: 10 each of 0x6820, 0x6825, 0x6830, 0x6905, so its K quantiles
     (levels (k + 0.5) / K) are K / 4 of each, ascending; its count 40; its check the low 16
-    bits of its hash. .130 and .131 have their rows too, but too few replies to be read."""
+    bits of its hash. .130 and .131 have no rows: too few replies to be read (a row would
+    only crowd out a destination that has enough)."""
     table, summary = store.build(*planted(), 1024)
     r = table[row_of(129, 1024)]
     q = K // 4
     assert r[:K].astype(int).tolist() == [0x6820] * q + [0x6825] * q + [0x6830] * q + [0x6905] * q
     assert r[K] == 40 and r[K + 1] == dst_hash(129) & 0xFFFF
-    assert table[row_of(130, 1024), K] == 10 and table[row_of(131, 1024), K] == 20
-    assert (table[row_of(131, 1024), :K] == [0x3000] * (K // 2) + [0x3002] * (K // 2)).all()
     assert summary == store.StoreSummary(destinations=3, usable=1, replies=70, collided=0)
-    assert np.count_nonzero(table[:, K]) == 3
+    assert np.count_nonzero(table[:, K]) == 1
     # the build reads in fixed batches: a partial last batch gives the same table
     np.testing.assert_array_equal(store.build(*planted(), 1024, batch=3)[0], table)
 
@@ -221,7 +220,7 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
     synthetic.write_shards(d, {"train": (tok, seg), "test": (tok[:2], seg[:2])})
     monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(
         arch.MODELS["small"], dst_store=1024, krig_store=256, store_by_source=by_source,
-        store_without_fold=False))
+        store_without_fold=False, pair_forward=0))
     run = tmp_path / "run"
     train(TrainConfig(model="small", data=str(d), run_dir=str(run), steps=3, batch_size=2,
                       lr=3e-3, warmup=1, log_every=1, eval_every=0, ckpt_every=0))
@@ -231,8 +230,8 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
                          else "\n")) in err
     # probes pinging a target that never pings back: no reverse pair, the pair store off
     assert ("pair store: 1 of 3 address pairs (>= 32 replies each) from 70 train replies; 0 "
-            "train replies have their reverse pair there (none: it answers nothing on this "
-            "data)\npair store: off for this run (no train reply has its reverse pair, so "
+            "train replies have their reverse pair there (none: its reverse read answers "
+            "nothing on this data), 40 their own pair\npair store: off for this run (no train reply has its reverse pair, so "
             "nothing would teach its gate)") in err
     want, _ = store.build(tok, seg, 1024, by_source=by_source)
     krig, noise, summary = store.build_krig(tok, seg, 256, want)
@@ -243,7 +242,10 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
     assert np.asarray(loaded.params["krig_noise"]).tolist() == [np.float32(noise)]
     assert not any(k.startswith("pair_") for k in loaded.params)
     assert json.loads((run / "config.json").read_text())["model"]["pair_store"] == 0
-    # and a resume keeps it off (its checkpoint has no pair store to restore)
+    # and a resume keeps it off (its checkpoint has no pair store to restore), under a
+    # `small` that has since gained a read the run began without (config.json decides)
+    monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(
+        arch.MODELS["small"], pair_forward=8))
     train(TrainConfig(model="small", data=str(d), run_dir=str(run), steps=4, batch_size=2,
                       lr=3e-3, warmup=1, log_every=1, eval_every=0, ckpt_every=0,
                       resume=True))
@@ -279,7 +281,7 @@ def test_the_pair_store_reads_the_replies_of_the_reverse_pair():
     node 1's row there is empty."""
     table, summary = store.build(np.asarray([PAIR_ROW] * 10, np.uint16),
                                  np.ones((10, len(PAIR_ROW)), np.uint8), 1024, key="pair")
-    assert summary == store.StoreSummary(2, 1, 50, 0, "pair", answered=0)
+    assert summary == store.StoreSummary(2, 1, 50, 0, "pair", answered=0, own=40)
     tok, seg = jnp.asarray([ASK + PAIR_ROW]), jnp.ones((1, len(ASK + PAIR_ROW)), jnp.int32)
     sharp = (1e-3, 1e-3)
     keys = model.reverse_pair_keys(tok, seg)
@@ -306,9 +308,10 @@ def test_the_pair_store_counts_the_train_replies_it_answers():
     both = PAIR_ROW + ping(2, 1, 0x52, 0x00) * 4
     _, summary = store.build(np.asarray([both] * 10, np.uint16),
                              np.ones((10, len(both)), np.uint8), 1024, key="pair")
-    assert summary == store.StoreSummary(3, 2, 90, 0, "pair", answered=80)
+    assert summary == store.StoreSummary(3, 2, 90, 0, "pair", answered=80, own=80)
     assert summary.line() == ("pair store: 2 of 3 address pairs (>= 32 replies each) from 90 "
-                              "train replies; 80 train replies have their reverse pair there")
+                              "train replies; 80 train replies have their reverse pair there, "
+                              "80 their own pair")
 
 
 def test_the_pair_store_reads_the_real_sources_of_anonymized_rows():
@@ -387,7 +390,7 @@ def test_the_fold_trains_the_store_gate_and_nothing_else():
     is routed: the fold's tokens reach the stores' gates (and their spreads: the store's
     and the placed store's) alone, the other tokens everything but the gates."""
     cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(ROW), dst_store=1024,
-                              pair_store=0)
+                              pair_store=0, pair_forward=0)
     table, _ = store.build(*planted(), 1024)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     params = {**params, "dst_store": jnp.asarray(table)}
@@ -410,6 +413,156 @@ def test_the_fold_trains_the_store_gate_and_nothing_else():
     assert all(fold[f"{s}_{p}"] > 0 for s in ("store", "placed") for p in ("gate", "bias"))
     assert all(rest[f"{s}_{p}"] == 0 for s in ("store", "placed") for p in ("gate", "bias"))
     assert all(rest[k] > 0 for k in ("embed", "copy_gate", "store_width", "placed_width"))
+
+
+# --- the pair store read at a measurement's own pair (ModelConfig.pair_forward) -----------
+
+def _contexts(srcs, variants):
+    """One context per (source, variant): two replies from 10.0.0.<src> to 193.0.14.129,
+    the second's time delta byte the variant (so each context's tokens are its own)."""
+    out = []
+    for src in srcs:
+        for v in variants:
+            r1, r2 = reply(0x68, 0x20), reply(0x68, 0x30)
+            r1[5] = r2[5] = B + src
+            r2[-1] = B + v
+            out.append(r1 + r2)
+    return out
+
+
+def test_a_fold_of_the_contexts_is_whole_contexts_by_their_tokens():
+    """pair_forward's fold: a context is in it or not as a whole, by its tokens (the same
+    context in another row and place decides alike), never on padding, and a probe's
+    contexts fall in it one by one: of 4 sources x 16 contexts, 12 fall in a fold of 4,
+    and each source has contexts in it and out of it."""
+    ctxs = _contexts([1, 2, 3, 4], range(16))
+    n = len(ctxs[0])
+    tok = np.asarray([sum(ctxs[4 * i:4 * i + 4], []) + [0] * 8 for i in range(16)])
+    seg = np.asarray([[i + 1 for i in range(4) for _ in range(n)] + [0] * 8] * 16)
+    fold = np.asarray(model.context_fold(jnp.asarray(tok), jnp.asarray(seg), 4))
+    assert not fold[:, -8:].any()
+    per_ctx = fold[:, :4 * n].reshape(16, 4, n)
+    assert (per_ctx == per_ctx[..., :1]).all()  # whole contexts
+    chosen = per_ctx[..., 0].reshape(64)  # context c: source c // 16 + 1, variant c % 16
+    assert chosen.sum() == 12
+    by_source = chosen.reshape(4, 16)
+    assert by_source.any(1).all() and not by_source.all(1).any()
+    # the same contexts, the rows and the contexts within them in reverse order
+    flipped = np.asarray([sum(ctxs[4 * i:4 * i + 4][::-1], []) + [0] * 8
+                          for i in range(16)][::-1])
+    again = np.asarray(model.context_fold(jnp.asarray(flipped), jnp.asarray(seg), 4))
+    np.testing.assert_array_equal(again[:, :4 * n].reshape(16, 4, n)[..., 0][::-1, ::-1].reshape(64),
+                                  chosen)
+    # where its read is trained: the positions that predict the fold's RTT bytes
+    at = np.asarray(model.pair_fold_targets(jnp.asarray(tok), jnp.asarray(seg), 4))
+    assert at.sum() == 4 * 12 and not (at & ~fold).any()
+    with pytest.raises(ValueError, match="pair_forward must be 0"):
+        dataclasses.replace(arch.MODELS["small"], pair_forward=1)
+    with pytest.raises(ValueError, match="pair_forward reads the pair store"):
+        dataclasses.replace(arch.MODELS["small"], pair_store=0)
+
+
+def test_the_pair_store_leaves_out_the_contexts_of_its_fold():
+    """Built with ``pair_fold``, the pair store holds the replies of the contexts outside
+    that fold only: of 64 contexts of 2 replies each, 12 are in a fold of 4 (the test
+    above), so 104 replies of the pair (10.0.0.<s>, 193.0.14.129) for 4 sources remain."""
+    ctxs = _contexts([1, 2, 3, 4], range(16))
+    n = len(ctxs[0])
+    tok = np.asarray([sum(ctxs[4 * i:4 * i + 4], []) for i in range(16)], np.uint16)
+    seg = np.asarray([[i + 1 for i in range(4) for _ in range(n)]] * 16, np.uint8)
+    _, whole = store.build(tok, seg, 1024, key="pair")
+    _, kept = store.build(tok, seg, 1024, key="pair", pair_fold=4)
+    assert (whole.replies, kept.replies) == (128, 128 - 2 * 12)
+    fold = np.asarray(model.context_fold(jnp.asarray(tok), jnp.asarray(seg), 4))
+    out = (~fold[:, :4 * n].reshape(16, 4, n)[..., 0]).reshape(4, 16).sum(1)  # by source
+    assert kept.usable == int((2 * out >= arch.STORE_MIN).sum())
+    with pytest.raises(ValueError, match="pair_fold is for the pair store"):
+        store.build(tok, seg, 1024, pair_fold=4)
+
+
+# node 1's context: a ping to node 3, then one to node 2, whose 40 replies from node 1 are
+# stored (PAIR_ROW); node 2 never pings node 1, so the reverse read has nothing for it
+OWN = ping(1, 3, 0x70, 0x00) + ping(1, 2, 0x52, 0x00)
+
+
+def test_the_pair_store_read_at_the_own_pair():
+    """The forward read's gate held open: node 1's ping to node 2 reads the quantiles of
+    node 1's 40 stored pings to node 2 (first byte 0x50 three in four, 0x51 one in four);
+    its ping to node 3 (10 replies, too few) reads nothing. With ``pair_fold`` (training)
+    it reads only there, and its gate learns from there alone."""
+    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(OWN), dst_store=0,
+                              pair_store=1024, pair_forward=8, context_copy=0.0)
+    table, _ = store.build(np.asarray([PAIR_ROW] * 10, np.uint16),
+                           np.ones((10, len(PAIR_ROW)), np.uint8), 1024, key="pair")
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    params = {**params, "pair_store": jnp.asarray(table), "fwd_bias": jnp.float32(30.0),
+              "fwd_width": jnp.full(2, -40.0)}
+    tok, seg = jnp.asarray([OWN]), jnp.ones((1, len(OWN)), jnp.int32)
+    logits, own = model.forward(params, tok, seg, cfg, own=True)
+    p, p_own = (np.exp(np.asarray(jax.nn.log_softmax(x)))[0] for x in (logits, own))
+    at = 16 + 11  # the RTT_START of the ping to node 2
+    assert p[at, B + 0x50] == pytest.approx(0.75, abs=1e-4)
+    assert p[at, B + 0x51] == pytest.approx(0.25, abs=1e-4)
+    np.testing.assert_allclose(p[11], p_own[11], atol=1e-6)  # node 3: too few stored
+    # keys: the own pair's, from the real sources where the rows are anonymized
+    anon = model.anonymize_sources(tok, seg, jnp.int32(3))
+    src_hash = model.field_hashes(tok, seg, "src")[0]
+    real = model.reverse_pair_keys(tok, seg, reverse=False)
+    kept = model.reverse_pair_keys(anon, seg, src_hash=src_hash, reverse=False)
+    on = np.asarray(real[1])
+    np.testing.assert_array_equal(np.asarray(kept[0])[on], np.asarray(real[0])[on])
+    # training: read only on the pair fold's positions, and its gate learns there alone
+    none = jnp.zeros(tok.shape, bool)
+    off = model.forward(params, tok, seg, cfg, pair_fold=none)
+    np.testing.assert_allclose(np.asarray(off), np.asarray(own), atol=1e-5)
+    fold = jnp.zeros(tok.shape, bool).at[0, at:at + 2].set(True)
+    batch = {"tokens": tok, "segment_ids": seg}
+    open_ = {**params, "fwd_bias": jnp.float32(0.0)}
+    grad = lambda b: jax.grad(lambda q: model.loss_sum(q, b, cfg)[2])(open_)
+    g_in, g_out = grad({**batch, "pair_fold": fold}), grad({**batch, "pair_fold": none})
+    assert abs(float(g_in["fwd_bias"])) > 0 and float(g_out["fwd_bias"]) == 0
+    assert not np.asarray(g_in["pair_store"]).any()
+    assert np.abs(np.asarray(g_out["embed"])).sum() > 0
+
+
+def test_a_run_keeps_the_own_pair_read_where_no_reverse_pair_is(tmp_path, monkeypatch, capsys):
+    """Probes pinging a target that never pings back: the pair store's reverse read is off
+    for the run, its read at the own pair stays (config.json says both), the store is built
+    without the pair fold's contexts, and a resume continues so."""
+    from prep.tools import synthetic_shards as synthetic
+    from train.fit.config import TrainConfig
+    from train.fit.loop import train
+    from train.predict import predictor
+
+    ctxs = _contexts([1, 2, 3, 4], range(40))  # 80 replies a source
+    n = len(ctxs[0])
+    tok = np.asarray([sum(ctxs[4 * i:4 * i + 4], []) for i in range(40)], np.uint16)
+    seg = np.asarray([[i + 1 for i in range(4) for _ in range(n)]] * 40, np.uint8)
+    d = tmp_path / "shards"
+    synthetic.write_shards(d, {"train": (tok, seg), "test": (tok[:2], seg[:2])})
+    monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(
+        arch.MODELS["small"], dst_store=1024, pair_store=1024, pair_forward=8))
+    run = tmp_path / "run"
+    cfg = dict(model="small", data=str(d), run_dir=str(run), steps=2, batch_size=2, lr=3e-3,
+               warmup=1, log_every=1, eval_every=0, ckpt_every=0)
+    train(TrainConfig(**cfg))
+    err = capsys.readouterr().err
+    want, summary = store.build(tok, seg, 1024, key="pair", fold=8, pair_fold=8)
+    assert (summary.usable, summary.answered, summary.own) == (4, 0, summary.replies)
+    assert ("pair store: also built without 1 context in 8 (by context), on which its read "
+            "at a measurement's own pair learns") in err
+    assert summary.line() + ("\npair store: its read at the reverse pair is off for this run "
+                             "(no train reply has its reverse pair, so nothing would teach "
+                             "its gate); it is read at a measurement's own pair") in err
+    model_saved = json.loads((run / "config.json").read_text())["model"]
+    assert (model_saved["pair_store"], model_saved["pair_reverse"],
+            model_saved["pair_forward"]) == (1024, False, 8)
+    loaded = predictor.load(str(run))
+    np.testing.assert_array_equal(np.asarray(loaded.params["pair_store"]), want)
+    assert {"fwd_gate", "fwd_bias", "fwd_width"} <= set(loaded.params)
+    train(TrainConfig(**{**cfg, "steps": 3}, resume=True))
+    assert "resumed" in capsys.readouterr().err
+    assert not predictor.load(str(run)).mcfg.pair_reverse
 
 
 # --- the placed store (ModelConfig.placed_store): the store moved by the probe's factor ----
@@ -571,10 +724,12 @@ def test_pairs_in_runs_lists_every_ordered_pair_within_each_run():
 def test_a_store_by_source_weighs_each_source_once():
     """Destination 20: source 1 replies 30 times at 0x5000, sources 2 and 3 once each at
     0x6000 and 0x7000 (32 replies: a row to read). By replies its quantiles are 30/32 at
-    0x5000; by source, a third each; its count is 32 replies either way. Source 4's four
-    replies to 21 (0x4200, 0x4100 x 2, 0x4000) give one median, the lower middle, 0x4100."""
+    0x5000; by source, a third each; its count is 32 replies either way. Source 4's 32
+    replies to 21 (0x4200 x 8, 0x4100 x 16, 0x4000 x 8) give one median, the lower middle,
+    0x4100."""
     row = (ping(1, 20, 0x50, 0x00) * 30 + ping(2, 20, 0x60, 0x00) + ping(3, 20, 0x70, 0x00)
-           + ping(4, 21, 0x42, 0x00) + ping(4, 21, 0x41, 0x00) * 2 + ping(4, 21, 0x40, 0x00))
+           + (ping(4, 21, 0x42, 0x00) + ping(4, 21, 0x41, 0x00) * 2
+              + ping(4, 21, 0x40, 0x00)) * 8)
     tok = np.asarray([row], np.uint16)
     seg = np.ones(tok.shape, np.uint8)
     by_reply, s1 = store.build(tok, seg, 1024)
@@ -586,10 +741,10 @@ def test_a_store_by_source_weighs_each_source_once():
     assert by_source[r20, :K].astype(int).tolist() == want
     assert by_source[r20, K] == by_reply[r20, K] == 32
     assert (by_source[r20, K + 1] == by_reply[r20, K + 1]) and by_source[r20, K + 1] != 0
-    assert (by_source[r21, :K] == 0x4100).all() and by_source[r21, K] == 4
-    assert s1 == store.StoreSummary(destinations=2, usable=1, replies=36, collided=0)
+    assert (by_source[r21, :K] == 0x4100).all() and by_source[r21, K] == 32
+    assert s1 == store.StoreSummary(destinations=2, usable=2, replies=64, collided=0)
     assert s2 == dataclasses.replace(s1, sources=4)
-    assert s2.line().endswith("from 36 train replies, quantiles over 4 (destination, source) "
+    assert s2.line().endswith("from 64 train replies, quantiles over 4 (destination, source) "
                               "medians")
     with pytest.raises(ValueError, match="destination store"):
         store.build(tok, seg, 1024, key="pair", by_source=True)

@@ -34,9 +34,9 @@ from train.fit.checkpoint import Checkpointer, step_dirs
 from train.fit.config import TrainConfig, preset_text, start_warnings
 from train.fit.meter import EvalSample, Meter, format_line
 from train.fit.runfolder import RunLog
-from train.model import attention, model
+from train.model import arch, attention, model
 from train.model import store as store_lib
-from train.model.arch import model_config
+from train.model.arch import ModelConfig, model_config
 from train.model.attention import AttentionConfig
 
 
@@ -115,9 +115,11 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: FolderLock, devices, on_step, 
     cfg, saved, data, manifest, fingerprint, notes = _checked_start(cfg, run_dir)
     mcfg = model_config(cfg.model, seq_len=manifest["row_len"])
     tables, store_lines = {}, []
-    if saved is not None:  # a resume's stores are in its checkpoint, the pair store's as it was
-        if mcfg.pair_store and not saved.get("model", {}).get("pair_store", mcfg.pair_store):
-            mcfg = dataclasses.replace(mcfg, pair_store=0)
+    if saved is not None and isinstance(saved.get("model"), dict):
+        # a resume continues the model it began, as config.json has it (its checkpoint holds
+        # that model's parameters and stores: a store a run turned off, or a field added to
+        # the model since, which a saved config lacks and ModelConfig defaults to off)
+        mcfg = ModelConfig(**saved["model"])
     elif mcfg.dst_store or mcfg.pair_store:  # the train split's replies, before the state
         mcfg, tables, store_lines = _store_tables(mcfg, data, manifest)
     impl = attention.resolve(cfg.attention, bias=bool(mcfg.match_dst))
@@ -187,27 +189,43 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: FolderLock, devices, on_step, 
 def _store_tables(mcfg, data, manifest: dict):
     """(mcfg, {field: table}, log lines): the stores (ModelConfig.dst_store, pair_store,
     krig_store) built from the train split (train.model.store). A pair store that no train
-    reply finds its reverse pair in (probes pinging targets that never ping back) is turned
-    off for the run: its gate would learn nothing, and its lookups cost a quarter of a CPU
-    step; a line says so, and the run's config.json records it."""
+    reply finds its reverse pair in (probes pinging targets that never ping back) is not
+    read there for the run (its gate would learn nothing, and its lookups cost a quarter of
+    a CPU step), nor at a measurement's own pair where no pair has STORE_MIN replies; off
+    for the run where neither read is left; a line says so, and the run's config.json
+    records it."""
     tok, seg = reader.read_split(data, manifest, "train", sha256=False)
     tables, lines = {}, []
     fold = mcfg.gate_fold if mcfg.store_without_fold else 0
     if fold:
         lines.append(f"stores: built without the gate fold's contexts (1 in {fold}, by source), "
                      "on which the gates learn")
+    if mcfg.pair_store and mcfg.pair_forward:
+        lines.append(f"pair store: also built without 1 context in {mcfg.pair_forward} (by "
+                     "context), on which its read at a measurement's own pair learns")
     for key, field in (("dst", "dst_store"), ("pair", "pair_store")):
         if not getattr(mcfg, field):
             continue
         table, summary = store_lib.build(tok, seg, getattr(mcfg, field), key=key,
                                          by_source=key == "dst" and mcfg.store_by_source,
-                                         fold=fold)
+                                         fold=fold,
+                                         pair_fold=mcfg.pair_forward if key == "pair" else 0)
         lines.append(summary.line())
-        if key == "pair" and summary.answered == 0:
-            lines.append("pair store: off for this run (no train reply has its reverse pair, "
-                         "so nothing would teach its gate)")
-            mcfg = dataclasses.replace(mcfg, pair_store=0)
-            continue
+        if key == "pair":
+            if mcfg.pair_forward and summary.own == 0:
+                lines.append(f"pair store: its read at a measurement's own pair is off for this "
+                             f"run (no address pair has {arch.STORE_MIN} train replies)")
+                mcfg = dataclasses.replace(mcfg, pair_forward=0)
+            if summary.answered == 0 and mcfg.pair_forward:
+                lines.append("pair store: its read at the reverse pair is off for this run (no "
+                             "train reply has its reverse pair, so nothing would teach its "
+                             "gate); it is read at a measurement's own pair")
+                mcfg = dataclasses.replace(mcfg, pair_reverse=False)
+            elif summary.answered == 0:
+                lines.append("pair store: off for this run (no train reply has its reverse "
+                             "pair, so nothing would teach its gate)")
+                mcfg = dataclasses.replace(mcfg, pair_store=0)
+                continue
         tables[field] = table
     if mcfg.dst_store and mcfg.krig_store:  # read through the destination store's medians
         table, noise, summary = store_lib.build_krig(tok, seg, mcfg.krig_store,

@@ -97,10 +97,16 @@ def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, schedule,
     A model with ``anonymize_src`` reads its rows with each context's source addresses made
     random (train.model.model.anonymize_sources), new at every step (its pair store still
     reads the real ones). A model with ``gate_fold`` trains its stores' gates on the RTTs of
-    one fold of the contexts, and learns those RTTs nothing else (train.model.model.fold_targets)."""
+    one fold of the contexts, and learns those RTTs nothing else (train.model.model.fold_targets).
+    A model with ``pair_forward`` reads its pair store at the measurement's own pair on the
+    contexts of a fold of its own, which the store was built without
+    (train.model.model.pair_fold_targets)."""
     if mcfg.gate_fold and (mcfg.dst_store or mcfg.pair_store):  # from the real sources
         batch = dict(batch, fold=model.fold_targets(batch["tokens"], batch["segment_ids"],
                                                     mcfg.gate_fold))
+    if mcfg.pair_store and mcfg.pair_forward:  # from the real tokens
+        batch = dict(batch, pair_fold=model.pair_fold_targets(
+            batch["tokens"], batch["segment_ids"], mcfg.pair_forward))
     if mcfg.anonymize_src:
         if mcfg.pair_store:  # its rows are keyed by the real sources (model.reverse_pair_keys)
             batch = dict(batch, src_hash=model.field_hashes(batch["tokens"], batch["segment_ids"],

@@ -119,6 +119,19 @@ class ModelConfig:
     # where no reverse ping exists (probes to targets), it is off. Only where the context
     # holds no earlier reply to the destination (docs/learning.md section 8.8)
     pair_store: int = 0
+    # with pair_store: whether it is read at the reverse pair (above). A run whose train
+    # replies never find their reverse pair there turns this off and keeps the forward read
+    # (train.fit.loop; its config.json says so)
+    pair_reverse: bool = True
+    # with pair_store: the store read a second time, at the measurement's own pair (its
+    # source's train replies to the destination), mixed in by a gate of its own: a probe
+    # known from the train split, asked about a destination its context holds no reply to,
+    # is then known pair by pair, as the pair baselines know it. The gate learns on one
+    # context in this many (by a hash of the context's tokens: a probe's contexts fall in
+    # it one by one, train.model.model.context_fold), and the pair store is built without
+    # those contexts, so a fold context's pair is known from its probe's other contexts, as
+    # a test query's is from the train split (docs/learning.md section 8.20). 0: off
+    pair_forward: int = 0
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
     # replies to their destinations' store medians, over their count plus this shrink;
@@ -154,6 +167,10 @@ class ModelConfig:
                 raise ValueError(f"{name} must be 0 or a power of two, not {n}")
         if self.gate_fold < 0 or self.gate_fold == 1:
             raise ValueError(f"gate_fold must be 0 (off) or at least 2, not {self.gate_fold}")
+        if self.pair_forward < 0 or self.pair_forward == 1:
+            raise ValueError(f"pair_forward must be 0 (off) or at least 2, not {self.pair_forward}")
+        if self.pair_forward and not self.pair_store:
+            raise ValueError("pair_forward reads the pair store: set pair_store")
         if self.store_without_fold and not self.gate_fold:
             raise ValueError("store_without_fold leaves out the gate fold's contexts: set gate_fold")
 
@@ -165,15 +182,16 @@ MODELS = {
     # embeddings, so its 2 layers go to matching fields; larger initial weights, with which
     # copying forms sooner; a head pointed at the earlier pings to the query's destination,
     # and byte values with a sense of nearness, with which it copies an RTT; the train
-    # split's replies by destination (each source once), by reverse pair and placed by the
-    # probe's other replies, each behind a gate that learns on probes neither the layers
-    # nor the stores have seen (docs/learning.md)
+    # split's replies by destination (each source once), by pair (read at the reverse pair
+    # and at its own) and placed by the probe's other replies, each behind a gate that
+    # learns where neither the layers nor the stores have seen the probe, or (the own
+    # pair's) the context (docs/learning.md)
     "small": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256,
                          grammar_embed=True, init_std=0.08, match_dst=4.0, byte_features=7,
                          dst_memory=8192, dst_prior_scale=30.0, anonymize_src=True,
                          context_copy=0.3, copy_aux=1.0, dst_store=32768, pair_store=32768,
                          store_by_source=True, placed_store=0.25, gate_fold=8,
-                         store_without_fold=True),
+                         store_without_fold=True, pair_forward=8),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,
@@ -259,6 +277,10 @@ def param_specs(cfg: ModelConfig) -> dict:
                    "pair_gate": Param((D,), 0.0, zeros=True),
                    "pair_bias": Param((), 0.0, decay=False),
                    "pair_width": Param((2,), 0.0, decay=False)}
+    if cfg.pair_store and cfg.pair_forward:  # the same table, read at the measurement's own pair
+        memory |= {"fwd_gate": Param((D,), 0.0, zeros=True),
+                   "fwd_bias": Param((), 0.0, decay=False),
+                   "fwd_width": Param((2,), 0.0, decay=False)}
     return {
         **grammar,
         **waves,

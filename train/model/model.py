@@ -143,7 +143,8 @@ def rope(x, tables):
 def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
             attention: attn.AttentionConfig = attn.AttentionConfig(), *,
             probes: tuple[jax.Array, jax.Array] | None = None, own: bool = False,
-            src_hash: jax.Array | None = None, fold: jax.Array | None = None):
+            src_hash: jax.Array | None = None, fold: jax.Array | None = None,
+            pair_fold: jax.Array | None = None):
     """float32 logits [B, T, V] of int tokens [B, T] under segment_ids [B, T], computed as
     ``attention`` says (implementation, segment-table size, compute dtype).
 
@@ -162,6 +163,10 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     (``reverse_pair_keys``). ``fold`` (training, no probes; bool [B, T], ``fold_targets``):
     its positions' logits pass gradient to the stores' gates alone, and only where a store
     answers; the stores' gates take gradient from nothing else (ModelConfig.gate_fold).
+    ``pair_fold`` (training; bool [B, T], ``pair_fold_targets``): the only positions where
+    the pair store is read at the measurement's own pair, and where that read's gate learns
+    (ModelConfig.pair_forward); without it (evaluation, queries) that read answers wherever
+    the pair is stored.
     """
     dtype = attention.dtype
     seg = segment_ids.astype(jnp.int32)
@@ -270,9 +275,12 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         stores.append(("dst_store", "krig", None,
                        kriged_shift(sg(params["dst_store"]), sg(params["krig_store"]),
                                     sg(params["krig_noise"][0]), tokens, seg, probes)))
-    if cfg.pair_store:  # the train split's replies of the reverse pair (not learned)
+    if cfg.pair_store and cfg.pair_reverse:  # the train split's replies of the reverse pair
         stores.append(("pair_store", "pair", reverse_pair_keys(tokens, seg, probes, src_hash),
                        None))
+    if cfg.pair_store and cfg.pair_forward:  # and of the measurement's own pair (mixed last)
+        stores.append(("pair_store", "fwd", reverse_pair_keys(tokens, seg, probes, src_hash,
+                                                              reverse=False), None))
     for table, name, keys, shift in stores:
         widths = tuple(jax.nn.softplus(params[f"{name}_width"][i]) * COPY_WIDTH[i] for i in range(2))
         (dist, s_on), p_store = store_dists(jax.lax.stop_gradient(params[table]), tokens, seg,
@@ -282,7 +290,12 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         # context (docs/learning.md section 8.7)
         if copy is not None:
             s_on = s_on & ~copy[1]
-        out = _mix_copy(params, out, x, dist, s_on, name, fold)
+        gate_fold = fold
+        if name == "fwd":  # in training, only on its fold, whose contexts the store lacks
+            gate_fold = pair_fold
+            if pair_fold is not None:
+                s_on = s_on & pair_fold
+        out = _mix_copy(params, out, x, dist, s_on, name, gate_fold)
         answered = answered | s_on
         if probes is not None:
             p_on = p_store[1] if p_copy is None else p_store[1] & ~p_copy[1]
@@ -490,19 +503,22 @@ def pair_key(a, b):
     return a * _PAIR[0] + b * _PAIR[1]
 
 
-def reverse_pair_keys(tokens: jax.Array, segment_ids: jax.Array, probes=None, src_hash=None):
+def reverse_pair_keys(tokens: jax.Array, segment_ids: jax.Array, probes=None, src_hash=None,
+                      *, reverse: bool = True):
     """(key, on, p_key, p_on) as ``field_hashes``: the key of each measurement's reverse
-    pair, (its destination, its source), where both addresses are whole. ``src_hash``
-    (int32[B, T], ``field_hashes(raw tokens, ..., "src")[0]``) stands in for the source
-    hashes of ``tokens``: training reads rows whose sources are anonymized, and the pair
-    store is keyed by the real ones."""
+    pair, (its destination, its source), where both addresses are whole; with ``reverse``
+    False, of its own pair, (its source, its destination) (ModelConfig.pair_forward).
+    ``src_hash`` (int32[B, T], ``field_hashes(raw tokens, ..., "src")[0]``) stands in for
+    the source hashes of ``tokens``: training reads rows whose sources are anonymized, and
+    the pair store is keyed by the real ones."""
     hd, od, p_hd, p_od = field_hashes(tokens, segment_ids, "dst", probes)
     hs, os_, p_hs, p_os = field_hashes(tokens, segment_ids, "src", probes)
     if src_hash is not None:
         hs = src_hash.astype(jnp.int32)
+    key = (lambda d, s: pair_key(d, s)) if reverse else (lambda d, s: pair_key(s, d))
     if probes is None:
-        return pair_key(hd, hs), od & os_, None, None
-    return pair_key(hd, hs), od & os_, pair_key(p_hd, p_hs), p_od & p_os
+        return key(hd, hs), od & os_, None, None
+    return key(hd, hs), od & os_, key(p_hd, p_hs), p_od & p_os
 
 
 def dst_memory_rows(tokens: jax.Array, segment_ids: jax.Array, rows: int, probes=None):
@@ -761,6 +777,34 @@ def fold_targets(tokens: jax.Array, segment_ids: jax.Array, k: int) -> jax.Array
     return source_fold(tokens, segment_ids, k) & rtt
 
 
+# odd multipliers by a token's place in its context (mod their count): context_fold's hash
+_CTX_MULT = (np.random.default_rng(24680).integers(1 << 20, 1 << 30, 64) | 1).astype(np.int32)
+
+
+def context_fold(tokens: jax.Array, segment_ids: jax.Array, k: int) -> jax.Array:
+    """bool[B, T]: the tokens of the contexts (segments) in one fold of ``k``, chosen by a
+    hash of each context's whole token sequence, so that one context decides alike in any
+    row or place, and a probe's contexts fall in it one by one (unlike ``source_fold``,
+    whose fold holds whole probes); read from the real tokens, before
+    ``anonymize_sources`` (ModelConfig.pair_forward)."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    m = jnp.asarray(_CTX_MULT)[positions(seg) % len(_CTX_MULT)]
+    T = tokens.shape[1]
+    per_seg = jax.vmap(lambda x, s: jax.ops.segment_sum(x, s, num_segments=T + 1)[s])
+    x = per_seg(jnp.where(seg > 0, (tokens + 1) * m, 0), seg).astype(jnp.uint32)
+    x = (x ^ (x >> 16)) * jnp.uint32(2654435761)
+    x = (x ^ (x >> 13)) * jnp.uint32(3266489917)
+    return ((x >> 8) % jnp.uint32(k) == 0) & (seg > 0)
+
+
+def pair_fold_targets(tokens: jax.Array, segment_ids: jax.Array, k: int) -> jax.Array:
+    """bool[B, T]: the positions that predict an RTT byte in the contexts of one fold of
+    ``k`` (``context_fold``): forward's ``pair_fold`` (ModelConfig.pair_forward), where the
+    own pair's store is read in training and its gate learns."""
+    rtt = target_roles(tokens, segment_ids) == vocab.ROLES.index("rtt")
+    return context_fold(tokens, segment_ids, k) & rtt
+
+
 def same_destination(tokens: jax.Array, segment_ids: jax.Array, probes=None):
     """bool[B, 1, T, T]: key s is in an earlier measurement of the row than query t, and that
     measurement's destination is the one t's measurement has named up to t (none before
@@ -884,7 +928,7 @@ N_ROLES = len(vocab.ROLES) + 1  # prep.schema.vocab.ROLES (7, then one per value
 def loss_by_role(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
                  attention: attn.AttentionConfig = attn.AttentionConfig(), *,
                  copied_src: bool = False, src_hash: jax.Array | None = None,
-                 fold: jax.Array | None = None):
+                 fold: jax.Array | None = None, pair_fold: jax.Array | None = None):
     """(cross-entropy sum, right-guess count, target count), each float32[N_ROLES] by the
     role of the token each position predicts (``target_roles``): the one place the loss is
     split by role, for the training objective (``loss_sum``), the eval during training
@@ -897,7 +941,8 @@ def loss_by_role(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: M
     IPv4 ones does not): how well the model copies, and what it could copy."""
     tokens, segment_ids = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     ce, logits, targets, mask = token_losses(params, tokens, segment_ids, cfg, attention,
-                                             src_hash=src_hash, fold=fold)
+                                             src_hash=src_hash, fold=fold,
+                                             pair_fold=pair_fold)
     by_role = _by_role(tokens, segment_ids)
     right = (jnp.argmax(logits, axis=-1) == targets) & mask
     sums = (by_role(jnp.where(mask, ce, 0.0)), by_role(right), by_role(mask))
@@ -942,14 +987,15 @@ def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
     if aux:  # the mixed distribution's loss, and its own's before the copy (copy_aux)
         tokens, seg = (batch[k].astype(jnp.int32) for k in ("tokens", "segment_ids"))
         ce, own_ce, mask = token_losses(params, tokens, seg, cfg, attention, own=True,
-                                        src_hash=batch.get("src_hash"), fold=batch.get("fold"))
+                                        src_hash=batch.get("src_hash"), fold=batch.get("fold"),
+                                        pair_fold=batch.get("pair_fold"))
         by_role = _by_role(tokens, seg)
         loss, count = by_role(jnp.where(mask, ce, 0.0)), by_role(mask)
         extra = aux * by_role(jnp.where(mask, own_ce, 0.0))
     else:
         loss, _, count = loss_by_role(params, batch["tokens"], batch["segment_ids"], cfg,
                                       attention, src_hash=batch.get("src_hash"),
-                                      fold=batch.get("fold"))
+                                      fold=batch.get("fold"), pair_fold=batch.get("pair_fold"))
         extra = 0.0
     total, n = loss.sum(), count.sum()
     if role_weights is None:
@@ -961,13 +1007,15 @@ def loss_sum(params: dict, batch: dict, cfg: ModelConfig,
 
 def token_losses(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelConfig,
                  attention: attn.AttentionConfig = attn.AttentionConfig(), *, own: bool = False,
-                 src_hash: jax.Array | None = None, fold: jax.Array | None = None):
+                 src_hash: jax.Array | None = None, fold: jax.Array | None = None,
+                 pair_fold: jax.Array | None = None):
     """(next-token cross-entropy, logits, targets, mask) at every position of a batch: the
     loss of training, of the eval during training and of `train eval`; count it where mask.
     ``own``: (cross-entropy, that of the distribution before the stores and the copy, mask).
-    ``src_hash``, ``fold``: forward's."""
+    ``src_hash``, ``fold``, ``pair_fold``: forward's."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
-    out = forward(params, tokens, seg, cfg, attention, own=own, src_hash=src_hash, fold=fold)
+    out = forward(params, tokens, seg, cfg, attention, own=own, src_hash=src_hash, fold=fold,
+                  pair_fold=pair_fold)
     targets, mask = targets_and_mask(tokens, seg)
     ce = lambda lg: optax.softmax_cross_entropy_with_integer_labels(lg, targets)
     if own:

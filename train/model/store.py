@@ -44,6 +44,9 @@ class StoreSummary:
     # training, where its gate learns); -1 for the destination store
     answered: int = -1
     sources: int = 0  # by_source: the (destination, source) medians its quantiles are over
+    # the pair store: train replies whose own pair is usable (what its forward read would
+    # answer, ModelConfig.pair_forward, were they not in the store); -1 for the destination store
+    own: int = -1
 
     def line(self) -> str:
         name, what, field = KEYS[self.key]
@@ -55,18 +58,20 @@ class StoreSummary:
                    "would hold them)" if self.collided else "")
                 + ("" if self.answered < 0 else
                    f"; {self.answered:,} train replies have their reverse pair there"
-                   + (" (none: it answers nothing on this data)" if not self.answered
-                      else "")))
+                   + (" (none: its reverse read answers nothing on this data)"
+                      if not self.answered else "")
+                   + ("" if self.own < 0 else f", {self.own:,} their own pair")))
 
 
-@functools.partial(jax.jit, static_argnames=("key", "fold"))
-def _replies(tokens, segment_ids, key="dst", fold=0):
+@functools.partial(jax.jit, static_argnames=("key", "fold", "pair_fold"))
+def _replies(tokens, segment_ids, key="dst", fold=0, pair_fold=0):
     """(key, reverse key, code, is_reply), [B, T] each: at each RTT_START whose two bytes
     follow in its segment, the measurement's destination hash (``key`` "dst"; its reverse
     key is itself) or the key of its ordered (source, destination) pair ("pair"; the
     reverse: (destination, source)), or ("ends") the destination's hash and the source's,
     and the reply's 16-bit code. ``fold`` (ModelConfig.gate_fold, with store_without_fold):
-    the replies of that fold's contexts (model.source_fold) are not replies here."""
+    the replies of that fold's contexts (model.source_fold) are not replies here; nor, with
+    ``pair_fold`` (ModelConfig.pair_forward), those of its fold's (model.context_fold)."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     _, full, _ = M.address_hashes(tokens, seg, "dst")
     back = full
@@ -80,6 +85,8 @@ def _replies(tokens, segment_ids, key="dst", fold=0):
           & (b1 >= 0) & (b1 < 256) & (b2 >= 0) & (b2 < 256))
     if fold:
         ok = ok & ~M.source_fold(tokens, seg, fold)
+    if pair_fold:
+        ok = ok & ~M.context_fold(tokens, seg, pair_fold)
     return full, back, b1 * 256 + b2, ok
 
 
@@ -108,7 +115,7 @@ def _place(first: np.ndarray, second: np.ndarray, n: np.ndarray, keys: np.ndarra
     return row
 
 
-def _collect(tokens, segment_ids, key: str, batch: int, fold: int = 0):
+def _collect(tokens, segment_ids, key: str, batch: int, fold: int = 0, pair_fold: int = 0):
     """``_replies``' (key, reverse key, code) of every reply in the rows, int32[n] each."""
     hs, backs, codes = [], [], []
     for r0 in range(0, len(tokens), batch):
@@ -116,7 +123,7 @@ def _collect(tokens, segment_ids, key: str, batch: int, fold: int = 0):
         if len(t) < batch:  # one compiled shape: pad the last batch with empty rows
             t = np.concatenate([t, np.zeros((batch - len(t),) + t.shape[1:], t.dtype)])
             s = np.concatenate([s, np.zeros((batch - len(s),) + s.shape[1:], s.dtype)])
-        h, b, c, ok = (np.asarray(x) for x in _replies(t, s, key, fold))
+        h, b, c, ok = (np.asarray(x) for x in _replies(t, s, key, fold, pair_fold))
         hs.append(h[ok])
         backs.append(b[ok])
         codes.append(c[ok])
@@ -138,19 +145,24 @@ def _pair_medians(one: np.ndarray, other: np.ndarray, code: np.ndarray):
 
 def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = "dst",
           batch: int = 512, by_source: bool = False,
-          fold: int = 0) -> tuple[np.ndarray, StoreSummary]:
+          fold: int = 0, pair_fold: int = 0) -> tuple[np.ndarray, StoreSummary]:
     """(float32[rows, STORE_K + 2], summary) from packed rows ``tokens``/``segment_ids``,
     by destination (``key`` "dst") or by ordered address pair ("pair"). ``by_source`` (with
     "dst"; ModelConfig.store_by_source): a destination's quantiles are over its sources'
     median codes (the lower middle of an even count), each source once, instead of over its
     replies; its count is its replies either way. ``fold``: without the replies of that
-    gate fold's contexts (ModelConfig.store_without_fold)."""
+    gate fold's contexts (ModelConfig.store_without_fold). ``pair_fold`` (with "pair";
+    ModelConfig.pair_forward): nor those of the contexts of that fold, on which the read at
+    a measurement's own pair learns."""
     if key not in KEYS:
         raise ValueError(f"store key must be one of {sorted(KEYS)}, not {key!r}")
     if by_source and key != "dst":
         raise ValueError(f"by_source is for the destination store, not key {key!r}")
     K = arch.STORE_K
-    h, back, code = _collect(tokens, segment_ids, "ends" if by_source else key, batch, fold)
+    if pair_fold and key != "pair":
+        raise ValueError(f"pair_fold is for the pair store, not key {key!r}")
+    h, back, code = _collect(tokens, segment_ids, "ends" if by_source else key, batch, fold,
+                             pair_fold)
     table = np.zeros((rows, K + 2), np.float32)
     answered = -1 if key == "dst" else 0
     if len(h) == 0:
@@ -165,7 +177,12 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     n = np.diff(np.r_[first, len(h)])
     n_replies = np.add.reduceat(replies, first)
     dest = h[first]
-    row = _place(*(np.asarray(r) for r in M.store_rows(dest, rows)), n_replies, dest, rows)
+    # only a key the model reads (STORE_MIN replies) takes a row: one that never would
+    # crowded others out (8 % of a generated world's usable pairs in 32,768 rows)
+    readable = np.flatnonzero(n_replies >= arch.STORE_MIN)
+    row = np.full(len(dest), -1, np.int64)
+    row[readable] = _place(*(np.asarray(r)[readable] for r in M.store_rows(dest, rows)),
+                           n_replies[readable], dest[readable], rows)
     keep = row >= 0
     levels = (np.arange(K) + 0.5) / K
     q = first[:, None] + np.minimum((levels[None, :] * n[:, None]).astype(np.int64), n[:, None] - 1)
@@ -174,10 +191,12 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     table[row[keep], K + 1] = M.store_check(dest[keep])
     usable = keep & (n_replies >= arch.STORE_MIN)
     collided = int((~keep & (n_replies >= arch.STORE_MIN)).sum())
+    own = -1
     if key == "pair":
         answered = int(np.isin(back, dest[usable]).sum())
+        own = int(np.isin(h, dest[usable]).sum())
     return table, StoreSummary(len(dest), int(usable.sum()), int(replies.sum()), collided, key,
-                               answered, len(code) if by_source else 0)
+                               answered, len(code) if by_source else 0, own)
 
 
 KRIG_SHRINK = 5.0  # a covariance over n shared sources is scaled n / (n + this); context_krig's
