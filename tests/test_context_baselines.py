@@ -175,6 +175,33 @@ def test_krig_table_holds_levels_covariances_and_the_reply_noise():
     assert noise == pytest.approx(0.01 + c * c)  # replies at +-0.1 about log value, c below
 
 
+def test_krig_does_not_read_a_destination_that_breaks_the_covariance():
+    """A shrunk pairwise covariance need not be PSD: here nodes 10, 11 and 12 (variance 0.1
+    each; 0.099 between 10 and both others, 0.07 between 11 and 12) have a negative
+    eigenvalue. Bordering node 12 leaves a Schur complement below its noise, so node 12 is
+    not read, and the answers are kriging's from 10 and 11 alone (before this guard, node
+    10's answer was 0.54 ms where its level is 10 and the context says 13.5)."""
+    n, noise = 21, 0.01
+    level = np.full(n, np.nan)
+    level[[10, 11, 12, 13]] = np.log([10.0, 20.0, 30.0, 40.0])
+    cov = {(10, 10): 0.1, (11, 11): 0.1, (12, 12): 0.1, (13, 13): 0.1, (10, 11): 0.099,
+           (10, 12): 0.099, (11, 12): 0.07, (10, 13): 0.05, (11, 13): 0.05, (12, 13): 0.05}
+    cov |= {(e, d): v for (d, e), v in cov.items()}
+    keys = np.array(sorted(d * n + e for d, e in cov))
+    vals = np.array([cov[(k // n, k % n)] for k in keys])
+    assert np.linalg.eigvalsh([[0.1, 0.099, 0.099], [0.099, 0.1, 0.07],
+                               [0.099, 0.07, 0.1]])[0] < 0
+    dst = [10, 11, 12, 10, 13]
+    rtt = [10 * np.exp(0.3), 20 * np.exp(-0.2), 30 * np.exp(0.1), 10 * np.exp(0.3), 50.0]
+    got = C.predict([0] * 5, [20] * 5, dst, rtt, fallback=-np.ones(5), fail_rate=0.0,
+                    krig=(level, keys, vals, noise))["context_krig"]
+    r = np.array([0.3, -0.2])  # 10's and 11's residuals; 12's is never read
+    S = np.array([[0.1, 0.099], [0.099, 0.1]])
+    q3 = 10 * np.exp(np.array([0.1, 0.099]) @ np.linalg.solve(S + noise * np.eye(2), r))
+    q4 = 40 * np.exp(np.array([0.05, 0.05]) @ np.linalg.solve(S + np.diag([noise / 2, noise]), r))
+    assert got.rtt_ms[[3, 4]] == pytest.approx([q3, q4], rel=1e-9)
+
+
 def test_krig_conditions_the_query_destination_on_the_contexts_replies():
     level, keys, cov, noise = _krig_world()
     c01, v10 = 0.16 / (3 + C.KRIG_SHRINK), 0.08 / 3

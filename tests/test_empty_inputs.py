@@ -108,6 +108,32 @@ def test_prep_shards_with_every_row_in_test_fails(tmp_path):
     assert not (tmp_path / "s").exists()  # a new --out that failed is removed again
 
 
+def test_prep_shards_refuses_one_file_given_twice_by_another_name(tmp_path):
+    """A link to an input, or a copy of it, would put its measurements in twice (a user
+    trial's `prep shards F alias` read 17,540 rows of F's 8,770): refused, nothing written."""
+    from prep.ingest.synth import SynthConfig, synth
+
+    synth(SynthConfig(out=tmp_path / "raw", rows=2_000, probes=20, days=1))
+    f = sorted((tmp_path / "raw").glob("*.parquet"))[0]
+    (tmp_path / "more").mkdir()
+    (tmp_path / "more" / "alias.parquet").symlink_to(f)
+    assert fails(prep, "shards", f, tmp_path / "more", "--out", tmp_path / "s", "--workers",
+                 "1", "--quiet") == (f"error: {tmp_path}/more/alias.parquet and {f}: the same "
+                                     "file (a link); give each file once")
+    (tmp_path / "more" / "alias.parquet").unlink()
+    shutil.copy(f, tmp_path / "more" / "copy.parquet")
+    line = fails(prep, "shards", tmp_path / "raw", tmp_path / "more", "--out", tmp_path / "s",
+                 "--workers", "1", "--quiet")
+    assert line.startswith(f"error: {tmp_path}/more/copy.parquet and {f}: the same bytes "
+                           "(sha256 ") and line.endswith(
+        "…); each measurement would count twice; give each file once")
+    assert not (tmp_path / "s").exists()  # a new --out that failed is removed again
+    # the same path twice (a folder and a file in it) is one input, as before
+    out = CliRunner().invoke(prep, ["shards", str(tmp_path / "raw"), str(f), "--out",
+                                    str(tmp_path / "s"), "--workers", "1", "--quiet"])
+    assert out.exit_code == 0, out.output
+
+
 # --- train -----------------------------------------------------------------------------
 
 def test_train_on_a_split_without_rows_is_one_line(tmp_path):

@@ -16,7 +16,7 @@ from train.eval import metrics as EM
 from train.eval.pool import pool, resolve
 
 
-def _world(path, *, model, ema, sources, fingerprint, extra=None, p10=90.0):
+def _world(path, *, model, ema, sources, fingerprint, extra=None, p10=90.0, matches=True):
     """An answers file of queries to a 100 ms truth (one failed at the end), each source
     with the same number of queries, the model and context EMA answering ``model``/``ema``."""
     n = len(model)
@@ -33,7 +33,8 @@ def _world(path, *, model, ema, sources, fingerprint, extra=None, p10=90.0):
         path, preds=preds, intervals={"model": (np.full(n, p10), np.full(n, 120.0))},
         truth_ms=truth, failed=failed, history=np.arange(n), stratum=stratum, groups=source,
         about={"run_dir": f"runs/{fingerprint}", "step": 7, "data": f"shards-{fingerprint}",
-               "data_fingerprint": fingerprint, "split": {"split": "time"},
+               "data_fingerprint": fingerprint, "data_matches_run": matches,
+               "split": {"split": "time"},
                "config": {"max_queries": 0, "seed": 0}})
 
 
@@ -121,6 +122,28 @@ def test_a_run_folder_means_its_newest_whole_split_answers(tmp_path):
                                                                            None]
     assert resolve(str(tmp_path / "run")) == ev / "step-2400.answers.npz"
     assert resolve(str(ev / "step-800.answers.npz")) == ev / "step-800.answers.npz"
+
+
+def test_another_datasets_evaluation_is_kept_apart_and_named_when_pooled(tmp_path):
+    """`train eval RUN --data OTHER` writes step-<S>-on-<F>.json beside the run's own
+    report, never over it; a run folder means its own answers, and an other-data answers
+    file named to pool is pooled with a warning (its test split may hold what the model saw)."""
+    from train.eval.report import report_path
+    assert report_path("r", 7).name == "step-7.json"
+    assert report_path("r", 7, 500, "9e18716c").name == "step-7-q500-on-9e18716c.json"
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    own = _world(run / "eval" / "step-7.answers.npz", model=[110] * 4, ema=[130] * 4,
+                 sources=2, fingerprint="a")
+    other = _world(run / "eval" / "step-9-on-b.answers.npz", model=[110] * 4, ema=[130] * 4,
+                   sources=2, fingerprint="b", matches=False)
+    assert A.step_of(other) is None and resolve(str(run)) == own
+    r = pool([str(other), str(_world(tmp_path / "c.answers.npz", model=[110] * 4,
+                                      ema=[130] * 4, sources=2, fingerprint="c"))])
+    assert r["warnings"][0] == (f"{other}: evaluated on shards-b, not the dataset its run "
+                                "trained on; its test split may hold what the model saw")
+    assert len(r["warnings"]) == 2  # and the few replies'
 
 
 def test_pool_cli(tmp_path):

@@ -119,3 +119,54 @@ def test_a_long_history_costs_a_few_encodings_not_one_per_measurement(monkeypatc
     assert (tokens, choice, rtt) == (lambda t, c, r: (t, c[-1], r[-1]))(*real(hist[-62:] + [q]))
     # bisection over the newest 1,024 // 12 = 85 (one encoding per start tried: 24 before)
     assert len(calls) == 7, calls
+
+
+def _hist(path, times, prb=None):
+    cols = {"event_time": times, "src_addr": ["192.0.2.1"] * len(times),
+            "dst_addr": ["193.0.14.129"] * len(times), "ip_version": [4] * len(times),
+            "rtt": [20.0 + i for i in range(len(times))]}
+    if prb is not None:
+        cols["prb_id"] = prb
+    pq.write_table(pa.table(cols), path)
+    return str(path)
+
+
+def test_a_history_stops_at_a_silence_longer_than_the_datasets_gap(tmp_path, capsys):
+    """A training context never spans a silence of more than max_gap_s (prep shards
+    --max-gap), so neither does a query's history: rows before the query's last such
+    silence are not read (a user trial's query two months after a one-hour history read
+    14 of its rows), the query's own distance from its newest row included; each query
+    that lost rows so is counted, in one line on stderr."""
+    t0, day = 1767225600, 86_400
+    h = _hist(tmp_path / "h.parquet", [t0 + 60 * i for i in range(6)]
+              + [t0 + 3 * day + 60 * i for i in range(4)])
+    q = lambda t: P.query_measurement("192.0.2.1", "193.0.14.129", t)
+    src = {(q(t0).family, q(t0).src_hi, q(t0).src_lo)}
+    hist = Q.Histories(Q.history_of(h), h, src, 100, day)
+    # after the silence: only the 4 rows since it; in the first hour: all rows so far
+    assert [m.time - t0 for m in hist.context(q(t0 + 3 * day + 600))] == [
+        3 * day + 60 * i for i in range(4)]
+    assert [m.time - t0 for m in hist.context(q(t0 + 330))] == [60 * i for i in range(6)]
+    assert hist.context(q(t0 + 60 * day)) == []  # two months after its newest row
+    assert len(hist.context(q(None))) == 4  # a query without a time: the newest stretch
+    assert hist.cut == 3
+    hist.say_cut(h, day, "the run's dataset shards")
+    assert capsys.readouterr().err == (
+        f"{h}: 3 queries read their history only from after its last silence of more than "
+        "86,400 s (training contexts are cut there; the gap from the run's dataset shards)\n")
+    # the row budget alone is no cut; and gap 0 (--max-gap 0) cuts nothing
+    few = Q.Histories(Q.history_of(h), h, src, 3, day)
+    assert len(few.context(q(t0 + 330))) == 3 and few.cut == 0
+    never = Q.Histories(Q.history_of(h), h, src, 100, 0)
+    assert len(never.context(q(t0 + 60 * day))) == 10 and never.cut == 0
+
+
+def test_history_rows_of_several_probes_behind_one_address_are_named(tmp_path, capsys):
+    h = _hist(tmp_path / "h.parquet", [1767225600 + 60 * i for i in range(6)],
+              prb=[7, 7, 8, 9, 7, 8])
+    q = P.query_measurement("192.0.2.1", "193.0.14.129", 1767229200)
+    Q.Histories(Q.history_of(h), h, {(q.family, q.src_hi, q.src_lo)}, 100, 86_400)
+    assert capsys.readouterr().err == (
+        f"{h}: the history rows of 1 query source(s) come from several probes (prb_id; e.g. "
+        "192.0.2.1: 3), an address hosts behind a NAT share; the model reads them as one "
+        "probe's context; give each probe's rows alone\n")

@@ -547,7 +547,7 @@ def test_a_run_keeps_the_own_pair_read_where_no_reverse_pair_is(tmp_path, monkey
                warmup=1, log_every=1, eval_every=0, ckpt_every=0)
     train(TrainConfig(**cfg))
     err = capsys.readouterr().err
-    want, summary = store.build(tok, seg, 1024, key="pair", fold=8, pair_fold=8)
+    want, summary = store.build(tok, seg, 1024, key="pair", fold=8, pair_fold=8, min_count=4)
     assert (summary.usable, summary.answered, summary.own) == (4, 0, summary.replies)
     assert ("pair store: also built without 1 context in 8 (by context), on which its read "
             "at a measurement's own pair learns") in err

@@ -38,6 +38,10 @@ from prep.schema import rows, vocab
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "ping-pack-shards"
 SPLITS = ("train", "test")  # the splits of a dataset, in manifest order
+# the silence (seconds) after which `prep shards` cuts a context unless --max-gap says
+# otherwise (config "max_gap_s"); `train predict` cuts a query's history alike where the
+# run's manifest is not at hand
+MAX_GAP_S = 86_400
 
 
 def header(row_len: int) -> dict:

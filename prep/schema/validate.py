@@ -131,6 +131,11 @@ def find_files(paths: Iterable[str | Path], suffixes: tuple[str, ...], none_foun
                 if hint := sniff.advice(p, k, command):
                     raise InputError(hint)
         raise InputError(f"{', '.join(map(str, paths))}: {none_found}")
+    first: dict[Path, Path] = {}
+    for f in sorted(found):  # one file by two names (a link): its rows would count twice
+        seen = first.setdefault(f.resolve(), f)
+        if seen is not f:
+            raise InputError(f"{seen} and {f}: the same file (a link); give each file once")
     return sorted(found)
 
 

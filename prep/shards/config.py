@@ -13,6 +13,7 @@ import click
 
 from prep.base.options import Parsed, setting
 from prep.schema import splits
+from prep.schema.manifest import MAX_GAP_S
 from prep.schema.rows import MAX_SEGMENTS
 
 # ISO-8601 (UTC unless it carries an offset) or Unix seconds -> int Unix seconds
@@ -54,7 +55,7 @@ class ShardsConfig:
         0, "--max-measurements", show_default=True, type=click.IntRange(0),
         help="Cap on measurements per context (0 = none).")
     max_gap_s: int = setting(
-        86_400, "--max-gap", show_default=True, type=click.IntRange(0),
+        MAX_GAP_S, "--max-gap", show_default=True, type=click.IntRange(0),
         help="Cut a context after a silence longer than this many seconds (0 = never).")
     max_span_s: int = 0  # cut a context covering more than this many seconds (0 = never)
     mode_weights: tuple[float, float, float] = (0.4, 0.3, 0.3)  # timestamp modes full/partial/none

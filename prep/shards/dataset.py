@@ -139,6 +139,7 @@ def build(inputs: list[str], out: str, cfg: ShardsConfig, passes: Passes, *,
                 compile_s, compiled = compile_kernels(od.stage, passes.says, only_missing=True)
             cfg, read, results = passes.run(od, units, rows_total, cfg, t0)
             infos = inputs_info.result()
+            same_bytes(infos)
             failed = False
         finally:
             if hasher:
@@ -375,6 +376,19 @@ def config_from_dict(d: dict) -> ShardsConfig:
     d = dict(d)
     d["mode_weights"] = tuple(d["mode_weights"])
     return ShardsConfig(**d)
+
+
+def same_bytes(infos: list[dict]) -> None:
+    """InputError if two inputs hold the same bytes (a copy under another name): every
+    measurement in them would be read twice, as if measured twice. Checked once the inputs
+    are hashed (beside the read), before the dataset is published."""
+    first: dict[str, str] = {}
+    for e in infos:
+        seen = first.setdefault(e["sha256"], e["name"])
+        if seen != e["name"] and e["size"]:
+            raise InputError(f"{seen} and {e['name']}: the same bytes (sha256 "
+                             f"{e['sha256'][:12]}…); each measurement would count twice; give "
+                             "each file once")
 
 
 def file_info(p: Path | str, stop: threading.Event | None = None, name: str | None = None) -> dict:

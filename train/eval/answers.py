@@ -1,8 +1,9 @@
 """Per-query answers of one `train eval`, kept beside its report so that several evaluations
 can be scored as one (`train pool`, train.eval.pool) without running a model again.
 
-``RUN_DIR/eval/step-<S>.answers.npz`` (``step-<S>-q<N>.answers.npz`` for a sample), NumPy's
-compressed archive, no pickled objects:
+``RUN_DIR/eval/step-<S>.answers.npz`` (``step-<S>-q<N>.answers.npz`` for a sample,
+``...-on-<F>.answers.npz`` on a dataset other than the run's), NumPy's compressed archive,
+no pickled objects:
 
     version       int: ANSWERS_VERSION
     names         str[P]: the predictors, in the report's order
@@ -16,7 +17,8 @@ compressed archive, no pickled objects:
     history       int64[n]: earlier measurements in the query's context
     stratum       int8[n]: index into train.eval.metrics.STRATA
     source        int64[n]: the query's source among the evaluation's (its bootstrap group)
-    about         str: JSON, the report's run_dir, step, data, data_fingerprint, split, config
+    about         str: JSON, the report's run_dir, step, data, data_fingerprint,
+                  data_matches_run, split, config
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from prep.base.atomic import replacing
 from prep.base.errors import InputError
 
 ANSWERS_VERSION = 1
-ABOUT = ("run_dir", "step", "data", "data_fingerprint", "split", "config")  # report keys kept
+ABOUT = ("run_dir", "step", "data", "data_fingerprint", "data_matches_run", "split",
+         "config")  # report keys kept
 _ARRAYS = ("names", "pred_ms", "p_failed", "covered", "interval_of", "interval_ms", "truth_ms",
            "failed", "history", "stratum", "source", "about", "version")
 
@@ -41,7 +44,8 @@ _NAME = re.compile(r"step-(\d+)(?:-q(\d+))?\.answers\.npz")
 
 
 def step_of(path: str | Path) -> tuple[int, int] | None:
-    """(step, queries: 0 for a whole split) of an answers file's name, None for another."""
+    """(step, queries: 0 for a whole split) of an answers file's name, None for another
+    (an evaluation on other data than the run's, ``...-on-<F>.answers.npz``, among them)."""
     m = _NAME.fullmatch(Path(path).name)
     return (int(m[1]), int(m[2] or 0)) if m else None
 

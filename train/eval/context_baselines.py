@@ -250,14 +250,21 @@ def _krig(starts, dst, rtt, level, keys, vals, noise):
     earlier reply to a destination with one). Along a context the inverse of the replied
     destinations' covariance (plus each one's noise over its reply count) is kept up to
     date, a new destination by bordering it and one more reply by Sherman-Morrison, so a
-    query costs O(m²) in its m destinations; a destination whose bordering would leave it
-    not positive definite (a shrunk pairwise covariance need not be) is not read."""
+    query costs O(m²) in its m destinations. A shrunk pairwise covariance need not be
+    positive semidefinite, and where it is not, the matrix with the replies' noise can come
+    near singular and its inverse send a query's answer anywhere (1e17 ms seen on rows of
+    1,024). Where the covariance is PSD, a new destination's Schur complement is at least its
+    noise, and one more reply shrinks its noise by a rank-one update whose denominator is at
+    least 1/2; so a destination whose bordering falls below the one is not read, and a
+    reply whose update falls below the other keeps its destination's noise where it was
+    (its mean still counts it)."""
     n, n_nodes = len(dst), len(level)
     out = np.full(n, np.nan)
     cap = 1
     for c in range(len(starts) - 1):
         cap = max(cap, starts[c + 1] - starts[c])
     es, tot, cnt = np.empty(cap, np.int64), np.empty(cap), np.empty(cap)
+    ncnt = np.empty(cap)  # the replies each destination's noise term is over: noise / ncnt
     inv, u, r = np.empty((cap, cap)), np.empty(cap), np.empty(cap)
     for c in range(len(starts) - 1):
         a, b = starts[c], starts[c + 1]
@@ -282,15 +289,18 @@ def _krig(starts, dst, rtt, level, keys, vals, noise):
             while p < m and es[p] != e:
                 p += 1
             if p < m:  # one more reply: its noise noise / k becomes noise / (k + 1)
-                delta = noise / (cnt[p] + 1.0) - noise / cnt[p]
+                tot[p] += v
+                cnt[p] += 1.0
+                delta = noise / (ncnt[p] + 1.0) - noise / ncnt[p]
                 for q in range(m):
                     u[q] = inv[q, p]
                 den = 1.0 + delta * u[p]
+                if den < 0.5 - 1e-9:  # not PSD along this destination: keep its noise
+                    continue
                 for q in range(m):
                     for t in range(m):
                         inv[q, t] -= delta * u[q] * u[t] / den
-                tot[p] += v
-                cnt[p] += 1.0
+                ncnt[p] += 1.0
                 continue
             s = _cov(keys, vals, n_nodes, e, e) + noise  # a new destination: border inv
             for q in range(m):
@@ -299,13 +309,13 @@ def _krig(starts, dst, rtt, level, keys, vals, noise):
                     acc += inv[q, t] * _cov(keys, vals, n_nodes, es[t], e)
                 u[q] = acc
                 s -= _cov(keys, vals, n_nodes, es[q], e) * acc
-            if s <= 1e-12:
+            if s < noise * (1.0 - 1e-9):  # not PSD with it: it is not read
                 continue
             for q in range(m):
                 for t in range(m):
                     inv[q, t] += u[q] * u[t] / s
                 inv[q, m] = inv[m, q] = -u[q] / s
             inv[m, m] = 1.0 / s
-            es[m], tot[m], cnt[m] = e, v, 1.0
+            es[m], tot[m], cnt[m], ncnt[m] = e, v, 1.0, 1.0
             m += 1
     return out

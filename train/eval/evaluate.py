@@ -149,7 +149,9 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
                    **timing, "elapsed_s": round(time.perf_counter() - t0, 3),
                    "device": jax.devices()[0].device_kind},
     }
-    written = write_report(result, cfg.run_dir, pred.step, len(q) if cfg.max_queries else 0)
+    other = fingerprint if trained_on is not None and trained_on != fingerprint else ""
+    written = write_report(result, cfg.run_dir, pred.step, len(q) if cfg.max_queries else 0,
+                           other)
     result["written_to"] = str(written)
     # what `train pool` reads to score this evaluation with others (train.eval.answers)
     result["answers_written_to"] = str(answers.write_answers(

@@ -65,6 +65,10 @@ def pool(paths: list[str], *, seed: int = 0) -> dict:
     if "model" not in common:
         raise InputError(f"{files[0]}: no model answers; run `train eval` again")
     warnings = []
+    for f, a in zip(files, loaded):  # `train eval RUN --data OTHER` said so; say it again
+        if a["about"].get("data_matches_run") is False:
+            warnings.append(f"{f}: evaluated on {a['about'].get('data')}, not the dataset its "
+                            "run trained on; its test split may hold what the model saw")
     left = sorted({n for a in loaded for n in a["names"]} - set(common))
     if left:
         warnings.append(f"left out, not in every input: {', '.join(left)}")

@@ -182,16 +182,20 @@ def _calibration(rtt: dict) -> list[str]:
     return [""] + out if out else []
 
 
-def report_path(run_dir: str, step: int, max_queries: int = 0) -> Path:
-    """RUN_DIR/eval/step-<step>.json, or step-<step>-q<N>.json for a sample of N queries:
-    a sample never overwrites the full report."""
-    name = f"step-{step}" + (f"-q{max_queries}" if max_queries else "") + ".json"
+def report_path(run_dir: str, step: int, max_queries: int = 0, other_data: str = "") -> Path:
+    """RUN_DIR/eval/step-<step>.json, or step-<step>-q<N>.json for a sample of N queries,
+    and ...-on-<F>.json on a dataset other than the run's (``other_data``: its fingerprint
+    F): a sample, or another dataset's evaluation, never overwrites the run's full report
+    (the one `train pool` reads for a run folder)."""
+    name = (f"step-{step}" + (f"-q{max_queries}" if max_queries else "")
+            + (f"-on-{other_data}" if other_data else "") + ".json")
     return Path(run_dir) / "eval" / name
 
 
-def write_report(result: dict, run_dir: str, step: int, max_queries: int = 0) -> Path:
+def write_report(result: dict, run_dir: str, step: int, max_queries: int = 0,
+                 other_data: str = "") -> Path:
     """Write the report (report_path); return its path."""
-    out = report_path(run_dir, step, max_queries)
+    out = report_path(run_dir, step, max_queries, other_data)
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     return out

@@ -209,12 +209,14 @@ def _store_tables(mcfg, data, manifest: dict):
         table, summary = store_lib.build(tok, seg, getattr(mcfg, field), key=key,
                                          by_source=key == "dst" and mcfg.store_by_source,
                                          fold=fold,
-                                         pair_fold=mcfg.pair_forward if key == "pair" else 0)
+                                         pair_fold=mcfg.pair_forward if key == "pair" else 0,
+                                         min_count=(mcfg.pair_min if key == "pair"
+                                                    else arch.STORE_MIN))
         lines.append(summary.line())
         if key == "pair":
             if mcfg.pair_forward and summary.own == 0:
                 lines.append(f"pair store: its read at a measurement's own pair is off for this "
-                             f"run (no address pair has {arch.STORE_MIN} train replies)")
+                             f"run (no address pair has {mcfg.pair_min} train replies)")
                 mcfg = dataclasses.replace(mcfg, pair_forward=0)
             if summary.answered == 0 and mcfg.pair_forward:
                 lines.append("pair store: its read at the reverse pair is off for this run (no "

@@ -132,6 +132,12 @@ class ModelConfig:
     # those contexts, so a fold context's pair is known from its probe's other contexts, as
     # a test query's is from the train split (docs/learning.md section 8.20). 0: off
     pair_forward: int = 0
+    # with pair_store: the fewest train replies a pair's row is read with (both reads). The
+    # destination store's STORE_MIN keeps a training measurement from finding itself among
+    # its destination's quantiles; the forward read's fold already keeps it out, and a
+    # known pair is worth reading from a few replies, as the pair baselines read it from
+    # one. 32 (STORE_MIN) where a saved config predates it
+    pair_min: int = 32
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
     # replies to their destinations' store medians, over their count plus this shrink;
@@ -169,6 +175,8 @@ class ModelConfig:
             raise ValueError(f"gate_fold must be 0 (off) or at least 2, not {self.gate_fold}")
         if self.pair_forward < 0 or self.pair_forward == 1:
             raise ValueError(f"pair_forward must be 0 (off) or at least 2, not {self.pair_forward}")
+        if self.pair_min < 1:
+            raise ValueError(f"pair_min must be at least 1, not {self.pair_min}")
         if self.pair_forward and not self.pair_store:
             raise ValueError("pair_forward reads the pair store: set pair_store")
         if self.store_without_fold and not self.gate_fold:
@@ -189,9 +197,9 @@ MODELS = {
     "small": ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, d_mlp=256,
                          grammar_embed=True, init_std=0.08, match_dst=4.0, byte_features=7,
                          dst_memory=8192, dst_prior_scale=30.0, anonymize_src=True,
-                         context_copy=0.3, copy_aux=1.0, dst_store=32768, pair_store=32768,
+                         context_copy=0.3, copy_aux=1.0, dst_store=32768, pair_store=65536,
                          store_by_source=True, placed_store=0.25, gate_fold=8,
-                         store_without_fold=True, pair_forward=8),
+                         store_without_fold=True, pair_forward=8, pair_min=4),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,

@@ -283,8 +283,9 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
                                                               reverse=False), None))
     for table, name, keys, shift in stores:
         widths = tuple(jax.nn.softplus(params[f"{name}_width"][i]) * COPY_WIDTH[i] for i in range(2))
-        (dist, s_on), p_store = store_dists(jax.lax.stop_gradient(params[table]), tokens, seg,
-                                            probes, widths, keys, shift)
+        (dist, s_on), p_store = store_dists(
+            jax.lax.stop_gradient(params[table]), tokens, seg, probes, widths, keys, shift,
+            cfg.pair_min if table == "pair_store" else arch.STORE_MIN)
         # only where the context holds no reply to the destination: where it does, the copy
         # answers, and a store mixed in there too diluted what the layers read of the
         # context (docs/learning.md section 8.7)
@@ -553,11 +554,11 @@ def _value_code(us):
     return jnp.where(big, (31 << 11) | 2047, (e << 11) | jnp.minimum(m, 2047))
 
 
-def _store_row(store, h):
+def _store_row(store, h, min_count: int = arch.STORE_MIN):
     """(row float32[..., K + 2], ok bool[...]): key h's row of a store (``store_rows``; its
-    own: the check matches and it holds at least STORE_MIN replies)."""
+    own: the check matches and it holds at least ``min_count`` replies)."""
     K = arch.STORE_K
-    mine = lambda r: (r[..., K] >= arch.STORE_MIN) & (r[..., K + 1] == store_check(h))
+    mine = lambda r: (r[..., K] >= min_count) & (r[..., K + 1] == store_check(h))
     r1, r2 = (store[i] for i in store_rows(h, store.shape[0]))
     ok1 = mine(r1)
     return jnp.where(ok1[..., None], r1, r2), ok1 | mine(r2)
@@ -680,7 +681,7 @@ def _byte_counts(b: jax.Array, where: jax.Array | None = None) -> jax.Array:
 
 
 def store_dists(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, probes=None,
-                widths=(1.0, 1.0), keys=None, shift=None):
+                widths=(1.0, 1.0), keys=None, shift=None, min_count: int = arch.STORE_MIN):
     """((dist float32[B, T, 256], on bool[B, T]), (p_dist, p_on) or None): at each token
     whose next one is an RTT byte, the distribution of that byte over the STORE_K quantiles
     of the measurement's destination's train-split RTTs (ModelConfig.dst_store; the table
@@ -688,7 +689,7 @@ def store_dists(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, pro
     ``store_rows``, whose check is its), each spread by a Laplace kernel of
     ``widths`` (first byte, second) byte values; for the second byte, over the quantiles
     whose first byte is the one written. ``on``: such a token whose destination is whole,
-    has its own row (the check matches) and at least STORE_MIN replies there, and (second
+    has its own row (the check matches) and at least ``min_count`` replies there, and (second
     byte) one such quantile. With ``probes``, the same for them (a probe that is a first
     RTT byte asks for the second). ``keys``: (key, on, p_key, p_on) to look rows up by
     instead of the destination's hash (``dst_hashes``): the pair store's
@@ -703,7 +704,7 @@ def store_dists(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, pro
     kern = [_byte_kernel(jnp.arange(256), w) for w in widths]  # [256, 256]: row v spread
 
     def dists(h, on, tok, first, second, octaves):
-        r, ok = _store_row(store, h)  # [B, T, K + 2]
+        r, ok = _store_row(store, h, min_count)  # [B, T, K + 2]
         ok = on & ok
         code = r[..., :K].astype(jnp.int32)
         if octaves is not None:  # (no shift: the codes as stored)

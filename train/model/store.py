@@ -47,11 +47,12 @@ class StoreSummary:
     # the pair store: train replies whose own pair is usable (what its forward read would
     # answer, ModelConfig.pair_forward, were they not in the store); -1 for the destination store
     own: int = -1
+    min_count: int = arch.STORE_MIN  # the fewest replies a key's row is read with
 
     def line(self) -> str:
         name, what, field = KEYS[self.key]
         return (f"{name}: {self.usable:,} of {self.destinations:,} {what} "
-                f"(>= {arch.STORE_MIN} replies each) from {self.replies:,} train replies"
+                f"(>= {self.min_count} replies each) from {self.replies:,} train replies"
                 + (f", quantiles over {self.sources:,} (destination, source) medians"
                    if self.sources else "")
                 + (f"; {self.collided:,} found no free row (a larger ModelConfig.{field} "
@@ -145,7 +146,8 @@ def _pair_medians(one: np.ndarray, other: np.ndarray, code: np.ndarray):
 
 def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = "dst",
           batch: int = 512, by_source: bool = False,
-          fold: int = 0, pair_fold: int = 0) -> tuple[np.ndarray, StoreSummary]:
+          fold: int = 0, pair_fold: int = 0,
+          min_count: int = arch.STORE_MIN) -> tuple[np.ndarray, StoreSummary]:
     """(float32[rows, STORE_K + 2], summary) from packed rows ``tokens``/``segment_ids``,
     by destination (``key`` "dst") or by ordered address pair ("pair"). ``by_source`` (with
     "dst"; ModelConfig.store_by_source): a destination's quantiles are over its sources'
@@ -153,7 +155,8 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     replies; its count is its replies either way. ``fold``: without the replies of that
     gate fold's contexts (ModelConfig.store_without_fold). ``pair_fold`` (with "pair";
     ModelConfig.pair_forward): nor those of the contexts of that fold, on which the read at
-    a measurement's own pair learns."""
+    a measurement's own pair learns. ``min_count``: the fewest replies a key is read with
+    (ModelConfig.pair_min for the pair store); only such keys take rows."""
     if key not in KEYS:
         raise ValueError(f"store key must be one of {sorted(KEYS)}, not {key!r}")
     if by_source and key != "dst":
@@ -166,7 +169,7 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     table = np.zeros((rows, K + 2), np.float32)
     answered = -1 if key == "dst" else 0
     if len(h) == 0:
-        return table, StoreSummary(0, 0, 0, 0, key, answered)
+        return table, StoreSummary(0, 0, 0, 0, key, answered, min_count=min_count)
     replies = np.ones(len(h), np.int64)  # the replies each entry stands for
     if by_source:  # back is the source's hash: one entry per (destination, source)
         o, start, replies, mid = _pair_medians(h, back, code)
@@ -177,9 +180,9 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     n = np.diff(np.r_[first, len(h)])
     n_replies = np.add.reduceat(replies, first)
     dest = h[first]
-    # only a key the model reads (STORE_MIN replies) takes a row: one that never would
+    # only a key the model reads (min_count replies) takes a row: one that never would
     # crowded others out (8 % of a generated world's usable pairs in 32,768 rows)
-    readable = np.flatnonzero(n_replies >= arch.STORE_MIN)
+    readable = np.flatnonzero(n_replies >= min_count)
     row = np.full(len(dest), -1, np.int64)
     row[readable] = _place(*(np.asarray(r)[readable] for r in M.store_rows(dest, rows)),
                            n_replies[readable], dest[readable], rows)
@@ -189,14 +192,14 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     table[row[keep], :K] = code[q[keep]]
     table[row[keep], K] = n_replies[keep]
     table[row[keep], K + 1] = M.store_check(dest[keep])
-    usable = keep & (n_replies >= arch.STORE_MIN)
-    collided = int((~keep & (n_replies >= arch.STORE_MIN)).sum())
+    usable = keep & (n_replies >= min_count)
+    collided = int((~keep & (n_replies >= min_count)).sum())
     own = -1
     if key == "pair":
         answered = int(np.isin(back, dest[usable]).sum())
         own = int(np.isin(h, dest[usable]).sum())
     return table, StoreSummary(len(dest), int(usable.sum()), int(replies.sum()), collided, key,
-                               answered, len(code) if by_source else 0, own)
+                               answered, len(code) if by_source else 0, own, min_count)
 
 
 KRIG_SHRINK = 5.0  # a covariance over n shared sources is scaled n / (n + this); context_krig's

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -41,7 +42,8 @@ from prep.base.atomic import replacing
 from prep.base.errors import InputError
 from prep.base.signals import stop_on_signals
 from prep.base.tables import TableFile
-from prep.schema.measurements import Measurements
+from prep.schema.manifest import MAX_GAP_S
+from prep.schema.measurements import Measurements, addr_text
 from prep.schema.splits import format_time, parse_time
 from prep.schema.validate import TIME_MAX, TIME_MIN, column_times, read_validated
 from prep.tokens.reference import rtt_code
@@ -79,13 +81,30 @@ def as_context(m: Measurements, idx) -> list[P.Measurement]:
     return sorted(out, key=lambda x: x.time)
 
 
+def run_max_gap(run_dir) -> tuple[int, str]:
+    """(seconds, where from): the silence after which `prep shards` cut the contexts the
+    run trained on (its dataset's ``max_gap_s``; 0: never), or `prep shards`' default
+    where no manifest of that dataset here says it."""
+    data = P.run_record(run_dir).get("train", {}).get("data")
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, KeyError):
+        gap = json.loads((Path(data) / "manifest.json").read_text())["config"]["max_gap_s"]
+        return int(gap), f"the run's dataset {data}"
+    return MAX_GAP_S, "`prep shards`' default (no manifest of the run's dataset here says it)"
+
+
 class Histories:
     """The history rows of each query's source, sorted by time once; ``context(q)`` is the
     rows before the query's time (all of them for a query without a time), the newest
-    ``keep`` at most. Rows of no query's source are left out, with their count on stderr."""
+    ``keep`` at most, and none from before a silence longer than ``max_gap`` seconds (0:
+    none is too long): a training context never spans one (`prep shards --max-gap`), the
+    query's own distance from the newest row included. ``cut`` counts the queries that lost
+    rows so. Rows of no query's source are left out, with their count on stderr, and sources
+    whose rows come from several probes (``prb_id``: an address that hosts behind a NAT
+    share) are named there: the model reads them as one probe's."""
 
-    def __init__(self, hist: Measurements | None, path: str | None, sources: set, keep: int):
-        self.keep, self.of_src, self.times = keep, {}, {}
+    def __init__(self, hist: Measurements | None, path: str | None, sources: set, keep: int,
+                 max_gap: int = 0):
+        self.keep, self.max_gap, self.cut, self.of_src, self.times = keep, max_gap, 0, {}, {}
         if hist is None:
             return
         by_src = defaultdict(list)
@@ -96,6 +115,14 @@ class Histories:
         if left_out:
             print(f"{path}: {left_out:,} of {len(hist):,} history rows left out (their "
                   "src_addr is no query's source)", file=sys.stderr)
+        shared = {key: n for key in sources
+                  if (n := len(np.unique(hist.probe[by_src.get(key, [])]))) > 1}
+        if shared:
+            key, n = max(shared.items(), key=lambda kv: kv[1])
+            print(f"{path}: the history rows of {len(shared):,} query source(s) come from "
+                  f"several probes (prb_id; e.g. {addr_text(*key)}: {n}), an address hosts "
+                  "behind a NAT share; the model reads them as one probe's context; give "
+                  "each probe's rows alone", file=sys.stderr)
         for key in sources:
             ctx = as_context(hist, by_src.get(key, []))
             self.of_src[key], self.times[key] = ctx, [h.time for h in ctx]
@@ -105,8 +132,24 @@ class Histories:
         ctx = self.of_src.get(key, [])
         if not ctx:
             return []
-        end = len(ctx) if q.time is None else bisect.bisect_right(self.times[key], q.time)
-        return ctx[max(0, end - self.keep):end]
+        t = self.times[key]
+        end = len(ctx) if q.time is None else bisect.bisect_right(t, q.time)
+        lo = max(0, end - self.keep)
+        if self.max_gap and end:
+            if q.time is not None and q.time - t[end - 1] > self.max_gap:
+                lo = end
+            else:
+                lo = next((j for j in range(end - 1, lo, -1)
+                           if t[j] - t[j - 1] > self.max_gap), lo)
+            self.cut += lo > max(0, end - self.keep)
+        return ctx[lo:end]
+
+    def say_cut(self, path, gap: int, where: str) -> None:
+        """One line on stderr if any query's history stopped at a silence."""
+        if self.cut:
+            print(f"{path}: {self.cut:,} queries read their history only from after its last "
+                  f"silence of more than {gap:,} s (training contexts are cut there; the gap "
+                  f"from {where})", file=sys.stderr)
 
 
 def predict_one(run_dir, src: str, dst: str, when, history: str | None, *, step=None) -> dict:
@@ -114,8 +157,11 @@ def predict_one(run_dir, src: str, dst: str, when, history: str | None, *, step=
     t = None if when is None else _time(when)
     q = P.query_measurement(src, dst, t)
     pred = P.load(run_dir, step=step)
-    ctx = Histories(history_of(history), history, {(q.family, q.src_hi, q.src_lo)},
-                    pred.max_history).context(q)
+    gap, where = run_max_gap(run_dir)
+    hist = Histories(history_of(history), history, {(q.family, q.src_hi, q.src_lo)},
+                     pred.max_history, gap)
+    ctx = hist.context(q)
+    hist.say_cut(history, gap, where)
     return pred.predict(src, dst, time=t, history=ctx)
 
 
@@ -156,8 +202,9 @@ def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
             raise InputError(f"{queries}: query {k} has no src_addr or dst_addr")
         qs.append(P.query_measurement(s, d, t))
     pred = P.load(run_dir, step=step)
+    gap, where = run_max_gap(run_dir)
     hist = Histories(history_of(history), history, {(q.family, q.src_hi, q.src_lo) for q in qs},
-                     pred.max_history)
+                     pred.max_history, gap)
     with stop_on_signals(Path(out) if out else None, "train predict"), tqdm(
             total=len(qs), unit=" queries", desc="predict", file=sys.stderr,
             disable=not progress or None) as bar, (
@@ -176,6 +223,7 @@ def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
                     x.update(src_addr=s, dst_addr=d,
                              event_time=None if t is None else format_time(t))
                 emit(answers)
+    hist.say_cut(history, gap, where)
     if out:
         print(f"wrote {len(qs):,} answers to {out}", file=sys.stderr)
     return len(qs)
