@@ -102,6 +102,41 @@ def test_counts_out_of_range_are_one_line_and_exit_2_before_any_run(tmp_path, mo
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("value, message", [
+    ("-1", "-1.0 is not in the range x>0."),
+    ("0", "0.0 is not in the range x>0."),
+    ("nan", "nan is not a finite number."),
+    ("inf", "inf is not a finite number."),
+])
+def test_a_learning_rate_that_is_not_positive_and_finite_is_refused(tmp_path, monkeypatch,
+                                                                    value, message):
+    # a user trial: --lr -1 trained by gradient ascent to the end (exit 0); nan and inf
+    # failed later
+    monkeypatch.chdir(tmp_path)
+    r = _train(["--data", "shards", "--run-dir", "runs/s0", "--device", "cpu", "--lr", value])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines()[-1] == f"Error: Invalid value for '--lr': {message}"
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("weight_decay", -0.1, "weight_decay (config.json): -0.1 is not in the range x>=0."),
+    ("b1", 1.0, "b1 (config.json): 1.0 is not in the range 0<=x<1."),
+    ("b2", -0.5, "b2 (config.json): -0.5 is not in the range 0<=x<1."),
+    ("grad_clip", 0.0, "grad_clip (config.json): 0.0 is not in the range x>0."),
+    ("min_lr_ratio", float("nan"), "min_lr_ratio (config.json): nan is not a finite number."),
+    ("lr", float("-inf"), "--lr: -inf is not in the range x>0."),
+])
+def test_float_settings_without_a_flag_are_held_to_their_range(field, value, message):
+    # what click never sees (a resumed run's config.json, the library) meets the same rule
+    from prep.base.errors import InputError
+    from train.fit.config import TrainConfig
+
+    with pytest.raises(InputError) as e:
+        TrainConfig(**{field: value})
+    assert str(e.value) == message
+
+
 def test_the_newest_run_is_the_one_that_saved_last_not_the_one_last_touched(tmp_path,
                                                                             monkeypatch):
     # issue 36, item 5: "newest" was the run folder's mtime, which a refused resume (its
