@@ -297,6 +297,20 @@ def test_deep_nesting_is_a_counted_row_or_one_line(tmp_path):
                           "deeply to decode; these are not RIPE Atlas results: fix or remove the file\n")
 
 
+# --- a user trial: flags refused before any work, in one line ----------------------------
+
+@pytest.mark.parametrize("command", ["shards", "analyze-padding"])
+def test_a_negative_seed_is_refused(tmp_path, command):
+    # `prep shards --seed -5` ran (the seed masked to 64 bits: the bytes of seed 2**64 - 5),
+    # `prep analyze-padding --seed -1` was a ValueError traceback (numpy's generator)
+    out = [] if command == "analyze-padding" else ["--out", str(tmp_path / "s")]
+    res = CliRunner().invoke(main, [command, str(tmp_path), *out, "--seed", "-5"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.splitlines()[-1] == \
+        "Error: Invalid value for '--seed': -5 is not in the range x>=0."
+    assert not (tmp_path / "s").exists()
+
+
 # --- 13: a broken link is not skipped silently -------------------------------------------
 
 def test_dangling_symlink_is_a_warning_under_a_folder_and_an_error_named(tmp_path, capsys):

@@ -137,6 +137,22 @@ def test_float_settings_without_a_flag_are_held_to_their_range(field, value, mes
     assert str(e.value) == message
 
 
+@pytest.mark.parametrize("args", [
+    ["--data", "shards", "--run-dir", "runs/s0", "--device", "cpu", "--seed", "-5"],
+    ["eval", "runs/s0", "--seed", "-1"],
+    ["pool", "runs/s0", "--seed", "-1"],
+])
+def test_a_negative_seed_is_refused_by_every_command(tmp_path, monkeypatch, args):
+    # a user trial: `train --seed -5` and `train eval RUN --seed -1` were a ValueError
+    # traceback (numpy: expected non-negative integer)
+    monkeypatch.chdir(tmp_path)
+    r = _train(args)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines()[-1] == (
+        f"Error: Invalid value for '--seed': {args[-1]} is not in the range x>=0.")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_the_newest_run_is_the_one_that_saved_last_not_the_one_last_touched(tmp_path,
                                                                             monkeypatch):
     # issue 36, item 5: "newest" was the run folder's mtime, which a refused resume (its

@@ -231,7 +231,7 @@ def _fit(data, run_dir, resume, device, flags, hosts=None) -> int:
                    "one cut (0: the whole test split); all there are, with a warning, where "
                    "the split holds fewer. Written to eval/step-<S>-q<N>.json, N the "
                    "queries it holds.")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
               help="Seed of that sample and of the bootstrap intervals.")
 @click.option("--batch-size", type=click.IntRange(1), default=None,
               help="Rows per forward pass [default: the run's batch size, at most 64].")
@@ -279,7 +279,7 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
 @click.argument("answers", nargs=-1, type=click.Path())
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Also write the pooled report as JSON here.")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
               help="Seed of the bootstrap intervals.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def pool_cmd(answers, out, seed, as_json):

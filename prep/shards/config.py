@@ -23,7 +23,9 @@ TIME = Parsed("TIME", splits.parse_time)
 class ShardsConfig:
     """Everything that decides the bytes of the shards (saved in the manifest)."""
 
-    seed: int = setting(0, "--seed", "Seeds the encoding and the cuts.", show_default=True)
+    seed: int = setting(
+        0, "--seed", "Seeds the encoding and the cuts.", show_default=True,
+        type=click.IntRange(0))
     # epoch k uses epoch_seed(seed, k)
     test_fraction: float = setting(
         0.1, "--test-fraction", show_default=True, type=click.FloatRange(0, 1),

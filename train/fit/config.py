@@ -129,7 +129,8 @@ class TrainConfig:
         500, "--ckpt-every", "Steps between checkpoints (0: only at the end).",
         type=click.IntRange(0), cpu=50, gpu=1000)
     keep_checkpoints: int = 3  # the newest checkpoints kept (a learning curve keeps them all)
-    seed: int = setting(0, "--seed", "Parameters and data order.", type=int, binds=True)
+    seed: int = setting(
+        0, "--seed", "Parameters and data order.", type=click.IntRange(0), binds=True)
     attention: str = setting(
         "auto", "--attention", type=click.Choice(["auto", "xla", "cudnn", "dense"]),
         help="Packed attention kernel: cudnn (cuDNN's packed kernel), dense (cuDNN's dense "
