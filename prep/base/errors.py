@@ -1,7 +1,7 @@
 """The one error type a user sees: a single line naming the file and the fix (exit code 2);
 ``first_line`` for quoting another error in it; and the one table of disk failures (full,
-read-only, not writable), which prep's outputs (``fs_failure``) and train's checkpoints
-(train.fit.checkpoint) word with fixes of their own."""
+read-only, not writable), which prep's outputs and train's run folder (``fs_failure``)
+and train's checkpoints (train.fit.checkpoint) word with fixes of their own."""
 
 from __future__ import annotations
 
