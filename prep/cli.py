@@ -24,6 +24,7 @@ import click
 
 from prep.base.errors import InputError
 from prep.base.options import options
+from prep.base.plotfile import PlotFile
 from prep.shards.config import TIME, ShardsConfig
 
 # what the commands that write an --out share, one wording each
@@ -343,7 +344,8 @@ def _workers(n: int) -> int:
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0),
               help="Tokenizer seed.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG here.")
+@click.option("--plot", type=PlotFile(),
+              help="Write the figure here (.png, .pdf, .svg; no suffix: .png).")
 def analyze_padding(input_path, crop, batch_size, max_segments, grain_sample, seed, as_json,
                     plot):
     """Padding of every packing strategy on INPUT (parquet measurements or a shards folder).

@@ -153,6 +153,38 @@ def test_a_negative_seed_is_refused_by_every_command(tmp_path, monkeypatch, args
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("plot, why", [
+    ("none/x.png", "none/x.png: no such folder none; make it first, or name a file in a "
+                   "folder that exists"),
+    ("afile/x.png", "afile/x.png: afile is a file, not a folder; name a file in a folder"),
+    ("x.foo", "x.foo: matplotlib writes no .foo file; end the name in .png, .pdf or .svg"),
+    ("ro/x", "ro/x.png: read-only file system; name a file in a folder you can write"),
+], ids=["no-folder", "under-a-file", "suffix", "read-only"])
+def test_a_plot_eval_cannot_write_is_refused_before_the_evaluation(tmp_path, monkeypatch, plot,
+                                                                  why):
+    # a user trial: FileNotFoundError / OSError tracebacks once the evaluation (minutes) was
+    # done; here the run folder is not even read
+    from helpers import read_only
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "ro").mkdir()
+    with read_only(monkeypatch, tmp_path / "ro"):
+        r = _train(["eval", "runs/none", "--plot", plot])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines()[-1] == f"Error: Invalid value for '--plot': {why}"
+    assert list((tmp_path / "ro").iterdir()) == []
+
+
+def test_a_plot_without_a_suffix_is_the_png_matplotlib_writes(tmp_path, monkeypatch):
+    from prep.base.plotfile import PlotFile
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.b").mkdir()
+    assert [PlotFile().convert(p, None, None) for p in ("x", "x.", "a.b/x", "x.PDF")] == [
+        "x.png", "x.png", "a.b/x.png", "x.PDF"]
+
+
 def test_the_newest_run_is_the_one_that_saved_last_not_the_one_last_touched(tmp_path,
                                                                             monkeypatch):
     # issue 36, item 5: "newest" was the run folder's mtime, which a refused resume (its

@@ -33,6 +33,7 @@ import click
 
 from prep.base.errors import InputError
 from prep.base.options import options
+from prep.base.plotfile import PlotFile
 from prep.schema.rows import RowFormatError
 from train.fit.config import SMALL_CPU, TrainConfig
 
@@ -236,7 +237,7 @@ def _fit(data, run_dir, resume, device, flags, hosts=None) -> int:
 @click.option("--batch-size", type=click.IntRange(1), default=None,
               help="Rows per forward pass [default: the run's batch size, at most 64].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+@click.option("--plot", type=PlotFile(), default=None,
               help="Write a figure (.png, .pdf, .svg): relative-error CDFs, overall and by "
                    "stratum, and the loss curves.")
 def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
