@@ -185,6 +185,27 @@ def test_a_plot_without_a_suffix_is_the_png_matplotlib_writes(tmp_path, monkeypa
         "x.png", "x.png", "a.b/x.png", "x.PDF"]
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--queries", "gone.parquet", "--out", "a.parquet"],
+     "--queries gone.parquet: no such file; check the path"),
+    (["--queries", "d", "--out", "a.parquet"], "--queries d: a folder; --queries takes one "
+                                               "parquet file"),
+    (["--src", "192.0.2.7", "--dst", "193.0.14.129", "--history", "d"],
+     "--history d: a folder; --history takes one parquet file"),
+    (["--src", "192.0.2.7", "--dst", "193.0.14.129", "--history", "gone.parquet"],
+     "--history gone.parquet: no such file; check the path"),
+], ids=["queries-missing", "queries-folder", "history-folder", "history-missing"])
+def test_predict_files_that_are_not_there_or_folders_are_one_line(tmp_path, monkeypatch, args,
+                                                                  message):
+    # a user trial: a missing --queries was "not a readable parquet file"; a --history
+    # folder was click's usage and "File 'd' is a directory."; both before any model loads
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    r = _train(["predict", "runs/none", *args])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines() == [f"error: {message}"]
+
+
 def test_the_newest_run_is_the_one_that_saved_last_not_the_one_last_touched(tmp_path,
                                                                             monkeypatch):
     # issue 36, item 5: "newest" was the run folder's mtime, which a refused resume (its
