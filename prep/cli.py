@@ -24,6 +24,7 @@ import click
 
 from prep.base.errors import InputError
 from prep.base.options import options
+from prep.base.plotfile import PlotFile
 from prep.shards.config import TIME, ShardsConfig
 
 # what the commands that write an --out share, one wording each
@@ -340,9 +341,11 @@ def _workers(n: int) -> int:
               help="Segment cap of the capped packer variant.")
 @click.option("--grain-sample", default=2000, show_default=True, type=click.IntRange(0),
               help="Contexts given to each Grain packer (they run in Python); 0 = all.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Tokenizer seed.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0),
+              help="Tokenizer seed.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG here.")
+@click.option("--plot", type=PlotFile(),
+              help="Write the figure here (.png, .pdf, .svg; no suffix: .png).")
 def analyze_padding(input_path, crop, batch_size, max_segments, grain_sample, seed, as_json,
                     plot):
     """Padding of every packing strategy on INPUT (parquet measurements or a shards folder).

@@ -166,6 +166,33 @@ def test_cli_json_and_plot(shards_dir, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_plot_without_a_suffix_says_the_png_it_wrote(shards_dir, tmp_path):
+    # matplotlib adds .png to a name without a suffix; the line said "wrote .../pad"
+    res = CliRunner().invoke(main, ["analyze-padding", str(shards_dir / "raw"),
+                                    "--grain-sample", "50", "--plot", str(tmp_path / "pad")])
+    assert res.exit_code == 0, res.output
+    assert res.stderr.splitlines()[-1] == f"wrote {tmp_path / 'pad.png'}"
+    assert [p.name for p in tmp_path.iterdir()] == ["pad.png"]  # and no check file left
+
+
+def test_a_plot_it_cannot_write_is_refused_before_the_analysis(shards_dir, tmp_path,
+                                                               monkeypatch):
+    # a path in a read-only folder was a traceback after the whole analysis
+    from helpers import read_only
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    monkeypatch.setattr(analyze, "analyze", lambda *a: pytest.fail("analyzed"))
+    with read_only(monkeypatch, ro):
+        res = CliRunner().invoke(main, ["analyze-padding", str(shards_dir / "raw"),
+                                        "--plot", str(ro / "pad.png")])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.splitlines()[-1] == (
+        f"Error: Invalid value for '--plot': {ro / 'pad.png'}: read-only file system; name a "
+        "file in a folder you can write")
+    assert list(ro.iterdir()) == []
+
+
 def test_grain_sample_0_means_all_contexts(shards_dir):
     # the README (and --help) say 0 = all; the CLI used to refuse it
     res = CliRunner().invoke(main, ["analyze-padding", str(shards_dir / "shards"), "--json",

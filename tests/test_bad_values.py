@@ -297,6 +297,51 @@ def test_deep_nesting_is_a_counted_row_or_one_line(tmp_path):
                           "deeply to decode; these are not RIPE Atlas results: fix or remove the file\n")
 
 
+# --- a user trial: flags refused before any work, in one line ----------------------------
+
+@pytest.mark.parametrize("command", ["shards", "analyze-padding"])
+def test_a_negative_seed_is_refused(tmp_path, command):
+    # `prep shards --seed -5` ran (the seed masked to 64 bits: the bytes of seed 2**64 - 5),
+    # `prep analyze-padding --seed -1` was a ValueError traceback (numpy's generator)
+    out = [] if command == "analyze-padding" else ["--out", str(tmp_path / "s")]
+    res = CliRunner().invoke(main, [command, str(tmp_path), *out, "--seed", "-5"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.splitlines()[-1] == \
+        "Error: Invalid value for '--seed': -5 is not in the range x>=0."
+    assert not (tmp_path / "s").exists()
+
+
+FORMS = "use zstd:N (N up to 22), brotli:N (N up to 11), snappy or uncompressed"
+
+
+@pytest.mark.parametrize("value, why", [
+    ("foo", f"foo: Unknown option foo; {FORMS}"),
+    ("zstd:99", f"zstd:99: Option zstd: invalid value: 99; {FORMS}"),
+    ("snappy,group_size:100", "snappy,group_size:100: Option group_size is present more than "
+                              f"once; {FORMS}; prep sets group_size:1 itself"),
+], ids=["unknown", "level", "group_size"])
+def test_a_compression_arrayrecord_refuses_is_one_line_before_the_read_pass(tmp_path, value,
+                                                                            why):
+    # it was a _RemoteTraceback from a worker (ValueError: Unknown option foo) after the
+    # whole read pass
+    parquet(tmp_path / "in" / "a.parquet", [(T0, 1, "10.0.0.1", "1.1.1.1", 4, 5.0)])
+    res = CliRunner().invoke(main, ["shards", str(tmp_path / "in"), "--out", str(tmp_path / "s"),
+                                    "--workers", "1", "--quiet", "--compression", value])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.splitlines()[-1] == f"Error: Invalid value for '--compression': {why}"
+    assert "Traceback" not in res.output and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("value", ["zstd:-1", "brotli:11", "uncompressed"])
+def test_a_compression_arrayrecord_takes_writes_the_shards(tmp_path, value):
+    parquet(tmp_path / "in" / "a.parquet", [(T0, 1, "10.0.0.1", "1.1.1.1", 4, 5.0)])
+    res = CliRunner().invoke(main, ["shards", str(tmp_path / "in"), "--out", str(tmp_path / "s"),
+                                    "--workers", "1", "--quiet", "--compression", value])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "s" / "manifest.json").read_text())["config"]["compression"] \
+        == value
+
+
 # --- 13: a broken link is not skipped silently -------------------------------------------
 
 def test_dangling_symlink_is_a_warning_under_a_folder_and_an_error_named(tmp_path, capsys):

@@ -1,17 +1,19 @@
 """How a run stops, and what it leaves: SIGTERM and Ctrl-C finish the step under way and
 save; a non-finite loss stops without saving that state; a full disk under the checkpoints
 stops the run in one line, the last good checkpoint kept; a second trainer on a run folder
-is refused (the lock); a --run-dir that is a file is one line.
+is refused (the lock); a --run-dir that is a file, or on a read-only disk, is one line.
 
 Every CLI case asserts the exit code, the one `error:` line (no traceback) and what is on
 disk afterwards. Runs are tiny (tests/helpers.py's `small()`), each a second or two.
 """
 
+import errno
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -23,12 +25,14 @@ from helpers import (
     final_params,
     fit,
     python_c,
+    read_only,
     records,
     small,
     step_dirs,
     stop_at,
 )
 
+from prep.base.errors import fs_failure
 from train.fit.loop import train
 
 # --- signals: SIGTERM is Ctrl-C; finish the step under way, save, exit 143 (130) ----------
@@ -278,3 +282,26 @@ def test_a_run_dir_that_is_a_file_is_one_line(shards, tmp_path, where):
         exit_2_one_line(r, f"--run-dir {run}: " + (
             "a file, not a folder" if where == "file" else f"{f} is a file, not a folder"))
     assert f.read_text() == "x"
+
+
+@pytest.mark.parametrize("where", ["new", "existing"])
+def test_a_run_dir_on_a_read_only_disk_is_one_line(shards, tmp_path, monkeypatch, where):
+    # a user trial: an OSError traceback ([Errno 30] Read-only file system) from making the
+    # folder; prep's commands say the same of --out (prep.base.errors.fs_failure)
+    ro = tmp_path / "ro"
+    run = ro / "run"
+    (run if where == "existing" else ro).mkdir(parents=True)
+    at = f" (writing {run / '.lock'})" if where == "existing" else ""
+    with read_only(monkeypatch, ro):
+        r = fit(["--data", shards, "--run-dir", run, *FLAGS])
+    line = exit_2_one_line(r)
+    assert line == f"error: {run}: read-only file system{at}; use --run-dir on a writable disk"
+    assert [p.relative_to(ro) for p in ro.rglob("*")] == ([] if where != "existing" else
+                                                           [run.relative_to(ro)])
+
+
+def test_a_folder_above_the_run_dir_that_cannot_be_made_is_the_run_dirs_failure():
+    # making RUN_DIR makes the folders above it: theirs is its disk's failure, not an input's
+    e = OSError(errno.EROFS, "Read-only file system", "/ro/a")
+    assert str(fs_failure(e, Path("/ro/a/run"), flag="--run-dir", then=None)) == (
+        "/ro/a/run: read-only file system (writing /ro/a); use --run-dir on a writable disk")

@@ -25,6 +25,7 @@ SIGTERM the same with 143. `--resume` takes the run's settings from its config.j
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ import click
 
 from prep.base.errors import InputError
 from prep.base.options import options
+from prep.base.plotfile import PlotFile
 from prep.schema.rows import RowFormatError
 from train.fit.config import SMALL_CPU, TrainConfig
 
@@ -231,12 +233,12 @@ def _fit(data, run_dir, resume, device, flags, hosts=None) -> int:
                    "one cut (0: the whole test split); all there are, with a warning, where "
                    "the split holds fewer. Written to eval/step-<S>-q<N>.json, N the "
                    "queries it holds.")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
               help="Seed of that sample and of the bootstrap intervals.")
 @click.option("--batch-size", type=click.IntRange(1), default=None,
               help="Rows per forward pass [default: the run's batch size, at most 64].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+@click.option("--plot", type=PlotFile(), default=None,
               help="Write a figure (.png, .pdf, .svg): relative-error CDFs, overall and by "
                    "stratum, and the loss curves.")
 def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
@@ -279,7 +281,7 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
 @click.argument("answers", nargs=-1, type=click.Path())
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Also write the pooled report as JSON here.")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
               help="Seed of the bootstrap intervals.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def pool_cmd(answers, out, seed, as_json):
@@ -318,12 +320,12 @@ def pool_cmd(answers, out, seed, as_json):
               help="When (ISO-8601, UTC unless it has an offset, or Unix seconds; "
                    "1970-01-01 <= t < 2100-01-01, as `prep` accepts); without it the query "
                    "carries no timestamp.")
-@click.option("--history", type=click.Path(dir_okay=False), default=None,
+@click.option("--history", type=click.Path(), default=None,
               help="Parquet of earlier measurements (the input schema of `prep shards`): "
                    "the model's context. Each query (--src or --queries) reads the rows with "
                    "its src_addr from before its time; the rows of other sources are left "
                    "out and counted on stderr.")
-@click.option("--queries", type=click.Path(dir_okay=False), default=None,
+@click.option("--queries", type=click.Path(), default=None,
               help="Parquet of queries: src_addr, dst_addr and optionally event_time. "
                    "The answers add rtt_ms, p10_ms, p90_ms, p_failed, history_used, and "
                    "event_time as a UTC timestamp.")
@@ -344,6 +346,8 @@ def predict(run_dir, src, dst, when, history, queries, out, step, as_json):
 
     from train.predict import queries as queries_lib
 
+    for flag, path in (("--queries", queries), ("--history", history)):
+        _parquet_file(flag, path)
     run_dir = _run_or_newest(run_dir, "train predict", "answering from")
     if queries:
         if src or dst or when:
@@ -369,6 +373,16 @@ def predict(run_dir, src, dst, when, history, queries, out, step, as_json):
         click.echo(f"{src} -> {dst}: RTT median {a['rtt_ms']:.2f} ms (p10 {a['p10_ms']:.2f}, "
                    f"p90 {a['p90_ms']:.2f}), P(failed) {a['p_failed']:.3f}; "
                    f"{a['history_used']} earlier measurements as context")
+
+
+def _parquet_file(flag: str, path: str | None) -> None:
+    """InputError unless ``path`` (if given) is a file, before a model loads."""
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise InputError(f"{flag} {path}: a folder; {flag} takes one parquet file")
+    if not os.path.exists(path):
+        raise InputError(f"{flag} {path}: no such file; check the path")
 
 
 def _run_or_newest(run_dir: str | None, command: str, doing: str) -> str:

@@ -1,7 +1,7 @@
 """The one error type a user sees: a single line naming the file and the fix (exit code 2);
 ``first_line`` for quoting another error in it; and the one table of disk failures (full,
-read-only, not writable), which prep's outputs (``fs_failure``) and train's checkpoints
-(train.fit.checkpoint) word with fixes of their own."""
+read-only, not writable), which prep's outputs and train's run folder (``fs_failure``)
+and train's checkpoints (train.fit.checkpoint) word with fixes of their own."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ DISK_WORDS = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": er
               "Operation not permitted": errno.EPERM}
 
 FS_PROBLEMS = tuple(what for what, _ in DISK.values())  # as fs_failure words them
-_OUT_FIX = {"space": "free some space or use --out on another disk",
-            "read-only": "use --out on a writable disk",
+_OUT_FIX = {"space": "free some space or use {flag} on another disk",
+            "read-only": "use {flag} on a writable disk",
             "permission": "use a folder you can write, or fix its permissions"}
 
 
@@ -52,8 +52,10 @@ def disk_errno(e: BaseException, words: dict[str, int] = DISK_WORDS) -> int | No
     return next((n for n in DISK if n in found), None)
 
 
-def fs_failure(e: BaseException, out: Path) -> InputError | None:
-    """A one-line InputError for a disk full, read-only or not writable ``out``, or None."""
+def fs_failure(e: BaseException, out: Path, *, flag: str = "--out",
+               then: str | None = "nothing of this run was published") -> InputError | None:
+    """A one-line InputError for a disk full, read-only or not writable ``out`` (given as
+    ``flag``; ``then``: what became of the run), or None."""
     code = disk_errno(e)
     if code is None:
         return None
@@ -62,10 +64,12 @@ def fs_failure(e: BaseException, out: Path) -> InputError | None:
     where = getattr(e, "filename", None) if isinstance(e, OSError) else None
     if where is None and (m := re.search(r"writing (\S+?);", text)):
         where = m.group(1)  # ArrayRecord: "…; writing /path; at byte 0; …"
-    if where is not None and not _is_under(Path(where), out):
+    # ours: ``out``, what is in it, or a folder above it that making it makes
+    if where is not None and not (_is_under(Path(where), out) or _is_under(out, Path(where))):
         return InputError(f"{where}: {what}")  # e.g. an input file we may not read
-    at = f" (writing {where})" if where else ""
-    return InputError(f"{out}: {what}{at}; {_OUT_FIX[kind]}; nothing of this run was published")
+    at = f" (writing {where})" if where and os.path.abspath(where) != os.path.abspath(out) else ""
+    then = f"; {then}" if then else ""
+    return InputError(f"{out}: {what}{at}; {_OUT_FIX[kind].format(flag=flag)}{then}")
 
 
 def _is_under(p: Path, folder: Path) -> bool:

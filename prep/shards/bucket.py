@@ -41,7 +41,7 @@ from prep.schema import rows
 from prep.schema.hashing import splitmix64
 from prep.schema.manifest import SPLITS
 from prep.schema.measurements import Measurements
-from prep.shards.config import ShardsConfig
+from prep.shards.config import ShardsConfig, writer_options
 from prep.tokens.kernel import SLACK, encode_pieces
 
 _BUCKET_SALT = np.uint64(0x5EED_B0C4_E7B1_0001)
@@ -210,7 +210,7 @@ def write_shard(path: Path, block: np.ndarray, compression: str) -> str:
     """Write one record per row of ``block`` under a temp name, rename; return the sha256."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with replacing(path) as tmp:
-        writer = ArrayRecordWriter(str(tmp), f"group_size:1,{compression}")
+        writer = ArrayRecordWriter(str(tmp), writer_options(compression))
         for r in range(len(block)):
             writer.write(block[r].tobytes())
         writer.close()

@@ -7,6 +7,7 @@ Kept light (no kernels) so that `prep --help` does not load them.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import click
@@ -18,13 +19,37 @@ from prep.schema.rows import MAX_SEGMENTS
 
 # ISO-8601 (UTC unless it carries an offset) or Unix seconds -> int Unix seconds
 TIME = Parsed("TIME", splits.parse_time)
+COMPRESSIONS = "zstd:N (N up to 22), brotli:N (N up to 11), snappy or uncompressed"
+
+
+def writer_options(compression: str) -> str:
+    """The ArrayRecordWriter options of every shard: a record per chunk (group_size:1, for
+    the readers' random access), compressed by ``compression``."""
+    return f"group_size:1,{compression}"
+
+
+def parse_compression(text: str) -> str:
+    """``text`` if ArrayRecord's writer takes ``writer_options(text)`` (tried on the null
+    device, before any work: the workers met it after the whole read pass), else ValueError
+    naming the forms."""
+    from array_record.python.array_record_module import ArrayRecordWriter  # not at --help
+
+    try:
+        ArrayRecordWriter(os.devnull, writer_options(text)).close()
+    except ValueError as e:  # "Unknown option foo, valid options: <all the writer's>"
+        why = str(e).split(", valid")[0]
+        own = "; prep sets group_size:1 itself" if "group_size" in text else ""
+        raise ValueError(f"{text}: {why}; use {COMPRESSIONS}{own}") from None
+    return text
 
 
 @dataclass(frozen=True)
 class ShardsConfig:
     """Everything that decides the bytes of the shards (saved in the manifest)."""
 
-    seed: int = setting(0, "--seed", "Seeds the encoding and the cuts.", show_default=True)
+    seed: int = setting(
+        0, "--seed", "Seeds the encoding and the cuts.", show_default=True,
+        type=click.IntRange(0))
     # epoch k uses epoch_seed(seed, k)
     test_fraction: float = setting(
         0.1, "--test-fraction", show_default=True, type=click.FloatRange(0, 1),
@@ -73,7 +98,8 @@ class ShardsConfig:
     # snappy writes and reads faster than zstd for a little more size (docs/measurements.md)
     compression: str = setting(
         "snappy", "--compression", show_default=True,
-        help="ArrayRecord compression: zstd:N, snappy or uncompressed.")
+        type=Parsed("TEXT", parse_compression),
+        help=f"ArrayRecord compression: {COMPRESSIONS}.")
 
     def __post_init__(self):
         if not 0.0 <= self.test_fraction <= 1.0:

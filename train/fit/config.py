@@ -10,11 +10,13 @@ resumed run is bound to it (``RUN_BINDING``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import click
 
 from prep.base import options
+from prep.base.errors import InputError
 from train.model.arch import MODELS
 
 _NONE = object()
@@ -45,7 +47,19 @@ def setting(default, flag: str | None = None, help=None, *, cpu=_NONE, gpu=_NONE
 
     return options.setting(default, flag, text if flag else None,
                            cli_default=None if flag and not click_kw.get("is_flag") else default,
-                           meta={"platform": on, "binds": binds}, **click_kw)
+                           meta={"platform": on, "binds": binds, "type": click_kw.get("type")},
+                           **click_kw)
+
+
+class Finite(click.FloatRange):
+    """A FloatRange that refuses nan and inf too (nan passes its comparisons). TrainConfig
+    holds every field of this type to it, flag or not (a run's config.json, the library)."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{rv} is not a finite number.", param, ctx)
+        return rv
 
 
 def _model_help() -> str:
@@ -76,8 +90,10 @@ class TrainConfig:
         16, "--batch-size", "Rows per step, all devices.", type=click.IntRange(1), cpu=2,
         gpu=GPU_ROWS, per_device=True, binds=True)
     lr: float = setting(  # after warmup
-        1e-3, "--lr", "Peak learning rate.", type=float, cpu=3e-3, gpu=6e-4, binds=True)
-    min_lr_ratio: float = setting(0.1, binds=True)  # cosine decay ends at lr * this
+        1e-3, "--lr", "Peak learning rate.", type=Finite(0, min_open=True), cpu=3e-3,
+        gpu=6e-4, binds=True)
+    # cosine decay ends at lr * this
+    min_lr_ratio: float = setting(0.1, binds=True, type=Finite(0, 1))
     warmup: int = setting(
         50, "--warmup", "Linear warmup steps.", type=click.IntRange(0), cpu=10, gpu=200,
         binds=True)
@@ -96,10 +112,11 @@ class TrainConfig:
              "every target alike; small on a CPU: rtt=10,result=10]; the logged loss stays "
              "the plain mean.")
     # AdamW, matrices and embeddings only (train.model.arch.param_specs)
-    weight_decay: float = setting(0.1, binds=True)
-    b1: float = setting(0.9, binds=True)
-    b2: float = setting(0.95, binds=True)
-    grad_clip: float = setting(1.0, binds=True)  # global-norm clipping
+    weight_decay: float = setting(0.1, binds=True, type=Finite(0))
+    b1: float = setting(0.9, binds=True, type=Finite(0, 1, max_open=True))
+    b2: float = setting(0.95, binds=True, type=Finite(0, 1, max_open=True))
+    # global-norm clipping
+    grad_clip: float = setting(1.0, binds=True, type=Finite(0, min_open=True))
     log_every: int = setting(  # (and host syncs)
         10, "--log-every", "Steps between log lines.", type=click.IntRange(1), cpu=10, gpu=50)
     eval_every: int = setting(  # test-split evaluations
@@ -112,7 +129,8 @@ class TrainConfig:
         500, "--ckpt-every", "Steps between checkpoints (0: only at the end).",
         type=click.IntRange(0), cpu=50, gpu=1000)
     keep_checkpoints: int = 3  # the newest checkpoints kept (a learning curve keeps them all)
-    seed: int = setting(0, "--seed", "Parameters and data order.", type=int, binds=True)
+    seed: int = setting(
+        0, "--seed", "Parameters and data order.", type=click.IntRange(0), binds=True)
     attention: str = setting(
         "auto", "--attention", type=click.Choice(["auto", "xla", "cudnn", "dense"]),
         help="Packed attention kernel: cudnn (cuDNN's packed kernel), dense (cuDNN's dense "
@@ -139,6 +157,15 @@ class TrainConfig:
         "auto", "--check-data", type=click.Choice(["auto", "counts", "sha256"]),
         help="How the shards are held to the manifest at start: record counts and sizes, or "
              "also every sha256 [default: auto = sha256 up to 2 GiB].")
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):  # what click never saw: config.json, the library
+            kind = f.metadata.get("type")
+            if isinstance(kind, Finite):
+                try:
+                    kind.convert(getattr(self, f.name), None, None)
+                except click.BadParameter as e:
+                    raise InputError(f"{flag(f.name)}: {e.message}") from None
 
 
 # What a resumed run keeps from its config.json; the rest (steps, log/eval/checkpoint

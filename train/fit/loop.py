@@ -65,12 +65,8 @@ def train(cfg: TrainConfig, *, devices=None, on_step=None, preset: dict | None =
     runfolder.check_agree(cfg)  # several processes: the same run, before any of them acts
     runfolder.check_run_dir(run_dir)
     lock = runfolder.run_lock(run_dir)
-    refused = None
-    if multihost.is_primary() and run_dir.is_dir():  # before reading the run: a live
-        try:                                         # trainer may be writing it
-            lock.acquire()
-        except InputError as e:
-            refused = str(e)
+    # before reading the run: a live trainer may be writing it
+    refused = runfolder.take(lock) if multihost.is_primary() and run_dir.is_dir() else None
     multihost.check_all("lock", refused)
     try:
         return _train(cfg, run_dir, lock, devices, on_step, preset)
@@ -151,13 +147,7 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: FolderLock, devices, on_step, 
             say(f"preset {cfg.model} set: {preset_text(preset)} (flags given override them)")
         for w in start_warnings(cfg, manifest["row_len"], jax.devices()[0].platform):
             say(f"warning: {w}")
-        refused = None
-        if primary:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            try:
-                lock.acquire()
-            except InputError as e:
-                refused = str(e)
+        refused = runfolder.take(lock, make=True) if primary else None
         multihost.check_all("start", refused)  # and the folder is there for every process
         ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.keep_checkpoints)
         if saved is not None:

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 
 from prep.base.atomic import write_atomic
-from prep.base.errors import InputError
+from prep.base.errors import InputError, fs_failure
 from prep.base.lock import FolderLock
 from train.fit import multihost
 from train.fit import step as step_lib
@@ -170,6 +170,24 @@ def run_lock(run_dir: Path) -> FolderLock:
     """One trainer per run folder: prep.base.lock on ``RUN_DIR/.lock``."""
     return FolderLock(run_dir, "train", doing="is training this run",
                       stop="stop it (Ctrl-C saves a checkpoint), then --resume")
+
+
+def take(lock: FolderLock, *, make: bool = False) -> str | None:
+    """Lock the run folder (``make``: make it first): None, or the one line of why not:
+    another trainer holds it, or its disk takes no folder or file there (full, read-only,
+    not writable: prep.base.errors.fs_failure, naming --run-dir)."""
+    try:
+        if make:
+            lock.folder.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except InputError as e:
+        return str(e)
+    except OSError as e:
+        err = fs_failure(e, lock.folder, flag="--run-dir", then=None)
+        if err is None:
+            raise
+        return str(err)
+    return None
 
 
 def never_started(run_dir: Path) -> bool:
