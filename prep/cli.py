@@ -265,7 +265,7 @@ def kernels():
 
     \b
     Example:
-      prep kernels    # prep kernels: kernels loaded from Numba's cache in 0.4 s (17; none compiled)
+      prep kernels    # prep kernels: kernels loaded from Numba's cache in 0.4 s (18; none compiled)
     """
     from prep.shards.kernels import compile_kernels
 

@@ -9,8 +9,8 @@ leaves its interval empty; two files of one number, or numbered and unnumbered n
 are an error; unnumbered names are frames in name order. A folder stands for the files in
 it, less hidden ones and README*, LICENSE*, COPYING*, *.md.
 
-Rows (prep.schema.validate's schema), one per entry: frame f covers [start + f*interval,
-start + (f+1)*interval); source i measures i+1, i+2, ... (mod N), spread over the frame and
+Rows (prep.schema.validate's schema), one per entry: frame f (counted from 0 at the lowest
+frame number given) covers [start + f*interval, start + (f+1)*interval); source i measures i+1, i+2, ... (mod N), spread over the frame and
 staggered between sources (``frame_offsets``); ``node_addresses`` gives node i one stable
 public-looking IPv4 address; prb_id = i + 1, msm_id = f + 1; rtt in ms (``--unit``), a
 positive entry below half a nanosecond becomes 1 ns, never 0. Rejected, counted by reason
