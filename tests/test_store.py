@@ -528,7 +528,8 @@ def test_the_pair_store_read_at_the_own_pair():
 def test_a_run_keeps_the_own_pair_read_where_no_reverse_pair_is(tmp_path, monkeypatch, capsys):
     """Probes pinging a target that never pings back: the pair store's reverse read is off
     for the run, its read at the own pair stays (config.json says both), the store is built
-    without the pair fold's contexts, and a resume continues so."""
+    without the pair fold's contexts (and with the gate fold's probes, whose pairs a test
+    query may ask for), and a resume continues so."""
     from prep.tools import synthetic_shards as synthetic
     from train.fit.config import TrainConfig
     from train.fit.loop import train
@@ -547,10 +548,10 @@ def test_a_run_keeps_the_own_pair_read_where_no_reverse_pair_is(tmp_path, monkey
                warmup=1, log_every=1, eval_every=0, ckpt_every=0)
     train(TrainConfig(**cfg))
     err = capsys.readouterr().err
-    want, summary = store.build(tok, seg, 1024, key="pair", fold=8, pair_fold=8, min_count=4)
+    want, summary = store.build(tok, seg, 1024, key="pair", pair_fold=8, min_count=4)
     assert (summary.usable, summary.answered, summary.own) == (4, 0, summary.replies)
-    assert ("pair store: also built without 1 context in 8 (by context), on which its read "
-            "at a measurement's own pair learns") in err
+    assert ("pair store: built without 1 context in 8 (by context) instead, on which its "
+            "read at a measurement's own pair learns") in err
     assert summary.line() + ("\npair store: its read at the reverse pair is off for this run "
                              "(no train reply has its reverse pair, so nothing would teach "
                              "its gate); it is read at a measurement's own pair") in err

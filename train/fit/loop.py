@@ -190,15 +190,16 @@ def _store_tables(mcfg, data, manifest: dict):
     if fold:
         lines.append(f"stores: built without the gate fold's contexts (1 in {fold}, by source), "
                      "on which the gates learn")
-    if mcfg.pair_store and mcfg.pair_forward:
-        lines.append(f"pair store: also built without 1 context in {mcfg.pair_forward} (by "
-                     "context), on which its read at a measurement's own pair learns")
+    if mcfg.pair_store and mcfg.pair_forward:  # a known probe's pairs stay in it
+        lines.append(f"pair store: built without 1 context in {mcfg.pair_forward} (by "
+                     "context) instead, on which its read at a measurement's own pair learns")
     for key, field in (("dst", "dst_store"), ("pair", "pair_store")):
         if not getattr(mcfg, field):
             continue
         table, summary = store_lib.build(tok, seg, getattr(mcfg, field), key=key,
                                          by_source=key == "dst" and mcfg.store_by_source,
-                                         fold=fold,
+                                         fold=0 if key == "pair" and mcfg.pair_forward
+                                         else fold,
                                          pair_fold=mcfg.pair_forward if key == "pair" else 0,
                                          min_count=(mcfg.pair_min if key == "pair"
                                                     else arch.STORE_MIN))

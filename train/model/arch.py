@@ -129,8 +129,10 @@ class ModelConfig:
     # is then known pair by pair, as the pair baselines know it. The gate learns on one
     # context in this many (by a hash of the context's tokens: a probe's contexts fall in
     # it one by one, train.model.model.context_fold), and the pair store is built without
-    # those contexts, so a fold context's pair is known from its probe's other contexts, as
-    # a test query's is from the train split (docs/learning.md section 8.20). 0: off
+    # those contexts (and with the gate fold's probes, unlike the other stores: a test query
+    # may ask for their pairs), so a fold context's pair is known from its probe's other
+    # contexts, as a test query's is from the train split (docs/learning.md section 8.20).
+    # 0: off
     pair_forward: int = 0
     # with pair_store: the fewest train replies a pair's row is read with (both reads). The
     # destination store's STORE_MIN keeps a training measurement from finding itself among
@@ -159,8 +161,8 @@ class ModelConfig:
     # context, they learned it where the model had memorized the probe, and stayed too
     # closed for new ones (docs/learning.md section 8.9). 0: off
     gate_fold: int = 0
-    # with gate_fold: the stores (dst_store, pair_store, krig_store) are built without the
-    # fold's contexts, so that the gates learn on probes the stores have not seen either,
+    # with gate_fold: the stores (dst_store, pair_store unless pair_forward, krig_store) are
+    # built without the fold's contexts, so that the gates learn on probes the stores have not seen either,
     # as the test split's are (with them in, a fold probe's own replies are among its
     # destinations' quantiles, and the gates learn to trust the stores more than a new
     # probe should: docs/learning.md section 8.17)
