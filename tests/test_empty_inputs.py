@@ -179,6 +179,14 @@ def test_train_on_a_split_without_rows_is_one_line(tmp_path):
     assert fails(train, "--data", d, "--run-dir", tmp_path / "r", "--steps", "1") == (
         f"error: {d}: no test rows (its manifest.json lists none); pass --eval-every 0 to train "
         "without in-training eval, or rebuild with `prep shards --test-fraction` above 0")
+    # a time split: the cutoff decides, which --test-fraction does not move (a user trial)
+    m = json.loads((d / "manifest.json").read_text())
+    m["config"] = {"split": "time", "test_fraction": 0.1, "test_from": 1_767_312_000}
+    (d / "manifest.json").write_text(json.dumps(m))
+    assert fails(train, "--data", d, "--run-dir", tmp_path / "r", "--steps", "1") == (
+        f"error: {d}: no test rows (its manifest.json lists none); pass --eval-every 0 to train "
+        "without in-training eval, or rebuild with `prep shards --split time --test-from` an "
+        "earlier cutoff than its 2026-01-02T00:00:00Z")
     d = tmp_path / "no-train"
     synthetic.write_shards(d, {"train": EMPTY,
                                "test": synthetic.counting_rows(8, 64, seed=0)})

@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from prep.base.errors import InputError
 from prep.schema import manifest as manifest_lib
+from prep.schema.splits import more_test_rows
 from prep.tokens import rowdecode
 from train.eval import answers, baselines, context_baselines, registry
 from train.eval import metrics as EM
@@ -85,7 +86,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
 
     tok, seg = read_split(data, manifest, "test")
     if len(tok) == 0:
-        raise InputError(_EMPTY_TEST.format(data=data))
+        raise _empty_test(data, manifest)
     meas = rowdecode.decode_rows(tok, seg, where=f"{data}/test")
     log(f"train eval: {cfg.run_dir} at step {pred.step} on {data}: {len(tok):,} test rows, "
         f"{len(meas):,} measurements")
@@ -186,8 +187,9 @@ def source_groups(q: rowdecode.RowMeasurements) -> np.ndarray:
     return np.unique(key, axis=0, return_inverse=True)[1].ravel().astype(np.int64)
 
 
-_EMPTY_TEST = ("{data}: the test split is empty; rebuild with `prep shards ... "
-               "--test-fraction 0.1` (or another --split) to evaluate")
+def _empty_test(data, manifest: dict) -> InputError:
+    return InputError(f"{data}: the test split is empty; "
+                      f"{more_test_rows(manifest.get('config', {}))} to evaluate")
 
 
 def _load(cfg: EvalConfig):
@@ -202,7 +204,7 @@ def _load(cfg: EvalConfig):
         raise InputError(f"{data}: rows of {manifest['row_len']} tokens, the model reads "
                          f"{pred.row_len}; evaluate on the dataset the run trained on")
     if not manifest.get("counts", {}).get("rows", {}).get("test", 1):
-        raise InputError(_EMPTY_TEST.format(data=data))  # before any warning: one line
+        raise _empty_test(data, manifest)  # before any warning: one line
     fingerprint = dataset_fingerprint(manifest)
     trained_on = record.get("data_fingerprint")
     warnings = []

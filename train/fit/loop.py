@@ -28,6 +28,7 @@ import numpy as np
 from prep.base.errors import InputError
 from prep.base.lock import FolderLock
 from prep.base.signals import StopSoftly
+from prep.schema.splits import more_test_rows
 from train.fit import multihost, reader, runfolder
 from train.fit import step as step_lib
 from train.fit.checkpoint import Checkpointer, step_dirs
@@ -101,8 +102,7 @@ def _checked_start(cfg: TrainConfig, run_dir: Path):
                         "rebuild the dataset with `prep shards` from more measurements")
     if cfg.eval_every:
         reader.require_rows(data, manifest, "test", "pass --eval-every 0 to train without "
-                            "in-training eval, or rebuild with `prep shards --test-fraction` "
-                            "above 0")
+                            "in-training eval, or " + more_test_rows(manifest.get("config", {})))
     reader.check_data(data, manifest, splits, check=cfg.data_check)
     return cfg, saved, data, manifest, fingerprint, notes
 
