@@ -229,7 +229,9 @@ def _store_tables(mcfg, data, manifest: dict):
 
 def _resume(ckpt: Checkpointer, state: dict, it, run_dir: Path, notes: list[str], say):
     """(step, state) of the newest intact checkpoint, the data iterator set to it; damaged
-    newer ones moved aside, metrics after it dropped."""
+    newer ones moved aside, metrics after it dropped. Another model's checkpoint is not
+    damage to move aside: one line (Checkpointer.check_model)."""
+    ckpt.check_model(ckpt.latest_step(), state["params"])
     start, state, data_state = ckpt.restore_intact(state)
     if ckpt.skipped:
         moved = ckpt.set_aside([s for s, _ in ckpt.skipped], run_dir / "checkpoints-damaged")
