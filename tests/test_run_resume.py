@@ -135,6 +135,31 @@ def test_a_failed_start_leaves_no_run_and_resume_needs_a_checkpoint(shards, tmp_
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
 
 
+def test_resume_of_a_run_a_live_trainer_writes_says_so_before_its_first_checkpoint(tmp_path):
+    """A user trial: `train --resume` of a run another `train` was writing, before its first
+    checkpoint, said the run never saved one; its lock says who is training it."""
+    import os
+
+    from train.fit.runfolder import run_lock
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"train": {}}))
+    lock = run_lock(run)
+    lock.acquire()  # the trainer: this process, through another open file of the lock
+    try:
+        assert exit_2_one_line(fit(["--run-dir", run, "--resume"])) == (
+            f"error: {run}: another `train` (pid {os.getpid()}) is training this run; wait for "
+            "it to end, or stop it (Ctrl-C saves a checkpoint), then --resume")
+        assert (run / ".lock").read_text() == f"{os.getpid()}\n"  # the trainer's, untouched
+    finally:
+        lock.release()
+    exit_2_one_line(fit(["--run-dir", run, "--resume"]), f"{run}: no checkpoint to resume")
+    # train() itself holds the lock when it reads the run: that is no other trainer
+    with pytest.raises(InputError, match=f"^{run}: no checkpoint to resume"):
+        train(TrainConfig(data=str(tmp_path / "shards"), run_dir=str(run), resume=True))
+
+
 # --- damaged checkpoints: fall back to the newest intact one, or one line -----------------
 
 def _truncate_state(p: Path):

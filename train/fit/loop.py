@@ -79,7 +79,8 @@ def _checked_start(cfg: TrainConfig, run_dir: Path):
     """(cfg with its schedule span fixed, the run's config.json record or None, the local
     dataset, its manifest and fingerprint, notes for a resume): everything that can refuse
     a start, checked before anything is written."""
-    saved = runfolder.load_run(run_dir) if cfg.resume else None
+    # train() holds the run's lock already (process 0; a refusal stopped them all)
+    saved = runfolder.load_run(run_dir, held=True) if cfg.resume else None
     if not cfg.schedule_steps:  # fixed for the run's life: its own, or this start's --steps
         old = saved["train"] if saved is not None else {}
         cfg = dataclasses.replace(cfg, schedule_steps=int(
