@@ -18,7 +18,8 @@
 
 Exit 0 only if every step that applies passed (a batch that does not fit is a finding of
 the sweep, not a failure). Without a GPU the GPU tests skip and steps 4-5 run the tiny
-config on the CPU, to keep the script itself tested.
+config on the CPU, to keep the script itself tested; its files are no results, so they go
+to a new temporary folder (``results_dir``), not into the checkout, unless --results names one.
 
     make gpu-check                                   # everything, full length
     python -m bench.gpu_check --budget-s 540 --results /tmp/out   # a lent machine's 9 minutes
@@ -185,11 +186,21 @@ def _dump_archive(work: Path, path: Path) -> Path | None:
     return None
 
 
+def results_dir(given: str | None, gpu: bool, default: Path) -> Path:
+    """Where the JSON goes: --results, else ``default`` (bench/results) on a GPU; a CPU's
+    dry run, whose numbers are not GPU numbers, gets a temporary folder of its own, which
+    it keeps (the log names it), so `make gpu-check` leaves the checkout as it was."""
+    if given:
+        return Path(given)
+    return default if gpu else Path(tempfile.mkdtemp(prefix="gpu-check-cpu-"))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--budget-s", type=float, default=None,
                    help="end within this many seconds: the learning run is cut to fit [none]")
-    p.add_argument("--results", default=None, help="folder for the JSON [bench/results]")
+    p.add_argument("--results", default=None, help="folder for the JSON [bench/results; "
+                   "without a GPU a new temporary folder]")
     p.add_argument("--points", type=int, default=LEARNING_POINTS,
                    help=f"checkpoints of the learning run evaluated [{LEARNING_POINTS}]")
     p.add_argument("--queries", type=int, default=20_000, help="RTT queries per point [20000]")
@@ -207,7 +218,6 @@ def main(argv: list[str] | None = None) -> int:
     from train.fit.config import GPU_ROWS
     from train.model import attention
 
-    results = Path(args.results) if args.results else RESULTS
     gpus = device.nvidia_gpus()
     say(f"nvidia-smi: {'; '.join(gpus) if gpus else 'no NVIDIA GPU'}")
     try:
@@ -225,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     gpu = platform == "gpu"
     if gpu and why is not None:
         failed.append("cuDNN packed attention")
+    results = results_dir(args.results, gpu, RESULTS)
+    results.mkdir(parents=True, exist_ok=True)
+    say(f"results: {results}" + ("" if gpu or args.results else
+                                 " (no GPU: a CPU dry run, kept out of bench/results)"))
 
     marked = sorted(str(f.relative_to(REPO)) for f in (REPO / "tests").glob("test_*.py")
                     if "mark.gpu" in f.read_text())

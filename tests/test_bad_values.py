@@ -182,6 +182,17 @@ def test_out_of_range_values_are_rejected_by_name_in_parquet(tmp_path):
     assert m.time.tolist() == [T0, T0, 4_102_444_799]
 
 
+def test_misread_times_counts_integers_in_range_as_ms_or_us():
+    col = pa.array([T0, T0 * 1000, T0 * 1000 + 999, T0 * 1_000_000, 2**62, -1000, None,
+                    validate.TIME_MAX * 1_000_000], pa.int64())
+    assert validate.misread_times(col) == {"ms": 2, "us": 1}
+    assert validate.misread_times(pa.array([T0 * 1000], pa.timestamp("s"))) == {}
+    assert validate.time_unit_hint({"time_out_of_range": 5}, {"ms": 2, "us": 1}) is None
+    assert validate.time_unit_hint({"time_out_of_range": 3}, {"us": 2}) == (
+        "2 of the 3 time_out_of_range event_times are in range as microseconds: an integer "
+        "event_time is read as Unix seconds; divide it by 1,000,000 or store a timestamp")
+
+
 def test_unsigned_values_past_int64_are_rejected_not_wrapped(tmp_path):
     u64 = 2**64 - 1
     path = parquet(tmp_path / "u.parquet", [

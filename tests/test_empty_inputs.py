@@ -98,6 +98,42 @@ def test_prep_shards_with_every_row_rejected_fails(tmp_path):
     assert not (tmp_path / "s").exists()  # a new --out that failed is removed again
 
 
+@pytest.mark.parametrize("scale, unit, div", [(1_000, "milliseconds", "1,000"),
+                                               (1_000_000, "microseconds", "1,000,000")])
+def test_prep_shards_names_integer_times_in_milliseconds(tmp_path, scale, unit, div):
+    """A user trial's event_time in integer milliseconds: every row time_out_of_range, and
+    the hint was `prep import-atlas`; it says the unit is wrong and how to convert."""
+    t = pa.table({"event_time": pa.array([1_600_000_000 * scale] * 3, pa.int64()),
+                  "src_addr": ["10.0.0.1"] * 3, "dst_addr": ["1.1.1.1"] * 3,
+                  "ip_version": pa.array([4] * 3, pa.int8()), "rtt": [1.0] * 3})
+    pq.write_table(t, tmp_path / "ms.parquet")
+    assert fails(prep, "shards", tmp_path / "ms.parquet", "--out", tmp_path / "s",
+                 "--workers", "1", "--quiet") == (
+        f"error: {tmp_path}/s: no training rows written: all 3 measurements were rejected "
+        f"(time_out_of_range 3); 3 of the 3 time_out_of_range event_times are in range as "
+        f"{unit}: an integer event_time is read as Unix seconds; divide it by {div} or store "
+        "a timestamp; nothing was published")
+
+
+def test_prep_shards_warns_of_some_integer_times_in_milliseconds(tmp_path):
+    from helpers import probe_data, write_parquet
+
+    recs = probe_data(4, 20, 0)
+    for r in recs[::2]:
+        r["event_time"] *= 1000
+    write_parquet(tmp_path / "in" / "m.parquet", recs)
+    r = CliRunner().invoke(prep, ["shards", str(tmp_path / "in"), "--out", str(tmp_path / "s"),
+                                  "--workers", "1", "--test-fraction", "0", "--quiet", "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)
+    assert s["rejected_by_reason"] == {"time_out_of_range": 40}
+    assert s["warnings"][0] == (  # then the tiny splits' warnings
+        "40 of the 40 time_out_of_range event_times are in range as milliseconds: an integer "
+        "event_time is read as Unix seconds; divide it by 1,000 or store a timestamp")
+    assert json.loads((tmp_path / "s" / "manifest.json").read_text())["counts"][
+        "time_out_of_range_as"] == {"ms": 40}
+
+
 def test_prep_shards_with_every_row_in_test_fails(tmp_path):
     from prep.ingest.synth import SynthConfig, synth
 
@@ -143,6 +179,14 @@ def test_train_on_a_split_without_rows_is_one_line(tmp_path):
     assert fails(train, "--data", d, "--run-dir", tmp_path / "r", "--steps", "1") == (
         f"error: {d}: no test rows (its manifest.json lists none); pass --eval-every 0 to train "
         "without in-training eval, or rebuild with `prep shards --test-fraction` above 0")
+    # a time split: the cutoff decides, which --test-fraction does not move (a user trial)
+    m = json.loads((d / "manifest.json").read_text())
+    m["config"] = {"split": "time", "test_fraction": 0.1, "test_from": 1_767_312_000}
+    (d / "manifest.json").write_text(json.dumps(m))
+    assert fails(train, "--data", d, "--run-dir", tmp_path / "r", "--steps", "1") == (
+        f"error: {d}: no test rows (its manifest.json lists none); pass --eval-every 0 to train "
+        "without in-training eval, or rebuild with `prep shards --split time --test-from` an "
+        "earlier cutoff than its 2026-01-02T00:00:00Z")
     d = tmp_path / "no-train"
     synthetic.write_shards(d, {"train": EMPTY,
                                "test": synthetic.counting_rows(8, 64, seed=0)})

@@ -92,9 +92,11 @@ def test_eval_counts_every_query_and_target(run, full):
     text = format_report(report)
     assert "matrix factorization" in text and "Vivaldi" in text and f"{n_q:,} RTT queries" in text
     assert "context last-seen" in text and "inside its [p10, p90]" in text
-    # fewer than 1,000 replies: a warning, in the report and its table
-    assert n_rtt < 1000 and any("fewer than 1,000" in w for w in report["warnings"])
-    assert text.splitlines()[1].startswith("warning: only ")
+    # fewer than 1,000 replies: a warning, in the report and its table; the split was the limit
+    assert n_rtt < 1000 and report["warnings"] == [
+        f"only {n_rtt:,} queries have a reply (fewer than 1,000): the medians and their "
+        "intervals are rough; evaluate on a larger test split"]
+    assert text.splitlines()[1] == f"warning: {report['warnings'][0]}"
     assert report["trained"] == {"model": "tiny", "steps": 6, "batch_size": 4,
                                  "loss_weights": "uniform"}
     assert "model tiny, 6 steps of 4 rows, objective weights by role: uniform" in text
@@ -242,6 +244,23 @@ def test_eval_and_predict_cli(run, tmp_path):
 
 
 P_KEYS = ("rtt_ms", "p10_ms", "p90_ms", "p_failed", "history_used")
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_few_replies_are_said_once_and_name_max_queries_when_it_cut_them(run, full, as_json):
+    """A user trial: the warning came twice (stderr as it arose, then the table), and said
+    to evaluate on a larger test split when --max-queries 30 was the limit."""
+    n = full[0]["queries"]
+    r = CliRunner().invoke(main, ["eval", str(run / "run"), "--max-queries", "30"]
+                           + ["--json"] * as_json)
+    assert r.exit_code == 0, r.output
+    said = [line for line in r.output.splitlines() if line.startswith("warning: only ")]
+    assert len(said) == 1
+    assert said[0].endswith(f"are rough; raise --max-queries (the test split has {n:,} RTT "
+                            "queries)")
+    assert said[0] in (r.stderr if as_json else r.stdout).splitlines()
+    if as_json:
+        assert json.loads(r.stdout)["warnings"] == [said[0].removeprefix("warning: ")]
 
 
 def test_eval_keeps_its_answers_and_pooling_them_alone_gives_its_report(run, full):

@@ -1,5 +1,8 @@
-"""bench/gpu_check.py: the learning run cut to a lent machine's time budget; bench/gpu.py's
-top ops, read from a profiler trace."""
+"""bench/gpu_check.py: the learning run cut to a lent machine's time budget; a CPU's dry
+run leaves the checkout as it was; bench/gpu.py's top ops, read from a profiler trace."""
+
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,48 @@ def test_learning_steps_bounds():
     assert gc.learning_steps(1e9, 10_000, 48, 1024, 4) == gc.LEARNING_STEPS  # never more
     assert gc.learning_steps(100_000, 100, 48, 1024, 4) == 100  # too little time: 100 steps
     assert gc.learning_steps(1e9, 10_000, 32, 256, 3, most=12_000) == 12_000  # recipe_gpu's cap
+
+
+def _files(folder: Path) -> dict:
+    return {str(f): f.stat().st_mtime_ns for f in folder.rglob("*") if f.is_file()}
+
+
+def test_a_cpu_dry_run_writes_into_a_temporary_folder_not_the_checkout(tmp_path, monkeypatch,
+                                                                       capsys):
+    """A user trial: `make gpu-check` without a GPU rewrote the tracked
+    bench/results/gpu-cpu-tiny.json and left new files beside it. The steps themselves
+    (data, benchmark, sweep: processes of their own) are stood in for; where they write is
+    what main decides."""
+    from bench.run import RESULTS
+    from train.fit import device
+    from train.model import attention
+
+    monkeypatch.setattr(device, "nvidia_gpus", lambda: [])
+    monkeypatch.setattr(device, "check_backend", lambda want: "cpu")
+    monkeypatch.setattr(attention, "why_not_cudnn", lambda: "no GPU")
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    monkeypatch.setattr(gc.tempfile, "tempdir", str(tmp_path))
+    outs = []
+
+    def run(cmd, **kw):
+        if "--out" in cmd:
+            outs.append(Path(cmd[cmd.index("--out") + 1]))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(gc.subprocess, "run", run)
+    monkeypatch.setattr(gc, "prep", lambda *args: None)
+    monkeypatch.setattr(gc, "batch_sweep", lambda *a: ({"runs": [{}]}, None))
+    before = _files(RESULTS)
+    assert gc.main([]) == 0
+    assert _files(RESULTS) == before
+    (results,) = tmp_path.glob("gpu-check-cpu-*")
+    assert outs == [results / "gpu-cpu-tiny.json"]
+    assert [f.name for f in results.iterdir()] == ["gpu-cpu-tiny-batch.json"]
+    assert (f"results: {results} (no GPU: a CPU dry run, kept out of bench/results)"
+            in capsys.readouterr().err)
+    # --results is where they go, a GPU's default bench/results
+    assert gc.results_dir("out", False, RESULTS) == Path("out")
+    assert gc.results_dir(None, True, RESULTS) == RESULTS
 
 
 def test_top_ops_reads_a_profiler_trace_of_the_train_step(tmp_path):

@@ -228,9 +228,14 @@ def test_seattle_slice_to_shards(tmp_path):
     assert c["measurements_tokenized"] + c["measurements_excluded_by_split"] == want
     assert c["rows"]["train"] > 0 and c["rows"]["test"] > 0
 
-    # `prep shards` given the matrices themselves names the command that reads them
+    # `prep shards` given the matrices themselves names the command that reads them, and
+    # leaves the frame length and the unit (Seattle's s, not the ms it once said) to the user
     r = run("shards", SEATTLE, "--out", tmp_path / "x")
-    assert r.exit_code == 2 and "`prep import-matrix " in r.stderr
+    assert r.exit_code == 2 and r.stderr.splitlines()[-1] == (
+        f"error: {SEATTLE} holds latency matrices (one N×N RTT matrix per file); convert them "
+        f"first: `prep import-matrix {SEATTLE} --out data/matrix --interval SECONDS --unit "
+        "UNIT` (SECONDS: the time a frame covers; UNIT: the matrices' RTT unit, s, ms or us), "
+        "then `prep shards data/matrix --out shards`")
 
 
 def test_seattle_read_as_ms_warns_and_names_unit_s(tmp_path):

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from helpers import (
     FLAGS,
     assert_same_end,
@@ -27,6 +28,7 @@ from helpers import (
 
 from prep.base.errors import InputError
 from prep.schema import manifest as mf
+from train.fit.checkpoint import params_mismatch
 from train.fit.config import TrainConfig
 from train.fit.loop import train
 
@@ -133,6 +135,31 @@ def test_a_failed_start_leaves_no_run_and_resume_needs_a_checkpoint(shards, tmp_
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
 
 
+def test_resume_of_a_run_a_live_trainer_writes_says_so_before_its_first_checkpoint(tmp_path):
+    """A user trial: `train --resume` of a run another `train` was writing, before its first
+    checkpoint, said the run never saved one; its lock says who is training it."""
+    import os
+
+    from train.fit.runfolder import run_lock
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"train": {}}))
+    lock = run_lock(run)
+    lock.acquire()  # the trainer: this process, through another open file of the lock
+    try:
+        assert exit_2_one_line(fit(["--run-dir", run, "--resume"])) == (
+            f"error: {run}: another `train` (pid {os.getpid()}) is training this run; wait for "
+            "it to end, or stop it (Ctrl-C saves a checkpoint), then --resume")
+        assert (run / ".lock").read_text() == f"{os.getpid()}\n"  # the trainer's, untouched
+    finally:
+        lock.release()
+    exit_2_one_line(fit(["--run-dir", run, "--resume"]), f"{run}: no checkpoint to resume")
+    # train() itself holds the lock when it reads the run: that is no other trainer
+    with pytest.raises(InputError, match=f"^{run}: no checkpoint to resume"):
+        train(TrainConfig(data=str(tmp_path / "shards"), run_dir=str(run), resume=True))
+
+
 # --- damaged checkpoints: fall back to the newest intact one, or one line -----------------
 
 def _truncate_state(p: Path):
@@ -200,6 +227,30 @@ def test_a_checkpoint_with_flipped_bits_is_refused_by_eval_and_predict(run):
         predictor.load(run, step=15)
     digests = json.loads((run / "checkpoints" / "10" / "sha256.json").read_text())
     assert "data/metadata" in digests and any(k.startswith("state/") for k in digests)
+
+
+def test_a_checkpoint_of_another_model_than_config_json_is_one_line(run):
+    """A user trial: a run folder whose config.json names one model and whose checkpoints
+    hold another's parameters ended `train eval` and `train predict` in KeyError: 'wave_in'."""
+    from train.cli import main
+
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["model"]["byte_features"] = 7  # this model reads wave_in and wave_out
+    (run / "config.json").write_text(json.dumps(cfg))
+    line = (f"error: {run}/checkpoints/15: the checkpoint at step 15 holds the parameters of "
+            "another model than the run's config.json says (missing wave_in, wave_out); do not "
+            "mix run folders: keep each run's config.json with the checkpoints it saved")
+    for args in (["eval", run], ["predict", run, "--src", "192.0.2.7", "--dst", "193.0.14.129",
+                                 "--time", "2026-01-01T12:00:00Z"]):
+        assert exit_2_one_line(CliRunner().invoke(main, list(map(str, args)))) == line
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    assert exit_2_one_line(fit(["--run-dir", run, "--resume"])) == line  # not damage: kept
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+    # names and shapes, a few of each
+    assert params_mismatch({"a": (2,), "b": {"c": (3, 4)}, "x": (1,), "y": (1,), "z": (1,),
+                            "w": (1,)}, {"a": (2,), "b": {"c": (3, 5)}}) == (
+        "extra w, x, y and 1 more; b/c (3, 4), the model's (3, 5)")
+    assert params_mismatch({"a": (2,), "old": (1,)}, {"a": (2,)}) is None  # unread: no matter
 
 
 # --- a skipped checkpoint's late read failures are not echoed -----------------------------

@@ -23,7 +23,7 @@ from helpers import (
 from prep.cli import main
 from prep.schema import manifest as mf
 from prep.schema.measurements import addr_words
-from prep.schema.splits import default_cutoff, format_time, parse_time
+from prep.schema.splits import default_cutoff, format_time, more_test_rows, parse_time
 from prep.shards.bucket import ShardsConfig, bucket_of, is_test_probe
 from prep.shards.local_runner import run_shards
 from prep.tools.verify import check_counts, verify_dir
@@ -174,6 +174,23 @@ def test_default_cutoff_rule():
 
 
 # --- flags -------------------------------------------------------------------------------
+
+def test_more_test_rows_names_the_flag_of_the_rule():
+    """A time split's test rows are those from its cutoff on: --test-fraction above 0 (the
+    probe rule's fix) does not move it."""
+    assert more_test_rows({"split": "probe", "test_fraction": 0.0}) == (
+        "rebuild with `prep shards --test-fraction` above 0")
+    assert more_test_rows({}) == "rebuild with `prep shards --test-fraction` above 0"
+    assert more_test_rows({"split": "time", "test_fraction": 0.1, "test_from": CUT}) == (
+        "rebuild with `prep shards --split time --test-from` an earlier cutoff than its "
+        "2026-01-02T00:00:00Z")
+    assert more_test_rows({"split": "time+probe", "test_fraction": 0.0, "test_from": CUT}) == (
+        "rebuild with `prep shards --split time+probe --test-from` an earlier cutoff than its "
+        "2026-01-02T00:00:00Z and --test-fraction above 0 (the probes held out)")
+    assert more_test_rows({"split": "time+probe", "test_fraction": 0.2, "test_from": CUT}) == (
+        "rebuild with `prep shards --split time+probe --test-from` an earlier cutoff than its "
+        "2026-01-02T00:00:00Z")
+
 
 def test_parse_time():
     assert parse_time("2026-01-02T12:00:00Z") == 1_767_355_200 == parse_time("1767355200")

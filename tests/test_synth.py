@@ -16,10 +16,28 @@ def run_cli(out):
     return res
 
 
+def test_synth_says_the_probes_that_have_rows(tmp_path):
+    """A user trial's `--rows 10 --probes 1000` said "10 rows from 1,000 probes"."""
+    from prep.ingest.synth import synth
+
+    s = synth(SynthConfig(out=tmp_path / "s", rows=10, probes=1000, days=1))
+    t = pq.read_table(tmp_path / "s")
+    assert (s["probes"], s["probes_drawn"]) == (len(set(t["prb_id"].to_pylist())), 1000) == (
+        10, 1000)
+    res = CliRunner().invoke(main, ["synth", "--out", str(tmp_path / "c"), "--rows", "10",
+                                    "--probes", "1000", "--days", "1"])
+    assert res.exit_code == 0, res.output
+    assert "synth: 10 rows from 10 of 1,000 probes over 1 day in " in res.stderr
+    res = CliRunner().invoke(main, ["synth", "--out", str(tmp_path / "d"), "--rows", "1000",
+                                    "--probes", "2", "--days", "1"])
+    assert "synth: 1,000 rows from 2 probes over 1 day in " in res.stderr
+
+
 def test_same_seed_same_bytes_and_schema(tmp_path):
     run_cli(tmp_path / "a")
     res = run_cli(tmp_path / "b")
-    assert "synth: 200,000 rows from 300 probes over 1 day in 24 files" in res.stderr
+    # 6 of the 300 probes are drawn no rows (sparse ones): the line counts those with rows
+    assert "synth: 200,000 rows from 294 of 300 probes over 1 day in 24 files" in res.stderr
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert names == [f"2026-01-01T{h:02d}.parquet" for h in range(24)]
     for n in names:

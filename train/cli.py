@@ -271,6 +271,9 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     run_dir = _run_or_newest(run_dir, "train eval", "evaluating")
     report, detail = evaluate(EvalConfig(run_dir=run_dir, data=data, step=step,
                                       max_queries=max_queries, seed=seed, batch_size=batch_size))
+    if as_json:  # the table holds the warnings; beside JSON they go to stderr
+        for w in report["warnings"]:
+            click.echo(f"warning: {w}", err=True)
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
     if plot:
         plot_fn(report, detail, plot)

@@ -138,9 +138,10 @@ def advice(path: str | Path, k: str, command: str) -> str | None:
         return (f"{holds}; convert them first: `prep import-atlas {path} --out data/atlas`, "
                 "then `prep shards data/atlas --out shards`")
     if base == "matrix" and command != "prep import-matrix":
+        # the file says neither how long a frame lasts nor the RTTs' unit: the user sets both
         return (f"{holds}; convert them first: `prep import-matrix {path} --out data/matrix "
-                "--interval 300 --unit ms` (--interval: seconds a frame covers; --unit: the "
-                "matrices' s, ms or us), then `prep shards data/matrix --out shards`")
+                "--interval SECONDS --unit UNIT` (SECONDS: the time a frame covers; UNIT: the "
+                "matrices' RTT unit, s, ms or us), then `prep shards data/matrix --out shards`")
     if base == "csv":
         stem = Path(path).with_suffix(".parquet") if not k.startswith("folder:") else "out.parquet"
         return (f"{holds}; convert it to parquet with the input columns first, e.g. `python -c "

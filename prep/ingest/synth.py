@@ -256,13 +256,19 @@ def synth(cfg: SynthConfig) -> dict:
         od.publish(names)
     elapsed = time.perf_counter() - t0
     ok = cols["rtt"] != -1
-    summary = {"rows": cfg.rows, "probes": cfg.probes, "files": len(names),
+    # the rows are drawn over the probes' streams (step 3): a sparse probe, or any probe
+    # past --rows, may get none, so the probes said are those with rows
+    probes = int(len(np.unique(cols["prb_id"])))
+    summary = {"rows": cfg.rows, "probes": probes, "probes_drawn": cfg.probes,
+               "files": len(names),
                "ipv6_share": float(np.mean(cols["ip_version"] == 6)),
                "failed_share": float(np.mean(~ok)),
                "rtt_p50": float(np.percentile(cols["rtt"][ok], 50)) if ok.any() else 0.0,
                "rtt_p99": float(np.percentile(cols["rtt"][ok], 99)) if ok.any() else 0.0,
                "elapsed_s": elapsed, "rows_per_s": cfg.rows / max(elapsed, 1e-9)}
-    print(f"synth: {count(cfg.rows, 'row')} from {count(cfg.probes, 'probe')} over "
+    of = f"{probes:,} of {count(cfg.probes, 'probe')}" if probes < cfg.probes else count(
+        probes, "probe")
+    print(f"synth: {count(cfg.rows, 'row')} from {of} over "
           f"{count(cfg.days, 'day')} in {count(len(names), 'file')} -> {out} | IPv6 {summary['ipv6_share']:.1%}, failed "
           f"{summary['failed_share']:.1%}, RTT p50 {summary['rtt_p50']:.1f} ms p99 "
           f"{summary['rtt_p99']:.1f} ms | {elapsed:.1f}s, {summary['rows_per_s']:,.0f} rows/s",

@@ -9,6 +9,7 @@
                         # time | time+probe and "test_from": a time split's cutoff, Unix seconds
      "inputs": [{"name", "size", "sha256"}],
      "counts": {"rows_in", "rows_rejected": {reason: n}, "measurements_accepted",
+                "time_out_of_range_as": {"ms" | "us": n},  # prep.schema.validate.misread_times
                 "measurements_excluded_by_split",  # accepted, in neither split (time+probe)
                 "measurements_tokenized",          # (accepted - excluded) x epochs
                 "contexts", "segments", "rows": {"train", "test"}, "tokens", "padding_tokens"},

@@ -65,6 +65,21 @@ def format_time(t: int) -> str:
         return str(int(t))
 
 
+def more_test_rows(config: dict) -> str:
+    """How to rebuild a dataset whose test split is empty, by the rule in its manifest's
+    ``config``: a time split's test rows are those from the cutoff on (--test-from), which
+    --test-fraction does not move once the cutoff is known."""
+    rule = config.get("split", "probe")
+    if rule not in TIME_RULES:
+        return "rebuild with `prep shards --test-fraction` above 0"
+    fix = f"rebuild with `prep shards --split {rule} --test-from` an earlier cutoff"
+    if config.get("test_from") is not None:
+        fix += f" than its {format_time(config['test_from'])}"
+    if rule == "time+probe" and not config.get("test_fraction"):
+        fix += " and --test-fraction above 0 (the probes held out)"
+    return fix
+
+
 def minute_histogram(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(minutes int64, counts int64): the distinct whole minutes (time // 60) of ``times``,
     ascending, and how many times fall in each."""

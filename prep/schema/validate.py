@@ -20,7 +20,10 @@ Rejection reasons, checked in this order (a row is counted under the first that 
     bad_prb_id          prb_id is negative, or unsigned >= 2**63 (null is fine: the key is src_addr)
     bad_<field>         a value field (vocab.VALUE_FIELDS) is null, negative, or over its width
 
-Every call keeps rows in == accepted rows + sum(rejected.values()). Addresses repeat
+Every call keeps rows in == accepted rows + sum(rejected.values()). An integer event_time
+is Unix seconds: of the time_out_of_range rows, a batch counts those whose integer lands in
+range read as milliseconds or microseconds (``misread_times``), so the summary can say that
+the unit, not the data, is wrong (``time_unit_hint``). Addresses repeat
 heavily, so they are read as Arrow dictionaries (parquet's own dictionary pages) and only
 the distinct texts are parsed, with a cache across the batches of one process.
 """
@@ -30,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -63,6 +66,7 @@ REQUIRED = ("event_time", "src_addr", "dst_addr", "ip_version", "rtt") + tuple(
 ADDRESS_COLUMNS = ("src_addr", "dst_addr")
 _CACHE_LIMIT = 2_000_000  # distinct addresses kept between batches; bounds memory
 _UNIT_DIV = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+MISREAD_UNITS = (("ms", "milliseconds"), ("us", "microseconds"))  # as misread_times counts
 
 
 @dataclass(frozen=True)
@@ -71,11 +75,13 @@ class Batch:
     rows_in: int
     measurements: Measurements
     rejected: dict[str, int]
+    misread_times: dict[str, int] = field(default_factory=dict)  # misread_times' counts
 
     def counts(self) -> dict:
-        """rows_in, accepted and rejected: what the runners add up (prep.shards.dataset.add_read_counts)."""
+        """rows_in, accepted, rejected and misread_times: what the runners add up
+        (prep.shards.dataset.add_read_counts)."""
         return {"rows_in": self.rows_in, "accepted": len(self.measurements),
-                "rejected": self.rejected}
+                "rejected": self.rejected, "misread_times": self.misread_times}
 
 
 def find_files(paths: Iterable[str | Path], suffixes: tuple[str, ...], none_found: str, *,
@@ -319,6 +325,35 @@ def validate_rows(table: pa.Table, *, source: str, _cache: dict | None = None
     return keep, m, rejected
 
 
+def misread_times(col) -> dict[str, int]:
+    """Of an integer event_time column's values out of range, how many are in range as
+    milliseconds ("ms") or, if not, as microseconds ("us"); {} for a timestamp column."""
+    if not pa.types.is_integer(col.type):
+        return {}
+    time, null = _ints(col, np.int64)
+    out = ~null & ((time < TIME_MIN) | (time >= TIME_MAX))
+    found = {}
+    for unit, _ in MISREAD_UNITS:
+        t = time // _UNIT_DIV[unit]
+        hit = out & (t >= TIME_MIN) & (t < TIME_MAX)
+        if n := int(hit.sum()):
+            found[unit] = n
+        out &= ~hit
+    return found
+
+
+def time_unit_hint(rejected: dict[str, int], misread: dict[str, int]) -> str | None:
+    """What to do when most time_out_of_range rows are integers in range as milliseconds or
+    microseconds (``misread``: misread_times' counts added up); None otherwise."""
+    n = rejected.get("time_out_of_range", 0)
+    for unit, name in MISREAD_UNITS:
+        if 2 * misread.get(unit, 0) > n:
+            return (f"{misread[unit]:,} of the {n:,} time_out_of_range event_times are in "
+                    f"range as {name}: an integer event_time is read as Unix seconds; divide "
+                    f"it by {_UNIT_DIV[unit]:,} or store a timestamp")
+    return None
+
+
 def validate_table(table: pa.Table, *, source: str) -> tuple[Measurements, dict[str, int]]:
     """The accepted rows of ``table`` and ``{reason: rejected count}``."""
     _, m, rejected = validate_rows(table, source=source)
@@ -362,7 +397,8 @@ def validated_batches(path: str | Path, row_groups: list[int] | None = None, *,
     # Addresses repeat: read as dictionaries, each batch's distinct texts come straight
     # from parquet's own dictionary pages instead of being hashed again (parse_addresses).
     pf = open_parquet(path, read_dictionary=ADDRESS_COLUMNS)
-    cols = sorted(set(_resolve_columns(pf.schema_arrow, str(path)).values()))
+    resolved = _resolve_columns(pf.schema_arrow, str(path))
+    cols, time_col = sorted(set(resolved.values())), resolved["event_time"]
     try:
         batches = pf.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=cols)
         while True:
@@ -371,9 +407,12 @@ def validated_batches(path: str | Path, row_groups: list[int] | None = None, *,
             if rb is None:
                 return
             with clock("validate"):
-                _, m, rejected = validate_rows(pa.Table.from_batches([rb]), source=str(path),
-                                               _cache=_ADDR_CACHE)
-            yield Batch(source=str(path), rows_in=rb.num_rows, measurements=m, rejected=rejected)
+                table = pa.Table.from_batches([rb])
+                _, m, rejected = validate_rows(table, source=str(path), _cache=_ADDR_CACHE)
+                misread = misread_times(table.column(time_col)) if rejected.get(
+                    "time_out_of_range") else {}
+            yield Batch(source=str(path), rows_in=rb.num_rows, measurements=m, rejected=rejected,
+                        misread_times=misread)
     except (OSError, pa.ArrowException) as e:
         raise _unreadable(e, path, "damaged or truncated parquet") from None
 

@@ -44,7 +44,7 @@ from prep.jobs.owned import Claim
 from prep.schema import manifest as mf
 from prep.schema.manifest import SPLITS
 from prep.schema.splits import TIME_RULES, format_time
-from prep.schema.validate import format_rejected, list_inputs, open_parquet
+from prep.schema.validate import format_rejected, list_inputs, open_parquet, time_unit_hint
 from prep.shards.bucket import ShardsConfig, resolve_buckets
 from prep.shards.kernels import compile_kernels
 from prep.shards.stages import StageClock
@@ -175,13 +175,14 @@ def finish(od: Claim, cfg: ShardsConfig, inputs: list[dict], read: dict,
 
 def new_read_counts() -> dict:
     """Pass 1's counts, which both runners add up per unit (add_read_counts)."""
-    return {"rows_in": 0, "accepted": 0, "rejected": Counter()}
+    return {"rows_in": 0, "accepted": 0, "rejected": Counter(), "misread_times": Counter()}
 
 
 def add_read_counts(read: dict, unit: dict) -> None:
     read["rows_in"] += unit["rows_in"]
     read["accepted"] += unit["accepted"]
     read["rejected"].update(unit["rejected"])
+    read["misread_times"].update(unit["misread_times"])
 
 
 def check_not_empty(out: Path, manifest: dict) -> None:
@@ -194,8 +195,9 @@ def check_not_empty(out: Path, manifest: dict) -> None:
         why = "the inputs hold no rows"
     elif not c["measurements_accepted"]:
         top = format_rejected(c["rows_rejected"], top=3)
-        why = (f"all {c['rows_in']:,} measurements were rejected ({top}); `prep import-atlas` "
-               "writes only rows that pass these checks")
+        hint = time_unit_hint(c["rows_rejected"], c.get("time_out_of_range_as", {}))
+        why = (f"all {c['rows_in']:,} measurements were rejected ({top}); "
+               + (hint or "`prep import-atlas` writes only rows that pass these checks"))
     elif n:
         cfg = manifest["config"]
         why = (f"all {n:,} rows went to the test split (--split {cfg['split']}, --test-fraction "
@@ -242,6 +244,8 @@ def build_manifest(cfg: ShardsConfig, inputs: list[dict], read: dict, results: l
     counts = {
         "rows_in": read["rows_in"],
         "rows_rejected": dict(sorted(read["rejected"].items())),
+        # of the time_out_of_range rows, integers in range as ms or us (validate.misread_times)
+        "time_out_of_range_as": dict(sorted(read["misread_times"].items())),
         "measurements_accepted": read["accepted"],
         # Accepted but in neither split (time+probe: held-out probes before the cutoff,
         # the other probes from it on); tokenized = (accepted - excluded) x epochs.
@@ -287,7 +291,9 @@ def summary(manifest: dict) -> dict:
             "buckets": cfg["n_buckets"],
             # each bucket's last row of each split and epoch may be part-filled
             "bucket_tail_rows": cfg["n_buckets"] * len(SPLITS) * cfg["epochs"],
-            "warnings": split_warnings(manifest)}
+            "warnings": [w for w in [time_unit_hint(c["rows_rejected"],
+                                                    c.get("time_out_of_range_as", {}))] if w]
+            + split_warnings(manifest)}
 
 
 # Below these a split still builds, but what is measured on it (or learned from it) is noise.

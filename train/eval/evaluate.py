@@ -18,6 +18,9 @@ Steps (all on the test split's first epoch, so each measurement counts once):
    by context length; intervals resample whole sources (``source_groups``). Truth: each
    measurement's RTT code's bin value. Fewer than 1,000 queries with a reply: a warning.
 
+Warnings are the report's ``warnings``, said once: in the table, or with --json on stderr
+(train.cli); ``evaluate`` prints none of its own.
+
 ``--max-queries N`` takes test rows in a seeded order until they hold N measurements, and
 exactly N RTT queries. The result is a table (train.eval.report), a JSON document (also
 ``RUN_DIR/eval/step-<S>.json``, or ``step-<S>-q<N>.json`` for a sample), every query's
@@ -38,6 +41,7 @@ from tqdm import tqdm
 
 from prep.base.errors import InputError
 from prep.schema import manifest as manifest_lib
+from prep.schema.splits import more_test_rows
 from prep.tokens import rowdecode
 from train.eval import answers, baselines, context_baselines, registry
 from train.eval import metrics as EM
@@ -85,7 +89,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
 
     tok, seg = read_split(data, manifest, "test")
     if len(tok) == 0:
-        raise InputError(_EMPTY_TEST.format(data=data))
+        raise _empty_test(data, manifest)
     meas = rowdecode.decode_rows(tok, seg, where=f"{data}/test")
     log(f"train eval: {cfg.run_dir} at step {pred.step} on {data}: {len(tok):,} test rows, "
         f"{len(meas):,} measurements")
@@ -100,7 +104,6 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
     if cfg.max_queries > len(q):  # "exactly N" cannot hold: say so, and name the file by N held
         warnings.append(f"--max-queries {cfg.max_queries:,}: the test split has only "
                         f"{len(q):,} RTT queries; all of them are used")
-        print(f"warning: {warnings[-1]}", file=sys.stderr, flush=True)
     qm = meas.take(q)
     ans, query_rows, query_s = _answer_queries(pred, qm, progress)
     alone, _, alone_s = _answer_queries(pred, qm, progress, alone=True)
@@ -115,10 +118,11 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
     truth_ms, failed, history = qm.rtt_ms(), qm.failed, qm.index.astype(np.int64)
     n_rtt = int((~failed).sum())
     if n_rtt < EM.MIN_REPLIES:
+        n_all = full_mode_count(meas)  # more than q: --max-queries was the limit, not the split
+        fix = (f"raise --max-queries (the test split has {n_all:,} RTT queries)"
+               if len(q) < n_all else "evaluate on a larger test split")
         warnings.append(f"only {n_rtt:,} queries have a reply (fewer than "
-                        f"{EM.MIN_REPLIES:,}): the medians and their intervals are rough; "
-                        "evaluate on a larger test split")
-        print(f"warning: {warnings[-1]}", file=sys.stderr, flush=True)
+                        f"{EM.MIN_REPLIES:,}): the medians and their intervals are rough; {fix}")
     groups = source_groups(qm)  # the intervals resample whole sources (train.eval.metrics)
     intervals = {k: (a.quantile_ms[:, 0], a.quantile_ms[:, 2])
                  for k, a in (("model", ans), ("model_no_context", alone))}
@@ -186,8 +190,9 @@ def source_groups(q: rowdecode.RowMeasurements) -> np.ndarray:
     return np.unique(key, axis=0, return_inverse=True)[1].ravel().astype(np.int64)
 
 
-_EMPTY_TEST = ("{data}: the test split is empty; rebuild with `prep shards ... "
-               "--test-fraction 0.1` (or another --split) to evaluate")
+def _empty_test(data, manifest: dict) -> InputError:
+    return InputError(f"{data}: the test split is empty; "
+                      f"{more_test_rows(manifest.get('config', {}))} to evaluate")
 
 
 def _load(cfg: EvalConfig):
@@ -202,14 +207,13 @@ def _load(cfg: EvalConfig):
         raise InputError(f"{data}: rows of {manifest['row_len']} tokens, the model reads "
                          f"{pred.row_len}; evaluate on the dataset the run trained on")
     if not manifest.get("counts", {}).get("rows", {}).get("test", 1):
-        raise InputError(_EMPTY_TEST.format(data=data))  # before any warning: one line
+        raise _empty_test(data, manifest)  # before any warning: one line
     fingerprint = dataset_fingerprint(manifest)
     trained_on = record.get("data_fingerprint")
     warnings = []
     if trained_on is not None and trained_on != fingerprint:
         warnings.append(f"{data} is not the dataset this run trained on (its shards differ); "
                         "its test split may hold what the model saw")
-        print(f"warning: {warnings[-1]}", file=sys.stderr)
     return pred, data, manifest, fingerprint, trained_on, warnings, _trained(record)
 
 
@@ -275,15 +279,27 @@ def _sample_rows(seg, meas, max_queries: int, rng) -> np.ndarray:
     return np.sort(order[:k])
 
 
-def full_mode_queries(meas: rowdecode.RowMeasurements, max_queries: int, rng) -> np.ndarray:
-    """Indices (into ``meas``) of every measurement of the full-mode contexts, in row order;
-    with max_queries, exactly that many (or all there are): whole contexts in a seeded order,
-    the last one cut to its first measurements (a query reads only the ones before it)."""
+def _full_mode_contexts(meas: rowdecode.RowMeasurements):
+    """(starts, ends, keep): each context's span in ``meas``, and the indices of the
+    contexts whose every measurement carries its time (full mode)."""
     ctx = meas.row * 256 + meas.segment  # one id per (row, segment)
     starts = np.flatnonzero(np.concatenate([[True], ctx[1:] != ctx[:-1]]))
     ends = np.append(starts[1:], len(ctx))
     all_timed = np.logical_and.reduceat(meas.has_time, starts) if len(starts) else starts
-    keep = np.flatnonzero(all_timed)
+    return starts, ends, np.flatnonzero(all_timed)
+
+
+def full_mode_count(meas: rowdecode.RowMeasurements) -> int:
+    """How many RTT queries the test split holds: full_mode_queries without max_queries."""
+    starts, ends, keep = _full_mode_contexts(meas)
+    return int((ends[keep] - starts[keep]).sum())
+
+
+def full_mode_queries(meas: rowdecode.RowMeasurements, max_queries: int, rng) -> np.ndarray:
+    """Indices (into ``meas``) of every measurement of the full-mode contexts, in row order;
+    with max_queries, exactly that many (or all there are): whole contexts in a seeded order,
+    the last one cut to its first measurements (a query reads only the ones before it)."""
+    starts, ends, keep = _full_mode_contexts(meas)
     if max_queries:
         keep = rng.permutation(keep)
         total = np.cumsum(ends[keep] - starts[keep])

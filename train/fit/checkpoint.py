@@ -17,6 +17,10 @@ background thread at the next ``check``, ``save`` or ``wait``) is one InputError
 the step, what failed and the last good checkpoint; its partial folders are removed and
 Orbax's pages of log and echoes of its other failed writes are dropped (train.fit.orbax_echoes).
 
+A checkpoint of another model than the run's config.json (a run folder mixed from two runs)
+is not damage: ``check_model`` compares its parameter names and shapes with the model's
+before a restore, and says so in one line.
+
 A damaged step folder fails to restore; ``restore_intact`` takes the newest step that
 restores, naming each one it skipped and why, and ``set_aside`` moves the damaged ones out
 of the way (so the run can write those steps again). With several processes
@@ -63,6 +67,38 @@ def saved_at(run_dir: str | Path) -> float:
 def newest_first(runs) -> list[Path]:
     """Run folders by saved_at, newest first (ties by name, for a stable order)."""
     return sorted(map(Path, runs), key=lambda p: (saved_at(p), p.name), reverse=True)
+
+
+def _shapes(tree: dict, prefix: str = "") -> dict[str, tuple]:
+    """{"layers/w_in": shape, …} of a parameter tree whose leaves are arrays, metadata (with
+    a ``shape``) or shapes."""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out |= _shapes(v, f"{prefix}{k}/")
+        else:
+            out[prefix + k] = tuple(v if isinstance(v, tuple) else v.shape)
+    return out
+
+
+def _few(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def params_mismatch(saved: dict, want: dict) -> str | None:
+    """How the parameters ``saved`` fail the model's ``want`` (trees, ``_shapes``'s leaves):
+    the names it lacks or holds besides, and a shape that differs; None when every parameter
+    the model reads is there in its shape (one it does not read is not in its way)."""
+    have, need = _shapes(saved), _shapes(want)
+    missing = sorted(need.keys() - have.keys())
+    other = sorted(k for k in need.keys() & have.keys() if need[k] != have[k])
+    if not missing and not other:
+        return None
+    extra = sorted(have.keys() - need.keys())
+    return "; ".join(
+        ([f"missing {_few(missing)}"] if missing else []) + ([f"extra {_few(extra)}"] if extra
+                                                             else [])
+        + [f"{k} {have[k]}, the model's {need[k]}" for k in other[:2]])
 
 
 def _why(e: BaseException) -> str:
@@ -242,6 +278,22 @@ class Checkpointer:
         if not isinstance(out["data"], dict):
             raise ValueError(f"data/ holds {type(out['data']).__name__}, not an iterator state")
         return out["state"], out["data"]
+
+    def check_model(self, step: int, params: dict) -> None:
+        """InputError (one line) when step ``step`` holds the parameters of another model than
+        ``params`` (the tree of the model config.json names: arrays or shapes). A step whose
+        metadata does not read is left to the restore, which names the damage."""
+        try:
+            saved = ocp.StandardCheckpointHandler().metadata(
+                self.directory / str(step) / "state")["params"]
+            why = params_mismatch(saved, params)
+        except Exception:
+            return
+        if why:
+            raise InputError(f"{self.directory / str(step)}: the checkpoint at step {step} holds "
+                             f"the parameters of another model than the run's config.json says "
+                             f"({why}); do not mix run folders: keep each run's config.json "
+                             "with the checkpoints it saved")
 
     def problem(self, step: int) -> str | None:
         """Why step ``step``'s folder cannot be a checkpoint, from a look at it (None if

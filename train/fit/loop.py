@@ -28,6 +28,7 @@ import numpy as np
 from prep.base.errors import InputError
 from prep.base.lock import FolderLock
 from prep.base.signals import StopSoftly
+from prep.schema.splits import more_test_rows
 from train.fit import multihost, reader, runfolder
 from train.fit import step as step_lib
 from train.fit.checkpoint import Checkpointer, step_dirs
@@ -78,7 +79,8 @@ def _checked_start(cfg: TrainConfig, run_dir: Path):
     """(cfg with its schedule span fixed, the run's config.json record or None, the local
     dataset, its manifest and fingerprint, notes for a resume): everything that can refuse
     a start, checked before anything is written."""
-    saved = runfolder.load_run(run_dir) if cfg.resume else None
+    # train() holds the run's lock already (process 0; a refusal stopped them all)
+    saved = runfolder.load_run(run_dir, held=True) if cfg.resume else None
     if not cfg.schedule_steps:  # fixed for the run's life: its own, or this start's --steps
         old = saved["train"] if saved is not None else {}
         cfg = dataclasses.replace(cfg, schedule_steps=int(
@@ -101,8 +103,7 @@ def _checked_start(cfg: TrainConfig, run_dir: Path):
                         "rebuild the dataset with `prep shards` from more measurements")
     if cfg.eval_every:
         reader.require_rows(data, manifest, "test", "pass --eval-every 0 to train without "
-                            "in-training eval, or rebuild with `prep shards --test-fraction` "
-                            "above 0")
+                            "in-training eval, or " + more_test_rows(manifest.get("config", {})))
     reader.check_data(data, manifest, splits, check=cfg.data_check)
     return cfg, saved, data, manifest, fingerprint, notes
 
@@ -230,7 +231,9 @@ def _store_tables(mcfg, data, manifest: dict):
 
 def _resume(ckpt: Checkpointer, state: dict, it, run_dir: Path, notes: list[str], say):
     """(step, state) of the newest intact checkpoint, the data iterator set to it; damaged
-    newer ones moved aside, metrics after it dropped."""
+    newer ones moved aside, metrics after it dropped. Another model's checkpoint is not
+    damage to move aside: one line (Checkpointer.check_model)."""
+    ckpt.check_model(ckpt.latest_step(), state["params"])
     start, state, data_state = ckpt.restore_intact(state)
     if ckpt.skipped:
         moved = ckpt.set_aside([s for s, _ in ckpt.skipped], run_dir / "checkpoints-damaged")

@@ -46,14 +46,22 @@ def check_run_dir(run_dir: str | os.PathLike) -> None:
             break
 
 
-def load_run(run_dir: str | os.PathLike) -> dict:
+def load_run(run_dir: str | os.PathLike, *, held: bool = False) -> dict:
     """The config.json record of a run that ``resume`` can continue; InputError (one line)
-    if the folder is missing (or a file), has no checkpoint, or no readable config.json."""
+    if the folder is missing (or a file), has no checkpoint, or no readable config.json.
+    A run with no checkpoint yet may be one a live trainer is writing: unless the caller
+    holds the run's lock (``held``: train.fit.loop), its line (``run_lock``) says so, not
+    that the run never saved one."""
     check_run_dir(run_dir)
     d = Path(run_dir)
     if not d.is_dir():
         raise InputError(f"{d}: no such run folder; start the run without --resume")
     if not step_dirs(d / "checkpoints"):
+        if not held and multihost.is_primary():  # process 0 alone locks (train.fit.loop)
+            lock = run_lock(d)
+            with contextlib.suppress(OSError):  # a folder it cannot lock: the line below
+                lock.acquire()  # a live trainer's: InputError, the line a resume gets later
+            lock.release()
         raise InputError(f"{d}: no checkpoint to resume (the run never saved one); start it "
                          "again without --resume")
     try:

@@ -40,7 +40,7 @@ from prep.base.errors import InputError, first_line
 from prep.schema import vocab as V
 from prep.schema.measurements import addr_words
 from prep.tokens.reference import addr_block, result_block, timestamp_block, value_block
-from train.model import attention, model
+from train.model import arch, attention, model
 from train.model.arch import ModelConfig
 
 B = V.BYTE_OFFSET
@@ -416,6 +416,7 @@ def load(run_dir: str | Path, *, step: int | None = None, batch_size: int | None
         if step not in steps:
             raise InputError(f"{run_dir}: no checkpoint at step {step}; there are "
                              f"{', '.join(map(str, sorted(steps)))}")
+        ckpt.check_model(step, arch.map_params(lambda p: p.shape, arch.param_specs(mcfg)))
         state, _ = ckpt.restore(step)
     finally:
         ckpt.close()
