@@ -229,10 +229,10 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
             "replies" + (", quantiles over 3 (destination, source) medians\n" if by_source
                          else "\n")) in err
     # probes pinging a target that never pings back: no reverse pair, the pair store off
-    assert ("pair store: 1 of 3 address pairs (>= 32 replies each) from 70 train replies; 0 "
+    assert ("pair store: 3 of 3 address pairs (>= 4 replies each) from 70 train replies; 0 "
             "train replies have their reverse pair there (none: its reverse read answers "
-            "nothing on this data), 40 their own pair\npair store: off for this run (no train reply has its reverse pair, so "
-            "nothing would teach its gate)") in err
+            "nothing on this data), 70 their own pair\npair store: off for this run (no "
+            "train reply has its reverse pair, so nothing would teach its gate)") in err
     want, _ = store.build(tok, seg, 1024, by_source=by_source)
     krig, noise, summary = store.build_krig(tok, seg, 256, want)
     assert summary.line() in err and (summary.pairs, summary.placed, summary.sources) == (1, 1, 1)
