@@ -330,20 +330,28 @@ def test_the_pair_store_reads_the_real_sources_of_anonymized_rows():
     assert not (np.asarray(lost[0])[on] == np.asarray(real[0])[on]).any()
 
 
+def _gate_held_open(row, name, **cfg_kw):
+    """small with the pair store of PAIR_ROW x 10 alone (no destination store, no copy), the
+    gate ``name`` held open and its spreads sharp, run on ``row``: (cfg, params, tokens,
+    segment ids, the probabilities, those before the stores)."""
+    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(row), dst_store=0,
+                              pair_store=1024, context_copy=0.0, **cfg_kw)
+    table, _ = store.build(np.asarray([PAIR_ROW] * 10, np.uint16),
+                           np.ones((10, len(PAIR_ROW)), np.uint8), 1024, key="pair")
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    params = {**params, "pair_store": jnp.asarray(table), f"{name}_bias": jnp.float32(30.0),
+              f"{name}_width": jnp.full(2, -40.0)}
+    tok, seg = jnp.asarray([row]), jnp.ones((1, len(row)), jnp.int32)
+    logits, own = model.forward(params, tok, seg, cfg, own=True)
+    return (cfg, params, tok, seg,
+            *(np.exp(np.asarray(jax.nn.log_softmax(x)))[0] for x in (logits, own)))
+
+
 def test_the_pair_gate_mixes_the_reverse_pair_in():
     """The pair store's gate held open: node 2's first ping to node 1 is answered by node
     1's pings to node 2, through forward as through the loss; its ping to node 3 keeps the
     model's own distribution. The table gets no gradient; the gate's bias does."""
-    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(ASK), dst_store=0,
-                              pair_store=1024, context_copy=0.0)
-    table, _ = store.build(np.asarray([PAIR_ROW] * 10, np.uint16),
-                           np.ones((10, len(PAIR_ROW)), np.uint8), 1024, key="pair")
-    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
-    params = {**params, "pair_store": jnp.asarray(table), "pair_bias": jnp.float32(30.0),
-              "pair_width": jnp.full(2, -40.0)}
-    tok, seg = jnp.asarray([ASK]), jnp.ones((1, len(ASK)), jnp.int32)
-    logits, own = model.forward(params, tok, seg, cfg, own=True)
-    p, p_own = (np.exp(np.asarray(jax.nn.log_softmax(x)))[0] for x in (logits, own))
+    cfg, params, tok, seg, p, p_own = _gate_held_open(ASK, "pair")
     assert p[11, B + 0x50] == pytest.approx(0.75, abs=1e-4)
     assert p[11, B + 0x51] == pytest.approx(0.25, abs=1e-4)
     np.testing.assert_allclose(p[16 + 11], p_own[16 + 11], atol=1e-6)  # node 3: nothing stored
@@ -490,16 +498,7 @@ def test_the_pair_store_read_at_the_own_pair():
     node 1's 40 stored pings to node 2 (first byte 0x50 three in four, 0x51 one in four);
     its ping to node 3 (10 replies, too few) reads nothing. With ``pair_fold`` (training)
     it reads only there, and its gate learns from there alone."""
-    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(OWN), dst_store=0,
-                              pair_store=1024, pair_forward=8, context_copy=0.0)
-    table, _ = store.build(np.asarray([PAIR_ROW] * 10, np.uint16),
-                           np.ones((10, len(PAIR_ROW)), np.uint8), 1024, key="pair")
-    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
-    params = {**params, "pair_store": jnp.asarray(table), "fwd_bias": jnp.float32(30.0),
-              "fwd_width": jnp.full(2, -40.0)}
-    tok, seg = jnp.asarray([OWN]), jnp.ones((1, len(OWN)), jnp.int32)
-    logits, own = model.forward(params, tok, seg, cfg, own=True)
-    p, p_own = (np.exp(np.asarray(jax.nn.log_softmax(x)))[0] for x in (logits, own))
+    cfg, params, tok, seg, p, p_own = _gate_held_open(OWN, "fwd", pair_forward=8)
     at = 16 + 11  # the RTT_START of the ping to node 2
     assert p[at, B + 0x50] == pytest.approx(0.75, abs=1e-4)
     assert p[at, B + 0x51] == pytest.approx(0.25, abs=1e-4)
@@ -514,7 +513,7 @@ def test_the_pair_store_read_at_the_own_pair():
     # training: read only on the pair fold's positions, and its gate learns there alone
     none = jnp.zeros(tok.shape, bool)
     off = model.forward(params, tok, seg, cfg, pair_fold=none)
-    np.testing.assert_allclose(np.asarray(off), np.asarray(own), atol=1e-5)
+    np.testing.assert_allclose(np.exp(np.asarray(jax.nn.log_softmax(off)))[0], p_own, atol=1e-5)
     fold = jnp.zeros(tok.shape, bool).at[0, at:at + 2].set(True)
     batch = {"tokens": tok, "segment_ids": seg}
     open_ = {**params, "fwd_bias": jnp.float32(0.0)}
