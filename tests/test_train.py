@@ -182,9 +182,9 @@ def test_small_preset_and_its_cpu_recipe():
     rows and 17 byte-index rows of 64), the destination match's gain per layer (2), the
     byte waves' mixes (14 waves by 64, in and out), the destination memory (8,192 rows of
     64) and prior (8,192 rows of 16, their map to the 267 tokens, the gate's 64), the
-    context copy's gate (64, a bias, two widths), the destination, placed and pair stores'
-    gates (the same), trained on anonymous sources, and its own CPU defaults under --model
-    small."""
+    context copy's gate (64, a bias, two widths), the destination and placed stores' gates
+    and the pair store's two (its reverse and its own pair; the same), trained on anonymous
+    sources, and its own CPU defaults under --model small."""
     from train.fit.config import defaults_for
     from train.model.arch import n_params
 
@@ -194,16 +194,20 @@ def test_small_preset_and_its_cpu_recipe():
         4.0, 7, 0.0, 0)
     assert (small.dst_memory, small.dst_prior_scale, small.anonymize_src) == (8192, 30.0, True)
     assert (small.context_copy, small.copy_aux, tiny.context_copy) == (0.3, 1.0, 0.0)
-    assert (small.dst_store, small.pair_store, tiny.dst_store, STORE_K) == (32768, 32768, 0, 64)
+    assert (small.dst_store, small.pair_store, tiny.dst_store, STORE_K) == (32768, 65536, 0, 64)
+    # the pair store read at the own pair too, learning on a fold of contexts (8.20)
+    assert (small.pair_forward, small.pair_min, small.pair_reverse, tiny.pair_forward) == (
+        8, 4, True, 0)
     assert (small.placed_store, tiny.placed_store) == (0.25, 0.0)
     assert (small.krig_store, tiny.krig_store) == (0, 0)  # no gain on the built-in data (8.13)
     # the gates learn on a fold of the probes that the stores leave out too (8.17)
     assert (small.gate_fold, small.store_without_fold, tiny.store_without_fold) == (8, True, False)
     # the stores (32,768 rows of 64 quantiles, a count and a check) are data, not counted;
-    # each read of a store (plain, placed, pair) has a gate (64), a bias and two widths
+    # each read of a store (plain, placed, reverse pair, own pair) has a gate (64), a bias
+    # and two widths
     assert n_params(small) == (n_params(tiny) + (7 + 17) * 64 + 2 + 2 * 14 * 64
                                + 8192 * 64 + 8192 * 16 + 16 * 267 + 64
-                               + 64 + 1 + 2 + 3 * (64 + 1 + 2)) == 796_094
+                               + 64 + 1 + 2 + 4 * (64 + 1 + 2)) == 796_161
     d = defaults_for("cpu", model="small")
     assert (d["model"], d["steps"], d["batch_size"], d["lr"], d["warmup"], d["loss_weights"]) == (
         "small", 2400, 8, 3e-3, 100, "rtt=10,result=10")
