@@ -46,9 +46,8 @@ class PlotFile(click.Path):
                       "folder that exists", param, ctx)
         if os.path.isdir(path):
             self.fail(f"{path}: a folder; name a file", param, ctx)
-        try:  # what savefig will do there: make a file
-            with tempfile.NamedTemporaryFile(dir=folder, prefix=".plot-check-"):
-                pass
+        try:  # what savefig will do there: make a file (closing it removes it again)
+            tempfile.NamedTemporaryFile(dir=folder, prefix=".plot-check-").close()
         except OSError as e:
             code = disk_errno(e)
             what = DISK[code][0] if code is not None else first_line(e)
