@@ -284,7 +284,7 @@ def test_the_pair_store_reads_the_replies_of_the_reverse_pair():
     assert summary == store.StoreSummary(2, 1, 50, 0, "pair", answered=0, own=40)
     tok, seg = jnp.asarray([ASK + PAIR_ROW]), jnp.ones((1, len(ASK + PAIR_ROW)), jnp.int32)
     sharp = (1e-3, 1e-3)
-    keys = model.reverse_pair_keys(tok, seg)
+    keys = model.pair_keys(tok, seg)
     (dist, on), _ = model.store_dists(jnp.asarray(table), tok, seg, widths=sharp, keys=keys)
     dist, on = np.asarray(dist)[0], np.asarray(on)[0]
     first, again = 11, 32 + 11  # the RTT_STARTs of node 2's pings to node 1
@@ -320,10 +320,10 @@ def test_the_pair_store_reads_the_real_sources_of_anonymized_rows():
     tok, seg = jnp.asarray([ASK]), jnp.ones((1, len(ASK)), jnp.int32)
     anon = model.anonymize_sources(tok, seg, jnp.int32(7))
     assert not np.array_equal(np.asarray(anon), np.asarray(tok))
-    real = model.reverse_pair_keys(tok, seg)
+    real = model.pair_keys(tok, seg)
     src_hash = model.field_hashes(tok, seg, "src")[0]
-    kept = model.reverse_pair_keys(anon, seg, src_hash=src_hash)
-    lost = model.reverse_pair_keys(anon, seg)
+    kept = model.pair_keys(anon, seg, src_hash=src_hash)
+    lost = model.pair_keys(anon, seg)
     on = np.asarray(real[1])
     assert on.sum() == 3 * 6  # from each destination's last byte (10) to its measurement's end (15)
     np.testing.assert_array_equal(np.asarray(kept[0])[on], np.asarray(real[0])[on])
@@ -506,8 +506,8 @@ def test_the_pair_store_read_at_the_own_pair():
     # keys: the own pair's, from the real sources where the rows are anonymized
     anon = model.anonymize_sources(tok, seg, jnp.int32(3))
     src_hash = model.field_hashes(tok, seg, "src")[0]
-    real = model.reverse_pair_keys(tok, seg, reverse=False)
-    kept = model.reverse_pair_keys(anon, seg, src_hash=src_hash, reverse=False)
+    real = model.pair_keys(tok, seg, reverse=False)
+    kept = model.pair_keys(anon, seg, src_hash=src_hash, reverse=False)
     on = np.asarray(real[1])
     np.testing.assert_array_equal(np.asarray(kept[0])[on], np.asarray(real[0])[on])
     # training: read only on the pair fold's positions, and its gate learns there alone

@@ -108,7 +108,7 @@ def train_step(state: dict, batch: dict, *, mcfg: ModelConfig, opt, schedule,
         batch = dict(batch, pair_fold=model.pair_fold_targets(
             batch["tokens"], batch["segment_ids"], mcfg.pair_forward))
     if mcfg.anonymize_src:
-        if mcfg.pair_store:  # its rows are keyed by the real sources (model.reverse_pair_keys)
+        if mcfg.pair_store:  # its rows are keyed by the real sources (model.pair_keys)
             batch = dict(batch, src_hash=model.field_hashes(batch["tokens"], batch["segment_ids"],
                                                             "src")[0])
         batch = dict(batch, tokens=model.anonymize_sources(batch["tokens"], batch["segment_ids"],

@@ -160,7 +160,7 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     ``own`` (no probes): also the logits before the stores and the context copy are mixed
     in (ModelConfig.dst_store, pair_store, context_copy): (logits, own logits).
     ``src_hash``: the pair store's source hashes, where the tokens' sources are anonymized
-    (``reverse_pair_keys``). ``fold`` (training, no probes; bool [B, T], ``fold_targets``):
+    (``pair_keys``). ``fold`` (training, no probes; bool [B, T], ``fold_targets``):
     its positions' logits pass gradient to the stores' gates alone, and only where a store
     answers; the stores' gates take gradient from nothing else (ModelConfig.gate_fold).
     ``pair_fold`` (training; bool [B, T], ``pair_fold_targets``): the only positions where
@@ -276,11 +276,11 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
                        kriged_shift(sg(params["dst_store"]), sg(params["krig_store"]),
                                     sg(params["krig_noise"][0]), tokens, seg, probes)))
     if cfg.pair_store and cfg.pair_reverse:  # the train split's replies of the reverse pair
-        stores.append(("pair_store", "pair", reverse_pair_keys(tokens, seg, probes, src_hash),
+        stores.append(("pair_store", "pair", pair_keys(tokens, seg, probes, src_hash),
                        None))
     if cfg.pair_store and cfg.pair_forward:  # and of the measurement's own pair (mixed last)
-        stores.append(("pair_store", "fwd", reverse_pair_keys(tokens, seg, probes, src_hash,
-                                                              reverse=False), None))
+        stores.append(("pair_store", "fwd", pair_keys(tokens, seg, probes, src_hash,
+                                                      reverse=False), None))
     for table, name, keys, shift in stores:
         widths = tuple(jax.nn.softplus(params[f"{name}_width"][i]) * COPY_WIDTH[i] for i in range(2))
         (dist, s_on), p_store = store_dists(
@@ -504,8 +504,8 @@ def pair_key(a, b):
     return a * _PAIR[0] + b * _PAIR[1]
 
 
-def reverse_pair_keys(tokens: jax.Array, segment_ids: jax.Array, probes=None, src_hash=None,
-                      *, reverse: bool = True):
+def pair_keys(tokens: jax.Array, segment_ids: jax.Array, probes=None, src_hash=None, *,
+              reverse: bool = True):
     """(key, on, p_key, p_on) as ``field_hashes``: the key of each measurement's reverse
     pair, (its destination, its source), where both addresses are whole; with ``reverse``
     False, of its own pair, (its source, its destination) (ModelConfig.pair_forward).
@@ -693,7 +693,7 @@ def store_dists(store: jax.Array, tokens: jax.Array, segment_ids: jax.Array, pro
     byte) one such quantile. With ``probes``, the same for them (a probe that is a first
     RTT byte asks for the second). ``keys``: (key, on, p_key, p_on) to look rows up by
     instead of the destination's hash (``dst_hashes``): the pair store's
-    ``reverse_pair_keys``. ``shift``: ``probe_shift``'s (shift, p_shift): every quantile
+    ``pair_keys``. ``shift``: ``probe_shift``'s (shift, p_shift): every quantile
     times 2^shift first (the placed store)."""
     K = arch.STORE_K
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
