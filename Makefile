@@ -20,11 +20,12 @@ WORKERS ?= 2
 
 setup: $(STAMP) $(VENV)/.kernels
 
-# Reinstalls only when pyproject.toml changes.
+# Reinstalls only when pyproject.toml changes. No pip cache: a CI machine's disk once ran out
+# during the install (2026-11-30), and a fresh venv gains nothing from one.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
+	$(BIN)/python -m pip install -q --no-cache-dir --upgrade pip
+	$(BIN)/python -m pip install -q --no-cache-dir -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 # The Numba kernels of `prep shards`, compiled into Numba's cache (on 2 processes when a core
