@@ -220,7 +220,7 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
     synthetic.write_shards(d, {"train": (tok, seg), "test": (tok[:2], seg[:2])})
     monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(
         arch.MODELS["small"], dst_store=1024, krig_store=256, store_by_source=by_source,
-        store_without_fold=False, pair_forward=0))
+        store_without_fold=False, pair_forward=0, pair_recent=0))  # (ROW has no absolute time)
     run = tmp_path / "run"
     train(TrainConfig(model="small", data=str(d), run_dir=str(run), steps=3, batch_size=2,
                       lr=3e-3, warmup=1, log_every=1, eval_every=0, ckpt_every=0))
@@ -540,8 +540,10 @@ def test_a_run_keeps_the_own_pair_read_where_no_reverse_pair_is(tmp_path, monkey
     seg = np.asarray([[i + 1 for i in range(4) for _ in range(n)]] * 40, np.uint8)
     d = tmp_path / "shards"
     synthetic.write_shards(d, {"train": (tok, seg), "test": (tok[:2], seg[:2])})
+    # (pair_recent 0: these rows' delta timestamps have no absolute one before them, which
+    # the decoder that times the replies refuses; the test below times them)
     monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(
-        arch.MODELS["small"], dst_store=1024, pair_store=1024, pair_forward=8))
+        arch.MODELS["small"], dst_store=1024, pair_store=1024, pair_forward=8, pair_recent=0))
     run = tmp_path / "run"
     cfg = dict(model="small", data=str(d), run_dir=str(run), steps=2, batch_size=2, lr=3e-3,
                warmup=1, log_every=1, eval_every=0, ckpt_every=0)
@@ -563,6 +565,102 @@ def test_a_run_keeps_the_own_pair_read_where_no_reverse_pair_is(tmp_path, monkey
     train(TrainConfig(**{**cfg, "steps": 3}, resume=True))
     assert "resumed" in capsys.readouterr().err
     assert not predictor.load(str(run)).mcfg.pair_reverse
+
+
+def timed(src_last, dst_last, b1, b2, when=None):
+    """``ping``, its time block ("abs", Unix seconds: 8 bytes; "d1", seconds: 1 byte) or
+    none (a measurement that lost its timestamp)."""
+    head = ping(src_last, dst_last, b1, b2)[:14]
+    if when is None:
+        return head
+    kind, t = when
+    if kind == "abs":
+        return head + [V.TIMESTAMP_ABS] + [B + b for b in int(t).to_bytes(8, "big")]
+    return head + [V.TIMESTAMP_DELTA1, B + t]
+
+
+# row 0: a context of node 1's pings to node 2 at 1,000 s (0x5010), 1,010 s (0x5020) and
+# one that lost its timestamp (0x5110: its context's latest, 1,010 s), then a context with
+# no timestamps (two of 0x6000); row 1: a context at 2,000 s (0x5030) and 2,005 s (0x5040),
+# and a ping to node 3 at 2,005 s (0x7000)
+TIMED_ROWS = [
+    [timed(1, 2, 0x50, 0x10, ("abs", 1000)) + timed(1, 2, 0x50, 0x20, ("d1", 10))
+     + timed(1, 2, 0x51, 0x10),
+     timed(1, 2, 0x60, 0x00) + timed(1, 2, 0x60, 0x00)],
+    [timed(1, 2, 0x50, 0x30, ("abs", 2000)) + timed(1, 2, 0x50, 0x40, ("d1", 5))
+     + timed(1, 3, 0x70, 0x00)]]
+
+
+def _timed_rows():
+    width = max(sum(map(len, r)) for r in TIMED_ROWS)
+    tok = np.zeros((len(TIMED_ROWS), width), np.uint16)
+    seg = np.zeros((len(TIMED_ROWS), width), np.uint8)
+    for i, row in enumerate(TIMED_ROWS):
+        at = 0
+        for k, ctx in enumerate(row):
+            tok[i, at:at + len(ctx)], seg[i, at:at + len(ctx)] = ctx, k + 1
+            at += len(ctx)
+    return tok, seg
+
+
+def test_each_reply_is_timed_by_its_timestamp_or_its_contexts_latest():
+    """reply_times: at each RTT_START, the reply's own time; the one that lost its
+    timestamp takes its context's latest (1,010 s), a context without timestamps -1, and
+    every other position -1."""
+    tok, seg = _timed_rows()
+    t = store.reply_times(tok, seg)
+    at = {(int(r), int(c)): int(t[r, c]) for r, c in zip(*np.nonzero(t >= 0))}
+    assert at == {(0, 11): 1000, (0, 34): 1010, (0, 50): 1010,
+                  (1, 11): 2000, (1, 34): 2005, (1, 50): 2005}
+    assert (tok[t >= 0] == V.RTT_START).all()
+    rtt = np.flatnonzero(tok[0] == V.RTT_START)
+    assert rtt.tolist() == [11, 34, 50, 64, 78] and (t[0, [64, 78]] == -1).all()
+
+
+def test_the_pair_store_holds_each_pairs_latest_replies():
+    """``recent`` 3: node 1's 7 replies to node 2, in time order the two untimed (-1), then
+    1,000 s, 1,010 s twice (row order), 2,000 s and 2,005 s, keep their latest three
+    (0x5110, 0x5030, 0x5040) as quantiles; the count is all 7. ``recent`` 0: all 7."""
+    tok, seg = _timed_rows()
+    pair = lambda s, d: int(model.pair_key(jnp.int32(_node_hash(s)), jnp.int32(_node_hash(d))))
+    for recent, codes in ((3, [0x5030, 0x5040, 0x5110]),
+                          (0, [0x5010, 0x5020, 0x5030, 0x5040, 0x5110, 0x6000, 0x6000])):
+        table, summary = store.build(tok, seg, 1024, key="pair", min_count=1, recent=recent)
+        r, ok = (np.asarray(x) for x in model._store_row(jnp.asarray(table),
+                                                         jnp.int32(pair(1, 2)), 1))
+        assert ok and r[K] == 7
+        n = len(codes)
+        want = [codes[min(int((k + 0.5) / K * n), n - 1)] for k in range(K)]
+        assert r[:K].astype(int).tolist() == want
+        assert (summary.usable, summary.replies, summary.recent) == (2, 8, recent)
+    assert summary.line().endswith("8 train replies; 0 train replies have their reverse pair "
+                                   "there (none: its reverse read answers nothing on this "
+                                   "data), 8 their own pair")
+    table, summary = store.build(tok, seg, 1024, key="pair", min_count=1, recent=3)
+    assert ", quantiles over each pair's latest 3 replies;" in summary.line()
+    with pytest.raises(ValueError, match="recent is a count of a pair's latest replies"):
+        store.build(tok, seg, 1024, recent=3)
+    with pytest.raises(ValueError, match="pair_recent must be 0"):
+        dataclasses.replace(arch.MODELS["small"], pair_recent=-1)
+    assert arch.MODELS["small"].pair_recent == 8
+
+
+def test_a_run_builds_its_pair_store_from_each_pairs_latest_replies(tmp_path):
+    """The run's stores (train.fit.loop) pass ModelConfig.pair_recent to the build."""
+    from prep.tools import synthetic_shards as synthetic
+    from train.fit import loop
+
+    tok, seg = _timed_rows()
+    d = tmp_path / "shards"
+    manifest = synthetic.write_shards(d, {"train": (tok, seg), "test": (tok[:1], seg[:1])})
+    mcfg = dataclasses.replace(arch.MODELS["small"], dst_store=1024, pair_store=1024,
+                               pair_forward=2, pair_min=1, pair_recent=3, gate_fold=0,
+                               store_without_fold=False, placed_store=0.0)
+    _, tables, lines = loop._store_tables(mcfg, d, manifest)
+    want, summary = store.build(tok, seg, 1024, key="pair", pair_fold=2, min_count=1, recent=3)
+    assert summary.usable and summary.recent == 3
+    np.testing.assert_array_equal(tables["pair_store"], want)
+    assert summary.line() in lines
 
 
 # --- the placed store (ModelConfig.placed_store): the store moved by the probe's factor ----
@@ -805,8 +903,8 @@ def test_a_run_of_small_builds_its_stores_without_the_gate_fold(tmp_path, monkey
     synthetic.write_shards(d, {"train": (tok, seg), "test": (tok[:2], seg[:2])})
     small = arch.MODELS["small"]
     assert small.store_without_fold and small.gate_fold == 8
-    monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(small, dst_store=1024,
-                                                                  krig_store=256))
+    monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(  # (no absolute times)
+        small, dst_store=1024, krig_store=256, pair_recent=0))
     train(TrainConfig(model="small", data=str(d), run_dir=str(tmp_path / "run"), steps=2,
                       batch_size=2, lr=3e-3, warmup=1, log_every=1, eval_every=0, ckpt_every=0))
     err = capsys.readouterr().err

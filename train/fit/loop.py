@@ -203,7 +203,8 @@ def _store_tables(mcfg, data, manifest: dict):
                                          else fold,
                                          pair_fold=mcfg.pair_forward if key == "pair" else 0,
                                          min_count=(mcfg.pair_min if key == "pair"
-                                                    else arch.STORE_MIN))
+                                                    else arch.STORE_MIN),
+                                         recent=mcfg.pair_recent if key == "pair" else 0)
         lines.append(summary.line())
         if key == "pair":
             if mcfg.pair_forward and summary.own == 0:

@@ -140,6 +140,13 @@ class ModelConfig:
     # known pair is worth reading from a few replies, as the pair baselines read it from
     # one. 32 (STORE_MIN) where a saved config predates it
     pair_min: int = 32
+    # with pair_store: a pair's quantiles are over its latest this many train replies (by
+    # their timestamps, or their context's latest where a measurement lost its own; its count
+    # stays that of all its replies): RTTs drift, and what a pair answered last says more of
+    # what it answers next than all it ever answered (the median of a pair's latest 8
+    # replies: 0.026 median relative error on a time split's known probes, against 0.033
+    # for all of them; docs/learning.md section 8.21). 0: all
+    pair_recent: int = 0
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
     # replies to their destinations' store medians, over their count plus this shrink;
@@ -179,6 +186,8 @@ class ModelConfig:
             raise ValueError(f"pair_forward must be 0 (off) or at least 2, not {self.pair_forward}")
         if self.pair_min < 1:
             raise ValueError(f"pair_min must be at least 1, not {self.pair_min}")
+        if self.pair_recent < 0:
+            raise ValueError(f"pair_recent must be 0 (all replies) or more, not {self.pair_recent}")
         if self.pair_forward and not self.pair_store:
             raise ValueError("pair_forward reads the pair store: set pair_store")
         if self.store_without_fold and not self.gate_fold:
@@ -201,7 +210,7 @@ MODELS = {
                          dst_memory=8192, dst_prior_scale=30.0, anonymize_src=True,
                          context_copy=0.3, copy_aux=1.0, dst_store=32768, pair_store=65536,
                          store_by_source=True, placed_store=0.25, gate_fold=8,
-                         store_without_fold=True, pair_forward=8, pair_min=4),
+                         store_without_fold=True, pair_forward=8, pair_min=4, pair_recent=8),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,

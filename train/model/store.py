@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from prep.schema import vocab
+from prep.tokens import rowdecode
 from train.model import arch
 from train.model import model as M
 
@@ -48,6 +49,7 @@ class StoreSummary:
     # answer, ModelConfig.pair_forward, were they not in the store); -1 for the destination store
     own: int = -1
     min_count: int = arch.STORE_MIN  # the fewest replies a key's row is read with
+    recent: int = 0  # the pair store: quantiles over each pair's latest this many (0: all)
 
     def line(self) -> str:
         name, what, field = KEYS[self.key]
@@ -55,6 +57,8 @@ class StoreSummary:
                 f"(>= {self.min_count} replies each) from {self.replies:,} train replies"
                 + (f", quantiles over {self.sources:,} (destination, source) medians"
                    if self.sources else "")
+                + (f", quantiles over each pair's latest {self.recent} replies"
+                   if self.recent else "")
                 + (f"; {self.collided:,} found no free row (a larger ModelConfig.{field} "
                    "would hold them)" if self.collided else "")
                 + ("" if self.answered < 0 else
@@ -116,20 +120,47 @@ def _place(first: np.ndarray, second: np.ndarray, n: np.ndarray, keys: np.ndarra
     return row
 
 
-def _collect(tokens, segment_ids, key: str, batch: int, fold: int = 0, pair_fold: int = 0):
-    """``_replies``' (key, reverse key, code) of every reply in the rows, int32[n] each."""
-    hs, backs, codes = [], [], []
+def reply_times(tokens: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
+    """int64[R, T]: at each reply's RTT_START, when it was measured as far as its context
+    says: its own timestamp, else (a measurement that lost it) its context's latest, else
+    (a context without timestamps) -1; -1 elsewhere. The rows' measurements are decoded on
+    the host (prep.tokens.rowdecode), as the evaluation's pair baselines read them."""
+    tokens, segment_ids = np.asarray(tokens), np.asarray(segment_ids)
+    out = np.full(tokens.shape[:2], -1, np.int64)
+    m = rowdecode.decode_rows(tokens, segment_ids, where="train split")
+    if not len(m):
+        return out
+    ctx = m.row * 256 + m.segment  # segment ids are uint8
+    first = np.r_[True, ctx[1:] != ctx[:-1]]  # a context's measurements are consecutive
+    group = np.cumsum(first) - 1
+    latest = np.full(int(group[-1]) + 1, -1, np.int64)
+    np.maximum.at(latest, group, np.where(m.has_time, m.time, -1))
+    when = np.where(m.has_time, m.time, latest[group])
+    reply = m.rtt_code >= 0
+    out[m.row[reply], m.result_pos[reply]] = when[reply]
+    return out
+
+
+def _collect(tokens, segment_ids, key: str, batch: int, fold: int = 0, pair_fold: int = 0,
+             times: np.ndarray | None = None):
+    """``_replies``' (key, reverse key, code) of every reply in the rows, int32[n] each;
+    with ``times`` (``reply_times``), a fourth: each reply's time, int64[n]."""
+    hs, backs, codes, whens = [], [], [], []
     for r0 in range(0, len(tokens), batch):
         t, s = tokens[r0:r0 + batch], segment_ids[r0:r0 + batch]
-        if len(t) < batch:  # one compiled shape: pad the last batch with empty rows
+        n = len(t)
+        if n < batch:  # one compiled shape: pad the last batch with empty rows
             t = np.concatenate([t, np.zeros((batch - len(t),) + t.shape[1:], t.dtype)])
             s = np.concatenate([s, np.zeros((batch - len(s),) + s.shape[1:], s.dtype)])
         h, b, c, ok = (np.asarray(x) for x in _replies(t, s, key, fold, pair_fold))
         hs.append(h[ok])
         backs.append(b[ok])
         codes.append(c[ok])
-    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int32)
-    return cat(hs), cat(backs), cat(codes)
+        if times is not None:
+            whens.append(times[r0:r0 + n][ok[:n]])
+    cat = lambda xs, dt=np.int32: np.concatenate(xs) if xs else np.zeros(0, dt)
+    out = cat(hs), cat(backs), cat(codes)
+    return out if times is None else out + (cat(whens, np.int64),)
 
 
 def _pair_medians(one: np.ndarray, other: np.ndarray, code: np.ndarray):
@@ -146,8 +177,8 @@ def _pair_medians(one: np.ndarray, other: np.ndarray, code: np.ndarray):
 
 def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = "dst",
           batch: int = 512, by_source: bool = False,
-          fold: int = 0, pair_fold: int = 0,
-          min_count: int = arch.STORE_MIN) -> tuple[np.ndarray, StoreSummary]:
+          fold: int = 0, pair_fold: int = 0, min_count: int = arch.STORE_MIN,
+          recent: int = 0) -> tuple[np.ndarray, StoreSummary]:
     """(float32[rows, STORE_K + 2], summary) from packed rows ``tokens``/``segment_ids``,
     by destination (``key`` "dst") or by ordered address pair ("pair"). ``by_source`` (with
     "dst"; ModelConfig.store_by_source): a destination's quantiles are over its sources'
@@ -156,7 +187,9 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     gate fold's contexts (ModelConfig.store_without_fold). ``pair_fold`` (with "pair";
     ModelConfig.pair_forward): nor those of the contexts of that fold, on which the read at
     a measurement's own pair learns. ``min_count``: the fewest replies a key is read with
-    (ModelConfig.pair_min for the pair store); only such keys take rows."""
+    (ModelConfig.pair_min for the pair store); only such keys take rows. ``recent`` (with
+    "pair"; ModelConfig.pair_recent): a pair's quantiles are over its latest this many
+    replies (``reply_times``; ties and untimed contexts in row order), its count over all."""
     if key not in KEYS:
         raise ValueError(f"store key must be one of {sorted(KEYS)}, not {key!r}")
     if by_source and key != "dst":
@@ -164,22 +197,39 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     K = arch.STORE_K
     if pair_fold and key != "pair":
         raise ValueError(f"pair_fold is for the pair store, not key {key!r}")
-    h, back, code = _collect(tokens, segment_ids, "ends" if by_source else key, batch, fold,
-                             pair_fold)
+    if recent < 0 or recent and key != "pair":
+        raise ValueError(f"recent is a count of a pair's latest replies (>= 0, key 'pair'), "
+                         f"not {recent} with key {key!r}")
+    got = _collect(tokens, segment_ids, "ends" if by_source else key, batch, fold, pair_fold,
+                   reply_times(tokens, segment_ids) if recent else None)
+    h, back, code = got[:3]
     table = np.zeros((rows, K + 2), np.float32)
     answered = -1 if key == "dst" else 0
     if len(h) == 0:
-        return table, StoreSummary(0, 0, 0, 0, key, answered, min_count=min_count)
+        return table, StoreSummary(0, 0, 0, 0, key, answered, min_count=min_count,
+                                   recent=recent)
     replies = np.ones(len(h), np.int64)  # the replies each entry stands for
     if by_source:  # back is the source's hash: one entry per (destination, source)
         o, start, replies, mid = _pair_medians(h, back, code)
         h, code = h[o][start], code[o][mid]
+    all_h = h
+    if recent:  # each pair's latest replies: by pair, then time (stable: row order in ties)
+        o = np.lexsort((got[3], h))
+        first = np.flatnonzero(np.r_[True, h[o][1:] != h[o][:-1]])
+        n = np.diff(np.r_[first, len(o)])
+        rank = np.arange(len(o)) - np.repeat(first, n)  # place in its pair's time order
+        keep = o[rank >= np.repeat(n - recent, n)]
+        counted = np.unique(h, return_counts=True)
+        h, code, replies = h[keep], code[keep], replies[keep]
     order = np.lexsort((code, h))  # by destination, codes ascending within
     h, code, replies = h[order], code[order], replies[order]
     first = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
     n = np.diff(np.r_[first, len(h)])
     n_replies = np.add.reduceat(replies, first)
     dest = h[first]
+    if recent:  # the count is over all of a pair's replies (ModelConfig.pair_min reads it)
+        n_replies = counted[1]
+        assert np.array_equal(counted[0], dest)
     # only a key the model reads (min_count replies) takes a row: one that never would
     # crowded others out (8 % of a generated world's usable pairs in 32,768 rows)
     readable = np.flatnonzero(n_replies >= min_count)
@@ -197,9 +247,10 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     own = -1
     if key == "pair":
         answered = int(np.isin(back, dest[usable]).sum())
-        own = int(np.isin(h, dest[usable]).sum())
-    return table, StoreSummary(len(dest), int(usable.sum()), int(replies.sum()), collided, key,
-                               answered, len(code) if by_source else 0, own, min_count)
+        own = int(np.isin(all_h, dest[usable]).sum())
+    return table, StoreSummary(len(dest), int(usable.sum()), int(n_replies.sum()), collided,
+                               key, answered, len(code) if by_source else 0, own, min_count,
+                               recent)
 
 
 KRIG_SHRINK = 5.0  # a covariance over n shared sources is scaled n / (n + this); context_krig's
