@@ -200,3 +200,59 @@ def test_grain_sample_0_means_all_contexts(shards_dir):
     assert res.exit_code == 0, res.output
     grain = [s for s in json.loads(res.stdout)["strategies"] if s["name"].startswith("grain-")]
     assert len(grain) == 6 and {s["note"] for s in grain} == {""}  # not "estimated"
+
+
+EXPECTED = ("`prep analyze-padding` reads parquet measurements (make some with `prep synth`, or "
+            "from RIPE Atlas results with `prep import-atlas`) or a shards folder (made by "
+            "`prep shards`)")
+
+
+def test_an_input_with_nothing_to_analyze_says_what_it_reads(tmp_path):
+    # a user trial: an empty folder was taken for an unfinished shards folder ("no
+    # manifest.json ... run `prep shards INPUT --out DIR`"), a folder of other files said
+    # only "holds files of an unknown format", and parquet without measurements printed a
+    # table of zeros, exit 0
+    from helpers import T0, exit_2_one_line, write_parquet
+
+    def analyze_padding(path):
+        return CliRunner().invoke(main, ["analyze-padding", str(path)])
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("not measurements\n")
+    for folder in ("empty", "notes"):
+        assert exit_2_one_line(analyze_padding(tmp_path / folder)) == (
+            f"error: {tmp_path / folder}: no .parquet files found, nor a shards folder's "
+            f"manifest.json; {EXPECTED}")
+    assert exit_2_one_line(analyze_padding(tmp_path / "notes" / "a.txt")) == (
+        f"error: {tmp_path / 'notes' / 'a.txt'} is of an unknown format; {EXPECTED}")
+
+    rec = {"event_time": T0, "prb_id": 1, "src_addr": "192.0.2.1", "dst_addr": "192.0.2.9",
+           "ip_version": 4, "rtt": 1.0}
+    write_parquet(tmp_path / "bad" / "a.parquet", [
+        rec | {"rtt": float("nan")}, rec | {"dst_addr": ""}, rec | {"dst_addr": ""}])
+    assert exit_2_one_line(analyze_padding(tmp_path / "bad")) == (
+        f"error: {tmp_path / 'bad'}: no measurements to analyze (1 parquet file of 3 rows, all "
+        f"rejected (empty_dst_addr 2, bad_rtt 1)); {EXPECTED}")
+    write_parquet(tmp_path / "none" / "a.parquet", [rec])
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(tmp_path / "none" / "a.parquet")
+    pq.write_table(t.slice(0, 0), tmp_path / "none" / "a.parquet")
+    assert exit_2_one_line(analyze_padding(tmp_path / "none")) == (
+        f"error: {tmp_path / 'none'}: no measurements to analyze (1 parquet file of 0 rows); "
+        f"{EXPECTED}")
+
+
+def test_shards_files_without_a_manifest_are_an_unfinished_dataset(shards_dir, tmp_path):
+    # what is_shards now asks sniff: shard files make a shards folder, a manifest or not
+    import shutil
+
+    from helpers import exit_2_one_line
+
+    shutil.copytree(shards_dir / "shards", tmp_path / "s")
+    (tmp_path / "s" / "manifest.json").unlink()
+    r = CliRunner().invoke(main, ["analyze-padding", str(tmp_path / "s"), "--crop", "1024"])
+    assert exit_2_one_line(r) == (
+        f"error: {tmp_path / 's'}: no manifest.json, so not a finished dataset; run `prep "
+        f"shards INPUT --out {tmp_path / 's'}` to build it")

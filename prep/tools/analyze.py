@@ -32,10 +32,14 @@ from pathlib import Path
 
 import numpy as np
 
+from prep.base import sniff
 from prep.base.words import count
 from prep.pack import packing
 
 HIST_BIN = 64  # tokens per bar of the length histogram
+COMMAND = "prep analyze-padding"
+NONE_FOUND = (f"no .parquet files found, nor a shards folder's manifest.json; `{COMMAND}` reads "
+              f"{sniff.READS[COMMAND]}")
 
 
 @dataclass(frozen=True)
@@ -163,11 +167,19 @@ def from_parquet(paths: list[str], cfg: AnalyzeConfig, shards_cfg=None) -> Conte
     """Contexts exactly as ``prep shards`` plans them: with the defaults at row_len = crop
     in one pass (cuts and encodings depend on each probe's own history only), or, given a
     shards folder's ``shards_cfg`` (its ShardsConfig), per split and bucket as it built them."""
+    from prep.base.errors import InputError
     from prep.pack import contexts
     from prep.schema import validate
     from prep.shards.bucket import ShardsConfig, bucket_of, split_masks
 
-    m, _, _ = validate.read_validated(validate.list_inputs(paths))
+    files = validate.find_files(paths, (".parquet",), NONE_FOUND, command=COMMAND,
+                                kinds=("parquet",))
+    m, rejected, rows_in = validate.read_validated(files)
+    if not len(m):
+        why = f", all rejected ({validate.format_rejected(rejected, top=3)})" if rows_in else ""
+        raise InputError(f"{', '.join(map(str, paths))}: no measurements to analyze "
+                         f"({count(len(files), 'parquet file')} of {count(rows_in, 'row')}"
+                         f"{why}); `{COMMAND}` reads {sniff.READS[COMMAND]}")
     scfg = shards_cfg or ShardsConfig(row_len=cfg.crop, seed=cfg.seed)
     if shards_cfg is None:
         parts = [m]
@@ -187,8 +199,6 @@ def from_parquet(paths: list[str], cfg: AnalyzeConfig, shards_cfg=None) -> Conte
         arrays.append((plan.ctx_start + off, plan.ctx_end + off, plan.cost, plan.has_ts,
                        plan.abs_extra))
         off += len(plan.sorted)
-    if not lengths:
-        return Contexts(np.zeros(0, np.int64), np.zeros(0, np.int64), source=f"{paths} (empty)")
     _, group = np.unique(np.concatenate(probe), return_inverse=True)
     return Contexts(np.concatenate(lengths), group.astype(np.int64),
                     tuple(np.concatenate(a) for a in zip(*arrays)),
@@ -258,8 +268,9 @@ def shards_inputs(shards_dir: str, man: dict) -> tuple[list[str], str]:
 
 
 def is_shards(path: str) -> bool:
-    p = Path(path)
-    return (p / "manifest.json").is_file() or (p.is_dir() and not any(p.rglob("*.parquet")))
+    """A shards folder, finished or not (its manifest or shard files): the rest is read as
+    parquet, whose errors say what a folder of something else holds."""
+    return Path(path).is_dir() and sniff.kind(path) == "shards"
 
 
 def crop_for(path: str, crop: int | None) -> int:
