@@ -256,3 +256,52 @@ def test_shards_files_without_a_manifest_are_an_unfinished_dataset(shards_dir, t
     assert exit_2_one_line(r) == (
         f"error: {tmp_path / 's'}: no manifest.json, so not a finished dataset; run `prep "
         f"shards INPUT --out {tmp_path / 's'}` to build it")
+
+
+def test_parquet_is_planned_as_prep_shards_plans_it_per_split_and_bucket(tmp_path):
+    # a user trial: the contexts were planned in one pass over both splits, where prep
+    # shards plans each split (and bucket) alone, and a context's cuts depend on the other
+    # measurements there (the planner's supply of free bodies): 132,685 tokens against
+    # prep shards' 132,504 on this input
+    from prep.ingest.synth import SynthConfig, synth
+    from prep.shards.bucket import ShardsConfig
+    from prep.shards.local_runner import run_shards
+
+    synth(SynthConfig(out=tmp_path / "raw", rows=5_000, probes=40, days=1, seed=0))
+    run_shards([str(tmp_path / "raw")], str(tmp_path / "shards"), ShardsConfig(n_buckets=0),
+               workers=1, progress=False)  # the command's defaults
+    m = manifest.load_manifest(tmp_path / "shards")
+    assert m["counts"]["rows"]["test"] > 0  # both splits hold rows
+    r = analyze.analyze(analyze.load(str(tmp_path / "raw"), CFG), CFG)
+    assert (r["contexts"], r["tokens"], r["note"]) == (
+        m["counts"]["contexts"], m["counts"]["tokens"], "")
+    assert r["tokens"] == 132_504
+
+
+def test_a_lone_probe_held_out_for_test_is_said(tmp_path):
+    # a user trial: on one probe whose history is one context, prep shards refuses (its only
+    # probe is in test: no training rows) while the report planned a row as if it wrote one
+    from helpers import T0, write_parquet
+
+    from prep.shards.bucket import is_test_probe
+
+    prb = next(p for p in range(1, 100) if is_test_probe(np.array([p]), 0.1)[0])
+    write_parquet(tmp_path / "raw" / "a.parquet", [
+        {"event_time": T0 + 60 * i, "prb_id": prb, "src_addr": "192.0.2.1",
+         "dst_addr": "193.0.14.129", "ip_version": 4, "rtt": 10.0 + i} for i in range(3)])
+    shards = CliRunner().invoke(main, ["shards", str(tmp_path / "raw"), "--out",
+                                       str(tmp_path / "s"), "--quiet", "--workers", "1"])
+    assert shards.exit_code == 2
+    assert "no training rows written: all 1 rows went to the test split" in shards.stderr
+    r = CliRunner().invoke(main, ["analyze-padding", str(tmp_path / "raw"), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    # three IPv4 pings of 14 tokens, the context drawn without timestamps (seed 0)
+    assert (out["contexts"], out["tokens"], out["lower_bound_rows"]) == (1, 42, 1)
+    assert out["note"] == (
+        "`prep shards` with its defaults would write nothing of this: its 1 probe is held out "
+        "for test (--split probe, --test-fraction 0.1), leaving no training rows; lower "
+        "--test-fraction or give more probes")
+    text = analyze.format_report(out).splitlines()
+    assert text[:2] == [f"{tmp_path / 'raw'} (parquet, 3 measurements): 1 context, 42 tokens, "
+                        "crop 1024, lower bound 1 row", f"note: {out['note']}"]
