@@ -23,7 +23,7 @@ import sys
 import click
 
 from prep.base.errors import InputError
-from prep.base.options import options
+from prep.base.options import Finite, options
 from prep.base.plotfile import PlotFile
 from prep.shards.config import TIME, ShardsConfig
 
@@ -66,12 +66,12 @@ def main():
 @click.option("--probes", default=3_000, show_default=True, type=click.IntRange(min=1, max=1_000_000))
 @click.option("--days", default=2, show_default=True, type=click.IntRange(min=1, max=366))
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
-@click.option("--access-ms", default=8.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--access-ms", default=8.0, show_default=True, type=Finite(min=0),
               help="Each probe's access delay, a lognormal with this median (ms) added to all "
                    "its RTTs (0: none).")
-@click.option("--access-sigma", default=1.1, show_default=True, type=click.FloatRange(min=0),
+@click.option("--access-sigma", default=1.1, show_default=True, type=Finite(min=0),
               help="Sigma of that lognormal.")
-@click.option("--detour", default=0.15, show_default=True, type=click.FloatRange(min=0),
+@click.option("--detour", default=0.15, show_default=True, type=Finite(min=0),
               help="Sigma of each (probe, target) stream's lognormal routing detour factor.")
 @click.option("--anycast-sites", default=30, show_default=True, type=click.IntRange(min=0),
               help="Each root server gets 2 to this many sites and a probe's RTT to it is "

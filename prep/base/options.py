@@ -21,6 +21,7 @@ library alone.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import click
 
@@ -81,3 +82,15 @@ class Parsed(click.ParamType):
             return self.parse(value)
         except ValueError as e:
             self.fail(str(e), param, ctx)
+
+
+class Finite(click.FloatRange):
+    """A FloatRange that refuses nan and inf too (nan passes its comparisons): every float
+    option of `prep` and `train`. TrainConfig holds each field of this type to it, flag or
+    not (a run's config.json, the library)."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{rv} is not a finite number.", param, ctx)
+        return rv
