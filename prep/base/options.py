@@ -25,6 +25,8 @@ import math
 
 import click
 
+from prep.base.storage import local_only
+
 _KEY = "option"  # the metadata key of a field's option
 _SAME = object()  # the option's default: the field's
 
@@ -94,3 +96,18 @@ class Finite(click.FloatRange):
         if not math.isfinite(rv):
             self.fail(f"{rv} is not a finite number.", param, ctx)
         return rv
+
+
+class LocalPath(click.Path):
+    """A click.Path of a command that reads (or, ``output``, writes) local paths only: a
+    bucket path is refused in one line saying what to do (prep.base.storage.local_only)."""
+
+    def __init__(self, *, output: bool = False, **kw):
+        super().__init__(**kw)
+        self.output = output
+
+    def convert(self, value, param, ctx):
+        why = local_only(value, output=self.output) if isinstance(value, str) else None
+        if why:
+            self.fail(why, param, ctx)
+        return super().convert(value, param, ctx)
