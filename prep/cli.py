@@ -23,7 +23,7 @@ import sys
 import click
 
 from prep.base.errors import InputError
-from prep.base.options import options
+from prep.base.options import Finite, LocalPath, options
 from prep.base.plotfile import PlotFile
 from prep.shards.config import TIME, ShardsConfig
 
@@ -61,17 +61,18 @@ def main():
 
 
 @main.command()
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for hourly parquet files.")
+@click.option("--out", required=True, type=LocalPath(output=True, file_okay=False),
+              help="Folder for hourly parquet files.")
 @click.option("--rows", default=3_000_000, show_default=True, type=click.IntRange(min=1))
 @click.option("--probes", default=3_000, show_default=True, type=click.IntRange(min=1, max=1_000_000))
 @click.option("--days", default=2, show_default=True, type=click.IntRange(min=1, max=366))
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
-@click.option("--access-ms", default=8.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--access-ms", default=8.0, show_default=True, type=Finite(min=0),
               help="Each probe's access delay, a lognormal with this median (ms) added to all "
                    "its RTTs (0: none).")
-@click.option("--access-sigma", default=1.1, show_default=True, type=click.FloatRange(min=0),
+@click.option("--access-sigma", default=1.1, show_default=True, type=Finite(min=0),
               help="Sigma of that lognormal.")
-@click.option("--detour", default=0.15, show_default=True, type=click.FloatRange(min=0),
+@click.option("--detour", default=0.15, show_default=True, type=Finite(min=0),
               help="Sigma of each (probe, target) stream's lognormal routing detour factor.")
 @click.option("--anycast-sites", default=30, show_default=True, type=click.IntRange(min=0),
               help="Each root server gets 2 to this many sites and a probe's RTT to it is "
@@ -151,8 +152,8 @@ def _interruptible(run, cfg, command: str):
 
 
 @main.command("import-matrix")
-@click.argument("inputs", nargs=-1, required=True)
-@click.option("--out", required=True, type=click.Path(file_okay=False),
+@click.argument("inputs", nargs=-1, required=True, type=LocalPath())
+@click.option("--out", required=True, type=LocalPath(output=True, file_okay=False),
               help="Folder for the parquet output (DIR/matrix.parquet).")
 @click.option("--interval", required=True, type=click.IntRange(min=1), metavar="SECONDS",
               help="Seconds each frame covers: frame f is [start + f*interval, "
@@ -332,7 +333,7 @@ def _workers(n: int) -> int:
     return n or cores()
 
 @main.command("analyze-padding")
-@click.argument("input_path", metavar="INPUT", type=click.Path(exists=True))
+@click.argument("input_path", metavar="INPUT", type=LocalPath(exists=True))
 @click.option("--crop", default=None, type=click.IntRange(16, 65535),
               help="Row length / crop in tokens [default: a shards folder's own, else 1024].")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1),

@@ -200,3 +200,108 @@ def test_grain_sample_0_means_all_contexts(shards_dir):
     assert res.exit_code == 0, res.output
     grain = [s for s in json.loads(res.stdout)["strategies"] if s["name"].startswith("grain-")]
     assert len(grain) == 6 and {s["note"] for s in grain} == {""}  # not "estimated"
+
+
+EXPECTED = ("`prep analyze-padding` reads parquet measurements (make some with `prep synth`, or "
+            "from RIPE Atlas results with `prep import-atlas`) or a shards folder (made by "
+            "`prep shards`)")
+
+
+def test_an_input_with_nothing_to_analyze_says_what_it_reads(tmp_path):
+    # a user trial: an empty folder was taken for an unfinished shards folder ("no
+    # manifest.json ... run `prep shards INPUT --out DIR`"), a folder of other files said
+    # only "holds files of an unknown format", and parquet without measurements printed a
+    # table of zeros, exit 0
+    from helpers import T0, exit_2_one_line, write_parquet
+
+    def analyze_padding(path):
+        return CliRunner().invoke(main, ["analyze-padding", str(path)])
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("not measurements\n")
+    for folder in ("empty", "notes"):
+        assert exit_2_one_line(analyze_padding(tmp_path / folder)) == (
+            f"error: {tmp_path / folder}: no .parquet files found, nor a shards folder's "
+            f"manifest.json; {EXPECTED}")
+    assert exit_2_one_line(analyze_padding(tmp_path / "notes" / "a.txt")) == (
+        f"error: {tmp_path / 'notes' / 'a.txt'} is of an unknown format; {EXPECTED}")
+
+    rec = {"event_time": T0, "prb_id": 1, "src_addr": "192.0.2.1", "dst_addr": "192.0.2.9",
+           "ip_version": 4, "rtt": 1.0}
+    write_parquet(tmp_path / "bad" / "a.parquet", [
+        rec | {"rtt": float("nan")}, rec | {"dst_addr": ""}, rec | {"dst_addr": ""}])
+    assert exit_2_one_line(analyze_padding(tmp_path / "bad")) == (
+        f"error: {tmp_path / 'bad'}: no measurements to analyze (1 parquet file of 3 rows, all "
+        f"rejected (empty_dst_addr 2, bad_rtt 1)); {EXPECTED}")
+    write_parquet(tmp_path / "none" / "a.parquet", [rec])
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(tmp_path / "none" / "a.parquet")
+    pq.write_table(t.slice(0, 0), tmp_path / "none" / "a.parquet")
+    assert exit_2_one_line(analyze_padding(tmp_path / "none")) == (
+        f"error: {tmp_path / 'none'}: no measurements to analyze (1 parquet file of 0 rows); "
+        f"{EXPECTED}")
+
+
+def test_shards_files_without_a_manifest_are_an_unfinished_dataset(shards_dir, tmp_path):
+    # what is_shards now asks sniff: shard files make a shards folder, a manifest or not
+    import shutil
+
+    from helpers import exit_2_one_line
+
+    shutil.copytree(shards_dir / "shards", tmp_path / "s")
+    (tmp_path / "s" / "manifest.json").unlink()
+    r = CliRunner().invoke(main, ["analyze-padding", str(tmp_path / "s"), "--crop", "1024"])
+    assert exit_2_one_line(r) == (
+        f"error: {tmp_path / 's'}: no manifest.json, so not a finished dataset; run `prep "
+        f"shards INPUT --out {tmp_path / 's'}` to build it")
+
+
+def test_parquet_is_planned_as_prep_shards_plans_it_per_split_and_bucket(tmp_path):
+    # a user trial: the contexts were planned in one pass over both splits, where prep
+    # shards plans each split (and bucket) alone, and a context's cuts depend on the other
+    # measurements there (the planner's supply of free bodies): 132,685 tokens against
+    # prep shards' 132,504 on this input
+    from prep.ingest.synth import SynthConfig, synth
+    from prep.shards.bucket import ShardsConfig
+    from prep.shards.local_runner import run_shards
+
+    synth(SynthConfig(out=tmp_path / "raw", rows=5_000, probes=40, days=1, seed=0))
+    run_shards([str(tmp_path / "raw")], str(tmp_path / "shards"), ShardsConfig(n_buckets=0),
+               workers=1, progress=False)  # the command's defaults
+    m = manifest.load_manifest(tmp_path / "shards")
+    assert m["counts"]["rows"]["test"] > 0  # both splits hold rows
+    r = analyze.analyze(analyze.load(str(tmp_path / "raw"), CFG), CFG)
+    assert (r["contexts"], r["tokens"], r["note"]) == (
+        m["counts"]["contexts"], m["counts"]["tokens"], "")
+    assert r["tokens"] == 132_504
+
+
+def test_a_lone_probe_held_out_for_test_is_said(tmp_path):
+    # a user trial: on one probe whose history is one context, prep shards refuses (its only
+    # probe is in test: no training rows) while the report planned a row as if it wrote one
+    from helpers import T0, write_parquet
+
+    from prep.shards.bucket import is_test_probe
+
+    prb = next(p for p in range(1, 100) if is_test_probe(np.array([p]), 0.1)[0])
+    write_parquet(tmp_path / "raw" / "a.parquet", [
+        {"event_time": T0 + 60 * i, "prb_id": prb, "src_addr": "192.0.2.1",
+         "dst_addr": "193.0.14.129", "ip_version": 4, "rtt": 10.0 + i} for i in range(3)])
+    shards = CliRunner().invoke(main, ["shards", str(tmp_path / "raw"), "--out",
+                                       str(tmp_path / "s"), "--quiet", "--workers", "1"])
+    assert shards.exit_code == 2
+    assert "no training rows written: all 1 rows went to the test split" in shards.stderr
+    r = CliRunner().invoke(main, ["analyze-padding", str(tmp_path / "raw"), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    # three IPv4 pings of 14 tokens, the context drawn without timestamps (seed 0)
+    assert (out["contexts"], out["tokens"], out["lower_bound_rows"]) == (1, 42, 1)
+    assert out["note"] == (
+        "`prep shards` with its defaults would write nothing of this: its 1 probe is held out "
+        "for test (--split probe, --test-fraction 0.1), leaving no training rows; lower "
+        "--test-fraction or give more probes")
+    text = analyze.format_report(out).splitlines()
+    assert text[:2] == [f"{tmp_path / 'raw'} (parquet, 3 measurements): 1 context, 42 tokens, "
+                        "crop 1024, lower bound 1 row", f"note: {out['note']}"]

@@ -70,8 +70,31 @@ def test_3x3_with_a_missing_entry_gives_exactly_these_rows(tmp_path):
     assert (s["start"], s["end"]) == (T0, T0 + 60)
     assert "5 of 9 entries; rejected 4 (diagonal 3, missing_rtt 1)" in r.stderr
     # issue 36, item 10: the "next" line is the README's walk-through, --row-len 256 included
-    assert (f"next          prep shards {tmp_path / 'out'} --out shards-matrix --split "
+    assert (f"next          prep shards {tmp_path / 'out'} --out shards-out --split "
             "time+probe --row-len 256") in r.stderr
+
+
+def test_the_next_command_is_the_readme_s_and_one_shards_folder_per_data_set(tmp_path,
+                                                                             monkeypatch):
+    # a user trial: every import suggested --out shards-matrix, where the README makes
+    # shards-seattle of data/seattle, and a second data set's shards would meet the first's
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    walk = next(line for line in readme.splitlines() if line.startswith("prep shards data/sea"))
+    monkeypatch.chdir(tmp_path)
+    r = imp(SEATTLE / "SeattleData_1", "--out", "data/seattle", "--interval", 300, "--unit", "s")
+    assert r.exit_code == 0, r.output
+    assert walk == "prep shards data/seattle --out shards-seattle --split time+probe --row-len 256"
+    assert r.stderr.splitlines()[-1] == f"  next          {walk}"
+    m = write(tmp_path / "in", "frame", "0 10\n20 0\n")
+    (tmp_path / "king").mkdir()
+    for cwd, out, want in [(tmp_path, "data/king", "prep shards data/king --out shards-king"),
+                           (tmp_path, "my data", "prep shards 'my data' --out 'shards-my data'"),
+                           (tmp_path / "king", ".", "prep shards . --out shards-king")]:
+        monkeypatch.chdir(cwd)
+        r = imp(m, "--out", out, "--interval", 60, "--unit", "ms")
+        assert r.exit_code == 0, r.output
+        assert r.stderr.splitlines()[-1] == (f"  next          {want} --split time+probe "
+                                             "--row-len 256")
 
 
 @pytest.mark.parametrize("unit, text, want", [

@@ -86,3 +86,41 @@ def test_bad_range_and_missing_dataset(tmp_path):
         parse_range("5:2")
     r = CliRunner().invoke(main, ["inspect", str(tmp_path)])
     assert r.exit_code == 2 and "no manifest.json" in r.output
+
+
+def test_rows_past_the_end_are_an_error_naming_the_rows_there(tmp_path):
+    # a user trial: --rows past the end, or --split test of a dataset without test rows,
+    # printed nothing and exited 0
+    from helpers import exit_2_one_line
+
+    inp = write_parquet(tmp_path / "in" / "a.parquet",
+                        probe_data(n_probes=40, per_probe=80, seed=6))
+    run_shards([str(inp)], str(tmp_path / "out"), ShardsConfig(n_buckets=3, test_fraction=0.3),
+               progress=False)
+    rows = mf.load_manifest(tmp_path / "out")["counts"]["rows"]
+    n_train, n_test = rows["train"], rows["test"]
+    assert n_train > n_test > 0
+
+    def inspect(*args):
+        return CliRunner().invoke(main, ["inspect", str(tmp_path / "out"), *args])
+
+    assert exit_2_one_line(inspect("--rows", f"{n_train}:{n_train + 2}")) == (
+        f"error: --rows {n_train}:{n_train + 2} is past the end of the dataset: its rows are "
+        f"train 0:{n_train}, test 0:{n_test}")
+    assert exit_2_one_line(inspect("--split", "test", "--rows", f"{n_test}:")) == (
+        f"error: --rows {n_test}: is past the end of the dataset: its rows are test 0:{n_test}")
+    # a range past one split's end but not the other's gives the rows there
+    r = inspect("--rows", f"{n_test}:{n_test + 1}", "--json")
+    assert r.exit_code == 0, r.output
+    assert [(o["split"], o["row"]) for o in map(json.loads, r.stdout.splitlines())] == [
+        ("train", n_test)]
+
+
+def test_a_split_without_rows_is_an_error_saying_how_to_give_it_some(tiny):
+    from helpers import exit_2_one_line
+
+    assert mf.load_manifest(tiny)["counts"]["rows"]["test"] == 0
+    for rows in ([], ["--rows", "0:1"], ["--rows", "3:"]):
+        r = CliRunner().invoke(main, ["inspect", str(tiny), "--split", "test", *rows])
+        assert exit_2_one_line(r) == ("error: the dataset's test split holds no rows; rebuild "
+                                      "with `prep shards --test-fraction` above 0")

@@ -650,3 +650,54 @@ def test_a_generation_written_after_its_run_gave_up_is_named_and_left(s3, env, r
             "workers of a Beam job wrote after its run had given up; left alone") in r.output
     assert late in dataset_keys(s3, "late/ds") and "manifest.json" in dataset_keys(s3, "late/ds")
     assert prep("verify", uri).exit_code == 0
+
+
+def test_aws_s3_out_of_reach_says_what_failed_and_what_to_set(monkeypatch):
+    # a user trial without a network: "cannot reach the storage endpoint the service's
+    # default endpoint ...; check AWS_ENDPOINT_URL, the network and that the server runs",
+    # for AWS's own endpoint, where no server of theirs runs. The error is pyarrow's, as it
+    # came on a machine that cannot resolve the bucket's host name.
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    e = OSError("When listing objects under key 'data/' in bucket 'fake-bucket': AWS Error "
+                "NETWORK_CONNECTION during ListObjectsV2 operation: curlCode: 6, Could not "
+                "resolve hostname; Details: Could not resolve host: "
+                "fake-bucket.s3.us-east-1.amazonaws.com")
+    assert str(storage.failure(e, Remote.parse("s3://fake-bucket/data"), "listing it")) == (
+        "s3://fake-bucket/data: cannot reach AWS S3 while listing it (Could not resolve host: "
+        "fake-bucket.s3.us-east-1.amazonaws.com); check the network connection, or, for an "
+        "S3-compatible server (MinIO, Ceph), set AWS_ENDPOINT_URL to its URL (none is set)")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    assert str(storage.failure(e, Remote.parse("s3://fake-bucket/data"), "listing it")) == (
+        "s3://fake-bucket/data: cannot reach the storage endpoint http://127.0.0.1:9 while "
+        "listing it (Could not resolve host: fake-bucket.s3.us-east-1.amazonaws.com); check "
+        "AWS_ENDPOINT_URL, the network and that the server runs")
+
+
+@pytest.mark.parametrize("args, name, output", [
+    (["analyze-padding", "s3://fake-bucket/data"], "INPUT", False),
+    (["import-matrix", "s3://fake-bucket/m", "--out", "m", "--interval", "1", "--unit", "s"],
+     "INPUTS...", False),
+    (["import-matrix", "m.txt", "--out", "gs://fake-bucket/m", "--interval", "1", "--unit", "s"],
+     "--out", True),
+    (["synth", "--out", "s3://fake-bucket/raw", "--rows", "10"], "--out", True),
+], ids=["analyze-padding", "import-matrix", "import-matrix-out", "synth"])
+def test_a_command_of_local_paths_refuses_a_bucket_path_in_one_line(tmp_path, monkeypatch,
+                                                                    args, name, output):
+    # a user trial: analyze-padding said "Path 's3://…' does not exist", import-matrix
+    # "s3:/fake-bucket/m: no such file or folder", synth made a folder s3:/fake-bucket here
+    # and ended in a traceback (pyarrow's "Missing bucket name in S3 URI")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.txt").write_text("0 1\n1 0\n")
+    uri = next(a for a in args if "://" in a)
+    copy = "gcloud storage cp --recursive" if uri.startswith("gs") else "aws s3 cp --recursive"
+    fix = (f"this command writes a local folder only, not a bucket; write one, then upload it "
+           f"(`{copy} DIR {uri}`)" if output else
+           f"this command reads local files only, not a bucket; copy them here first "
+           f"(`{copy} {uri} DIR`) and give DIR")
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines()[-1] == (
+        f"Error: Invalid value for '{name}': {uri}: {fix}; prep shards, import-atlas, verify, "
+        "inspect and train take bucket paths")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.txt"]

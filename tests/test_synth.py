@@ -132,3 +132,24 @@ def test_a_placeable_world_changes_only_the_rtts(tmp_path):
     files = sorted(tmp_path.glob("*.parquet"))
     rtt = np.concatenate([pq.read_table(f, columns=["rtt"])["rtt"].to_numpy() for f in files])
     assert np.array_equal(rtt, geo["rtt"])
+
+
+def test_float_options_that_are_not_finite_are_refused(tmp_path):
+    # a user trial: --detour nan wrote RTTs of NaN (p50 "nan ms"), --access-sigma inf too;
+    # every float option of prep is a prep.base.options.Finite, as train's are
+    for flag, value, why in [("--access-ms", "nan", "nan is not a finite number."),
+                             ("--access-sigma", "inf", "inf is not a finite number."),
+                             ("--detour", "nan", "nan is not a finite number."),
+                             ("--detour", "-inf", "-inf is not in the range x>=0."),
+                             ("--access-ms", "-1", "-1.0 is not in the range x>=0.")]:
+        res = CliRunner().invoke(main, ["synth", "--out", str(tmp_path / "s"), "--rows", "10",
+                                        "--probes", "2", "--days", "1", flag, value])
+        assert res.exit_code == 2, res.output
+        assert res.stderr.splitlines()[-1] == f"Error: Invalid value for '{flag}': {why}"
+        assert not (tmp_path / "s").exists()
+    res = CliRunner().invoke(main, ["shards", str(tmp_path), "--out", str(tmp_path / "x"),
+                                    "--test-fraction", "nan"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.splitlines()[-1] == \
+        "Error: Invalid value for '--test-fraction': nan is not a finite number."
+    assert not (tmp_path / "x").exists()

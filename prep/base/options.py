@@ -21,8 +21,11 @@ library alone.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import click
+
+from prep.base.storage import local_only
 
 _KEY = "option"  # the metadata key of a field's option
 _SAME = object()  # the option's default: the field's
@@ -81,3 +84,30 @@ class Parsed(click.ParamType):
             return self.parse(value)
         except ValueError as e:
             self.fail(str(e), param, ctx)
+
+
+class Finite(click.FloatRange):
+    """A FloatRange that refuses nan and inf too (nan passes its comparisons): every float
+    option of `prep` and `train`. TrainConfig holds each field of this type to it, flag or
+    not (a run's config.json, the library)."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{rv} is not a finite number.", param, ctx)
+        return rv
+
+
+class LocalPath(click.Path):
+    """A click.Path of a command that reads (or, ``output``, writes) local paths only: a
+    bucket path is refused in one line saying what to do (prep.base.storage.local_only)."""
+
+    def __init__(self, *, output: bool = False, **kw):
+        super().__init__(**kw)
+        self.output = output
+
+    def convert(self, value, param, ctx):
+        why = local_only(value, output=self.output) if isinstance(value, str) else None
+        if why:
+            self.fail(why, param, ctx)
+        return super().convert(value, param, ctx)

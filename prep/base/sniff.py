@@ -117,8 +117,10 @@ def _number(word: bytes) -> bool:
 
 
 # What a command reads, for the advice on a file of no kind it takes
-READS = {"prep shards": "parquet measurements (make some with `prep synth`, or from RIPE Atlas "
-                        "results with `prep import-atlas`)"}
+_PARQUET = ("parquet measurements (make some with `prep synth`, or from RIPE Atlas results with "
+            "`prep import-atlas`)")
+READS = {"prep shards": _PARQUET,
+         "prep analyze-padding": f"{_PARQUET} or a shards folder (made by `prep shards`)"}
 
 
 def advice(path: str | Path, k: str, command: str) -> str | None:

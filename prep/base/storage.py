@@ -50,6 +50,24 @@ def is_remote(path) -> bool:
     return isinstance(path, str) and path.split("://", 1)[0] in SCHEMES and "://" in path
 
 
+# The commands that take bucket paths (README: Object storage); the others' refusal names them
+_TAKE_BUCKETS = "prep shards, import-atlas, verify, inspect and train take bucket paths"
+_COPY = {"s3": "aws s3 cp --recursive", "gs": "gcloud storage cp --recursive"}
+
+
+def local_only(path: str, *, output: bool = False) -> str | None:
+    """Why a command of local paths only cannot take ``path`` (None when it is local): a
+    bucket path would be "does not exist", or folded by pathlib into ``s3:/bucket``."""
+    if not is_remote(path):
+        return None
+    copy = _COPY[path.split("://", 1)[0]]
+    if output:
+        return (f"{path}: this command writes a local folder only, not a bucket; write one, "
+                f"then upload it (`{copy} DIR {path}`); {_TAKE_BUCKETS}")
+    return (f"{path}: this command reads local files only, not a bucket; copy them here first "
+            f"(`{copy} {path} DIR`) and give DIR; {_TAKE_BUCKETS}")
+
+
 @dataclass(frozen=True)
 class Remote:
     """A location in a bucket: ``s3://bucket/key`` (``key`` may be "", the bucket's root)."""
@@ -138,10 +156,16 @@ def known_failure(e: BaseException, where, doing: str) -> InputError | None:
     if any(w in text for w in ("NETWORK_CONNECTION", "curlCode", "Could not connect",
                                "Could not resolve", "Connection refused", "timed out")):
         detail = text.split("Details:", 1)[-1].strip() if "Details:" in text else first_line(e)
-        at = endpoint() or "the service's default endpoint"
-        return InputError(f"{where}: cannot reach the storage endpoint {at} while {doing} "
-                          f"({detail[:160]}); check AWS_ENDPOINT_URL, the network and that "
-                          "the server runs")
+        if endpoint():
+            return InputError(f"{where}: cannot reach the storage endpoint {endpoint()} while "
+                              f"{doing} ({detail[:160]}); check AWS_ENDPOINT_URL, the network "
+                              "and that the server runs")
+        if str(where).startswith("gs://"):
+            return InputError(f"{where}: cannot reach Google Cloud Storage while {doing} "
+                              f"({detail[:160]}); check the network connection")
+        return InputError(f"{where}: cannot reach AWS S3 while {doing} ({detail[:160]}); "
+                          "check the network connection, or, for an S3-compatible server "
+                          "(MinIO, Ceph), set AWS_ENDPOINT_URL to its URL (none is set)")
     if any(w in text for w in ("NO_SUCH_BUCKET", "NoSuchBucket")) or (
             "Bucket" in text and "not found" in text):
         return _no_bucket(where)

@@ -28,7 +28,9 @@ there, or a shards or run folder, is refused.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import shlex
 import sys
 import time
 from collections import Counter
@@ -336,15 +338,23 @@ def format_summary(s: dict) -> str:
         f"  rtt           p50 {s['rtt_p50_ms']:,.3f} ms, p99 {s['rtt_p99_ms']:,.3f} ms "
         f"(read as {s['unit']})",
         f"  output        {s['out']}",
-        # rows of 256: a matrix frame's contexts are short, and the small model reads its
-        # context on them (README, the Seattle walk-through; docs/learning.md)
-        f"  next          prep shards {Path(s['out']).parent} --out shards-matrix "
-        "--split time+probe --row-len 256",
+        f"  next          {next_command(Path(s['out']).parent)}",
     ]
     warn = unit_warning(s["rtt_p50_ms"], s["unit"])
     if warn:
         lines.append(f"warning: {warn}")
     return "\n".join(lines)
+
+
+def next_command(data: Path) -> str:
+    """The `prep shards` command the summary suggests for the imported folder ``data``: the
+    README's for its data sets (data/seattle -> shards-seattle), so two imported sets get
+    two shards folders, each matching .gitignore's ``/shards-*/``. Rows of 256: a matrix
+    frame's contexts are short, and the small model reads its context on them (README, the
+    Seattle walk-through; docs/learning.md)."""
+    name = Path(os.path.abspath(data)).name or "matrix"  # "." is the folder it names
+    return (f"prep shards {shlex.quote(str(data))} --out {shlex.quote('shards-' + name)} "
+            "--split time+probe --row-len 256")
 
 
 # A wide-area matrix's median RTT lies well inside this range (ms); outside it the unit is

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import click
 
-from prep.base.options import Parsed, setting
+from prep.base.options import Finite, Parsed, setting
 from prep.schema import splits
 from prep.schema.manifest import MAX_GAP_S
 from prep.schema.rows import MAX_SEGMENTS
@@ -52,7 +52,7 @@ class ShardsConfig:
         type=click.IntRange(0))
     # epoch k uses epoch_seed(seed, k)
     test_fraction: float = setting(
-        0.1, "--test-fraction", show_default=True, type=click.FloatRange(0, 1),
+        0.1, "--test-fraction", show_default=True, type=Finite(0, 1),
         help="Share of probes held out for test (--split probe, time+probe); with a time "
              "split and no --test-from, also the share of measurements at or after the "
              "default cutoff.")

@@ -16,12 +16,12 @@ useful (kept, non-padding) tokens per row:
   folder ``packer`` is what the shards hold (rows read back; equals the manifest).
 - ``lower-bound``: ceil(tokens / crop).
 
-Input is parquet (contexts planned as ``prep shards`` plans them, row_len = crop) or a
-shards folder at its own row length. A shards folder stores the packer's pieces, already
-cut to fit, so the strategies run on its contexts as planned again from the manifest's
-inputs and config (held to its sha256s and context count), beside the rows the shards
-hold; without those inputs the report is the stored packing against the lower bound only,
-and says which input to analyze for the rest.
+Input is parquet (contexts planned as ``prep shards`` plans them with its defaults, per
+split and bucket, row_len = crop) or a shards folder at its own row length. A shards
+folder stores the packer's pieces, already cut to fit, so the strategies run on its
+contexts as planned again from the manifest's inputs and config (held to its sha256s and
+context count), beside the rows the shards hold; without those inputs the report is the
+stored packing against the lower bound only, and says which input to analyze for the rest.
 """
 
 from __future__ import annotations
@@ -32,10 +32,14 @@ from pathlib import Path
 
 import numpy as np
 
+from prep.base import sniff
 from prep.base.words import count
 from prep.pack import packing
 
 HIST_BIN = 64  # tokens per bar of the length histogram
+COMMAND = "prep analyze-padding"
+NONE_FOUND = (f"no .parquet files found, nor a shards folder's manifest.json; `{COMMAND}` reads "
+              f"{sniff.READS[COMMAND]}")
 
 
 @dataclass(frozen=True)
@@ -160,21 +164,37 @@ def analyze(ctx: Contexts, cfg: AnalyzeConfig) -> dict:
 
 
 def from_parquet(paths: list[str], cfg: AnalyzeConfig, shards_cfg=None) -> Contexts:
-    """Contexts exactly as ``prep shards`` plans them: with the defaults at row_len = crop
-    in one pass (cuts and encodings depend on each probe's own history only), or, given a
-    shards folder's ``shards_cfg`` (its ShardsConfig), per split and bucket as it built them."""
+    """Contexts exactly as ``prep shards`` plans them, per split and bucket: by a shards
+    folder's ``shards_cfg`` (its ShardsConfig), else by the command's defaults at row_len =
+    crop, buckets from the input's rows (a context's cuts depend on the other measurements
+    of its split and bucket: the planner's supply of free bodies). Where those defaults put
+    every probe in test, the note says `prep shards` would write nothing."""
+    from prep.base.errors import InputError
     from prep.pack import contexts
     from prep.schema import validate
-    from prep.shards.bucket import ShardsConfig, bucket_of, split_masks
+    from prep.shards.bucket import ShardsConfig, bucket_of, resolve_buckets, split_masks
 
-    m, _, _ = validate.read_validated(validate.list_inputs(paths))
-    scfg = shards_cfg or ShardsConfig(row_len=cfg.crop, seed=cfg.seed)
-    if shards_cfg is None:
-        parts = [m]
-    else:
-        b = bucket_of(m.probe, scfg.n_buckets)
-        parts = [m.take(np.flatnonzero(mask & (b == k))) for mask in split_masks(m, scfg)
-                 for k in range(scfg.n_buckets)]
+    files = validate.find_files(paths, (".parquet",), NONE_FOUND, command=COMMAND,
+                                kinds=("parquet",))
+    m, rejected, rows_in = validate.read_validated(files)
+    if not len(m):
+        why = f", all rejected ({validate.format_rejected(rejected, top=3)})" if rows_in else ""
+        raise InputError(f"{', '.join(map(str, paths))}: no measurements to analyze "
+                         f"({count(len(files), 'parquet file')} of {count(rows_in, 'row')}"
+                         f"{why}); `{COMMAND}` reads {sniff.READS[COMMAND]}")
+    scfg = shards_cfg or resolve_buckets(
+        ShardsConfig(row_len=cfg.crop, seed=cfg.seed, n_buckets=0), rows_in)
+    b = bucket_of(m.probe, scfg.n_buckets)
+    train, test = split_masks(m, scfg)
+    parts = [m.take(np.flatnonzero(mask & (b == k))) for mask in (train, test)
+             for k in range(scfg.n_buckets)]
+    note = ""
+    if not train.any():  # prep.shards.dataset.check_not_empty refuses it
+        n = len(np.unique(m.probe))
+        note = (f"`prep shards` with its defaults would write nothing of this: its "
+                f"{count(n, 'probe')} {'is' if n == 1 else 'are all'} held out for test "
+                f"(--split {scfg.split}, --test-fraction {scfg.test_fraction:g}), leaving no "
+                "training rows; lower --test-fraction or give more probes")
     lengths, probe, arrays, off = [], [], [], 0
     for part in parts:
         if not len(part):
@@ -187,11 +207,9 @@ def from_parquet(paths: list[str], cfg: AnalyzeConfig, shards_cfg=None) -> Conte
         arrays.append((plan.ctx_start + off, plan.ctx_end + off, plan.cost, plan.has_ts,
                        plan.abs_extra))
         off += len(plan.sorted)
-    if not lengths:
-        return Contexts(np.zeros(0, np.int64), np.zeros(0, np.int64), source=f"{paths} (empty)")
     _, group = np.unique(np.concatenate(probe), return_inverse=True)
     return Contexts(np.concatenate(lengths), group.astype(np.int64),
-                    tuple(np.concatenate(a) for a in zip(*arrays)),
+                    tuple(np.concatenate(a) for a in zip(*arrays)), note=note,
                     source=f"{', '.join(map(str, paths))} (parquet, {count(len(m), 'measurement')})")
 
 
@@ -258,8 +276,9 @@ def shards_inputs(shards_dir: str, man: dict) -> tuple[list[str], str]:
 
 
 def is_shards(path: str) -> bool:
-    p = Path(path)
-    return (p / "manifest.json").is_file() or (p.is_dir() and not any(p.rglob("*.parquet")))
+    """A shards folder, finished or not (its manifest or shard files): the rest is read as
+    parquet, whose errors say what a folder of something else holds."""
+    return Path(path).is_dir() and sniff.kind(path) == "shards"
 
 
 def crop_for(path: str, crop: int | None) -> int:
@@ -287,8 +306,9 @@ def config_line(cfg: AnalyzeConfig) -> str:
 
 def format_report(r: dict) -> str:
     unit = r.get("unit", "contexts")
-    lines = [f"{r['source']}: {r['contexts']:,} {unit}, {r['tokens']:,} tokens, crop "
-             f"{r['crop']}, lower bound {r['lower_bound_rows']:,} rows"]
+    lines = [f"{r['source']}: {count(r['contexts'], unit[:-1], unit)}, "
+             f"{count(r['tokens'], 'token')}, crop {r['crop']}, lower bound "
+             f"{count(r['lower_bound_rows'], 'row')}"]
     lines += [f"note: {r['note']}"] if r.get("note") else []
     lines += ["", f"length histogram ({unit}):"]
     h = r["length_histogram"]

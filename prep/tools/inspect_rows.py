@@ -32,6 +32,7 @@ from prep.schema import manifest as mf
 from prep.schema import rows
 from prep.schema.manifest import SPLITS
 from prep.schema.measurements import addr_text
+from prep.schema.splits import more_test_rows
 from prep.schema.vocab import VALUE_FIELDS
 from prep.tokens.decode import DecodeError, decode_context
 
@@ -59,7 +60,9 @@ def iter_rows(shards_dir: str | Path, *, split: str | None = None, start: int = 
     read every row anyway); a difference is InputError naming the shard."""
     d = Path(shards_dir)
     m = mf.load_manifest(d)
-    for s in [split] if split else [x for x in SPLITS if x in m["splits"]]:
+    chosen = [split] if split else [x for x in SPLITS if x in m["splits"]]
+    check_range(m, d, chosen, start, stop)
+    for s in chosen:
         first = 0  # the split's row number of the shard's first record
         for entry in mf.split_entries(m, d, s):
             n = entry["records"]
@@ -84,6 +87,21 @@ def iter_rows(shards_dir: str | Path, *, split: str | None = None, start: int = 
             first += n
             if stop is not None and first >= stop:
                 break
+
+
+def check_range(m: dict, d: Path, chosen: list[str], start: int, stop: int | None) -> None:
+    """InputError naming each split's rows when none of the ``chosen`` splits holds a row
+    from ``start`` on: a range past the end, or a split without rows, is not a silent
+    nothing. The lines say "the dataset", not ``d``: for a bucket, that is its local copy."""
+    n = {s: sum(e["records"] for e in mf.split_entries(m, d, s)) for s in chosen}
+    if any(start < k for k in n.values()):
+        return
+    if not any(n.values()):  # only a test split can be empty (a dataset has train rows)
+        raise InputError(f"the dataset's {' and '.join(n)} split holds no rows; "
+                         f"{more_test_rows(m.get('config', {}))}")
+    ranges = ", ".join(f"{s} {f'0:{k}' if k else 'none'}" for s, k in n.items())
+    raise InputError(f"--rows {start}:{'' if stop is None else stop} is past the end of the "
+                     f"dataset: its rows are {ranges}")
 
 
 def segments(row: dict) -> list[tuple[list[int], list | str]]:

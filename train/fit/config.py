@@ -10,13 +10,13 @@ resumed run is bound to it (``RUN_BINDING``).
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import click
 
 from prep.base import options
 from prep.base.errors import InputError
+from prep.base.options import Finite
 from train.model.arch import MODELS
 
 _NONE = object()
@@ -49,17 +49,6 @@ def setting(default, flag: str | None = None, help=None, *, cpu=_NONE, gpu=_NONE
                            cli_default=None if flag and not click_kw.get("is_flag") else default,
                            meta={"platform": on, "binds": binds, "type": click_kw.get("type")},
                            **click_kw)
-
-
-class Finite(click.FloatRange):
-    """A FloatRange that refuses nan and inf too (nan passes its comparisons). TrainConfig
-    holds every field of this type to it, flag or not (a run's config.json, the library)."""
-
-    def convert(self, value, param, ctx):
-        rv = super().convert(value, param, ctx)
-        if not math.isfinite(rv):
-            self.fail(f"{rv} is not a finite number.", param, ctx)
-        return rv
 
 
 def _model_help() -> str:
