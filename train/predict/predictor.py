@@ -306,17 +306,24 @@ def _compiled(mcfg: ModelConfig, att: attention.AttentionConfig):
 _addr_words = functools.lru_cache(maxsize=1 << 16)(addr_words)  # queries repeat addresses
 
 
-def query_measurement(src: str, dst: str, time: int | None) -> Measurement:
-    """The query measurement of (src, dst, time); InputError for a bad address."""
-    try:
-        fs, sh, sl = _addr_words(str(src))
-        fd, dh, dl = _addr_words(str(dst))
-    except ValueError as e:
-        raise InputError(f"{e}; give IPv4 or IPv6 addresses, e.g. --src 192.0.2.7 "
-                         "--dst 193.0.14.129") from None
+def query_measurement(src: str, dst: str, time: int | None, *,
+                      where: str | None = None) -> Measurement:
+    """The query measurement of (src, dst, time); InputError for a bad address, naming it
+    by its flag (--src, --dst), or by ``where`` (a queries file's "FILE: query K") and its
+    column."""
+    names = ("--src", "--dst") if where is None else ("src_addr", "dst_addr")
+    fix = ("give IPv4 or IPv6 addresses, e.g. --src 192.0.2.7 --dst 193.0.14.129"
+           if where is None else "give IPv4 or IPv6 addresses in src_addr and dst_addr")
+    words = []
+    for name, addr in zip(names, (src, dst)):
+        try:
+            words.append(_addr_words(str(addr)))
+        except ValueError as e:
+            raise InputError(f"{where + ', ' if where else ''}{name}: {e}; {fix}") from None
+    (fs, sh, sl), (fd, dh, dl) = words
     if fs != fd:
-        raise InputError(f"source {src} is IPv{fs} and destination {dst} IPv{fd}; a ping "
-                         "has one address family")
+        raise InputError(f"{where + ': ' if where else ''}source {src} is IPv{fs} and "
+                         f"destination {dst} IPv{fd}; a ping has one address family")
     return Measurement(fs, sh, sl, dh, dl, None if time is None else int(time), UNKNOWN)
 
 

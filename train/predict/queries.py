@@ -200,7 +200,7 @@ def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
     for k, (s, d, t) in enumerate(zip(srcs, dsts, times)):
         if s is None or d is None:
             raise InputError(f"{queries}: query {k} has no src_addr or dst_addr")
-        qs.append(P.query_measurement(s, d, t))
+        qs.append(P.query_measurement(s, d, t, where=f"{queries}: query {k}"))
     pred = P.load(run_dir, step=step)
     gap, where = run_max_gap(run_dir)
     hist = Histories(history_of(history), history, {(q.family, q.src_hi, q.src_lo) for q in qs},
