@@ -96,7 +96,7 @@ def test_sigint_is_one_line_and_leaves_the_old_answers(run, tmp_path, monkeypatc
 
     monkeypatch.setattr(P.Predictor, "predict_measurements", predict_measurements)
     r = CliRunner().invoke(main, ["predict", str(run / "run"), "--queries", str(run / "q.parquet"),
-                                  "--out", str(out)])
+                                  "--out", str(out), "--overwrite"])
     assert r.exit_code == 130 and calls == [2, 2]
     assert r.stderr.splitlines()[-1] == (
         f"error: train predict: stopped by SIGINT; the unfinished output was removed and "
@@ -104,6 +104,24 @@ def test_sigint_is_one_line_and_leaves_the_old_answers(run, tmp_path, monkeypatc
     assert "Traceback" not in r.stderr and "Aborted" not in r.output
     assert out.read_bytes() == b"the answers of an earlier run"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.parquet"]
+
+
+def test_an_answers_file_already_there_is_replaced_only_with_overwrite(run, tmp_path):
+    """A user trial: `train predict --out FILE` replaced an existing FILE without a word;
+    like `prep`'s --out, it takes --overwrite to replace one."""
+    out = tmp_path / "a.parquet"
+    out.write_bytes(b"the answers of an earlier run")
+    args = ["predict", str(run / "run"), "--queries", str(run / "q.parquet"), "--out", str(out)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        f"error: --out {out}: already there; pass --overwrite to replace it (it stays as it "
+        "was until every query is answered), or use another --out"]
+    assert out.read_bytes() == b"the answers of an earlier run"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.parquet"]
+    r = CliRunner().invoke(main, [*args, "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert pq.read_table(out)["src_addr"].to_pylist() == [f"192.0.2.{i}" for i in range(N)]
 
 
 def test_a_long_history_costs_a_few_encodings_not_one_per_measurement(monkeypatch):

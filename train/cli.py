@@ -334,9 +334,12 @@ def pool_cmd(answers, out, seed, as_json):
                    "event_time as a UTC timestamp.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="With --queries: write the answers here (parquet).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace the file already at --out; it stays as it was until every query "
+                   "is answered.")
 @click.option("--step", type=int, default=None, help="Checkpoint step [default: the latest].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
-def predict(run_dir, src, dst, when, history, queries, out, step, as_json):
+def predict(run_dir, src, dst, when, history, queries, out, overwrite, step, as_json):
     """RTT median, p10, p90 and P(failed) of pings, from the model of RUN_DIR (without it:
     the newest run under runs/, as `train eval` takes).
 
@@ -357,6 +360,10 @@ def predict(run_dir, src, dst, when, history, queries, out, step, as_json):
             raise InputError("--queries takes the queries from the file; drop --src/--dst/--time")
         if not out and not as_json:
             raise InputError("--queries needs --out FILE.parquet (or --json to print them)")
+        if out and os.path.lexists(out) and not overwrite:
+            raise InputError(f"--out {out}: already there; pass --overwrite to replace it (it "
+                             "stays as it was until every query is answered), or use another "
+                             "--out")
         from prep.base.signals import exit_on_interrupt
 
         def emit(answers):  # each piece as it is answered
