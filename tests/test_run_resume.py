@@ -229,6 +229,31 @@ def test_a_checkpoint_with_flipped_bits_is_refused_by_eval_and_predict(run):
     assert "data/metadata" in digests and any(k.startswith("state/") for k in digests)
 
 
+def test_predict_past_a_damaged_checkpoint_names_the_step_it_answers_from(run):
+    """A user trial: past a damaged newest checkpoint, `train predict` answered from an older
+    one and said only that it skipped the damaged one (`train eval` names the step it
+    evaluates, a resume the step it resumes)."""
+    from train.cli import main
+
+    _flip_state(run / "checkpoints" / "15")
+    ping = ["predict", str(run), "--src", "192.0.2.7", "--dst", "193.0.14.129", "--json"]
+    r = CliRunner().invoke(main, ping)
+    assert r.exit_code == 0, r.output
+    skip, note = r.stderr.splitlines()
+    assert skip.startswith(f"skipping checkpoint 15 in {run / 'checkpoints'}: sha256 of state/")
+    assert skip.endswith("differs from the one saved with it (its bytes changed)")
+    assert note == (f"train predict: answering from {run} at step 10, its newest intact "
+                    f"checkpoint; resume the run (`train --run-dir {run} --resume`) to set the "
+                    "damaged ones aside and train their steps again")
+    ten = CliRunner().invoke(main, [*ping, "--step", "10"])
+    assert ten.exit_code == 0 and ten.stderr == "", ten.output
+    assert json.loads(r.stdout) == json.loads(ten.stdout)
+    exit_2_one_line(CliRunner().invoke(main, [*ping, "--step", "15"]),
+                    f"error: {run}/checkpoints/15: damaged checkpoint (sha256 of state/",
+                    "pick another --step, or resume the run to fall back to an intact one")
+    assert step_dirs(run / "checkpoints") == [5, 10, 15]  # predict sets nothing aside
+
+
 def test_a_checkpoint_of_another_model_than_config_json_is_one_line(run):
     """A user trial: a run folder whose config.json names one model and whose checkpoints
     hold another's parameters ended `train eval` and `train predict` in KeyError: 'wave_in'."""

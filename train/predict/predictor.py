@@ -154,9 +154,10 @@ class Predictor:
 
     def __init__(self, params: dict, mcfg: ModelConfig, *, compute_dtype: str = "float32",
                  attention_impl: str = "auto", batch_size: int = 8, run_dir: str | None = None,
-                 step: int | None = None):
+                 step: int | None = None, skipped: tuple = ()):
         self.params, self.mcfg, self.batch_size = params, mcfg, batch_size
         self.run_dir, self.step = run_dir, step
+        self.skipped = skipped  # (step, why) of the damaged newer checkpoints load passed over
         impl = attention.resolve(attention_impl, bias=bool(mcfg.match_dst))
         self.attention = attention.AttentionConfig(
             impl, max_segments=max(2, mcfg.seq_len // 12 + 1), dtype=compute_dtype)
@@ -409,7 +410,8 @@ def _is_run(d: Path) -> bool:
 
 def load(run_dir: str | Path, *, step: int | None = None, batch_size: int | None = None,
          attention_impl: str = "auto") -> Predictor:
-    """The model of ``run_dir`` at checkpoint ``step`` (default: the latest)."""
+    """The model of ``run_dir`` at checkpoint ``step`` (default: the newest intact one; the
+    damaged newer ones are named on stderr and in ``Predictor.skipped``)."""
     from train.fit.checkpoint import Checkpointer
 
     record = run_record(run_dir)
@@ -432,4 +434,4 @@ def load(run_dir: str | Path, *, step: int | None = None, batch_size: int | None
                      compute_dtype=train_cfg.get("compute_dtype", "float32"),
                      attention_impl=attention_impl,
                      batch_size=batch_size or max(1, min(64, train_cfg.get("batch_size", 8))),
-                     run_dir=str(run_dir), step=step)
+                     run_dir=str(run_dir), step=step, skipped=tuple(ckpt.skipped))
