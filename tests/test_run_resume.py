@@ -278,6 +278,71 @@ def test_a_checkpoint_of_another_model_than_config_json_is_one_line(run):
     assert params_mismatch({"a": (2,), "old": (1,)}, {"a": (2,)}) is None  # unread: no matter
 
 
+# --- a run a live trainer is saving: `train eval` / `train predict` beside it -------------
+
+PING = ["--src", "192.0.2.7", "--dst", "193.0.14.129", "--json"]
+
+
+def test_a_checkpoint_rotated_away_as_a_reader_lists_them_is_no_traceback(run, monkeypatch):
+    """A user trial: `train eval` of a run whose trainer was saving ended in a
+    FileNotFoundError traceback: as a save completed, the trainer's rotation (max_to_keep)
+    removed the oldest step folder while Orbax read every step's metadata."""
+    from orbax.checkpoint._src.path import step as orbax_step
+
+    from train.cli import main
+
+    real = orbax_step.Metadata.commit_timestamp
+
+    def rotated(self):  # the trainer removes step 5 as the reader gets to it
+        if self.step == 5:
+            shutil.rmtree(self.path)
+        return real.fget(self)
+
+    monkeypatch.setattr(orbax_step.Metadata, "commit_timestamp", property(rotated))
+    r = CliRunner().invoke(main, ["predict", str(run), *PING])
+    assert r.exit_code == 0 and r.stderr == "", r.output
+    given = CliRunner().invoke(main, ["predict", str(run), *PING, "--step", "15"])
+    assert json.loads(r.stdout) == json.loads(given.stdout)  # the newest: 15
+
+
+def test_checkpoints_rotated_away_as_they_are_read_are_not_damage(run, monkeypatch):
+    """The newest checkpoint removed while it is read (a trainer that saved as many newer
+    ones meanwhile): one line saying to try again, not "damaged" and "start a new
+    --run-dir"."""
+    import orbax.checkpoint as ocp
+
+    from train.cli import main
+
+    real = ocp.CheckpointManager.restore
+
+    def restore(self, step, *a, **k):  # all three rotated away as the reader starts on 15
+        for s in (5, 10, 15):
+            shutil.rmtree(run / "checkpoints" / str(s), ignore_errors=True)
+        return real(self, step, *a, **k)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "restore", restore)
+    r = CliRunner().invoke(main, ["predict", str(run), *PING])
+    assert exit_2_one_line(r) == (
+        f"error: {run / 'checkpoints'}: checkpoints 15, 10, 5 were removed as read: a live "
+        "`train` is saving this run and keeps only its newest checkpoints; try again")
+    assert "skipping" not in r.stderr and not (run / "checkpoints-damaged").exists()
+
+
+def test_the_newest_checkpoint_of_a_live_run_is_read_with_a_note_on_its_digests(run):
+    """A live trainer writes a step's sha256.json with its next checkpoint: until then its
+    newest, complete, is read unverified, and the note says why (it said "an older version
+    wrote it, or the run ended before its digests")."""
+    from train.cli import main
+
+    (run / "checkpoints" / "15" / "sha256.json").unlink()
+    r = CliRunner().invoke(main, ["predict", str(run), *PING])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.splitlines() == [
+        f"note: checkpoint 15 in {run / 'checkpoints'} has no sha256.json (a live `train` "
+        "writes it with its next checkpoint or at its end; a run killed before that, or an "
+        "older version, wrote none): restored without checking it"]
+
+
 # --- a skipped checkpoint's late read failures are not echoed -----------------------------
 
 LATE_ECHO = '''
