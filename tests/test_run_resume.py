@@ -76,6 +76,21 @@ def test_resume_refuses_a_flag_that_differs_from_the_run(shards, run, tmp_path, 
     assert after == before  # config.json, metrics and checkpoints untouched
 
 
+def test_resume_on_another_dataset_names_both_datasets(shards, run, tmp_path):
+    """A user trial asked for it: a run folder's config.json of one dataset, resumed with
+    --data of another, is refused naming both (by path and by the fingerprint of its shards)."""
+    from train.fit.reader import dataset_fingerprint, open_shards
+
+    other = write_dataset(tmp_path / "other", seed=7)
+    fp = {d: dataset_fingerprint(open_shards(d)) for d in (shards, other)}
+    assert fp[shards] != fp[other]
+    assert exit_2_one_line(fit(["--run-dir", run, "--resume", "--data", other])) == (
+        f"error: --data {other}: not the dataset the run in {run} trained on ({shards}: "
+        f"fingerprint {fp[shards]}, this one {fp[other]}); drop --data to resume on the run's "
+        "own, or start a new --run-dir")
+    assert step_dirs(run / "checkpoints") == [5, 10, 15]
+
+
 def test_resume_compares_loss_weights_by_their_weights_and_names_an_empty_one():
     """#36 item 22: the same --loss-weights in another order were refused, and an empty
     one read "has  (its config.json)"."""
