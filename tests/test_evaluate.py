@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from helpers import python_c
 
 from prep.schema import rows as rows_lib
 from prep.schema.measurements import addr_text, addr_words
@@ -244,6 +245,51 @@ def test_eval_and_predict_cli(run, tmp_path):
 
 
 P_KEYS = ("rtt_ms", "p10_ms", "p90_ms", "p_failed", "history_used")
+
+# `train eval ARGS` with SIGINT sent to itself as WHERE's function is called: in step 2 of
+# the evaluation, as the report is written, or as the figure is drawn
+STOPPED_EVAL = """
+import os, signal, sys
+from train.cli import main
+from train.eval import evaluate, plot
+
+module, name = {"queries": (evaluate, "full_mode_queries"), "report": (evaluate, "write_report"),
+                "figure": (plot, "figure")}[sys.argv[1]]
+real = getattr(module, name)
+
+def stop(*a, **k):
+    os.kill(os.getpid(), signal.SIGINT)
+    return real(*a, **k)
+
+setattr(module, name, stop)
+main(sys.argv[2:], prog_name="train")
+"""
+
+
+STOPPED_LINES = {  # where -> (the line's end, the files in RUN_DIR/eval)
+    "queries": ("while evaluating {run}; nothing was written", []),
+    "report": ("after writing {run}/eval/step-6-q30.json and its answers; {png} was not "
+               "written", ["step-6-q30.answers.npz", "step-6-q30.json"]),
+    "figure": ("after writing {run}/eval/step-6-q30.json and its answers; {png} was not "
+               "written", ["step-6-q30.answers.npz", "step-6-q30.json"]),
+}
+
+
+@pytest.mark.parametrize("where", STOPPED_LINES)
+def test_ctrl_c_of_eval_says_what_it_wrote_and_exits_130(run, tmp_path, where):
+    """A user trial: Ctrl-C of `train eval` printed click's "Aborted!" alone (exit 1, or a
+    crash in Python's shutdown: an XLA compile it cut short went on in its thread)."""
+    line, files = STOPPED_LINES[where]
+    copy = shutil.copytree(run / "run", tmp_path / "run",
+                           ignore=shutil.ignore_patterns("eval"))  # other tests' reports
+    png = tmp_path / "eval.png"
+    p = python_c(STOPPED_EVAL, where, "eval", copy, "--max-queries", "30", "--plot", png)
+    assert p.returncode == 130, p.stderr[-3000:]
+    assert p.stderr.splitlines()[-1] == (
+        f"error: train eval: stopped by SIGINT {line.format(run=copy, png=png)}")
+    assert "Traceback" not in p.stderr and "Aborted" not in p.stderr
+    assert sorted(f.name for f in (copy / "eval").glob("*")) == files  # each whole, no temp
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["run"]  # no figure, nor its temp
 
 
 @pytest.mark.parametrize("as_json", [False, True])

@@ -96,7 +96,7 @@ def test_sigint_is_one_line_and_leaves_the_old_answers(run, tmp_path, monkeypatc
 
     monkeypatch.setattr(P.Predictor, "predict_measurements", predict_measurements)
     r = CliRunner().invoke(main, ["predict", str(run / "run"), "--queries", str(run / "q.parquet"),
-                                  "--out", str(out)])
+                                  "--out", str(out), "--overwrite"])
     assert r.exit_code == 130 and calls == [2, 2]
     assert r.stderr.splitlines()[-1] == (
         f"error: train predict: stopped by SIGINT; the unfinished output was removed and "
@@ -104,6 +104,24 @@ def test_sigint_is_one_line_and_leaves_the_old_answers(run, tmp_path, monkeypatc
     assert "Traceback" not in r.stderr and "Aborted" not in r.output
     assert out.read_bytes() == b"the answers of an earlier run"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.parquet"]
+
+
+def test_an_answers_file_already_there_is_replaced_only_with_overwrite(run, tmp_path):
+    """A user trial: `train predict --out FILE` replaced an existing FILE without a word;
+    like `prep`'s --out, it takes --overwrite to replace one."""
+    out = tmp_path / "a.parquet"
+    out.write_bytes(b"the answers of an earlier run")
+    args = ["predict", str(run / "run"), "--queries", str(run / "q.parquet"), "--out", str(out)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        f"error: --out {out}: already there; pass --overwrite to replace it (it stays as it "
+        "was until every query is answered), or use another --out"]
+    assert out.read_bytes() == b"the answers of an earlier run"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.parquet"]
+    r = CliRunner().invoke(main, [*args, "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert pq.read_table(out)["src_addr"].to_pylist() == [f"192.0.2.{i}" for i in range(N)]
 
 
 def test_a_long_history_costs_a_few_encodings_not_one_per_measurement(monkeypatch):
@@ -170,3 +188,36 @@ def test_history_rows_of_several_probes_behind_one_address_are_named(tmp_path, c
         f"{h}: the history rows of 1 query source(s) come from several probes (prb_id; e.g. "
         "192.0.2.1: 3), an address hosts behind a NAT share; the model reads them as one "
         "probe's context; give each probe's rows alone\n")
+
+
+
+FILE_FIX = "give IPv4 or IPv6 addresses in src_addr and dst_addr"
+FLAG_FIX = "give IPv4 or IPv6 addresses, e.g. --src 192.0.2.7 --dst 193.0.14.129"
+
+
+@pytest.mark.parametrize("src, dst, in_file, by_flag", [
+    ("1.2.3.999", "193.0.14.129",
+     f"query 2, src_addr: '1.2.3.999' does not appear to be an IPv4 or IPv6 address; {FILE_FIX}",
+     f"--src: '1.2.3.999' does not appear to be an IPv4 or IPv6 address; {FLAG_FIX}"),
+    ("192.0.2.9", "fe80::1%eth0",
+     "query 2, dst_addr: 'fe80::1%eth0' has an IPv6 zone id (%eth0); give the address "
+     f"without it; {FILE_FIX}",
+     f"--dst: 'fe80::1%eth0' has an IPv6 zone id (%eth0); give the address without it; {FLAG_FIX}"),
+    ("192.0.2.9", "2001:db8::1",
+     "query 2: source 192.0.2.9 is IPv4 and destination 2001:db8::1 IPv6; a ping has one "
+     "address family",
+     "source 192.0.2.9 is IPv4 and destination 2001:db8::1 IPv6; a ping has one address family"),
+])
+def test_a_bad_address_in_a_queries_file_names_the_file_the_query_and_the_address(
+        run, tmp_path, src, dst, in_file, by_flag):
+    """A user trial: a bad address in a queries file was named without the file or its row
+    (queries count from 0, as the file's other errors count them)."""
+    q = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"src_addr": ["192.0.2.7", "192.0.2.8", src],
+                             "dst_addr": ["193.0.14.129", "193.0.14.129", dst]}), q)
+    r = CliRunner().invoke(main, ["predict", str(run / "run"), "--queries", str(q), "--json"])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [f"error: {q}: {in_file}"]
+    # one query on the command line: named by its flag
+    r = CliRunner().invoke(main, ["predict", str(run / "run"), "--src", src, "--dst", dst])
+    assert r.exit_code == 2 and r.stderr.splitlines() == [f"error: {by_flag}"]

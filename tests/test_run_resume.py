@@ -76,6 +76,21 @@ def test_resume_refuses_a_flag_that_differs_from_the_run(shards, run, tmp_path, 
     assert after == before  # config.json, metrics and checkpoints untouched
 
 
+def test_resume_on_another_dataset_names_both_datasets(shards, run, tmp_path):
+    """A user trial asked for it: a run folder's config.json of one dataset, resumed with
+    --data of another, is refused naming both (by path and by the fingerprint of its shards)."""
+    from train.fit.reader import dataset_fingerprint, open_shards
+
+    other = write_dataset(tmp_path / "other", seed=7)
+    fp = {d: dataset_fingerprint(open_shards(d)) for d in (shards, other)}
+    assert fp[shards] != fp[other]
+    assert exit_2_one_line(fit(["--run-dir", run, "--resume", "--data", other])) == (
+        f"error: --data {other}: not the dataset the run in {run} trained on ({shards}: "
+        f"fingerprint {fp[shards]}, this one {fp[other]}); drop --data to resume on the run's "
+        "own, or start a new --run-dir")
+    assert step_dirs(run / "checkpoints") == [5, 10, 15]
+
+
 def test_resume_compares_loss_weights_by_their_weights_and_names_an_empty_one():
     """#36 item 22: the same --loss-weights in another order were refused, and an empty
     one read "has  (its config.json)"."""
@@ -229,6 +244,31 @@ def test_a_checkpoint_with_flipped_bits_is_refused_by_eval_and_predict(run):
     assert "data/metadata" in digests and any(k.startswith("state/") for k in digests)
 
 
+def test_predict_past_a_damaged_checkpoint_names_the_step_it_answers_from(run):
+    """A user trial: past a damaged newest checkpoint, `train predict` answered from an older
+    one and said only that it skipped the damaged one (`train eval` names the step it
+    evaluates, a resume the step it resumes)."""
+    from train.cli import main
+
+    _flip_state(run / "checkpoints" / "15")
+    ping = ["predict", str(run), "--src", "192.0.2.7", "--dst", "193.0.14.129", "--json"]
+    r = CliRunner().invoke(main, ping)
+    assert r.exit_code == 0, r.output
+    skip, note = r.stderr.splitlines()
+    assert skip.startswith(f"skipping checkpoint 15 in {run / 'checkpoints'}: sha256 of state/")
+    assert skip.endswith("differs from the one saved with it (its bytes changed)")
+    assert note == (f"train predict: answering from {run} at step 10, its newest intact "
+                    f"checkpoint; resume the run (`train --run-dir {run} --resume`) to set the "
+                    "damaged ones aside and train their steps again")
+    ten = CliRunner().invoke(main, [*ping, "--step", "10"])
+    assert ten.exit_code == 0 and ten.stderr == "", ten.output
+    assert json.loads(r.stdout) == json.loads(ten.stdout)
+    exit_2_one_line(CliRunner().invoke(main, [*ping, "--step", "15"]),
+                    f"error: {run}/checkpoints/15: damaged checkpoint (sha256 of state/",
+                    "pick another --step, or resume the run to fall back to an intact one")
+    assert step_dirs(run / "checkpoints") == [5, 10, 15]  # predict sets nothing aside
+
+
 def test_a_checkpoint_of_another_model_than_config_json_is_one_line(run):
     """A user trial: a run folder whose config.json names one model and whose checkpoints
     hold another's parameters ended `train eval` and `train predict` in KeyError: 'wave_in'."""
@@ -251,6 +291,71 @@ def test_a_checkpoint_of_another_model_than_config_json_is_one_line(run):
                             "w": (1,)}, {"a": (2,), "b": {"c": (3, 5)}}) == (
         "extra w, x, y and 1 more; b/c (3, 4), the model's (3, 5)")
     assert params_mismatch({"a": (2,), "old": (1,)}, {"a": (2,)}) is None  # unread: no matter
+
+
+# --- a run a live trainer is saving: `train eval` / `train predict` beside it -------------
+
+PING = ["--src", "192.0.2.7", "--dst", "193.0.14.129", "--json"]
+
+
+def test_a_checkpoint_rotated_away_as_a_reader_lists_them_is_no_traceback(run, monkeypatch):
+    """A user trial: `train eval` of a run whose trainer was saving ended in a
+    FileNotFoundError traceback: as a save completed, the trainer's rotation (max_to_keep)
+    removed the oldest step folder while Orbax read every step's metadata."""
+    from orbax.checkpoint._src.path import step as orbax_step
+
+    from train.cli import main
+
+    real = orbax_step.Metadata.commit_timestamp
+
+    def rotated(self):  # the trainer removes step 5 as the reader gets to it
+        if self.step == 5:
+            shutil.rmtree(self.path)
+        return real.fget(self)
+
+    monkeypatch.setattr(orbax_step.Metadata, "commit_timestamp", property(rotated))
+    r = CliRunner().invoke(main, ["predict", str(run), *PING])
+    assert r.exit_code == 0 and r.stderr == "", r.output
+    given = CliRunner().invoke(main, ["predict", str(run), *PING, "--step", "15"])
+    assert json.loads(r.stdout) == json.loads(given.stdout)  # the newest: 15
+
+
+def test_checkpoints_rotated_away_as_they_are_read_are_not_damage(run, monkeypatch):
+    """The newest checkpoint removed while it is read (a trainer that saved as many newer
+    ones meanwhile): one line saying to try again, not "damaged" and "start a new
+    --run-dir"."""
+    import orbax.checkpoint as ocp
+
+    from train.cli import main
+
+    real = ocp.CheckpointManager.restore
+
+    def restore(self, step, *a, **k):  # all three rotated away as the reader starts on 15
+        for s in (5, 10, 15):
+            shutil.rmtree(run / "checkpoints" / str(s), ignore_errors=True)
+        return real(self, step, *a, **k)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "restore", restore)
+    r = CliRunner().invoke(main, ["predict", str(run), *PING])
+    assert exit_2_one_line(r) == (
+        f"error: {run / 'checkpoints'}: checkpoints 15, 10, 5 were removed as read: a live "
+        "`train` is saving this run and keeps only its newest checkpoints; try again")
+    assert "skipping" not in r.stderr and not (run / "checkpoints-damaged").exists()
+
+
+def test_the_newest_checkpoint_of_a_live_run_is_read_with_a_note_on_its_digests(run):
+    """A live trainer writes a step's sha256.json with its next checkpoint: until then its
+    newest, complete, is read unverified, and the note says why (it said "an older version
+    wrote it, or the run ended before its digests")."""
+    from train.cli import main
+
+    (run / "checkpoints" / "15" / "sha256.json").unlink()
+    r = CliRunner().invoke(main, ["predict", str(run), *PING])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.splitlines() == [
+        f"note: checkpoint 15 in {run / 'checkpoints'} has no sha256.json (a live `train` "
+        "writes it with its next checkpoint or at its end; a run killed before that, or an "
+        "older version, wrote none): restored without checking it"]
 
 
 # --- a skipped checkpoint's late read failures are not echoed -----------------------------

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -264,20 +265,38 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     """
     import json
 
+    from prep.base.signals import Interrupted, stop_on_signals
     from train.eval.evaluate import EvalConfig, evaluate
     from train.eval.plot import plot as plot_fn
     from train.eval.report import format_report
 
     run_dir = _run_or_newest(run_dir, "train eval", "evaluating")
-    report, detail = evaluate(EvalConfig(run_dir=run_dir, data=data, step=step,
-                                      max_queries=max_queries, seed=seed, batch_size=batch_size))
-    if as_json:  # the table holds the warnings; beside JSON they go to stderr
-        for w in report["warnings"]:
-            click.echo(f"warning: {w}", err=True)
-    click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
-    if plot:
-        plot_fn(report, detail, plot)
-        click.echo(f"wrote {plot}", err=True)
+    written = []  # the report, then the figure: what the line of a stop names
+    try:
+        with stop_on_signals(command="train eval"):
+            report, detail = evaluate(EvalConfig(
+                run_dir=run_dir, data=data, step=step, max_queries=max_queries, seed=seed,
+                batch_size=batch_size))
+            written.append(report["written_to"])
+            if as_json:  # the table holds the warnings; beside JSON they go to stderr
+                for w in report["warnings"]:
+                    click.echo(f"warning: {w}", err=True)
+            click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+            if plot:
+                plot_fn(report, detail, plot)
+                written.append(plot)
+                click.echo(f"wrote {plot}", err=True)
+    except KeyboardInterrupt as e:  # SIGINT, SIGTERM: each file is written whole or not
+        from train.fit.multihost import leave
+
+        if isinstance(e, Interrupted) and e.published:  # as the report was written
+            written.append(str(e.out))
+        name = signal.Signals(getattr(e, "signum", signal.SIGINT))
+        what = (f"while evaluating {run_dir}; nothing was written" if not written else
+                f"after writing {' and '.join([written[0] + ' and its answers', *written[1:]])}"
+                + (f"; {plot} was not written" if plot and plot not in written else ""))
+        # at once: a compile the signal cut short would crash Python's shutdown (SIGSEGV)
+        leave(128 + name, f"train eval: stopped by {name.name} {what}")
 
 
 @main.command("pool", short_help="Several evaluations (e.g. one per world) scored as one.")
@@ -334,9 +353,12 @@ def pool_cmd(answers, out, seed, as_json):
                    "event_time as a UTC timestamp.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="With --queries: write the answers here (parquet).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace the file already at --out; it stays as it was until every query "
+                   "is answered.")
 @click.option("--step", type=int, default=None, help="Checkpoint step [default: the latest].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
-def predict(run_dir, src, dst, when, history, queries, out, step, as_json):
+def predict(run_dir, src, dst, when, history, queries, out, overwrite, step, as_json):
     """RTT median, p10, p90 and P(failed) of pings, from the model of RUN_DIR (without it:
     the newest run under runs/, as `train eval` takes).
 
@@ -357,6 +379,10 @@ def predict(run_dir, src, dst, when, history, queries, out, step, as_json):
             raise InputError("--queries takes the queries from the file; drop --src/--dst/--time")
         if not out and not as_json:
             raise InputError("--queries needs --out FILE.parquet (or --json to print them)")
+        if out and os.path.lexists(out) and not overwrite:
+            raise InputError(f"--out {out}: already there; pass --overwrite to replace it (it "
+                             "stays as it was until every query is answered), or use another "
+                             "--out")
         from prep.base.signals import exit_on_interrupt
 
         def emit(answers):  # each piece as it is answered
@@ -400,9 +426,9 @@ def _run_or_newest(run_dir: str | None, command: str, doing: str) -> str:
     return str(newest)
 
 
-def _fail(message: str):
+def _fail(message: str, code: int = 2):
     click.echo(f"error: {message}", err=True)
-    sys.exit(2)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

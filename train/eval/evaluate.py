@@ -40,12 +40,13 @@ import numpy as np
 from tqdm import tqdm
 
 from prep.base.errors import InputError
+from prep.base.signals import stop_on_signals
 from prep.schema import manifest as manifest_lib
 from prep.schema.splits import more_test_rows
 from prep.tokens import rowdecode
 from train.eval import answers, baselines, context_baselines, registry
 from train.eval import metrics as EM
-from train.eval.report import write_report
+from train.eval.report import report_path, write_report
 from train.fit.reader import dataset_fingerprint, local_copy, read_split
 from train.model import model
 from train.predict import predictor as P
@@ -154,14 +155,19 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
                    "device": jax.devices()[0].device_kind},
     }
     other = fingerprint if trained_on is not None and trained_on != fingerprint else ""
-    written = write_report(result, cfg.run_dir, pred.step, len(q) if cfg.max_queries else 0,
-                           other)
-    result["written_to"] = str(written)
-    # what `train pool` reads to score this evaluation with others (train.eval.answers)
-    result["answers_written_to"] = str(answers.write_answers(
-        answers.answers_path(written), preds=preds, intervals=intervals, truth_ms=truth_ms,
-        failed=failed, history=history, stratum=stratum, groups=groups,
-        about={k: result[k] for k in answers.ABOUT}))
+    n = len(q) if cfg.max_queries else 0
+    # the report and its answers are written together: SIGINT/SIGTERM wait for both, then
+    # stop the command (prep.base.signals.Interrupted, published)
+    with stop_on_signals(report_path(cfg.run_dir, pred.step, n, other), "train eval") as guard:
+        guard.defer = True
+        written = write_report(result, cfg.run_dir, pred.step, n, other)
+        result["written_to"] = str(written)
+        # what `train pool` reads to score this evaluation with others (train.eval.answers)
+        result["answers_written_to"] = str(answers.write_answers(
+            answers.answers_path(written), preds=preds, intervals=intervals, truth_ms=truth_ms,
+            failed=failed, history=history, stratum=stratum, groups=groups,
+            about={k: result[k] for k in answers.ABOUT}))
+        guard.published = True
     return result, Detail(qm, {k: v[0] for k, v in preds.items()},
                           {k: v[1] for k, v in preds.items()}, ans, stratum)
 

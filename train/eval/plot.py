@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from prep.base.atomic import replacing
 from prep.base.errors import InputError
 from train.eval import registry
 from train.eval.metrics import STRATA
@@ -81,7 +82,7 @@ def _cdf(ax, detail: Detail, report: dict, stratum: int | None, right: float):
 
 
 def plot(report: dict, detail: Detail, path: str) -> None:
-    """Write the figure to ``path`` (its suffix picks the format)."""
+    """Write the figure to ``path`` whole (its suffix picks the format)."""
     try:
         import matplotlib
     except ImportError:
@@ -90,7 +91,9 @@ def plot(report: dict, detail: Detail, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig = figure(report, detail)
-    fig.savefig(path, dpi=150)
+    with replacing(path) as tmp:  # a stop while it draws leaves the old file, or none
+        fig.savefig(tmp, dpi=150,
+                    format=Path(path).suffix[1:] or matplotlib.rcParams["savefig.format"])
     plt.close(fig)
 
 

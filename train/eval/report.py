@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from prep.base.atomic import write_atomic
 from train.eval.metrics import STRATA
 from train.eval.registry import fallback_of, label
 
@@ -194,8 +195,7 @@ def report_path(run_dir: str, step: int, max_queries: int = 0, other_data: str =
 
 def write_report(result: dict, run_dir: str, step: int, max_queries: int = 0,
                  other_data: str = "") -> Path:
-    """Write the report (report_path); return its path."""
+    """Write the report (report_path) whole (temp name, then rename); return its path."""
     out = report_path(run_dir, step, max_queries, other_data)
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    return out
+    return write_atomic(out, json.dumps(result, indent=2) + "\n")

@@ -9,8 +9,9 @@ abstract template's shardings and the iterator state for ``DatasetIterator.set_s
 
 Once a save is complete, the sha256 of every file of the step goes to
 ``<step>/sha256.json``; a restore checks them, so changed bytes that still decode (e.g. to
-NaN optimizer moments) are damage like a truncated file. A step without digests (killed
-between the save and them) restores with a note that it was not verified.
+NaN optimizer moments) are damage like a truncated file. A step without digests (the newest
+of a live run, sealed with the next save; or a run killed before them) restores with a note
+that it was not verified.
 
 A save that fails (a full, read-only or not writable disk, which Orbax reports from its
 background thread at the next ``check``, ``save`` or ``wait``) is one InputError line naming
@@ -23,9 +24,12 @@ before a restore, and says so in one line.
 
 A damaged step folder fails to restore; ``restore_intact`` takes the newest step that
 restores, naming each one it skipped and why, and ``set_aside`` moves the damaged ones out
-of the way (so the run can write those steps again). With several processes
-(train.fit.multihost) each saves and restores its own shards through Orbax, in a folder
-they all see; process 0 alone writes the digests, cleans up and sets damaged steps aside.
+of the way (so the run can write those steps again). A reader of a live run (`train eval`,
+`train predict`) sees only complete steps (Orbax writes a step under a temporary name), and
+one that the trainer's rotation removes while it is read is no damage: one line says so.
+With several processes (train.fit.multihost) each saves and restores its own shards through
+Orbax, in a folder they all see; process 0 alone writes the digests, cleans up and sets
+damaged steps aside.
 """
 
 from __future__ import annotations
@@ -163,7 +167,11 @@ def _save_failure(e: BaseException) -> tuple[str, str]:
 class Checkpointer:
     def __init__(self, directory: str | Path, *, max_to_keep: int = 3):
         self.directory = Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+        # lightweight: the steps from their folders' names alone; Orbax would read each
+        # one's metadata, and a live trainer's rotation (max_to_keep) removing a folder in
+        # between made `train eval` of that run a FileNotFoundError traceback
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                               lightweight_initialize=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options,
                                              item_names=("state", "data"))
         self.skipped: list[tuple[int, str]] = []  # (step, why) of restore_intact
@@ -346,17 +354,26 @@ class Checkpointer:
         steps = sorted(self.manager.all_steps(), reverse=True)
         if not steps:
             raise InputError(f"{self.directory}: no checkpoint; train (longer) first")
-        self.skipped = []
+        self.skipped, gone = [], []
         for step in steps:
             state, data, why = self._restore_checked(step, template)
             if why is None:
                 if self.unverified and self.unverified[-1] == step:
-                    log(f"note: checkpoint {step} in {self.directory} has no "
-                        f"{DIGESTS} (an older version wrote it, or the run ended "
-                        "before its digests): restored without checking them")
+                    log(f"note: checkpoint {step} in {self.directory} has no {DIGESTS} (a "
+                        "live `train` writes it with its next checkpoint or at its end; a "
+                        "run killed before that, or an older version, wrote none): restored "
+                        "without checking it")
                 return step, state, data
+            if not (self.directory / str(step)).exists():  # not damage: removed as it was read
+                gone.append(step)
+                continue
             self.skipped.append((step, why))
             log(f"skipping checkpoint {step} in {self.directory}: {why}")
+        if gone:
+            were = f"s {_few(list(map(str, gone)))} were" if len(gone) > 1 else f" {gone[0]} was"
+            raise InputError(f"{self.directory}: checkpoint{were} removed as read: a live "
+                             "`train` is saving this run and keeps only its newest checkpoints; "
+                             "try again")
         raise InputError(f"{self.directory}: no intact checkpoint ("
                          + "; ".join(f"{s}: {w}" for s, w in self.skipped)
                          + "); start a new --run-dir")

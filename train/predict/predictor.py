@@ -154,9 +154,10 @@ class Predictor:
 
     def __init__(self, params: dict, mcfg: ModelConfig, *, compute_dtype: str = "float32",
                  attention_impl: str = "auto", batch_size: int = 8, run_dir: str | None = None,
-                 step: int | None = None):
+                 step: int | None = None, skipped: tuple = ()):
         self.params, self.mcfg, self.batch_size = params, mcfg, batch_size
         self.run_dir, self.step = run_dir, step
+        self.skipped = skipped  # (step, why) of the damaged newer checkpoints load passed over
         impl = attention.resolve(attention_impl, bias=bool(mcfg.match_dst))
         self.attention = attention.AttentionConfig(
             impl, max_segments=max(2, mcfg.seq_len // 12 + 1), dtype=compute_dtype)
@@ -306,17 +307,24 @@ def _compiled(mcfg: ModelConfig, att: attention.AttentionConfig):
 _addr_words = functools.lru_cache(maxsize=1 << 16)(addr_words)  # queries repeat addresses
 
 
-def query_measurement(src: str, dst: str, time: int | None) -> Measurement:
-    """The query measurement of (src, dst, time); InputError for a bad address."""
-    try:
-        fs, sh, sl = _addr_words(str(src))
-        fd, dh, dl = _addr_words(str(dst))
-    except ValueError as e:
-        raise InputError(f"{e}; give IPv4 or IPv6 addresses, e.g. --src 192.0.2.7 "
-                         "--dst 193.0.14.129") from None
+def query_measurement(src: str, dst: str, time: int | None, *,
+                      where: str | None = None) -> Measurement:
+    """The query measurement of (src, dst, time); InputError for a bad address, naming it
+    by its flag (--src, --dst), or by ``where`` (a queries file's "FILE: query K") and its
+    column."""
+    names = ("--src", "--dst") if where is None else ("src_addr", "dst_addr")
+    fix = ("give IPv4 or IPv6 addresses, e.g. --src 192.0.2.7 --dst 193.0.14.129"
+           if where is None else "give IPv4 or IPv6 addresses in src_addr and dst_addr")
+    words = []
+    for name, addr in zip(names, (src, dst)):
+        try:
+            words.append(_addr_words(str(addr)))
+        except ValueError as e:
+            raise InputError(f"{where + ', ' if where else ''}{name}: {e}; {fix}") from None
+    (fs, sh, sl), (fd, dh, dl) = words
     if fs != fd:
-        raise InputError(f"source {src} is IPv{fs} and destination {dst} IPv{fd}; a ping "
-                         "has one address family")
+        raise InputError(f"{where + ': ' if where else ''}source {src} is IPv{fs} and "
+                         f"destination {dst} IPv{fd}; a ping has one address family")
     return Measurement(fs, sh, sl, dh, dl, None if time is None else int(time), UNKNOWN)
 
 
@@ -402,7 +410,8 @@ def _is_run(d: Path) -> bool:
 
 def load(run_dir: str | Path, *, step: int | None = None, batch_size: int | None = None,
          attention_impl: str = "auto") -> Predictor:
-    """The model of ``run_dir`` at checkpoint ``step`` (default: the latest)."""
+    """The model of ``run_dir`` at checkpoint ``step`` (default: the newest intact one; the
+    damaged newer ones are named on stderr and in ``Predictor.skipped``)."""
     from train.fit.checkpoint import Checkpointer
 
     record = run_record(run_dir)
@@ -425,4 +434,4 @@ def load(run_dir: str | Path, *, step: int | None = None, batch_size: int | None
                      compute_dtype=train_cfg.get("compute_dtype", "float32"),
                      attention_impl=attention_impl,
                      batch_size=batch_size or max(1, min(64, train_cfg.get("batch_size", 8))),
-                     run_dir=str(run_dir), step=step)
+                     run_dir=str(run_dir), step=step, skipped=tuple(ckpt.skipped))

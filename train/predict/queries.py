@@ -152,11 +152,22 @@ class Histories:
                   f"from {where})", file=sys.stderr)
 
 
+def load_model(run_dir, step: int | None) -> P.Predictor:
+    """P.load; where it passed over a damaged newest checkpoint (each named on stderr with
+    why), one more line says which step answers and what sets the damaged ones aside."""
+    pred = P.load(run_dir, step=step)
+    if pred.skipped:
+        print(f"train predict: answering from {run_dir} at step {pred.step}, its newest intact "
+              f"checkpoint; resume the run (`train --run-dir {run_dir} --resume`) to set the "
+              "damaged ones aside and train their steps again", file=sys.stderr)
+    return pred
+
+
 def predict_one(run_dir, src: str, dst: str, when, history: str | None, *, step=None) -> dict:
     """The answer to one query (``when``: ISO-8601 or Unix seconds, or None)."""
     t = None if when is None else _time(when)
     q = P.query_measurement(src, dst, t)
-    pred = P.load(run_dir, step=step)
+    pred = load_model(run_dir, step)
     gap, where = run_max_gap(run_dir)
     hist = Histories(history_of(history), history, {(q.family, q.src_hi, q.src_lo)},
                      pred.max_history, gap)
@@ -200,8 +211,8 @@ def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
     for k, (s, d, t) in enumerate(zip(srcs, dsts, times)):
         if s is None or d is None:
             raise InputError(f"{queries}: query {k} has no src_addr or dst_addr")
-        qs.append(P.query_measurement(s, d, t))
-    pred = P.load(run_dir, step=step)
+        qs.append(P.query_measurement(s, d, t, where=f"{queries}: query {k}"))
+    pred = load_model(run_dir, step)
     gap, where = run_max_gap(run_dir)
     hist = Histories(history_of(history), history, {(q.family, q.src_hi, q.src_lo) for q in qs},
                      pred.max_history, gap)
