@@ -24,6 +24,7 @@ SIGTERM the same with 143. `--resume` takes the run's settings from its config.j
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -265,38 +266,34 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     """
     import json
 
-    from prep.base.signals import Interrupted, stop_on_signals
+    from prep.base.signals import Interrupted
     from train.eval.evaluate import EvalConfig, evaluate
     from train.eval.plot import plot as plot_fn
     from train.eval.report import format_report
 
     run_dir = _run_or_newest(run_dir, "train eval", "evaluating")
     written = []  # the report, then the figure: what the line of a stop names
-    try:
-        with stop_on_signals(command="train eval"):
-            report, detail = evaluate(EvalConfig(
-                run_dir=run_dir, data=data, step=step, max_queries=max_queries, seed=seed,
-                batch_size=batch_size))
-            written.append(report["written_to"])
-            if as_json:  # the table holds the warnings; beside JSON they go to stderr
-                for w in report["warnings"]:
-                    click.echo(f"warning: {w}", err=True)
-            click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
-            if plot:
-                plot_fn(report, detail, plot)
-                written.append(plot)
-                click.echo(f"wrote {plot}", err=True)
-    except KeyboardInterrupt as e:  # SIGINT, SIGTERM: each file is written whole or not
-        from train.fit.multihost import leave
 
+    def what(e: KeyboardInterrupt) -> str:  # each file is written whole or not at all
         if isinstance(e, Interrupted) and e.published:  # as the report was written
             written.append(str(e.out))
-        name = signal.Signals(getattr(e, "signum", signal.SIGINT))
-        what = (f"while evaluating {run_dir}; nothing was written" if not written else
+        return (f"while evaluating {run_dir}; nothing was written" if not written else
                 f"after writing {' and '.join([written[0] + ' and its answers', *written[1:]])}"
                 + (f"; {plot} was not written" if plot and plot not in written else ""))
-        # at once: a compile the signal cut short would crash Python's shutdown (SIGSEGV)
-        leave(128 + name, f"train eval: stopped by {name.name} {what}")
+
+    with _stops_on_signals("train eval", what):
+        report, detail = evaluate(EvalConfig(
+            run_dir=run_dir, data=data, step=step, max_queries=max_queries, seed=seed,
+            batch_size=batch_size))
+        written.append(report["written_to"])
+        if as_json:  # the table holds the warnings; beside JSON they go to stderr
+            for w in report["warnings"]:
+                click.echo(f"warning: {w}", err=True)
+        click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+        if plot:
+            plot_fn(report, detail, plot)
+            written.append(plot)
+            click.echo(f"wrote {plot}", err=True)
 
 
 @main.command("pool", short_help="Several evaluations (e.g. one per world) scored as one.")
@@ -383,25 +380,56 @@ def predict(run_dir, src, dst, when, history, queries, out, overwrite, step, as_
             raise InputError(f"--out {out}: already there; pass --overwrite to replace it (it "
                              "stays as it was until every query is answered), or use another "
                              "--out")
-        from prep.base.signals import exit_on_interrupt
-
-        def emit(answers):  # each piece as it is answered
-            click.echo("\n".join(json.dumps(a) for a in answers))
-
-        with exit_on_interrupt("train predict"):  # out as it was
-            queries_lib.predict_file(run_dir, queries, history, out, step=step,
-                                     emit=emit if as_json else None)
-        return
-    if not src or not dst:
+    elif not src or not dst:
         raise InputError("give --src and --dst (or --queries FILE.parquet); "
                          "e.g. train predict RUN_DIR --src 192.0.2.7 --dst 193.0.14.129")
-    a = queries_lib.predict_one(run_dir, src, dst, when, history, step=step)
-    if as_json:
-        click.echo(json.dumps(a))
-    else:
-        click.echo(f"{src} -> {dst}: RTT median {a['rtt_ms']:.2f} ms (p10 {a['p10_ms']:.2f}, "
-                   f"p90 {a['p90_ms']:.2f}), P(failed) {a['p_failed']:.3f}; "
-                   f"{a['history_used']} earlier measurements as context")
+    had_out, printed = bool(out) and os.path.lexists(out), 0
+
+    def emit(answers):  # each piece as it is answered
+        nonlocal printed
+        click.echo("\n".join(json.dumps(a) for a in answers))
+        printed += len(answers)
+
+    def what(e: KeyboardInterrupt) -> str:  # the answers file is written whole or not at all
+        if getattr(e, "published", False):
+            return f"after writing {out}"
+        notes = [f"{out} holds what it held before" if had_out else f"{out} was not written"
+                 ] if out else []
+        notes += [f"the first {printed:,} answers were printed"] if printed else []
+        return (f"while answering {queries or f'{src} -> {dst}'} from {run_dir}; "
+                f"{' and '.join(notes) or 'nothing was written'}")
+
+    with _stops_on_signals("train predict", what):
+        if queries:
+            queries_lib.predict_file(run_dir, queries, history, out, step=step,
+                                     emit=emit if as_json else None)
+            return
+        a = queries_lib.predict_one(run_dir, src, dst, when, history, step=step)
+        if as_json:
+            click.echo(json.dumps(a))
+        else:
+            click.echo(f"{src} -> {dst}: RTT median {a['rtt_ms']:.2f} ms (p10 "
+                       f"{a['p10_ms']:.2f}, p90 {a['p90_ms']:.2f}), P(failed) "
+                       f"{a['p_failed']:.3f}; {a['history_used']} earlier measurements as context")
+
+
+@contextlib.contextmanager
+def _stops_on_signals(command: str, what):
+    """The body of `train eval` and `train predict`: SIGINT and SIGTERM stop it
+    (prep.base.signals.stop_on_signals) with one line, "COMMAND: stopped by SIGINT " and
+    ``what(e)`` (what it wrote, or did not), and exit 128 + the signal, at once
+    (multihost.leave): an XLA compile the signal cut short goes on in its thread, and
+    Python's shutdown under it crashes (SIGSEGV)."""
+    from prep.base.signals import stop_on_signals
+
+    try:
+        with stop_on_signals(command=command):
+            yield
+    except KeyboardInterrupt as e:
+        from train.fit.multihost import leave
+
+        name = signal.Signals(getattr(e, "signum", signal.SIGINT))
+        leave(128 + name, f"{command}: stopped by {name.name} {what(e)}")
 
 
 def _parquet_file(flag: str, path: str | None) -> None:

@@ -235,8 +235,8 @@ class StopVote:
 def leave(code: int, error: str | None = None, *, together: bool = False) -> None:
     """End this trainer now (flushed), without jax's shutdown barrier: after an error the
     other processes may never reach it, and would hold this one there for minutes. (`train
-    eval` stopped by a signal ends here too: an XLA compile the signal cut short goes on in
-    its thread, and Python's shutdown under it crashes.)
+    eval` and `train predict` stopped by a signal end here too: an XLA compile the signal
+    cut short goes on in its thread, and Python's shutdown under it crashes.)
     ``error`` goes to stderr as "error: ..." in one write (the supervisor reads it whole
     even when the coordination client's abort is writing beside it). ``together``: an
     error the other processes meet too (a refusal, ``check_all``) waits up to a few

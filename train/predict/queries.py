@@ -18,7 +18,9 @@
   queries: each piece's answers are appended to ``OUT.part`` (renamed to ``OUT`` when all
   are there) and printed (``--json``) as they come, so memory holds one piece's contexts
   and an interrupted or failed run leaves the old ``OUT`` (or none), never a part of it.
-  SIGINT and SIGTERM stop it with one line (prep.base.signals), exit 128 + the signal.
+  SIGINT and SIGTERM raise prep.base.signals.Interrupted (``published`` once ``OUT`` is
+  there: a signal after the last answer waits for the rename); `train predict` makes it
+  one line and exit 128 + the signal.
 - A query's context is found by bisection in its source's history (sorted by time once),
   and only its newest ``row_len // 12`` measurements are kept: no measurement is shorter
   than 12 tokens, so older ones cannot fit its row.
@@ -216,27 +218,30 @@ def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
     gap, where = run_max_gap(run_dir)
     hist = Histories(history_of(history), history, {(q.family, q.src_hi, q.src_lo) for q in qs},
                      pred.max_history, gap)
-    with stop_on_signals(Path(out) if out else None, "train predict"), tqdm(
-            total=len(qs), unit=" queries", desc="predict", file=sys.stderr,
-            disable=not progress or None) as bar, (
-            replacing(out, ".part") if out else contextlib.nullcontext()) as part, (
-            TableFile(part, ANSWERS_SCHEMA) if out else contextlib.nullcontext()) as writer:
-        for a in range(0, len(qs), PIECE):
-            b = min(a + PIECE, len(qs))
-            answers = pred.predict_measurements([(q, hist.context(q)) for q in qs[a:b]],
-                                                progress=lambda _rows, n: bar.update(n))
-            if writer is not None:
-                cols = [srcs[a:b], dsts[a:b], times[a:b]]
-                cols += [[x[c] for x in answers] for c in ANSWER_COLUMNS]
-                writer.write(pa.table(cols, schema=ANSWERS_SCHEMA))
-            if emit is not None:
-                for x, s, d, t in zip(answers, srcs[a:b], dsts[a:b], times[a:b]):
-                    x.update(src_addr=s, dst_addr=d,
-                             event_time=None if t is None else format_time(t))
-                emit(answers)
-    hist.say_cut(history, gap, where)
-    if out:
-        print(f"wrote {len(qs):,} answers to {out}", file=sys.stderr)
+    with stop_on_signals(Path(out) if out else None, "train predict") as guard:
+        with tqdm(total=len(qs), unit=" queries", desc="predict", file=sys.stderr,
+                  disable=not progress or None) as bar, (
+                replacing(out, ".part") if out else contextlib.nullcontext()) as part, (
+                TableFile(part, ANSWERS_SCHEMA) if out else contextlib.nullcontext()) as writer:
+            for a in range(0, len(qs), PIECE):
+                b = min(a + PIECE, len(qs))
+                answers = pred.predict_measurements([(q, hist.context(q)) for q in qs[a:b]],
+                                                    progress=lambda _rows, n: bar.update(n))
+                if writer is not None:
+                    cols = [srcs[a:b], dsts[a:b], times[a:b]]
+                    cols += [[x[c] for x in answers] for c in ANSWER_COLUMNS]
+                    writer.write(pa.table(cols, schema=ANSWERS_SCHEMA))
+                if emit is not None:
+                    for x, s, d, t in zip(answers, srcs[a:b], dsts[a:b], times[a:b]):
+                        x.update(src_addr=s, dst_addr=d,
+                                 event_time=None if t is None else format_time(t))
+                    emit(answers)
+            # all answered: a stop from here waits for the rename and the lines below, then
+            # says the answers were published (Interrupted)
+            guard.defer, guard.published = True, bool(out)
+        hist.say_cut(history, gap, where)
+        if out:
+            print(f"wrote {len(qs):,} answers to {out}", file=sys.stderr)
     return len(qs)
 
 
