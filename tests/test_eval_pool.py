@@ -166,6 +166,25 @@ def test_pool_cli(tmp_path):
     assert res.exit_code == 2 and "none.npz: no such file" in res.output
 
 
+def test_an_out_already_there_is_replaced_only_with_overwrite(tmp_path):
+    """A user trial: `train pool --out FILE` replaced an existing FILE without a word; like
+    `train predict --out` and `prep`'s --out, it takes --overwrite to replace one."""
+    fa = _world(tmp_path / "a.answers.npz", model=[110] * 6, ema=[130] * 6, sources=2,
+                fingerprint="a")
+    out = tmp_path / "p.json"
+    out.write_text("an earlier pooling\n")
+    res = CliRunner().invoke(main, ["pool", str(fa), "--out", str(out)])
+    assert res.exit_code == 2 and res.stdout == ""  # refused before the pooling
+    assert res.stderr.splitlines() == [
+        f"error: --out {out}: already there; pass --overwrite to replace it, or use another "
+        "--out"]
+    assert out.read_text() == "an earlier pooling\n"
+    res = CliRunner().invoke(main, ["pool", str(fa), "--out", str(out), "--overwrite"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["sources"] == 2
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["a.answers.npz", "p.json"]
+
+
 def test_verdict_lines_keep_four_decimals_below_a_tenth(tmp_path):
     """Where the relative errors are ~0.01 (a context's replies to the destination), the
     verdict line says them to 4 decimals: 3 would print -0.000 [-0.001, -0.000]."""

@@ -292,6 +292,33 @@ def test_ctrl_c_of_eval_says_what_it_wrote_and_exits_130(run, tmp_path, where):
     assert sorted(f.name for f in tmp_path.iterdir()) == ["run"]  # no figure, nor its temp
 
 
+def test_a_plot_already_there_is_replaced_only_with_overwrite_not_the_report(run, tmp_path):
+    """A user trial: `train eval --plot FILE` replaced an existing FILE without a word; like
+    `train predict --out`, it takes --overwrite, refused before the evaluation. The report
+    under RUN_DIR/eval/ is the evaluation's own: evaluating again rewrites it."""
+    copy = shutil.copytree(run / "run", tmp_path / "run",
+                           ignore=shutil.ignore_patterns("eval"))  # other tests' reports
+    png, report = tmp_path / "eval.png", copy / "eval" / "step-6-q30.json"
+    png.write_bytes(b"an earlier figure")
+    args = ["eval", str(copy), "--max-queries", "30", "--plot", str(png)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        f"error: --plot {png}: already there; pass --overwrite to replace it (it stays as it "
+        "was until the figure is drawn), or use another --plot"]
+    assert png.read_bytes() == b"an earlier figure" and not (copy / "eval").exists()
+    r = CliRunner().invoke(main, [*args, "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(report.read_text())["queries"] == 30
+    report.write_text("an earlier report")  # rewritten, with no --overwrite
+    r = CliRunner().invoke(main, ["eval", str(copy), "--max-queries", "30"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(report.read_text())["queries"] == 30
+    assert sorted(f.name for f in (copy / "eval").iterdir()) == [
+        "step-6-q30.answers.npz", "step-6-q30.json"]
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_few_replies_are_said_once_and_name_max_queries_when_it_cut_them(run, full, as_json):
     """A user trial: the warning came twice (stderr as it arose, then the table), and said

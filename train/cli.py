@@ -243,7 +243,11 @@ def _fit(data, run_dir, resume, device, flags, hosts=None) -> int:
 @click.option("--plot", type=PlotFile(), default=None,
               help="Write a figure (.png, .pdf, .svg): relative-error CDFs, overall and by "
                    "stratum, and the loss curves.")
-def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
+@click.option("--overwrite", is_flag=True,
+              help="Replace the file already at --plot; it stays as it was until the figure "
+                   "is drawn. (The report under RUN_DIR/eval/ is the evaluation's own: "
+                   "evaluating again rewrites it.)")
+def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot, overwrite):
     """The model of RUN_DIR against RTT baselines on the test split.
 
     Loss and accuracy by token role; RTT median / p10 / p90 and P(failed) for every test
@@ -271,6 +275,7 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
     from train.eval.plot import plot as plot_fn
     from train.eval.report import format_report
 
+    _new_file("--plot", plot, overwrite, "it stays as it was until the figure is drawn")
     run_dir = _run_or_newest(run_dir, "train eval", "evaluating")
     written = []  # the report, then the figure: what the line of a stop names
 
@@ -300,10 +305,11 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot):
 @click.argument("answers", nargs=-1, type=click.Path())
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Also write the pooled report as JSON here.")
+@click.option("--overwrite", is_flag=True, help="Replace the file already at --out.")
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
               help="Seed of the bootstrap intervals.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def pool_cmd(answers, out, seed, as_json):
+def pool_cmd(answers, out, overwrite, seed, as_json):
     """The per-query answers of several `train eval` runs (ANSWERS: their
     eval/step-<S>.answers.npz files, or run folders, for the answers of their newest
     whole-split evaluation) scored as one test split: every predictor's median relative
@@ -325,6 +331,7 @@ def pool_cmd(answers, out, seed, as_json):
     if not answers:
         raise click.UsageError("name the answers of at least one `train eval` (its "
                                "eval/step-<S>.answers.npz) or a run folder")
+    _new_file("--out", out, overwrite)
     report = pool(list(answers), seed=seed)
     click.echo(json.dumps(report, indent=2) if as_json else format_pooled(report))
     if out:
@@ -376,10 +383,7 @@ def predict(run_dir, src, dst, when, history, queries, out, overwrite, step, as_
             raise InputError("--queries takes the queries from the file; drop --src/--dst/--time")
         if not out and not as_json:
             raise InputError("--queries needs --out FILE.parquet (or --json to print them)")
-        if out and os.path.lexists(out) and not overwrite:
-            raise InputError(f"--out {out}: already there; pass --overwrite to replace it (it "
-                             "stays as it was until every query is answered), or use another "
-                             "--out")
+        _new_file("--out", out, overwrite, "it stays as it was until every query is answered")
     elif not src or not dst:
         raise InputError("give --src and --dst (or --queries FILE.parquet); "
                          "e.g. train predict RUN_DIR --src 192.0.2.7 --dst 193.0.14.129")
@@ -430,6 +434,14 @@ def _stops_on_signals(command: str, what):
 
         name = signal.Signals(getattr(e, "signum", signal.SIGINT))
         leave(128 + name, f"{command}: stopped by {name.name} {what(e)}")
+
+
+def _new_file(flag: str, path: str | None, overwrite: bool, kept: str = "") -> None:
+    """InputError if ``path`` (if given) is there and not ``overwrite``, before the work, as
+    `prep` refuses an --out; ``kept``: what becomes of the old file meanwhile."""
+    if path and os.path.lexists(path) and not overwrite:
+        raise InputError(f"{flag} {path}: already there; pass --overwrite to replace it"
+                         f"{f' ({kept})' if kept else ''}, or use another {flag}")
 
 
 def _parquet_file(flag: str, path: str | None) -> None:

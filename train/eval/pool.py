@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prep.base.atomic import write_atomic
 from prep.base.errors import InputError
 from prep.base.words import count
 from train.eval import metrics as EM
@@ -117,7 +118,7 @@ def format_pooled(r: dict) -> str:
 
 
 def write_pooled(r: dict, out: str | Path) -> Path:
+    """Write the pooled report to ``out`` whole (temp name, then rename)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(r, indent=2) + "\n")
-    return out
+    return write_atomic(out, json.dumps(r, indent=2) + "\n")
