@@ -163,6 +163,39 @@ def test_an_answers_file_already_there_is_replaced_only_with_overwrite(run, tmp_
     assert pq.read_table(out)["src_addr"].to_pylist() == [f"192.0.2.{i}" for i in range(N)]
 
 
+def test_one_query_with_out_writes_the_answers_file_a_queries_file_of_it_gives(run, tmp_path):
+    """A user trial: `train predict --src A --dst B --out FILE` wrote nothing, without a
+    word. --json prints one query's answer as a queries file's, so --out writes it as a
+    queries file's too: one row, and a file already there only with --overwrite."""
+    one = ["predict", str(run / "run"), "--src", "192.0.2.1", "--dst", "193.0.14.129", "--time",
+           "1767272401", "--history", str(run / "h.parquet")]
+    out, many = tmp_path / "one.parquet", tmp_path / "many.parquet"
+    r = CliRunner().invoke(main, [*one, "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.splitlines()[-1] == f"wrote 1 answer to {out}"
+    got = pq.read_table(out)
+    assert got.column_names == Q.ANSWERS_SCHEMA.names and got.num_rows == 1
+    r2 = CliRunner().invoke(main, ["predict", str(run / "run"), "--queries", str(run / "q.parquet"),
+                                   "--history", str(run / "h.parquet"), "--out", str(many)])
+    assert r2.exit_code == 0, r2.output
+    assert got.to_pylist() == pq.read_table(many).slice(1, 1).to_pylist()  # its query 1
+    assert got.to_pylist()[0]["history_used"] == 6
+    printed = json.loads(r.stdout)  # and as --json prints it
+    assert {k: printed[k] for k in got.column_names} == {
+        **got.to_pylist()[0], "event_time": "2026-01-01T13:00:01Z"}
+    before = out.read_bytes()
+    r = CliRunner().invoke(main, [*one, "--out", str(out)])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        f"error: --out {out}: already there; pass --overwrite to replace it (it stays as it "
+        "was until every query is answered), or use another --out"]
+    assert out.read_bytes() == before
+    r = CliRunner().invoke(main, [*one, "--out", str(out), "--overwrite"])
+    assert r.exit_code == 0 and r.stdout.startswith("192.0.2.1 -> 193.0.14.129: RTT median ")
+    assert pq.read_table(out).to_pylist() == got.to_pylist()
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["many.parquet", "one.parquet"]
+
+
 def test_a_long_history_costs_a_few_encodings_not_one_per_measurement(monkeypatch):
     cfg = dataclasses.replace(MODELS["tiny"], seq_len=1024)
     pred = P.Predictor(model.init_params(cfg, 0), cfg)

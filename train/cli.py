@@ -356,7 +356,8 @@ def pool_cmd(answers, out, overwrite, seed, as_json):
                    "The answers add rtt_ms, p10_ms, p90_ms, p_failed, history_used, and "
                    "event_time as a UTC timestamp.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="With --queries: write the answers here (parquet).")
+              help="Write the answers here: parquet, a row per query (one for --src), that "
+                   "reads back as --queries.")
 @click.option("--overwrite", is_flag=True,
               help="Replace the file already at --out; it stays as it was until every query "
                    "is answered.")
@@ -377,16 +378,16 @@ def predict(run_dir, src, dst, when, history, queries, out, overwrite, step, as_
 
     for flag, path in (("--queries", queries), ("--history", history)):
         _parquet_file(flag, path)
-    run_dir = _run_or_newest(run_dir, "train predict", "answering from")
     if queries:
         if src or dst or when:
             raise InputError("--queries takes the queries from the file; drop --src/--dst/--time")
         if not out and not as_json:
             raise InputError("--queries needs --out FILE.parquet (or --json to print them)")
-        _new_file("--out", out, overwrite, "it stays as it was until every query is answered")
     elif not src or not dst:
         raise InputError("give --src and --dst (or --queries FILE.parquet); "
                          "e.g. train predict RUN_DIR --src 192.0.2.7 --dst 193.0.14.129")
+    _new_file("--out", out, overwrite, "it stays as it was until every query is answered")
+    run_dir = _run_or_newest(run_dir, "train predict", "answering from")
     had_out, printed = bool(out) and os.path.lexists(out), 0
 
     def emit(answers):  # each piece as it is answered
@@ -408,7 +409,7 @@ def predict(run_dir, src, dst, when, history, queries, out, overwrite, step, as_
             queries_lib.predict_file(run_dir, queries, history, out, step=step,
                                      emit=emit if as_json else None)
             return
-        a = queries_lib.predict_one(run_dir, src, dst, when, history, step=step)
+        a = queries_lib.predict_one(run_dir, src, dst, when, history, step=step, out=out)
         if as_json:
             click.echo(json.dumps(a))
         else:

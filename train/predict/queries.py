@@ -14,10 +14,11 @@
   schema's name and type: a UTC timestamp of seconds, null for a query without one, so an
   answers file reads back as a queries file), ``rtt_ms`` (median), ``p10_ms``,
   ``p90_ms``, ``p_failed`` and ``history_used`` (earlier measurements in the context).
-- A queries file is answered a piece (PIECE queries) at a time, under a progress bar of
-  queries: each piece's answers are appended to ``OUT.part`` (renamed to ``OUT`` when all
-  are there) and printed (``--json``) as they come, so memory holds one piece's contexts
-  and an interrupted or failed run leaves the old ``OUT`` (or none), never a part of it.
+- Queries (a file's, or the one of ``--src``, answered as a file of it) are answered a
+  piece (PIECE queries) at a time, under a progress bar of queries: each piece's answers
+  are appended to ``OUT.part`` (renamed to ``OUT`` when all are there) and printed
+  (``--json``) as they come, so memory holds one piece's contexts and an interrupted or
+  failed run leaves the old ``OUT`` (or none), never a part of it.
   SIGINT and SIGTERM raise prep.base.signals.Interrupted (``published`` once ``OUT`` is
   there: a signal after the last answer waits for the rename); `train predict` makes it
   one line and exit 128 + the signal.
@@ -43,6 +44,7 @@ from tqdm import tqdm
 from prep.base.atomic import replacing
 from prep.base.errors import InputError
 from prep.base.signals import stop_on_signals
+from prep.base.words import count
 from prep.base.tables import TableFile
 from prep.schema.manifest import MAX_GAP_S
 from prep.schema.measurements import Measurements, addr_text
@@ -165,17 +167,15 @@ def load_model(run_dir, step: int | None) -> P.Predictor:
     return pred
 
 
-def predict_one(run_dir, src: str, dst: str, when, history: str | None, *, step=None) -> dict:
-    """The answer to one query (``when``: ISO-8601 or Unix seconds, or None)."""
+def predict_one(run_dir, src: str, dst: str, when, history: str | None, *, step=None,
+                out: str | None = None) -> dict:
+    """The answer to one query (``when``: ISO-8601 or Unix seconds, or None), as a queries
+    file of it is answered (``answer``): written to ``out`` too if given."""
     t = None if when is None else _time(when)
-    q = P.query_measurement(src, dst, t)
-    pred = load_model(run_dir, step)
-    gap, where = run_max_gap(run_dir)
-    hist = Histories(history_of(history), history, {(q.family, q.src_hi, q.src_lo)},
-                     pred.max_history, gap)
-    ctx = hist.context(q)
-    hist.say_cut(history, gap, where)
-    return pred.predict(src, dst, time=t, history=ctx)
+    got = []
+    answer(run_dir, [P.query_measurement(src, dst, t)], [src], [dst], [t], history, out,
+           step=step, emit=got.extend, progress=False)
+    return got[0]
 
 
 def _time(text) -> int:
@@ -193,9 +193,8 @@ PIECE = 16_384  # queries answered, written and printed at a time
 
 def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
                  step=None, emit=None, progress: bool = True) -> int:
-    """Answer every query of the parquet ``queries``, a piece at a time (module docstring):
-    appended to ``out`` if given, each piece's answers (dicts) passed to ``emit`` if
-    given. Returns the number of answers."""
+    """Answer every query of the parquet ``queries`` (``answer``). Returns the number of
+    answers."""
     try:
         table = pq.read_table(queries)
     except (OSError, pa.ArrowException) as e:
@@ -214,6 +213,17 @@ def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
         if s is None or d is None:
             raise InputError(f"{queries}: query {k} has no src_addr or dst_addr")
         qs.append(P.query_measurement(s, d, t, where=f"{queries}: query {k}"))
+    answer(run_dir, qs, srcs, dsts, times, history, out, step=step, emit=emit,
+           progress=progress)
+    return len(qs)
+
+
+def answer(run_dir, qs: list[P.Measurement], srcs: list[str], dsts: list[str],
+           times: list[int | None], history: str | None, out: str | None, *, step=None,
+           emit=None, progress: bool = True) -> None:
+    """Answer the queries ``qs`` (their ``srcs``, ``dsts`` and ``times`` as given), a piece
+    at a time (module docstring): appended to ``out`` if given, each piece's answers
+    (dicts, with src_addr, dst_addr and event_time) passed to ``emit`` if given."""
     pred = load_model(run_dir, step)
     gap, where = run_max_gap(run_dir)
     hist = Histories(history_of(history), history, {(q.family, q.src_hi, q.src_lo) for q in qs},
@@ -241,8 +251,7 @@ def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
             guard.defer, guard.published = True, bool(out)
         hist.say_cut(history, gap, where)
         if out:
-            print(f"wrote {len(qs):,} answers to {out}", file=sys.stderr)
-    return len(qs)
+            print(f"wrote {count(len(qs), 'answer')} to {out}", file=sys.stderr)
 
 
 
