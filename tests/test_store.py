@@ -220,7 +220,8 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
     synthetic.write_shards(d, {"train": (tok, seg), "test": (tok[:2], seg[:2])})
     monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(
         arch.MODELS["small"], dst_store=1024, krig_store=256, store_by_source=by_source,
-        store_without_fold=False, pair_forward=0, pair_recent=0))  # (ROW has no absolute time)
+        store_without_fold=False, pair_forward=0, pair_recent=0,
+        pair_fail=False))  # (ROW has no absolute time)
     run = tmp_path / "run"
     train(TrainConfig(model="small", data=str(d), run_dir=str(run), steps=3, batch_size=2,
                       lr=3e-3, warmup=1, log_every=1, eval_every=0, ckpt_every=0))
@@ -337,7 +338,8 @@ def _gate_held_open(row, name, **cfg_kw):
     cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(row), dst_store=0,
                               pair_store=1024, context_copy=0.0, **cfg_kw)
     table, _ = store.build(np.asarray([PAIR_ROW] * 10, np.uint16),
-                           np.ones((10, len(PAIR_ROW)), np.uint8), 1024, key="pair")
+                           np.ones((10, len(PAIR_ROW)), np.uint8), 1024, key="pair",
+                           failures=cfg.pair_fail)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     params = {**params, "pair_store": jnp.asarray(table), f"{name}_bias": jnp.float32(30.0),
               f"{name}_width": jnp.full(2, -40.0)}
@@ -398,7 +400,7 @@ def test_the_fold_trains_the_store_gate_and_nothing_else():
     is routed: the fold's tokens reach the stores' gates (and their spreads: the store's
     and the placed store's) alone, the other tokens everything but the gates."""
     cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(ROW), dst_store=1024,
-                              pair_store=0, pair_forward=0)
+                              pair_store=0, pair_forward=0, pair_fail=False)
     table, _ = store.build(*planted(), 1024)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     params = {**params, "dst_store": jnp.asarray(table)}
@@ -463,7 +465,7 @@ def test_a_fold_of_the_contexts_is_whole_contexts_by_their_tokens():
                                   chosen)
     # where its read is trained: the positions that predict the fold's RTT bytes
     at = np.asarray(model.pair_fold_targets(jnp.asarray(tok), jnp.asarray(seg), 4))
-    assert at.sum() == 4 * 12 and not (at & ~fold).any()
+    assert at.sum() == 6 * 12 and not (at & ~fold).any()  # 2 results, 4 RTT bytes a context
     with pytest.raises(ValueError, match="pair_forward must be 0"):
         dataclasses.replace(arch.MODELS["small"], pair_forward=1)
     with pytest.raises(ValueError, match="pair_forward reads the pair store"):
@@ -549,7 +551,8 @@ def test_a_run_keeps_the_own_pair_read_where_no_reverse_pair_is(tmp_path, monkey
                warmup=1, log_every=1, eval_every=0, ckpt_every=0)
     train(TrainConfig(**cfg))
     err = capsys.readouterr().err
-    want, summary = store.build(tok, seg, 1024, key="pair", pair_fold=8, min_count=4)
+    want, summary = store.build(tok, seg, 1024, key="pair", pair_fold=8, min_count=4,
+                                failures=True)
     assert (summary.usable, summary.answered, summary.own) == (4, 0, summary.replies)
     assert ("pair store: built without 1 context in 8 (by context) instead, on which its "
             "read at a measurement's own pair learns") in err
@@ -608,13 +611,27 @@ def test_each_reply_is_timed_by_its_timestamp_or_its_contexts_latest():
     timestamp takes its context's latest (1,010 s), a context without timestamps -1, and
     every other position -1."""
     tok, seg = _timed_rows()
-    t = store.reply_times(tok, seg)
+    t, refused = store.reply_times(tok, seg)
     at = {(int(r), int(c)): int(t[r, c]) for r, c in zip(*np.nonzero(t >= 0))}
+    assert refused == 0
     assert at == {(0, 11): 1000, (0, 34): 1010, (0, 50): 1010,
                   (1, 11): 2000, (1, 34): 2005, (1, 50): 2005}
     assert (tok[t >= 0] == V.RTT_START).all()
     rtt = np.flatnonzero(tok[0] == V.RTT_START)
     assert rtt.tolist() == [11, 34, 50, 64, 78] and (t[0, [64, 78]] == -1).all()
+    # a row the decoder refuses (a delta timestamp first) in front: its replies untimed,
+    # counted, and the others' times as before, a row further on
+    bad = np.asarray([(reply(0x68, 0x20) * 8)[:tok.shape[1]]], np.uint16)
+    t2, refused = store.reply_times(np.concatenate([bad, tok]),
+                                    np.concatenate([np.ones_like(bad, np.uint8), seg]))
+    assert refused == 1 and (t2[0] == -1).all()
+    np.testing.assert_array_equal(t2[1:], t)
+    _, summary = store.build(np.concatenate([bad, tok]),
+                             np.concatenate([np.ones_like(bad, np.uint8), seg]), 1024,
+                             key="pair", min_count=1, recent=3)
+    assert summary.untimed_rows == 1 and (
+        "quantiles over each pair's latest 3 replies (1 row that `prep shards` would not "
+        "write: their replies untimed)") in summary.line()
 
 
 def test_the_pair_store_holds_each_pairs_latest_replies():
@@ -657,10 +674,100 @@ def test_a_run_builds_its_pair_store_from_each_pairs_latest_replies(tmp_path):
                                pair_forward=2, pair_min=1, pair_recent=3, gate_fold=0,
                                store_without_fold=False, placed_store=0.0)
     _, tables, lines = loop._store_tables(mcfg, d, manifest)
-    want, summary = store.build(tok, seg, 1024, key="pair", pair_fold=2, min_count=1, recent=3)
+    want, summary = store.build(tok, seg, 1024, key="pair", pair_fold=2, min_count=1, recent=3,
+                                failures=True)
     assert summary.usable and summary.recent == 3
     np.testing.assert_array_equal(tables["pair_store"], want)
     assert summary.line() in lines
+
+
+def failed(src_last, dst_last):
+    """``ping`` without a reply: FAILED, then a one-byte time delta."""
+    return ping(src_last, dst_last, 0, 0)[:11] + [V.FAILED, V.TIMESTAMP_DELTA1, B + 240]
+
+
+# node 1 pings node 2 (3 replies, 1 failure) and node 4 (5 failures, never a reply); x 10
+FAIL_ROW = (ping(1, 2, 0x50, 0x10) + failed(1, 2) + ping(1, 2, 0x50, 0x20) + failed(1, 4) * 5
+            + ping(1, 2, 0x51, 0x10))
+FAIL_ROWS = np.asarray([FAIL_ROW] * 10, np.uint16), np.ones((10, len(FAIL_ROW)), np.uint8)
+
+
+def _pair(s, d):
+    return jnp.int32(int(model.pair_key(jnp.int32(_node_hash(s)), jnp.int32(_node_hash(d)))))
+
+
+def test_the_pair_store_counts_each_pairs_failed_pings():
+    """``failures``: one more column, a pair's failed pings; a pair that never answers (1
+    -> 4: 50 failures) takes a row for them (no replies: its quantiles are never read), and
+    fail_share is (failed + 1/2) / (pings + 1) where a row holds min_count pings."""
+    table, summary = store.build(*FAIL_ROWS, 1024, key="pair", min_count=4, failures=True)
+    assert table.shape == (1024, K + 3)
+    for (s, d), (replies, fails) in {(1, 2): (30, 10), (1, 4): (0, 50)}.items():
+        r, ok = (np.asarray(x) for x in model._store_row(jnp.asarray(table), _pair(s, d), 0))
+        assert ok and (r[K], r[K + 2]) == (replies, fails)
+        assert r[K + 1] == int(model.store_check(_pair(s, d)))
+    assert not model._store_row(jnp.asarray(table), _pair(1, 4), 4)[1]  # no quantiles read
+    share, ok = model.fail_share(jnp.asarray(table), jnp.stack([_pair(1, 2), _pair(1, 4),
+                                                                 _pair(1, 3)]), 4)
+    np.testing.assert_allclose(np.asarray(share)[:2], [10.5 / 41, 50.5 / 51], rtol=1e-6)
+    assert np.asarray(ok).tolist() == [True, True, False]
+    assert (summary.usable, summary.replies, summary.fails, summary.failing) == (1, 30, 60, 2)
+    assert summary.line() == (
+        "pair store: 1 of 1 address pairs (>= 4 replies each) from 30 train replies; 2 pairs' "
+        "failure rates (>= 4 pings each, 60 failed); 0 train replies have their reverse pair "
+        "there (none: its reverse read answers nothing on this data), 30 their own pair")
+    plain, _ = store.build(*FAIL_ROWS, 1024, key="pair", min_count=4)
+    assert plain.shape == (1024, K + 2) and int((plain[:, K] > 0).sum()) == 1
+    with pytest.raises(ValueError, match="failures are counted in the pair store"):
+        store.build(*FAIL_ROWS, 1024, failures=True)
+    with pytest.raises(ValueError, match="pair_fail's gate learns on pair_forward's fold"):
+        dataclasses.replace(arch.MODELS["small"], pair_forward=0)
+    assert arch.MODELS["small"].pair_fail and not arch.MODELS["tiny"].pair_fail
+
+
+# node 1 pings node 2 (a reply), node 4 (no reply) and node 3 (not stored)
+FAIL_ASK = ping(1, 2, 0x50, 0x10) + failed(1, 4) + ping(1, 3, 0x70, 0x00)
+
+
+def test_the_failure_gate_moves_p_failed_to_the_pairs_share():
+    """The failure gate held open: before each result whose pair is stored (the last
+    destination byte, 10 and 16 + 10), P(FAILED) / (P(FAILED) + P(RTT_START)) is the pair's
+    share, their sum and every other token's probability the model's own; node 3's (30 +
+    10) and every other position keep the model's. In training it reads only on the
+    forward read's fold, and its gate learns from there alone."""
+    cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(FAIL_ASK), dst_store=0,
+                              pair_store=1024, context_copy=0.0)
+    table, _ = store.build(*FAIL_ROWS, 1024, key="pair", min_count=cfg.pair_min, failures=True)
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    params = {**params, "pair_store": jnp.asarray(table), "fail_bias": jnp.float32(30.0)}
+    tok, seg = jnp.asarray([FAIL_ASK]), jnp.ones((1, len(FAIL_ASK)), jnp.int32)
+    before = np.asarray(model.before_result(tok, seg))[0]
+    assert np.flatnonzero(before).tolist() == [*range(11), *range(16, 27), *range(30, 41)]
+    logits, own = model.forward(params, tok, seg, cfg, own=True)
+    p, p_own = (np.exp(np.asarray(jax.nn.log_softmax(x), np.float64))[0] for x in (logits, own))
+    F, R = V.FAILED, V.RTT_START
+    for at, share in ((10, 10.5 / 41), (16 + 10, 50.5 / 51)):
+        assert p[at, F] / (p[at, F] + p[at, R]) == pytest.approx(share, rel=1e-4)
+        assert p[at, F] + p[at, R] == pytest.approx(p_own[at, F] + p_own[at, R], rel=1e-5)
+        rest = np.ones(p.shape[1], bool)
+        rest[[F, R]] = False
+        np.testing.assert_allclose(p[at, rest], p_own[at, rest], rtol=1e-5, atol=1e-9)
+    others = np.ones(len(FAIL_ASK), bool)
+    others[[10, 26, 11, 12]] = False  # (11, 12: the forward read's RTT bytes of 1 -> 2)
+    np.testing.assert_allclose(p[others][:, [F, R]], p_own[others][:, [F, R]], atol=1e-6)
+    batch = {"tokens": tok, "segment_ids": seg}
+    open_ = {**params, "fail_bias": jnp.float32(0.0)}
+    grad = lambda fold: jax.grad(lambda q: model.loss_sum(q, {**batch, "pair_fold": fold},
+                                                          cfg)[2])(open_)
+    none = jnp.zeros(tok.shape, bool)
+    g_in, g_out = grad(none.at[0, 26].set(True)), grad(none)
+    assert abs(float(g_in["fail_bias"])) > 0 and float(g_out["fail_bias"]) == 0
+    assert not np.asarray(g_in["pair_store"]).any()
+    # the fold's targets: its RTT bytes and its results (node 1's pings of FAIL_ASK: 3
+    # results, 4 RTT bytes) where the context falls in it
+    # (this context's hash falls in a fold of 179, not of 2)
+    for k, want in ((179, [10, 11, 12, 26, 40, 41, 42]), (2, [])):
+        assert np.flatnonzero(np.asarray(model.pair_fold_targets(tok, seg, k))[0]).tolist() == want
 
 
 # --- the placed store (ModelConfig.placed_store): the store moved by the probe's factor ----

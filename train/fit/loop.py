@@ -204,13 +204,16 @@ def _store_tables(mcfg, data, manifest: dict):
                                          pair_fold=mcfg.pair_forward if key == "pair" else 0,
                                          min_count=(mcfg.pair_min if key == "pair"
                                                     else arch.STORE_MIN),
-                                         recent=mcfg.pair_recent if key == "pair" else 0)
+                                         recent=mcfg.pair_recent if key == "pair" else 0,
+                                         failures=key == "pair" and mcfg.pair_fail)
         lines.append(summary.line())
         if key == "pair":
             if mcfg.pair_forward and summary.own == 0:
                 lines.append(f"pair store: its read at a measurement's own pair is off for this "
-                             f"run (no address pair has {mcfg.pair_min} train replies)")
-                mcfg = dataclasses.replace(mcfg, pair_forward=0)
+                             f"run (no address pair has {mcfg.pair_min} train replies)"
+                             + (", and with it its failures' read" if mcfg.pair_fail else ""))
+                mcfg = dataclasses.replace(mcfg, pair_forward=0, pair_fail=False)
+                table = table[:, :arch.STORE_K + 2]
             if summary.answered == 0 and mcfg.pair_forward:
                 lines.append("pair store: its read at the reverse pair is off for this run (no "
                              "train reply has its reverse pair, so nothing would teach its "

@@ -147,6 +147,13 @@ class ModelConfig:
     # replies: 0.026 median relative error on a time split's known probes, against 0.033
     # for all of them; docs/learning.md section 8.21). 0: all
     pair_recent: int = 0
+    # with pair_forward: the pair store counts each pair's failed pings too (one more
+    # column), and where a measurement's pair is stored (pair_min pings) and its result is
+    # still to come, its share of failures moves the model's P(failed) (its split of the
+    # mass of FAILED and RTT_START; nothing else) by a gate of its own, learned on the forward
+    # read's fold: a known pair that never answers is known to fail, as the pair baselines
+    # know it (docs/learning.md section 8.21). False: off
+    pair_fail: bool = False
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
     # replies to their destinations' store medians, over their count plus this shrink;
@@ -188,6 +195,8 @@ class ModelConfig:
             raise ValueError(f"pair_min must be at least 1, not {self.pair_min}")
         if self.pair_recent < 0:
             raise ValueError(f"pair_recent must be 0 (all replies) or more, not {self.pair_recent}")
+        if self.pair_fail and not self.pair_forward:
+            raise ValueError("pair_fail's gate learns on pair_forward's fold: set pair_forward")
         if self.pair_forward and not self.pair_store:
             raise ValueError("pair_forward reads the pair store: set pair_store")
         if self.store_without_fold and not self.gate_fold:
@@ -210,7 +219,8 @@ MODELS = {
                          dst_memory=8192, dst_prior_scale=30.0, anonymize_src=True,
                          context_copy=0.3, copy_aux=1.0, dst_store=32768, pair_store=65536,
                          store_by_source=True, placed_store=0.25, gate_fold=8,
-                         store_without_fold=True, pair_forward=8, pair_min=4, pair_recent=8),
+                         store_without_fold=True, pair_forward=8, pair_min=4, pair_recent=8,
+                         pair_fail=True),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,
@@ -290,7 +300,8 @@ def param_specs(cfg: ModelConfig) -> dict:
                    "krig_bias": Param((), 0.0, decay=False),
                    "krig_width": Param((2,), 0.0, decay=False)}
     if cfg.pair_store:  # the same, for the reverse pair's replies
-        memory |= {"pair_store": Param((cfg.pair_store, STORE_K + 2), 0.0, decay=False, data=True),
+        memory |= {"pair_store": Param((cfg.pair_store, STORE_K + 2 + int(cfg.pair_fail)), 0.0,
+                                       decay=False, data=True),
                    # zeros: the bias opens it at first; and no draw, so the other parameters
                    # start as they do without it
                    "pair_gate": Param((D,), 0.0, zeros=True),
@@ -300,6 +311,9 @@ def param_specs(cfg: ModelConfig) -> dict:
         memory |= {"fwd_gate": Param((D,), 0.0, zeros=True),
                    "fwd_bias": Param((), 0.0, decay=False),
                    "fwd_width": Param((2,), 0.0, decay=False)}
+    if cfg.pair_store and cfg.pair_fail:  # its failure counts, read before a result
+        memory |= {"fail_gate": Param((D,), 0.0, zeros=True),
+                   "fail_bias": Param((), 0.0, decay=False)}
     return {
         **grammar,
         **waves,

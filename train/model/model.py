@@ -301,6 +301,13 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         if probes is not None:
             p_on = p_store[1] if p_copy is None else p_store[1] & ~p_copy[1]
             out_p = _mix_copy(params, out_p, xp, p_store[0], p_on, name)
+    if cfg.pair_store and cfg.pair_fail:  # the own pair's failures, before its result
+        key, key_on = next(k for _, n, k, _ in stores if n == "fwd")[:2]
+        share, f_on = fail_share(jax.lax.stop_gradient(params["pair_store"]), key, cfg.pair_min)
+        f_on = f_on & key_on & before_result(tokens, seg)
+        if pair_fold is not None:  # in training, only on the forward read's fold
+            f_on = f_on & pair_fold
+        out = _mix_fail(params, out, x, share, f_on, pair_fold)
     if copy is not None:
         out = _mix_copy(params, out, x, *copy)
         if probes is not None:
@@ -391,6 +398,28 @@ def _mix_copy(params: dict, logits: jax.Array, x: jax.Array, dist: jax.Array, on
         jnp.log(jnp.maximum(jnp.where(on[..., None], dist, 1.0), 1e-30)))  # (0 x log'(0): NaN)
     mixed = jnp.logaddexp(jax.nn.log_sigmoid(-z)[..., None] + jax.nn.log_softmax(logits),
                           jax.nn.log_sigmoid(z)[..., None] + copy)
+    return jnp.where(on[..., None], mixed, logits)
+
+
+def _mix_fail(params: dict, logits: jax.Array, x: jax.Array, share: jax.Array, on: jax.Array,
+              fold: jax.Array | None = None):
+    """Where ``on``: log-probabilities whose FAILED and RTT_START keep their sum S and split
+    it as (1 - g) m + g ``share`` (m: the model's P(FAILED) / S) and 1 minus that, g =
+    sigmoid(x . fail_gate + fail_bias), every other token's as the model's; the logits
+    elsewhere. With ``fold`` (forward's ``pair_fold``), g learns on the fold alone, reading
+    x as a constant (ModelConfig.pair_fail)."""
+    if fold is not None:
+        x = jax.lax.stop_gradient(x)
+    z = x.astype(jnp.float32) @ params["fail_gate"] + params["fail_bias"]
+    if fold is not None:
+        z = jnp.where(fold, z, jax.lax.stop_gradient(z))
+    g = jax.nn.sigmoid(z)
+    lp = jax.nn.log_softmax(logits.astype(jnp.float32))
+    l_f, l_r = lp[..., vocab.FAILED], lp[..., vocab.RTT_START]
+    l_s = jnp.logaddexp(l_f, l_r)
+    q = (1.0 - g) * jnp.exp(l_f - l_s) + g * share
+    mixed = (lp.at[..., vocab.FAILED].set(l_s + jnp.log(jnp.maximum(q, 1e-30)))
+             .at[..., vocab.RTT_START].set(l_s + jnp.log(jnp.maximum(1.0 - q, 1e-30))))
     return jnp.where(on[..., None], mixed, logits)
 
 
@@ -562,6 +591,30 @@ def _store_row(store, h, min_count: int = arch.STORE_MIN):
     r1, r2 = (store[i] for i in store_rows(h, store.shape[0]))
     ok1 = mine(r1)
     return jnp.where(ok1[..., None], r1, r2), ok1 | mine(r2)
+
+
+def fail_share(store: jax.Array, h, min_count: int):
+    """(share float32[...], ok bool[...]): key h's share of failed pings in the pair store
+    with failures (ModelConfig.pair_fail; train.model.store.build's ``failures``), as
+    (failed + 1/2) / (pings + 1); ok where its row is its own with ``min_count`` pings."""
+    K = arch.STORE_K
+    pings = lambda r: r[..., K] + r[..., K + 2]
+    mine = lambda r: (pings(r) >= min_count) & (r[..., K + 1] == store_check(h))
+    r1, r2 = (store[i] for i in store_rows(h, store.shape[0]))
+    ok1 = mine(r1)
+    r = jnp.where(ok1[..., None], r1, r2)
+    return (r[..., K + 2] + 0.5) / (pings(r) + 1.0), ok1 | mine(r2)
+
+
+def before_result(tokens: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """bool[B, T]: the tokens of a measurement before its result header (RTT_START or
+    FAILED), where the next token may yet be it; never on padding."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    start = (tokens == vocab.MEASUREMENT_START) & (seg > 0)
+    T = tokens.shape[1]
+    first = jax.lax.cummax(jnp.where(start, jnp.arange(T, dtype=jnp.int32), 0), axis=1)
+    result = ((tokens == vocab.RTT_START) | (tokens == vocab.FAILED)) & (seg > 0)
+    return (_so_far(result.astype(jnp.int32), first) == 0) & (seg > 0)
 
 
 def _reply_ratios(store: jax.Array, tokens: jax.Array, seg: jax.Array):
@@ -799,11 +852,14 @@ def context_fold(tokens: jax.Array, segment_ids: jax.Array, k: int) -> jax.Array
 
 
 def pair_fold_targets(tokens: jax.Array, segment_ids: jax.Array, k: int) -> jax.Array:
-    """bool[B, T]: the positions that predict an RTT byte in the contexts of one fold of
-    ``k`` (``context_fold``): forward's ``pair_fold`` (ModelConfig.pair_forward), where the
-    own pair's store is read in training and its gate learns."""
-    rtt = target_roles(tokens, segment_ids) == vocab.ROLES.index("rtt")
-    return context_fold(tokens, segment_ids, k) & rtt
+    """bool[B, T]: the positions that predict an RTT byte or a result header in the
+    contexts of one fold of ``k`` (``context_fold``): forward's ``pair_fold``
+    (ModelConfig.pair_forward), where the own pair's store is read in training (its
+    quantiles at the RTT bytes, its failures at the result, ModelConfig.pair_fail) and its
+    gates learn."""
+    role = target_roles(tokens, segment_ids)
+    want = (role == vocab.ROLES.index("rtt")) | (role == vocab.ROLES.index("result"))
+    return context_fold(tokens, segment_ids, k) & want
 
 
 def same_destination(tokens: jax.Array, segment_ids: jax.Array, probes=None):

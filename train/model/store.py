@@ -24,8 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prep.base.words import count
 from prep.schema import vocab
-from prep.tokens import rowdecode
+from prep.tokens import grammar, rowdecode
 from train.model import arch
 from train.model import model as M
 
@@ -50,6 +51,9 @@ class StoreSummary:
     own: int = -1
     min_count: int = arch.STORE_MIN  # the fewest replies a key's row is read with
     recent: int = 0  # the pair store: quantiles over each pair's latest this many (0: all)
+    fails: int = -1  # the pair store with failures: the failed pings counted in its rows
+    failing: int = -1  # and the pairs whose rows say how often they fail (min_count pings)
+    untimed_rows: int = 0  # with recent: rows the decoder refused, whose replies are untimed
 
     def line(self) -> str:
         name, what, field = KEYS[self.key]
@@ -59,6 +63,10 @@ class StoreSummary:
                    if self.sources else "")
                 + (f", quantiles over each pair's latest {self.recent} replies"
                    if self.recent else "")
+                + (f" ({count(self.untimed_rows, 'row')} that `prep shards` would not "
+                   "write: their replies untimed)" if self.untimed_rows else "")
+                + (f"; {self.failing:,} pairs' failure rates (>= {self.min_count} pings each, "
+                   f"{self.fails:,} failed)" if self.fails >= 0 else "")
                 + (f"; {self.collided:,} found no free row (a larger ModelConfig.{field} "
                    "would hold them)" if self.collided else "")
                 + ("" if self.answered < 0 else
@@ -70,11 +78,11 @@ class StoreSummary:
 
 @functools.partial(jax.jit, static_argnames=("key", "fold", "pair_fold"))
 def _replies(tokens, segment_ids, key="dst", fold=0, pair_fold=0):
-    """(key, reverse key, code, is_reply), [B, T] each: at each RTT_START whose two bytes
+    """(key, reverse key, code, is_reply, is_failure), [B, T] each: at each RTT_START whose two bytes
     follow in its segment, the measurement's destination hash (``key`` "dst"; its reverse
     key is itself) or the key of its ordered (source, destination) pair ("pair"; the
     reverse: (destination, source)), or ("ends") the destination's hash and the source's,
-    and the reply's 16-bit code. ``fold`` (ModelConfig.gate_fold, with store_without_fold):
+    and the reply's 16-bit code; the FAILED tokens of pings without a reply. ``fold`` (ModelConfig.gate_fold, with store_without_fold):
     the replies of that fold's contexts (model.source_fold) are not replies here; nor, with
     ``pair_fold`` (ModelConfig.pair_forward), those of its fold's (model.context_fold)."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
@@ -88,11 +96,14 @@ def _replies(tokens, segment_ids, key="dst", fold=0, pair_fold=0):
     b1, b2 = nxt(tokens, 1) - vocab.BYTE_OFFSET, nxt(tokens, 2) - vocab.BYTE_OFFSET
     ok = ((tokens == vocab.RTT_START) & (seg > 0) & (nxt(seg, 2) == seg)
           & (b1 >= 0) & (b1 < 256) & (b2 >= 0) & (b2 < 256))
+    failed = (tokens == vocab.FAILED) & (seg > 0)
     if fold:
-        ok = ok & ~M.source_fold(tokens, seg, fold)
+        kept = ~M.source_fold(tokens, seg, fold)
+        ok, failed = ok & kept, failed & kept
     if pair_fold:
-        ok = ok & ~M.context_fold(tokens, seg, pair_fold)
-    return full, back, b1 * 256 + b2, ok
+        kept = ~M.context_fold(tokens, seg, pair_fold)
+        ok, failed = ok & kept, failed & kept
+    return full, back, b1 * 256 + b2, ok, failed
 
 
 MAX_KICKS = 256
@@ -120,47 +131,58 @@ def _place(first: np.ndarray, second: np.ndarray, n: np.ndarray, keys: np.ndarra
     return row
 
 
-def reply_times(tokens: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
-    """int64[R, T]: at each reply's RTT_START, when it was measured as far as its context
-    says: its own timestamp, else (a measurement that lost it) its context's latest, else
-    (a context without timestamps) -1; -1 elsewhere. The rows' measurements are decoded on
-    the host (prep.tokens.rowdecode), as the evaluation's pair baselines read them."""
-    tokens, segment_ids = np.asarray(tokens), np.asarray(segment_ids)
+def reply_times(tokens: np.ndarray, segment_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """(int64[R, T], refused): at each reply's RTT_START, when it was measured as far as
+    its context says: its own timestamp, else (a measurement that lost it) its context's
+    latest, else (a context without timestamps) -1; -1 elsewhere. The rows' measurements
+    are decoded on the host (prep.tokens.rowdecode), as the evaluation's pair baselines read
+    them; rows the decoder refuses (not what `prep shards` writes: test rows of counting
+    tokens) are untimed, and counted."""
+    tokens = np.ascontiguousarray(tokens, np.uint16)
+    segment_ids = np.ascontiguousarray(segment_ids, np.uint8)
     out = np.full(tokens.shape[:2], -1, np.int64)
-    m = rowdecode.decode_rows(tokens, segment_ids, where="train split")
+    good = np.flatnonzero(grammar.check_rows(tokens, segment_ids)[3] == 0)
+    refused = len(tokens) - len(good)
+    every = refused == 0  # (no copy of the split)
+    m = rowdecode.decode_rows(tokens if every else tokens[good],
+                              segment_ids if every else segment_ids[good], where="train split")
     if not len(m):
-        return out
-    ctx = m.row * 256 + m.segment  # segment ids are uint8
+        return out, refused
+    row = good[m.row]  # (rows of the whole block)
+    ctx = row * 256 + m.segment  # segment ids are uint8
     first = np.r_[True, ctx[1:] != ctx[:-1]]  # a context's measurements are consecutive
     group = np.cumsum(first) - 1
     latest = np.full(int(group[-1]) + 1, -1, np.int64)
     np.maximum.at(latest, group, np.where(m.has_time, m.time, -1))
     when = np.where(m.has_time, m.time, latest[group])
     reply = m.rtt_code >= 0
-    out[m.row[reply], m.result_pos[reply]] = when[reply]
-    return out
+    out[row[reply], m.result_pos[reply]] = when[reply]
+    return out, refused
 
 
 def _collect(tokens, segment_ids, key: str, batch: int, fold: int = 0, pair_fold: int = 0,
-             times: np.ndarray | None = None):
+             times: np.ndarray | None = None, failures: bool = False):
     """``_replies``' (key, reverse key, code) of every reply in the rows, int32[n] each;
-    with ``times`` (``reply_times``), a fourth: each reply's time, int64[n]."""
-    hs, backs, codes, whens = [], [], [], []
+    with ``times`` (``reply_times``), then each reply's time, int64[n]; with ``failures``,
+    then the key of every failed ping, int32[m]."""
+    hs, backs, codes, whens, fails = [], [], [], [], []
     for r0 in range(0, len(tokens), batch):
         t, s = tokens[r0:r0 + batch], segment_ids[r0:r0 + batch]
         n = len(t)
         if n < batch:  # one compiled shape: pad the last batch with empty rows
             t = np.concatenate([t, np.zeros((batch - len(t),) + t.shape[1:], t.dtype)])
             s = np.concatenate([s, np.zeros((batch - len(s),) + s.shape[1:], s.dtype)])
-        h, b, c, ok = (np.asarray(x) for x in _replies(t, s, key, fold, pair_fold))
+        h, b, c, ok, failed = (np.asarray(x) for x in _replies(t, s, key, fold, pair_fold))
+        fails.append(h[failed])
         hs.append(h[ok])
         backs.append(b[ok])
         codes.append(c[ok])
         if times is not None:
             whens.append(times[r0:r0 + n][ok[:n]])
     cat = lambda xs, dt=np.int32: np.concatenate(xs) if xs else np.zeros(0, dt)
-    out = cat(hs), cat(backs), cat(codes)
-    return out if times is None else out + (cat(whens, np.int64),)
+    out = (cat(hs), cat(backs), cat(codes)) + ((cat(whens, np.int64),) if times is not None
+                                                 else ())
+    return out + (cat(fails),) if failures else out
 
 
 def _pair_medians(one: np.ndarray, other: np.ndarray, code: np.ndarray):
@@ -178,7 +200,7 @@ def _pair_medians(one: np.ndarray, other: np.ndarray, code: np.ndarray):
 def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = "dst",
           batch: int = 512, by_source: bool = False,
           fold: int = 0, pair_fold: int = 0, min_count: int = arch.STORE_MIN,
-          recent: int = 0) -> tuple[np.ndarray, StoreSummary]:
+          recent: int = 0, failures: bool = False) -> tuple[np.ndarray, StoreSummary]:
     """(float32[rows, STORE_K + 2], summary) from packed rows ``tokens``/``segment_ids``,
     by destination (``key`` "dst") or by ordered address pair ("pair"). ``by_source`` (with
     "dst"; ModelConfig.store_by_source): a destination's quantiles are over its sources'
@@ -189,7 +211,10 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     a measurement's own pair learns. ``min_count``: the fewest replies a key is read with
     (ModelConfig.pair_min for the pair store); only such keys take rows. ``recent`` (with
     "pair"; ModelConfig.pair_recent): a pair's quantiles are over its latest this many
-    replies (``reply_times``; ties and untimed contexts in row order), its count over all."""
+    replies (``reply_times``; ties and untimed contexts in row order), its count over all.
+    ``failures`` (with "pair"; ModelConfig.pair_fail): each row holds one more column, the
+    pair's failed pings, and a pair takes a row with ``min_count`` pings, replies or not
+    (its quantiles are read only with ``min_count`` replies)."""
     if key not in KEYS:
         raise ValueError(f"store key must be one of {sorted(KEYS)}, not {key!r}")
     if by_source and key != "dst":
@@ -200,14 +225,19 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     if recent < 0 or recent and key != "pair":
         raise ValueError(f"recent is a count of a pair's latest replies (>= 0, key 'pair'), "
                          f"not {recent} with key {key!r}")
+    if failures and key != "pair":
+        raise ValueError(f"failures are counted in the pair store, not with key {key!r}")
+    times, untimed = reply_times(tokens, segment_ids) if recent else (None, 0)
     got = _collect(tokens, segment_ids, "ends" if by_source else key, batch, fold, pair_fold,
-                   reply_times(tokens, segment_ids) if recent else None)
+                   times, failures)
     h, back, code = got[:3]
-    table = np.zeros((rows, K + 2), np.float32)
+    fail_keys = got[-1] if failures else np.zeros(0, np.int32)
+    table = np.zeros((rows, K + 2 + int(failures)), np.float32)
     answered = -1 if key == "dst" else 0
-    if len(h) == 0:
+    if len(h) == 0 and len(fail_keys) == 0:
         return table, StoreSummary(0, 0, 0, 0, key, answered, min_count=min_count,
-                                   recent=recent)
+                                   recent=recent, fails=0 if failures else -1,
+                                   untimed_rows=untimed)
     replies = np.ones(len(h), np.int64)  # the replies each entry stands for
     if by_source:  # back is the source's hash: one entry per (destination, source)
         o, start, replies, mid = _pair_medians(h, back, code)
@@ -223,34 +253,49 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
         h, code, replies = h[keep], code[keep], replies[keep]
     order = np.lexsort((code, h))  # by destination, codes ascending within
     h, code, replies = h[order], code[order], replies[order]
-    first = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
+    first = np.flatnonzero(np.r_[True, h[1:] != h[:-1]]) if len(h) else np.zeros(0, np.int64)
     n = np.diff(np.r_[first, len(h)])
-    n_replies = np.add.reduceat(replies, first)
+    n_replies = np.add.reduceat(replies, first) if len(h) else np.zeros(0, np.int64)
     dest = h[first]
     if recent:  # the count is over all of a pair's replies (ModelConfig.pair_min reads it)
         n_replies = counted[1]
         assert np.array_equal(counted[0], dest)
-    # only a key the model reads (min_count replies) takes a row: one that never would
-    # crowded others out (8 % of a generated world's usable pairs in 32,768 rows)
-    readable = np.flatnonzero(n_replies >= min_count)
-    row = np.full(len(dest), -1, np.int64)
-    row[readable] = _place(*(np.asarray(r)[readable] for r in M.store_rows(dest, rows)),
-                           n_replies[readable], dest[readable], rows)
+    # the keys with failed pings only come after those with replies (no quantiles)
+    f_key, f_count = np.unique(fail_keys, return_counts=True)
+    only_failed = np.setdiff1d(f_key, dest)
+    keys = np.concatenate([dest, only_failed]).astype(dest.dtype)
+    n_pings = np.concatenate([n_replies, np.zeros(len(only_failed), n_replies.dtype)])
+    n_failed = np.zeros(len(keys), np.int64)
+    if len(f_key):
+        at = np.minimum(np.searchsorted(f_key, keys), len(f_key) - 1)
+        n_failed = np.where(f_key[at] == keys, f_count[at], 0)
+        n_pings = n_pings + n_failed
+    # only a key the model reads (min_count replies, or pings where failures are stored)
+    # takes a row: one that never would crowded others out (8 % of a generated world's
+    # usable pairs in 32,768 rows)
+    readable = np.flatnonzero(n_pings >= min_count)
+    row = np.full(len(keys), -1, np.int64)
+    row[readable] = _place(*(np.asarray(r)[readable] for r in M.store_rows(keys, rows)),
+                           n_pings[readable], keys[readable], rows)
     keep = row >= 0
     levels = (np.arange(K) + 0.5) / K
     q = first[:, None] + np.minimum((levels[None, :] * n[:, None]).astype(np.int64), n[:, None] - 1)
-    table[row[keep], :K] = code[q[keep]]
-    table[row[keep], K] = n_replies[keep]
-    table[row[keep], K + 1] = M.store_check(dest[keep])
-    usable = keep & (n_replies >= min_count)
-    collided = int((~keep & (n_replies >= min_count)).sum())
+    coded = keep[:len(dest)]
+    table[row[:len(dest)][coded], :K] = code[q[coded]]
+    table[row[keep], K] = n_pings[keep] - n_failed[keep]
+    table[row[keep], K + 1] = M.store_check(keys[keep])
+    if failures:
+        table[row[keep], K + 2] = n_failed[keep]
+    usable = coded & (n_replies >= min_count)
+    collided = int((~coded & (n_replies >= min_count)).sum())
     own = -1
     if key == "pair":
         answered = int(np.isin(back, dest[usable]).sum())
         own = int(np.isin(all_h, dest[usable]).sum())
     return table, StoreSummary(len(dest), int(usable.sum()), int(n_replies.sum()), collided,
                                key, answered, len(code) if by_source else 0, own, min_count,
-                               recent)
+                               recent, int(n_failed[keep].sum()) if failures else -1,
+                               int(keep.sum()) if failures else -1, untimed)
 
 
 KRIG_SHRINK = 5.0  # a covariance over n shared sources is scaled n / (n + this); context_krig's
@@ -302,7 +347,7 @@ def build_krig(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, dst_table
     sources that reached both, over their count (plus KRIG_SHRINK for two destinations);
     the noise the replies' mean square log2 ratio to their pair's median."""
     K = arch.STORE_K
-    dst, src, code = _collect(tokens, segment_ids, "ends", batch, fold)
+    dst, src, code = _collect(tokens, segment_ids, "ends", batch, fold)[:3]
     table = np.zeros((rows, 2), np.float32)
     if len(dst):  # the destination's own row (model.store_rows; its check, enough replies)
         r1, r2 = (np.asarray(r) for r in M.store_rows(dst, len(dst_table)))
