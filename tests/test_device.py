@@ -45,7 +45,7 @@ def test_make_setup_picks_the_cuda_extra(tmp_path, cuda, extra):
     env = dict(os.environ, PATH=f"{fake_nvidia_smi(tmp_path, cuda)}:{os.environ['PATH']}")
     out = subprocess.run(["make", "-n", "setup", f"VENV={tmp_path / 'venv'}"], cwd=REPO, env=env,
                          capture_output=True, text=True, check=True).stdout
-    assert f"pip install -q -e '.[dev,plots,{extra}]'" in out, out
+    assert f"pip install -q --no-cache-dir -e '.[dev,plots,{extra}]'" in out, out
 
 
 def test_make_setup_without_a_gpu_and_overrides(tmp_path):
@@ -53,10 +53,10 @@ def test_make_setup_without_a_gpu_and_overrides(tmp_path):
     run = lambda *a: subprocess.run(["make", "-n", "setup", f"VENV={tmp_path / 'venv'}", *a],
                                     cwd=REPO, env=env, capture_output=True, text=True,
                                     check=True).stdout
-    assert "pip install -q -e '.[dev,plots]'" in run()
-    assert "pip install -q -e '.[dev,plots,cuda12]'" in run("CUDA=12")
+    assert "pip install -q --no-cache-dir -e '.[dev,plots]'" in run()
+    assert "pip install -q --no-cache-dir -e '.[dev,plots,cuda12]'" in run("CUDA=12")
     fake_nvidia_smi(tmp_path)
-    assert "pip install -q -e '.[dev,plots]'" in run("CUDA=none")
+    assert "pip install -q --no-cache-dir -e '.[dev,plots]'" in run("CUDA=none")
 
 
 def test_train_with_a_visible_gpu_and_cpu_jax_is_one_line(tmp_path, monkeypatch):

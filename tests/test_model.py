@@ -152,7 +152,8 @@ def test_decay_mask_is_the_old_rule_leaf_by_leaf(name):
                                           "store_bias", "store_width", "pair_store",
                                           "pair_bias", "pair_width", "placed_bias",
                                           "placed_width", "krig_store", "krig_noise",
-                                          "krig_bias", "krig_width", "fwd_bias", "fwd_width")),
+                                          "krig_bias", "krig_width", "fwd_bias", "fwd_width",
+                                          "fail_bias")),
         shapes)
     new = arch.decay_mask(cfg)
     assert jax.tree.structure(new) == jax.tree.structure(old)
