@@ -383,16 +383,21 @@ def context_copy(tokens: jax.Array, segment_ids: jax.Array, match: jax.Array, al
     return out, second(p_cand, (p_role == rtt) & (p_index == 0), p_tok - vocab.BYTE_OFFSET)
 
 
+def _gate(params: dict, x: jax.Array, name: str, fold: jax.Array | None = None):
+    """The logit of gate ``name``: x . {name}_gate + {name}_bias; with ``fold``, learned
+    on the fold's positions alone, x read as a constant."""
+    if fold is not None:
+        x = jax.lax.stop_gradient(x)
+    z = x.astype(jnp.float32) @ params[f"{name}_gate"] + params[f"{name}_bias"]
+    return z if fold is None else jnp.where(fold, z, jax.lax.stop_gradient(z))
+
+
 def _mix_copy(params: dict, logits: jax.Array, x: jax.Array, dist: jax.Array, on: jax.Array,
               name: str = "copy", fold: jax.Array | None = None):
     """log((1 - g) softmax(logits) + g dist) where ``on`` (dist over the 256 byte tokens),
     g = sigmoid(x . {name}_gate + {name}_bias); the logits elsewhere. With ``fold``
     (forward's), g is learned on the fold's tokens alone, and reads x as a constant."""
-    if fold is not None:
-        x = jax.lax.stop_gradient(x)
-    z = x.astype(jnp.float32) @ params[f"{name}_gate"] + params[f"{name}_bias"]
-    if fold is not None:
-        z = jnp.where(fold, z, jax.lax.stop_gradient(z))
+    z = _gate(params, x, name, fold)
     lo = vocab.BYTE_OFFSET
     copy = jnp.full(logits.shape, -jnp.inf, jnp.float32).at[..., lo:lo + 256].set(
         jnp.log(jnp.maximum(jnp.where(on[..., None], dist, 1.0), 1e-30)))  # (0 x log'(0): NaN)
@@ -408,12 +413,7 @@ def _mix_fail(params: dict, logits: jax.Array, x: jax.Array, share: jax.Array, o
     sigmoid(x . fail_gate + fail_bias), every other token's as the model's; the logits
     elsewhere. With ``fold`` (forward's ``pair_fold``), g learns on the fold alone, reading
     x as a constant (ModelConfig.pair_fail)."""
-    if fold is not None:
-        x = jax.lax.stop_gradient(x)
-    z = x.astype(jnp.float32) @ params["fail_gate"] + params["fail_bias"]
-    if fold is not None:
-        z = jnp.where(fold, z, jax.lax.stop_gradient(z))
-    g = jax.nn.sigmoid(z)
+    g = jax.nn.sigmoid(_gate(params, x, "fail", fold))
     lp = jax.nn.log_softmax(logits.astype(jnp.float32))
     l_f, l_r = lp[..., vocab.FAILED], lp[..., vocab.RTT_START]
     l_s = jnp.logaddexp(l_f, l_r)
@@ -583,11 +583,13 @@ def _value_code(us):
     return jnp.where(big, (31 << 11) | 2047, (e << 11) | jnp.minimum(m, 2047))
 
 
-def _store_row(store, h, min_count: int = arch.STORE_MIN):
+def _store_row(store, h, min_count: int = arch.STORE_MIN, pings: bool = False):
     """(row float32[..., K + 2], ok bool[...]): key h's row of a store (``store_rows``; its
-    own: the check matches and it holds at least ``min_count`` replies)."""
+    own: the check matches and it holds at least ``min_count`` replies, or with ``pings``
+    replies and failed pings, the pair store's column K + 2, ModelConfig.pair_fail)."""
     K = arch.STORE_K
-    mine = lambda r: (r[..., K] >= min_count) & (r[..., K + 1] == store_check(h))
+    count = (lambda r: r[..., K] + r[..., K + 2]) if pings else (lambda r: r[..., K])
+    mine = lambda r: (count(r) >= min_count) & (r[..., K + 1] == store_check(h))
     r1, r2 = (store[i] for i in store_rows(h, store.shape[0]))
     ok1 = mine(r1)
     return jnp.where(ok1[..., None], r1, r2), ok1 | mine(r2)
@@ -598,12 +600,8 @@ def fail_share(store: jax.Array, h, min_count: int):
     with failures (ModelConfig.pair_fail; train.model.store.build's ``failures``), as
     (failed + 1/2) / (pings + 1); ok where its row is its own with ``min_count`` pings."""
     K = arch.STORE_K
-    pings = lambda r: r[..., K] + r[..., K + 2]
-    mine = lambda r: (pings(r) >= min_count) & (r[..., K + 1] == store_check(h))
-    r1, r2 = (store[i] for i in store_rows(h, store.shape[0]))
-    ok1 = mine(r1)
-    r = jnp.where(ok1[..., None], r1, r2)
-    return (r[..., K + 2] + 0.5) / (pings(r) + 1.0), ok1 | mine(r2)
+    r, ok = _store_row(store, h, min_count, pings=True)
+    return (r[..., K + 2] + 0.5) / (r[..., K] + r[..., K + 2] + 1.0), ok
 
 
 def before_result(tokens: jax.Array, segment_ids: jax.Array) -> jax.Array:
