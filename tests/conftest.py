@@ -11,16 +11,21 @@ pytest.register_assert_rewrite("helpers")  # its asserts report like a test's ow
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 
-# The longest modules (seconds on 2 shared cores), started first by `make test`'s workers,
-# which take whole modules (--dist loadfile), two each at the start: gw0 the 1st and 3rd,
-# gw1 the 2nd and 4th. So one worker starts on two that need no warm-up (numba_kernels)
-# while the other warms the kernels up for the rest; the short modules fill in at the end.
-FIRST = ["test_value_field.py",  # 80-170 (its own kernels)
-         "test_reads_context.py",  # 85-120
-         "test_train_multihost.py",  # 110-180 (no prep kernel)
+# The longest modules (seconds on 2 shared cores, 2026-11-30), longest first: `make test`'s
+# workers take whole modules (--dist loadfile), each holding the next one while it runs (gw0
+# the 1st and 3rd, gw1 the 2nd and 4th, then whichever is free), so the long ones end early
+# and the short ones fill in at the end. (test_store, alphabetically late and not marked
+# slow, once started last and ran alone for two minutes.)
+FIRST = ["test_knows_destinations.py",  # 200-280 (three learning runs)
+         "test_store.py",  # 150-200 (compiles of small's forward)
+         "test_reads_context.py",  # 110-140
+         "test_value_field.py",  # 25-170 (its own kernels: compiled where not cached)
+         "test_train_multihost.py",  # 80-110 (no prep kernel)
+         "test_object_storage.py",  # 45-50
          "test_evaluate.py",  # 30-120
-         "test_faults.py",  # 45-85
-         "test_copy.py"]  # 30-55
+         "test_objective.py",  # 45
+         "test_faults.py",  # 25-85
+         "test_copy.py"]  # 20-55
 
 
 def pytest_collection_modifyitems(config, items):

@@ -166,6 +166,20 @@ def decode_rows(tokens, segment_ids, *, where: str = "rows") -> RowMeasurements:
     return decode_rows_and_roles(tokens, segment_ids, where=where)[0]
 
 
+def decode_whole_rows(tokens, segment_ids) -> tuple[RowMeasurements, int]:
+    """(measurements, refused): decode_rows of the rows that are whole measurements, their
+    ``row`` still an index into the block given; the rows that are not (no RowFormatError)
+    are left out and counted. One grammar check, as decode_rows's."""
+    tokens = np.ascontiguousarray(tokens, dtype=np.uint16)
+    segment_ids = np.ascontiguousarray(segment_ids, dtype=np.uint8)
+    n_meas, _, _, error, _ = grammar.check_rows(tokens, segment_ids)
+    good = np.flatnonzero(error == 0)
+    if len(good) == len(tokens):  # (no copy of the block)
+        return RowMeasurements(*_decode(tokens, segment_ids, n_meas)[:-1]), 0
+    out = _decode(tokens[good], segment_ids[good], n_meas[good])[:-1]
+    return RowMeasurements(good[out[0]], *out[1:]), len(tokens) - len(good)
+
+
 def token_roles(tokens, segment_ids, *, where: str = "rows") -> np.ndarray:
     """uint8[R, L]: the role (index into ROLES) of every token; 0 on padding."""
     return decode_rows_and_roles(tokens, segment_ids, where=where)[1]
