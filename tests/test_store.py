@@ -542,10 +542,11 @@ def test_a_run_keeps_the_own_pair_read_where_no_reverse_pair_is(tmp_path, monkey
     seg = np.asarray([[i + 1 for i in range(4) for _ in range(n)]] * 40, np.uint8)
     d = tmp_path / "shards"
     synthetic.write_shards(d, {"train": (tok, seg), "test": (tok[:2], seg[:2])})
-    # (pair_recent 0: these rows' delta timestamps have no absolute one before them, which
-    # the decoder that times the replies refuses; the test below times them)
+    # (pair_recent and pair_fail_recent 0: these rows' delta timestamps have no absolute one
+    # before them, which the decoder that times the pings refuses; the tests below time them)
     monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(
-        arch.MODELS["small"], dst_store=1024, pair_store=1024, pair_forward=8, pair_recent=0))
+        arch.MODELS["small"], dst_store=1024, pair_store=1024, pair_forward=8, pair_recent=0,
+        pair_fail_recent=0))
     run = tmp_path / "run"
     cfg = dict(model="small", data=str(d), run_dir=str(run), steps=2, batch_size=2, lr=3e-3,
                warmup=1, log_every=1, eval_every=0, ckpt_every=0)
@@ -594,11 +595,13 @@ TIMED_ROWS = [
      + timed(1, 3, 0x70, 0x00)]]
 
 
-def _timed_rows():
-    width = max(sum(map(len, r)) for r in TIMED_ROWS)
-    tok = np.zeros((len(TIMED_ROWS), width), np.uint16)
-    seg = np.zeros((len(TIMED_ROWS), width), np.uint8)
-    for i, row in enumerate(TIMED_ROWS):
+def _timed_rows(rows=None):
+    """Packed rows of ``rows`` (TIMED_ROWS): a list of contexts (token lists) per row."""
+    rows = TIMED_ROWS if rows is None else rows
+    width = max(sum(map(len, r)) for r in rows)
+    tok = np.zeros((len(rows), width), np.uint16)
+    seg = np.zeros((len(rows), width), np.uint8)
+    for i, row in enumerate(rows):
         at = 0
         for k, ctx in enumerate(row):
             tok[i, at:at + len(ctx)], seg[i, at:at + len(ctx)] = ctx, k + 1
@@ -607,7 +610,7 @@ def _timed_rows():
 
 
 def test_each_reply_is_timed_by_its_timestamp_or_its_contexts_latest():
-    """reply_times: at each RTT_START, the reply's own time; the one that lost its
+    """reply_times: at each RTT_START (and FAILED), the ping's own time; the one that lost its
     timestamp takes its context's latest (1,010 s), a context without timestamps -1, and
     every other position -1."""
     tok, seg = _timed_rows()
@@ -626,6 +629,11 @@ def test_each_reply_is_timed_by_its_timestamp_or_its_contexts_latest():
                                     np.concatenate([np.ones_like(bad, np.uint8), seg]))
     assert refused == 1 and (t2[0] == -1).all()
     np.testing.assert_array_equal(t2[1:], t)
+    # a failed ping is timed at its FAILED: 3,000 s, then 240 s later
+    row = np.asarray([timed(1, 2, 0x50, 0x10, ("abs", 3000)) + failed(1, 2)], np.uint16)
+    t3, refused = store.reply_times(row, np.ones_like(row, np.uint8))
+    assert refused == 0 and {int(row[0, c]): int(t3[0, c]) for c in np.flatnonzero(
+        t3[0] >= 0)} == {V.RTT_START: 3000, V.FAILED: 3240}
     _, summary = store.build(np.concatenate([bad, tok]),
                              np.concatenate([np.ones_like(bad, np.uint8), seg]), 1024,
                              key="pair", min_count=1, recent=3)
@@ -663,7 +671,8 @@ def test_the_pair_store_holds_each_pairs_latest_replies():
 
 
 def test_a_run_builds_its_pair_store_from_each_pairs_latest_replies(tmp_path):
-    """The run's stores (train.fit.loop) pass ModelConfig.pair_recent to the build."""
+    """The run's stores (train.fit.loop) pass ModelConfig.pair_recent and pair_fail_recent
+    to the build."""
     from prep.tools import synthetic_shards as synthetic
     from train.fit import loop
 
@@ -675,8 +684,8 @@ def test_a_run_builds_its_pair_store_from_each_pairs_latest_replies(tmp_path):
                                store_without_fold=False, placed_store=0.0)
     _, tables, lines = loop._store_tables(mcfg, d, manifest)
     want, summary = store.build(tok, seg, 1024, key="pair", pair_fold=2, min_count=1, recent=3,
-                                failures=True)
-    assert summary.usable and summary.recent == 3
+                                failures=True, fail_recent=16)
+    assert summary.usable and summary.recent == 3 and summary.fail_recent == 16
     np.testing.assert_array_equal(tables["pair_store"], want)
     assert summary.line() in lines
 
@@ -725,6 +734,41 @@ def test_the_pair_store_counts_each_pairs_failed_pings():
     assert arch.MODELS["small"].pair_fail and not arch.MODELS["tiny"].pair_fail
 
 
+# node 1's pings to node 2 in time order: replies at 1,000 and 1,490 s with failures at 1,240
+# and 1,480 s between them (row 1); replies at 5,000, 5,245 and 5,250 s, a failure at 5,240 s
+# (row 0: the rows are not in time order)
+FAIL_TIMED = [[timed(1, 2, 0x50, 0x30, ("abs", 5000)) + failed(1, 2)
+               + timed(1, 2, 0x50, 0x40, ("d1", 5)) + timed(1, 2, 0x50, 0x50, ("d1", 5))],
+              [timed(1, 2, 0x50, 0x10, ("abs", 1000)) + failed(1, 2) + failed(1, 2)
+               + timed(1, 2, 0x50, 0x20, ("d1", 10))]]
+
+
+@pytest.mark.parametrize("latest, failed_, share", [(4, 1, 1.5 / 5), (6, 2, 2.5 / 7),
+                                                     (100, 3, 3.5 / 9), (0, 3, 3.5 / 9)])
+def test_the_pair_store_counts_the_failures_of_each_pairs_latest_pings(latest, failed_, share):
+    """``fail_recent``: the failures among the pair's latest 4 pings (5,000 to 5,250 s: 1),
+    6 (from 1,480 s: 2), or all 8 (3); its replies all 5 either way, and fail_share over
+    min(latest, pings) of them."""
+    tok, seg = _timed_rows(FAIL_TIMED)
+    table, summary = store.build(tok, seg, 1024, key="pair", min_count=1, failures=True,
+                                 fail_recent=latest)
+    r, ok = (np.asarray(x) for x in model._store_row(jnp.asarray(table), _pair(1, 2), 1))
+    assert ok and (r[K], r[K + 2]) == (5, failed_)
+    got, _ = model.fail_share(jnp.asarray(table), _pair(1, 2), 1, latest)
+    np.testing.assert_allclose(float(got), share, rtol=1e-6)
+    assert summary.fails == failed_ and summary.line().endswith(
+        f"(>= 1 pings each, {failed_} failed"
+        + (f" among each pair's latest {latest})" if latest else ")")
+        + "; 0 train replies have their reverse pair there (none: its reverse read answers "
+        "nothing on this data), 5 their own pair")
+    if not latest:
+        with pytest.raises(ValueError, match="fail_recent is a count of a pair's latest pings"):
+            store.build(tok, seg, 1024, key="pair", fail_recent=4)
+        with pytest.raises(ValueError, match="pair_fail_recent must be 0 .all pings. or more"):
+            dataclasses.replace(arch.MODELS["small"], pair_fail_recent=-1)
+        assert arch.MODELS["small"].pair_fail_recent == 16
+
+
 # node 1 pings node 2 (a reply), node 4 (no reply) and node 3 (not stored)
 FAIL_ASK = ping(1, 2, 0x50, 0x10) + failed(1, 4) + ping(1, 3, 0x70, 0x00)
 
@@ -736,7 +780,7 @@ def test_the_failure_gate_moves_p_failed_to_the_pairs_share():
     10) and every other position keep the model's. In training it reads only on the
     forward read's fold, and its gate learns from there alone."""
     cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(FAIL_ASK), dst_store=0,
-                              pair_store=1024, context_copy=0.0)
+                              pair_store=1024, context_copy=0.0, pair_fail_recent=0)
     table, _ = store.build(*FAIL_ROWS, 1024, key="pair", min_count=cfg.pair_min, failures=True)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     params = {**params, "pair_store": jnp.asarray(table), "fail_bias": jnp.float32(30.0)}

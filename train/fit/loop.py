@@ -205,7 +205,10 @@ def _store_tables(mcfg, data, manifest: dict):
                                          min_count=(mcfg.pair_min if key == "pair"
                                                     else arch.STORE_MIN),
                                          recent=mcfg.pair_recent if key == "pair" else 0,
-                                         failures=key == "pair" and mcfg.pair_fail)
+                                         failures=key == "pair" and mcfg.pair_fail,
+                                         fail_recent=(mcfg.pair_fail_recent
+                                                      if key == "pair" and mcfg.pair_fail
+                                                      else 0))
         lines.append(summary.line())
         if key == "pair":
             if mcfg.pair_forward and summary.own == 0:

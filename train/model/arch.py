@@ -154,6 +154,13 @@ class ModelConfig:
     # read's fold: a known pair that never answers is known to fail, as the pair baselines
     # know it (docs/learning.md section 8.21). False: off
     pair_fail: bool = False
+    # with pair_fail (else unread): a pair's failures are counted over its latest this many pings
+    # (replies and failures, timed as pair_recent's), its share (failed + 1/2) / (pings + 1)
+    # over them: where a pair's failures come and go (a NAT address several probes share),
+    # its latest 16 pings' share beat all of them in Brier score on two worlds' time splits
+    # (0.146 vs 0.176 and 0.134 vs 0.144 where the source is unknown; docs/learning.md
+    # section 8.22). 0: all
+    pair_fail_recent: int = 0
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
     # replies to their destinations' store medians, over their count plus this shrink;
@@ -195,6 +202,9 @@ class ModelConfig:
             raise ValueError(f"pair_min must be at least 1, not {self.pair_min}")
         if self.pair_recent < 0:
             raise ValueError(f"pair_recent must be 0 (all replies) or more, not {self.pair_recent}")
+        if self.pair_fail_recent < 0:
+            raise ValueError(f"pair_fail_recent must be 0 (all pings) or more, not "
+                             f"{self.pair_fail_recent}")
         if self.pair_fail and not self.pair_forward:
             raise ValueError("pair_fail's gate learns on pair_forward's fold: set pair_forward")
         if self.pair_forward and not self.pair_store:
@@ -220,7 +230,7 @@ MODELS = {
                          context_copy=0.3, copy_aux=1.0, dst_store=32768, pair_store=65536,
                          store_by_source=True, placed_store=0.25, gate_fold=8,
                          store_without_fold=True, pair_forward=8, pair_min=4, pair_recent=8,
-                         pair_fail=True),
+                         pair_fail=True, pair_fail_recent=16),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,

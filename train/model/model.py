@@ -303,7 +303,8 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
             out_p = _mix_copy(params, out_p, xp, p_store[0], p_on, name)
     if cfg.pair_store and cfg.pair_fail:  # the own pair's failures, before its result
         key, key_on = next(k for _, n, k, _ in stores if n == "fwd")[:2]
-        share, f_on = fail_share(jax.lax.stop_gradient(params["pair_store"]), key, cfg.pair_min)
+        share, f_on = fail_share(jax.lax.stop_gradient(params["pair_store"]), key, cfg.pair_min,
+                                 cfg.pair_fail_recent)
         f_on = f_on & key_on & before_result(tokens, seg)
         if pair_fold is not None:  # in training, only on the forward read's fold
             f_on = f_on & pair_fold
@@ -435,6 +436,15 @@ def _so_far(x: jax.Array, first: jax.Array) -> jax.Array:
     return csum - jnp.take_along_axis(csum - x, first, axis=1)
 
 
+def _starts(tokens: jax.Array, seg: jax.Array):
+    """(start, first), [B, T] each: whether each token is a measurement's MEASUREMENT_START
+    (never on padding), and the index of the start of the measurement it is in (0 before a
+    row's first)."""
+    start = (tokens == vocab.MEASUREMENT_START) & (seg > 0)
+    idx = jnp.arange(tokens.shape[1], dtype=jnp.int32)
+    return start, jax.lax.cummax(jnp.where(start, idx, 0), axis=1)
+
+
 def _addr_part(tokens: jax.Array, role: jax.Array, index: jax.Array, field: str) -> jax.Array:
     """Each token's part of its ``field`` address's hash: (byte + 1) * _ADDR_MULT[index] on
     the field's bytes, 0 elsewhere (summed over a block, with wrapping, that is the hash)."""
@@ -450,11 +460,10 @@ def address_hashes(tokens: jax.Array, segment_ids: jax.Array, field: str):
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     role, index, last = grammar(tokens, seg)
     c = _addr_part(tokens, role, index, field)
-    start = (tokens == vocab.MEASUREMENT_START) & (seg > 0)
+    start, first = _starts(tokens, seg)
     meas = jnp.cumsum(start, axis=1, dtype=jnp.int32)
     T = tokens.shape[1]
     idx = jnp.arange(T, dtype=jnp.int32)
-    first = jax.lax.cummax(jnp.where(start, idx, 0), axis=1)  # the measurement's start
     so_far = _so_far(c, first)
     # the whole measurement's: so_far at its last token (the next start - 1, or the row's end)
     nxt = jnp.flip(jax.lax.cummin(jnp.flip(jnp.where(start, idx, T), 1), axis=1), 1)
@@ -499,9 +508,7 @@ def field_hashes(tokens: jax.Array, segment_ids: jax.Array, field: str = "dst", 
     is_field = role == vocab.ROLES.index(field)
     c = _addr_part(tokens, role, index, field)
     width = jnp.asarray(_WIDTH[field])[tokens]
-    start = (tokens == vocab.MEASUREMENT_START) & (seg > 0)
-    T = tokens.shape[1]
-    first = jax.lax.cummax(jnp.where(start, jnp.arange(T, dtype=jnp.int32), 0), axis=1)
+    _, first = _starts(tokens, seg)
     h, n, w = (_so_far(x, first) for x in (c, is_field.astype(jnp.int32), width))
     on = (w > 0) & (n == w) & (seg > 0)
     if probes is None:
@@ -595,22 +602,26 @@ def _store_row(store, h, min_count: int = arch.STORE_MIN, pings: bool = False):
     return jnp.where(ok1[..., None], r1, r2), ok1 | mine(r2)
 
 
-def fail_share(store: jax.Array, h, min_count: int):
+def fail_share(store: jax.Array, h, min_count: int, recent: int = 0):
     """(share float32[...], ok bool[...]): key h's share of failed pings in the pair store
     with failures (ModelConfig.pair_fail; train.model.store.build's ``failures``), as
-    (failed + 1/2) / (pings + 1); ok where its row is its own with ``min_count`` pings."""
+    (failed + 1/2) / (pings + 1); ok where its row is its own with ``min_count`` pings. With
+    ``recent`` (ModelConfig.pair_fail_recent; build's ``fail_recent``) the row's failures are
+    those among the pair's latest ``recent`` pings, and so are its pings: min(recent,
+    replies + failed), the replies column counting all of them."""
     K = arch.STORE_K
     r, ok = _store_row(store, h, min_count, pings=True)
-    return (r[..., K + 2] + 0.5) / (r[..., K] + r[..., K + 2] + 1.0), ok
+    pings = r[..., K] + r[..., K + 2]
+    if recent:
+        pings = jnp.minimum(pings, float(recent))
+    return (r[..., K + 2] + 0.5) / (pings + 1.0), ok
 
 
 def before_result(tokens: jax.Array, segment_ids: jax.Array) -> jax.Array:
     """bool[B, T]: the tokens of a measurement before its result header (RTT_START or
     FAILED), where the next token may yet be it; never on padding."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
-    start = (tokens == vocab.MEASUREMENT_START) & (seg > 0)
-    T = tokens.shape[1]
-    first = jax.lax.cummax(jnp.where(start, jnp.arange(T, dtype=jnp.int32), 0), axis=1)
+    _, first = _starts(tokens, seg)
     result = ((tokens == vocab.RTT_START) | (tokens == vocab.FAILED)) & (seg > 0)
     return (_so_far(result.astype(jnp.int32), first) == 0) & (seg > 0)
 
@@ -624,9 +635,7 @@ def _reply_ratios(store: jax.Array, tokens: jax.Array, seg: jax.Array):
     measurement's last token these are the whole measurement's."""
     K = arch.STORE_K
     role, index, _ = grammar(tokens, seg)
-    idx = jnp.arange(tokens.shape[1], dtype=jnp.int32)
-    start = (tokens == vocab.MEASUREMENT_START) & (seg > 0)
-    first = jax.lax.cummax(jnp.where(start, idx, 0), axis=1)
+    start, first = _starts(tokens, seg)
     rtt, b = vocab.ROLES.index("rtt"), tokens - vocab.BYTE_OFFSET
     on1, on2 = (role == rtt) & (index == 0), (role == rtt) & (index == 1)
     code = _so_far(jnp.where(on1, b << 8, 0) + jnp.where(on2, b, 0), first)

@@ -26,7 +26,7 @@ import numpy as np
 
 from prep.base.words import count
 from prep.schema import vocab
-from prep.tokens import grammar, rowdecode
+from prep.tokens import rowdecode
 from train.model import arch
 from train.model import model as M
 
@@ -54,6 +54,7 @@ class StoreSummary:
     fails: int = -1  # the pair store with failures: the failed pings counted in its rows
     failing: int = -1  # and the pairs whose rows say how often they fail (min_count pings)
     untimed_rows: int = 0  # with recent: rows the decoder refused, whose replies are untimed
+    fail_recent: int = 0  # with fails: the failures among each pair's latest this many pings
 
     def line(self) -> str:
         name, what, field = KEYS[self.key]
@@ -66,7 +67,9 @@ class StoreSummary:
                 + (f" ({count(self.untimed_rows, 'row')} that `prep shards` would not "
                    "write: their replies untimed)" if self.untimed_rows else "")
                 + (f"; {self.failing:,} pairs' failure rates (>= {self.min_count} pings each, "
-                   f"{self.fails:,} failed)" if self.fails >= 0 else "")
+                   f"{self.fails:,} failed" + (f" among each pair's latest {self.fail_recent}"
+                                               if self.fail_recent else "") + ")"
+                   if self.fails >= 0 else "")
                 + (f"; {self.collided:,} found no free row (a larger ModelConfig.{field} "
                    "would hold them)" if self.collided else "")
                 + ("" if self.answered < 0 else
@@ -132,40 +135,32 @@ def _place(first: np.ndarray, second: np.ndarray, n: np.ndarray, keys: np.ndarra
 
 
 def reply_times(tokens: np.ndarray, segment_ids: np.ndarray) -> tuple[np.ndarray, int]:
-    """(int64[R, T], refused): at each reply's RTT_START, when it was measured as far as
-    its context says: its own timestamp, else (a measurement that lost it) its context's
-    latest, else (a context without timestamps) -1; -1 elsewhere. The rows' measurements
-    are decoded on the host (prep.tokens.rowdecode), as the evaluation's pair baselines read
-    them; rows the decoder refuses (not what `prep shards` writes: test rows of counting
-    tokens) are untimed, and counted."""
-    tokens = np.ascontiguousarray(tokens, np.uint16)
-    segment_ids = np.ascontiguousarray(segment_ids, np.uint8)
-    out = np.full(tokens.shape[:2], -1, np.int64)
-    good = np.flatnonzero(grammar.check_rows(tokens, segment_ids)[3] == 0)
-    refused = len(tokens) - len(good)
-    every = refused == 0  # (no copy of the split)
-    m = rowdecode.decode_rows(tokens if every else tokens[good],
-                              segment_ids if every else segment_ids[good], where="train split")
+    """(int64[R, T], refused): at each measurement's result header (a reply's RTT_START, a
+    failed ping's FAILED), when it was measured as far as its context says: its own
+    timestamp, else (a measurement that lost it) its context's latest, else (a context
+    without timestamps) -1; -1 elsewhere. The rows' measurements are decoded on the host
+    (prep.tokens.rowdecode), as the evaluation's pair baselines read them; rows the decoder
+    refuses (not what `prep shards` writes: test rows of counting tokens) are untimed, and
+    counted."""
+    out = np.full(np.shape(tokens)[:2], -1, np.int64)
+    m, refused = rowdecode.decode_whole_rows(tokens, segment_ids)
     if not len(m):
         return out, refused
-    row = good[m.row]  # (rows of the whole block)
-    ctx = row * 256 + m.segment  # segment ids are uint8
+    ctx = m.row * 256 + m.segment  # segment ids are uint8
     first = np.r_[True, ctx[1:] != ctx[:-1]]  # a context's measurements are consecutive
     group = np.cumsum(first) - 1
     latest = np.full(int(group[-1]) + 1, -1, np.int64)
     np.maximum.at(latest, group, np.where(m.has_time, m.time, -1))
-    when = np.where(m.has_time, m.time, latest[group])
-    reply = m.rtt_code >= 0
-    out[row[reply], m.result_pos[reply]] = when[reply]
+    out[m.row, m.result_pos] = np.where(m.has_time, m.time, latest[group])
     return out, refused
 
 
 def _collect(tokens, segment_ids, key: str, batch: int, fold: int = 0, pair_fold: int = 0,
-             times: np.ndarray | None = None, failures: bool = False):
-    """``_replies``' (key, reverse key, code) of every reply in the rows, int32[n] each;
-    with ``times`` (``reply_times``), then each reply's time, int64[n]; with ``failures``,
-    then the key of every failed ping, int32[m]."""
-    hs, backs, codes, whens, fails = [], [], [], [], []
+             times: np.ndarray | None = None) -> dict:
+    """Every reply in the rows (``_replies``): "key", "back" (its reverse key), "code",
+    int32[n] each; every failed ping's "fail_key", int32[m]; with ``times``
+    (``reply_times``), each one's time too, "when" int64[n] and "fail_when" int64[m]."""
+    got = {k: [] for k in ("key", "back", "code", "when", "fail_key", "fail_when")}
     for r0 in range(0, len(tokens), batch):
         t, s = tokens[r0:r0 + batch], segment_ids[r0:r0 + batch]
         n = len(t)
@@ -173,16 +168,25 @@ def _collect(tokens, segment_ids, key: str, batch: int, fold: int = 0, pair_fold
             t = np.concatenate([t, np.zeros((batch - len(t),) + t.shape[1:], t.dtype)])
             s = np.concatenate([s, np.zeros((batch - len(s),) + s.shape[1:], s.dtype)])
         h, b, c, ok, failed = (np.asarray(x) for x in _replies(t, s, key, fold, pair_fold))
-        fails.append(h[failed])
-        hs.append(h[ok])
-        backs.append(b[ok])
-        codes.append(c[ok])
+        got["key"].append(h[ok])
+        got["back"].append(b[ok])
+        got["code"].append(c[ok])
+        got["fail_key"].append(h[failed])
         if times is not None:
-            whens.append(times[r0:r0 + n][ok[:n]])
-    cat = lambda xs, dt=np.int32: np.concatenate(xs) if xs else np.zeros(0, dt)
-    out = (cat(hs), cat(backs), cat(codes)) + ((cat(whens, np.int64),) if times is not None
-                                                 else ())
-    return out + (cat(fails),) if failures else out
+            got["when"].append(times[r0:r0 + n][ok[:n]])
+            got["fail_when"].append(times[r0:r0 + n][failed[:n]])
+    return {k: np.concatenate(v) if v else np.zeros(0, np.int64 if "when" in k else np.int32)
+            for k, v in got.items()}
+
+
+def _latest(key: np.ndarray, when: np.ndarray, n: int) -> np.ndarray:
+    """Indices of each key's latest ``n`` entries: by key, then ``when`` (stable: in the
+    order given where times tie)."""
+    o = np.lexsort((when, key))
+    first = np.flatnonzero(np.r_[True, key[o][1:] != key[o][:-1]])
+    count = np.diff(np.r_[first, len(o)])
+    rank = np.arange(len(o)) - np.repeat(first, count)  # place in its key's time order
+    return o[rank >= np.repeat(count - n, count)]
 
 
 def _pair_medians(one: np.ndarray, other: np.ndarray, code: np.ndarray):
@@ -200,7 +204,8 @@ def _pair_medians(one: np.ndarray, other: np.ndarray, code: np.ndarray):
 def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = "dst",
           batch: int = 512, by_source: bool = False,
           fold: int = 0, pair_fold: int = 0, min_count: int = arch.STORE_MIN,
-          recent: int = 0, failures: bool = False) -> tuple[np.ndarray, StoreSummary]:
+          recent: int = 0, failures: bool = False,
+          fail_recent: int = 0) -> tuple[np.ndarray, StoreSummary]:
     """(float32[rows, STORE_K + 2], summary) from packed rows ``tokens``/``segment_ids``,
     by destination (``key`` "dst") or by ordered address pair ("pair"). ``by_source`` (with
     "dst"; ModelConfig.store_by_source): a destination's quantiles are over its sources'
@@ -214,7 +219,10 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     replies (``reply_times``; ties and untimed contexts in row order), its count over all.
     ``failures`` (with "pair"; ModelConfig.pair_fail): each row holds one more column, the
     pair's failed pings, and a pair takes a row with ``min_count`` pings, replies or not
-    (its quantiles are read only with ``min_count`` replies)."""
+    (its quantiles are read only with ``min_count`` replies). ``fail_recent`` (with
+    ``failures``; ModelConfig.pair_fail_recent): that column counts the failures among a
+    pair's latest this many pings (``reply_times``; replies before failures where times
+    tie), and the pings a row is taken with are its replies plus those failures."""
     if key not in KEYS:
         raise ValueError(f"store key must be one of {sorted(KEYS)}, not {key!r}")
     if by_source and key != "dst":
@@ -227,28 +235,32 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
                          f"not {recent} with key {key!r}")
     if failures and key != "pair":
         raise ValueError(f"failures are counted in the pair store, not with key {key!r}")
-    times, untimed = reply_times(tokens, segment_ids) if recent else (None, 0)
+    if fail_recent < 0 or fail_recent and not failures:
+        raise ValueError(f"fail_recent is a count of a pair's latest pings (>= 0, with "
+                         f"failures), not {fail_recent} with failures={failures}")
+    timed = recent or fail_recent
+    times, untimed = reply_times(tokens, segment_ids) if timed else (None, 0)
     got = _collect(tokens, segment_ids, "ends" if by_source else key, batch, fold, pair_fold,
-                   times, failures)
-    h, back, code = got[:3]
-    fail_keys = got[-1] if failures else np.zeros(0, np.int32)
+                   times)
+    h, back, code = got["key"], got["back"], got["code"]
+    fail_keys = got["fail_key"] if failures else np.zeros(0, np.int32)
+    if fail_recent:  # the failures among each pair's latest pings, replies and failures alike
+        ping_key = np.concatenate([h, fail_keys])
+        kept = _latest(ping_key, np.concatenate([got["when"], got["fail_when"]]), fail_recent)
+        fail_keys = ping_key[kept[kept >= len(h)]]
     table = np.zeros((rows, K + 2 + int(failures)), np.float32)
     answered = -1 if key == "dst" else 0
     if len(h) == 0 and len(fail_keys) == 0:
         return table, StoreSummary(0, 0, 0, 0, key, answered, min_count=min_count,
                                    recent=recent, fails=0 if failures else -1,
-                                   untimed_rows=untimed)
+                                   untimed_rows=untimed, fail_recent=fail_recent)
     replies = np.ones(len(h), np.int64)  # the replies each entry stands for
     if by_source:  # back is the source's hash: one entry per (destination, source)
         o, start, replies, mid = _pair_medians(h, back, code)
         h, code = h[o][start], code[o][mid]
     all_h = h
-    if recent:  # each pair's latest replies: by pair, then time (stable: row order in ties)
-        o = np.lexsort((got[3], h))
-        first = np.flatnonzero(np.r_[True, h[o][1:] != h[o][:-1]])
-        n = np.diff(np.r_[first, len(o)])
-        rank = np.arange(len(o)) - np.repeat(first, n)  # place in its pair's time order
-        keep = o[rank >= np.repeat(n - recent, n)]
+    if recent:  # each pair's latest replies (row order where times tie)
+        keep = _latest(h, got["when"], recent)
         counted = np.unique(h, return_counts=True)
         h, code, replies = h[keep], code[keep], replies[keep]
     order = np.lexsort((code, h))  # by destination, codes ascending within
@@ -295,7 +307,7 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     return table, StoreSummary(len(dest), int(usable.sum()), int(n_replies.sum()), collided,
                                key, answered, len(code) if by_source else 0, own, min_count,
                                recent, int(n_failed[keep].sum()) if failures else -1,
-                               int(keep.sum()) if failures else -1, untimed)
+                               int(keep.sum()) if failures else -1, untimed, fail_recent)
 
 
 KRIG_SHRINK = 5.0  # a covariance over n shared sources is scaled n / (n + this); context_krig's
@@ -347,7 +359,8 @@ def build_krig(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, dst_table
     sources that reached both, over their count (plus KRIG_SHRINK for two destinations);
     the noise the replies' mean square log2 ratio to their pair's median."""
     K = arch.STORE_K
-    dst, src, code = _collect(tokens, segment_ids, "ends", batch, fold)[:3]
+    got = _collect(tokens, segment_ids, "ends", batch, fold)
+    dst, src, code = got["key"], got["back"], got["code"]
     table = np.zeros((rows, 2), np.float32)
     if len(dst):  # the destination's own row (model.store_rows; its check, enough replies)
         r1, r2 = (np.asarray(r) for r in M.store_rows(dst, len(dst_table)))
