@@ -16,7 +16,7 @@ DAYS ?= 2
 SEED ?= 0
 WORKERS ?= 2
 
-.PHONY: setup shards test bench bench-gpu gpu-check wheel clean
+.PHONY: setup shards test bench bench-gpu gpu-check device-kit wheel clean
 
 setup: $(STAMP) $(VENV)/.kernels
 
@@ -63,6 +63,26 @@ bench-gpu: setup
 # shards of the built-in data; bench/results/gpu-<device>.json. On a CPU: says what it skips.
 gpu-check: setup
 	$(BIN)/python -m bench.gpu_check
+
+# A lent GPU machine's kit (README, "On a lent GPU machine"): what its image lacks, as wheels
+# for its Python 3.12 at this venv's versions, in .whl/, and shards-1m (the built-in world's
+# measurements per probe, 1M rows, ~19 MB: small enough to carry); then one call runs
+# bench/lease.sh there.
+DEVICE_WHEELS := grain array-record msgspec portpicker orbax-checkpoint
+DEVICE_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 \
+                    manylinux2014_x86_64 manylinux1_x86_64
+device-kit: setup
+	rm -rf .whl && mkdir .whl
+	for p in $(DEVICE_WHEELS); do \
+	  v=$$($(BIN)/python -c "import importlib.metadata as m; print(m.version('$$p'))") || exit 1; \
+	  $(BIN)/python -m pip download -q --no-cache-dir --no-deps --only-binary=:all: \
+	    --python-version 3.12 --implementation cp $(addprefix --platform ,$(DEVICE_PLATFORMS)) \
+	    -d .whl "$$p==$$v" || exit 1; \
+	done
+	test -f shards-1m/manifest.json || { \
+	  $(BIN)/prep synth --out data/raw-1m --rows 1000000 --probes 1000 --days 2 --seed 0 --overwrite \
+	  && $(BIN)/prep shards data/raw-1m --out shards-1m --workers $(WORKERS) --overwrite; }
+	@ls -l .whl; du -sh .whl shards-1m
 
 # This package as a wheel, for Beam workers on a cluster (README, "Beam on a cluster")
 wheel: setup

@@ -70,3 +70,23 @@ def test_train_with_a_visible_gpu_and_cpu_jax_is_one_line(tmp_path, monkeypatch)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: nvidia-smi lists 1 GPU(s)"), lines
     assert "pip install -e '.[cuda13]'" in lines[0]
+
+
+def test_make_device_kit_fetches_the_venvs_versions_for_python_312(tmp_path):
+    """`make device-kit`: each wheel a lent machine's image lacks, at this venv's version,
+    for its Python 3.12 (the commands, not run: `make -n`)."""
+    out = subprocess.run(["make", "-n", "device-kit", f"VENV={tmp_path / 'venv'}"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    loop = out[out.index("for p in"):]
+    assert "for p in grain array-record msgspec portpicker orbax-checkpoint; do" in loop
+    assert ("--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 "
+            "--platform manylinux_2_27_x86_64") in loop
+    assert f"{tmp_path / 'venv'}/bin/prep synth --out data/raw-1m --rows 1000000" in out
+    assert "--out shards-1m" in out
+
+
+def test_the_lease_script_parses_and_names_its_kit():
+    script = REPO / "bench" / "lease.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    assert 'carry [".whl", "shards-1m"]' in text and "make device-kit" in text
