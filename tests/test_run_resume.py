@@ -96,7 +96,7 @@ def test_resume_compares_loss_weights_by_their_weights_and_names_an_empty_one():
     one read "has  (its config.json)"."""
     from train.fit.runfolder import check_resume
 
-    saved = {"train": {"loss_weights": "rtt=10,result=10"}}
+    saved = {"train": {"loss_weights": "rtt=10,result=10"}, "data_fingerprint": "fp"}
     assert check_resume(saved, TrainConfig(run_dir="r", loss_weights="result=10, rtt=10"),
                         "fp") == []
     with pytest.raises(InputError) as e:
@@ -104,6 +104,18 @@ def test_resume_compares_loss_weights_by_their_weights_and_names_an_empty_one():
                      TrainConfig(run_dir="r", loss_weights="rtt=5"), "fp")
     assert str(e.value) == ('--loss-weights rtt=5: the run in r has "" (its config.json); drop '
                             "--loss-weights to resume with the run's own, or start a new --run-dir")
+
+
+def test_resume_of_a_run_without_a_fingerprint_says_its_data_is_unchecked():
+    """A config.json written before runs recorded their dataset's fingerprint: the resume
+    says it cannot check --data, not nothing."""
+    from train.fit.runfolder import check_resume
+
+    notes = check_resume({"train": {"data": "shards"}}, TrainConfig(run_dir="r", data="s2"),
+                         "ab12")
+    assert notes == ["the run in r recorded no dataset fingerprint (its config.json), so --data "
+                     "s2 cannot be checked against what it trained on; from here on it is this "
+                     "one's (ab12)"]
 
 
 def test_resume_takes_the_runs_own_settings_and_data(run, tmp_path, monkeypatch, straight_run):

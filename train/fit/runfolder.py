@@ -143,6 +143,10 @@ def check_resume(saved: dict, cfg: TrainConfig, fingerprint: str) -> list[str]:
                          f"({old.get('data')}: fingerprint {had}, this one {fingerprint}); "
                          "drop --data to resume on the run's own, or start a new --run-dir")
     notes = []
+    if had is None:  # (a run started before runs recorded it)
+        notes.append(f"the run in {run} recorded no dataset fingerprint (its config.json), so "
+                     f"--data {cfg.data} cannot be checked against what it trained on; from "
+                     f"here on it is this one's ({fingerprint})")
     span, had_span = cfg.schedule_steps, old.get("schedule_steps") or old.get("steps")
     if had_span is not None and span != had_span:
         notes.append(f"{flag('schedule_steps')} {span} (the run's schedule spanned {had_span}): "
