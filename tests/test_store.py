@@ -257,11 +257,12 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
 # --- the pair store: the train split's replies by ordered address pair, read at a
 # measurement's reverse pair ------------------------------------------------------------
 
-def ping(src_last, dst_last, b1, b2):
-    """One IPv4 measurement 10.0.0.<src_last> -> 10.0.0.<dst_last> (two nodes of a latency
-    matrix), its reply's RTT code bytes b1 b2, then a one-byte time delta."""
-    return [V.MEASUREMENT_START, V.SRC_IPV4, B + 10, B + 0, B + 0, B + src_last, V.DST_IPV4,
-            B + 10, B + 0, B + 0, B + dst_last, V.RTT_START, B + b1, B + b2,
+def ping(src_last, dst_last, b1, b2, net=10):
+    """One IPv4 measurement <net>.0.0.<src_last> -> <net>.0.0.<dst_last> (two nodes of a
+    latency matrix; 10: addresses hosts share, as a NAT's), its reply's RTT code bytes b1 b2,
+    then a one-byte time delta."""
+    return [V.MEASUREMENT_START, V.SRC_IPV4, B + net, B + 0, B + 0, B + src_last, V.DST_IPV4,
+            B + net, B + 0, B + 0, B + dst_last, V.RTT_START, B + b1, B + b2,
             V.TIMESTAMP_DELTA1, B + 240]
 
 
@@ -571,10 +572,10 @@ def test_a_run_keeps_the_own_pair_read_where_no_reverse_pair_is(tmp_path, monkey
     assert not predictor.load(str(run)).mcfg.pair_reverse
 
 
-def timed(src_last, dst_last, b1, b2, when=None):
+def timed(src_last, dst_last, b1, b2, when=None, net=10):
     """``ping``, its time block ("abs", Unix seconds: 8 bytes; "d1", seconds: 1 byte) or
     none (a measurement that lost its timestamp)."""
-    head = ping(src_last, dst_last, b1, b2)[:14]
+    head = ping(src_last, dst_last, b1, b2, net)[:14]
     if when is None:
         return head
     kind, t = when
@@ -690,9 +691,9 @@ def test_a_run_builds_its_pair_store_from_each_pairs_latest_replies(tmp_path):
     assert summary.line() in lines
 
 
-def failed(src_last, dst_last):
+def failed(src_last, dst_last, net=10):
     """``ping`` without a reply: FAILED, then a one-byte time delta."""
-    return ping(src_last, dst_last, 0, 0)[:11] + [V.FAILED, V.TIMESTAMP_DELTA1, B + 240]
+    return ping(src_last, dst_last, 0, 0, net)[:11] + [V.FAILED, V.TIMESTAMP_DELTA1, B + 240]
 
 
 # node 1 pings node 2 (3 replies, 1 failure) and node 4 (5 failures, never a reply); x 10
@@ -701,8 +702,9 @@ FAIL_ROW = (ping(1, 2, 0x50, 0x10) + failed(1, 2) + ping(1, 2, 0x50, 0x20) + fai
 FAIL_ROWS = np.asarray([FAIL_ROW] * 10, np.uint16), np.ones((10, len(FAIL_ROW)), np.uint8)
 
 
-def _pair(s, d):
-    return jnp.int32(int(model.pair_key(jnp.int32(_node_hash(s)), jnp.int32(_node_hash(d)))))
+def _pair(s, d, net=10):
+    return jnp.int32(int(model.pair_key(jnp.int32(_node_hash(s, net)),
+                                        jnp.int32(_node_hash(d, net)))))
 
 
 def test_the_pair_store_counts_each_pairs_failed_pings():
@@ -734,13 +736,14 @@ def test_the_pair_store_counts_each_pairs_failed_pings():
     assert arch.MODELS["small"].pair_fail and not arch.MODELS["tiny"].pair_fail
 
 
-# node 1's pings to node 2 in time order: replies at 1,000 and 1,490 s with failures at 1,240
-# and 1,480 s between them (row 1); replies at 5,000, 5,245 and 5,250 s, a failure at 5,240 s
-# (row 0: the rows are not in time order)
-FAIL_TIMED = [[timed(1, 2, 0x50, 0x30, ("abs", 5000)) + failed(1, 2)
-               + timed(1, 2, 0x50, 0x40, ("d1", 5)) + timed(1, 2, 0x50, 0x50, ("d1", 5))],
-              [timed(1, 2, 0x50, 0x10, ("abs", 1000)) + failed(1, 2) + failed(1, 2)
-               + timed(1, 2, 0x50, 0x20, ("d1", 10))]]
+# node 1's pings to node 2 (addresses of one host each: 203.0.0.x) in time order: replies at
+# 1,000 and 1,490 s with failures at 1,240 and 1,480 s between them (row 1); replies at
+# 5,000, 5,245 and 5,250 s, a failure at 5,240 s (row 0: the rows are not in time order)
+G = 203
+FAIL_TIMED = [[timed(1, 2, 0x50, 0x30, ("abs", 5000), G) + failed(1, 2, G)
+               + timed(1, 2, 0x50, 0x40, ("d1", 5), G) + timed(1, 2, 0x50, 0x50, ("d1", 5), G)],
+              [timed(1, 2, 0x50, 0x10, ("abs", 1000), G) + failed(1, 2, G) + failed(1, 2, G)
+               + timed(1, 2, 0x50, 0x20, ("d1", 10), G)]]
 
 
 @pytest.mark.parametrize("latest, failed_, share", [(4, 1, 1.5 / 5), (6, 2, 2.5 / 7),
@@ -752,9 +755,10 @@ def test_the_pair_store_counts_the_failures_of_each_pairs_latest_pings(latest, f
     tok, seg = _timed_rows(FAIL_TIMED)
     table, summary = store.build(tok, seg, 1024, key="pair", min_count=1, failures=True,
                                  fail_recent=latest)
-    r, ok = (np.asarray(x) for x in model._store_row(jnp.asarray(table), _pair(1, 2), 1))
+    pair = _pair(1, 2, G)
+    r, ok = (np.asarray(x) for x in model._store_row(jnp.asarray(table), pair, 1))
     assert ok and (r[K], r[K + 2]) == (5, failed_)
-    got, _ = model.fail_share(jnp.asarray(table), _pair(1, 2), 1, latest)
+    got, _ = model.fail_share(jnp.asarray(table), pair, 1, latest)
     np.testing.assert_allclose(float(got), share, rtol=1e-6)
     assert summary.fails == failed_ and summary.line().endswith(
         f"(>= 1 pings each, {failed_} failed"
@@ -767,6 +771,23 @@ def test_the_pair_store_counts_the_failures_of_each_pairs_latest_pings(latest, f
         with pytest.raises(ValueError, match="pair_fail_recent must be 0 .all pings. or more"):
             dataclasses.replace(arch.MODELS["small"], pair_fail_recent=-1)
         assert arch.MODELS["small"].pair_fail_recent == 16
+
+
+def test_a_shared_source_addresss_failures_are_not_read():
+    """The same pings from 10.0.0.1 (an address hosts behind NATs share): the pair's
+    failures are several probes', so its row says -1 for them and fail_share reads nothing;
+    its replies' quantiles stay, and the log line says how many pairs were so left out."""
+    tok, seg = _timed_rows(FAIL_TIMED)
+    nat = np.where(tok == B + G, B + 10, tok).astype(np.uint16)  # (no other byte is 203)
+    assert (nat != tok).sum() == 2 * 8  # (each ping's two addresses)
+    table, summary = store.build(nat, seg, 1024, key="pair", min_count=1, failures=True,
+                                 fail_recent=4)
+    r, ok = (np.asarray(x) for x in model._store_row(jnp.asarray(table), _pair(1, 2), 1))
+    assert ok and (r[K], r[K + 2]) == (5, -1)
+    assert not bool(model.fail_share(jnp.asarray(table), _pair(1, 2), 1, 4)[1])
+    assert (summary.usable, summary.failing, summary.fails, summary.shared) == (1, 0, 0, 1)
+    assert ("(>= 1 pings each, 0 failed among each pair's latest 4), not those of 1 pairs whose "
+            "source address hosts share (NAT: several probes' failures)") in summary.line()
 
 
 # node 1 pings node 2 (a reply), node 4 (no reply) and node 3 (not stored)
@@ -916,8 +937,8 @@ def _krig_rows():
     return tok, np.ones(tok.shape, np.uint8)
 
 
-def _node_hash(last: int) -> int:
-    r = ping(1, last, 0, 0)
+def _node_hash(last: int, net: int = 10) -> int:
+    r = ping(1, last, 0, 0, net)
     _, full, _ = model.address_hashes(jnp.asarray([r]), jnp.ones((1, len(r)), jnp.int32), "dst")
     return int(full[0, -1])
 

@@ -49,6 +49,7 @@ from train.eval import metrics as EM
 from train.eval.report import report_path, write_report
 from train.fit.reader import dataset_fingerprint, local_copy, read_split
 from train.model import model
+from train.model.store import local_scope
 from train.predict import predictor as P
 
 PREDICTORS = registry.PREDICTORS  # the report's order (train/eval/registry.py)
@@ -341,30 +342,6 @@ def encode_queries(qm, *, alone: bool = False):
         start = i
     return (contexts, np.array(q_ctx, np.int64), np.array(q_choice, np.int64),
             np.array(q_rtt, np.int64))
-
-
-# Addresses that unrelated hosts share by design (RFC 1918, shared CGNAT space, loopback,
-# link-local, "this network"; IPv6 unspecified, loopback, unique-local, link-local): as a
-# source, such an address names a host on some network behind a NAT, not a node, so a query
-# from it is never `node_known` (prep synth puts 40 % of its probes behind 12 of them).
-_LOCAL_V4 = tuple((int(a) << 24 | int(b) << 16, (0xFFFF_FFFF << (32 - bits)) & 0xFFFF_FFFF)
-                  for a, b, bits in ((0, 0, 8), (10, 0, 8), (100, 64, 10), (127, 0, 8),
-                                     (169, 254, 16), (172, 16, 12), (192, 168, 16)))
-_LOCAL_V6_HI = ((0xFC00 << 48, 0xFE00 << 48), (0xFE80 << 48, 0xFFC0 << 48))  # fc00::/7, fe80::/10
-
-
-def local_scope(family: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
-    """bool per address (family, hi, lo as the rows decode them): in a range that unrelated
-    hosts share (``_LOCAL_V4``, ``_LOCAL_V6_HI``, ``::`` and ``::1``)."""
-    v4 = np.asarray(lo, np.uint64) & np.uint64(0xFFFF_FFFF)
-    hi = np.asarray(hi, np.uint64)
-    in4 = np.zeros(len(v4), bool)
-    for net, mask in _LOCAL_V4:
-        in4 |= (v4 & np.uint64(mask)) == np.uint64(net)
-    in6 = (hi == 0) & (np.asarray(lo, np.uint64) <= 1)
-    for net, mask in _LOCAL_V6_HI:
-        in6 |= (hi & np.uint64(mask)) == np.uint64(net)
-    return np.where(np.asarray(family) == 4, in4, in6)
 
 
 def node_ids(parts):

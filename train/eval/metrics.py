@@ -6,7 +6,7 @@ Strata (``STRATA``, one per query, they partition the queries):
 - ``pair_in_context``: an earlier reply to the same destination is in the query's context;
 - ``node_known``: otherwise, the source address is in the train split (as a source or a
   destination) and names one host: not an address unrelated hosts share, such as a NAT's
-  private side (train.eval.evaluate.local_scope);
+  private side (train.model.store.local_scope);
 - ``cold``: neither.
 
 The 95 % interval of a median relative error is a percentile bootstrap over ``N_BOOT``

@@ -152,7 +152,8 @@ class ModelConfig:
     # still to come, its share of failures moves the model's P(failed) (its split of the
     # mass of FAILED and RTT_START; nothing else) by a gate of its own, learned on the forward
     # read's fold: a known pair that never answers is known to fail, as the pair baselines
-    # know it (docs/learning.md section 8.21). False: off
+    # know it (docs/learning.md section 8.21); not where the source address is one hosts
+    # share (a NAT's: several probes' failures; section 8.22). False: off
     pair_fail: bool = False
     # with pair_fail (else unread): a pair's failures are counted over its latest this many pings
     # (replies and failures, timed as pair_recent's), its share (failed + 1/2) / (pings + 1)

@@ -608,13 +608,15 @@ def fail_share(store: jax.Array, h, min_count: int, recent: int = 0):
     (failed + 1/2) / (pings + 1); ok where its row is its own with ``min_count`` pings. With
     ``recent`` (ModelConfig.pair_fail_recent; build's ``fail_recent``) the row's failures are
     those among the pair's latest ``recent`` pings, and so are its pings: min(recent,
-    replies + failed), the replies column counting all of them."""
+    replies + failed), the replies column counting all of them. Never ok where the row's
+    failures are -1: a pair whose source address unrelated hosts share (a NAT's), whose
+    failures are several probes' (build)."""
     K = arch.STORE_K
     r, ok = _store_row(store, h, min_count, pings=True)
     pings = r[..., K] + r[..., K + 2]
     if recent:
         pings = jnp.minimum(pings, float(recent))
-    return (r[..., K + 2] + 0.5) / (pings + 1.0), ok
+    return (r[..., K + 2] + 0.5) / (pings + 1.0), ok & (r[..., K + 2] >= 0)
 
 
 def before_result(tokens: jax.Array, segment_ids: jax.Array) -> jax.Array:

@@ -55,6 +55,7 @@ class StoreSummary:
     failing: int = -1  # and the pairs whose rows say how often they fail (min_count pings)
     untimed_rows: int = 0  # with recent: rows the decoder refused, whose replies are untimed
     fail_recent: int = 0  # with fails: the failures among each pair's latest this many pings
+    shared: int = 0  # with fails: the pairs of a shared source address, their failures not read
 
     def line(self) -> str:
         name, what, field = KEYS[self.key]
@@ -69,6 +70,8 @@ class StoreSummary:
                 + (f"; {self.failing:,} pairs' failure rates (>= {self.min_count} pings each, "
                    f"{self.fails:,} failed" + (f" among each pair's latest {self.fail_recent}"
                                                if self.fail_recent else "") + ")"
+                   + (f", not those of {self.shared:,} pairs whose source address hosts share "
+                      "(NAT: several probes' failures)" if self.shared else "")
                    if self.fails >= 0 else "")
                 + (f"; {self.collided:,} found no free row (a larger ModelConfig.{field} "
                    "would hold them)" if self.collided else "")
@@ -134,6 +137,30 @@ def _place(first: np.ndarray, second: np.ndarray, n: np.ndarray, keys: np.ndarra
     return row
 
 
+# Addresses that unrelated hosts share by design (RFC 1918, shared CGNAT space, loopback,
+# link-local, "this network"; IPv6 unspecified, loopback, unique-local, link-local): as a
+# source, such an address names a host on some network behind a NAT, not a node, so a query
+# from it is never `node_known` (prep synth puts 40 % of its probes behind 12 of them).
+_LOCAL_V4 = tuple((int(a) << 24 | int(b) << 16, (0xFFFF_FFFF << (32 - bits)) & 0xFFFF_FFFF)
+                  for a, b, bits in ((0, 0, 8), (10, 0, 8), (100, 64, 10), (127, 0, 8),
+                                     (169, 254, 16), (172, 16, 12), (192, 168, 16)))
+_LOCAL_V6_HI = ((0xFC00 << 48, 0xFE00 << 48), (0xFE80 << 48, 0xFFC0 << 48))  # fc00::/7, fe80::/10
+
+
+def local_scope(family: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """bool per address (family, hi, lo as the rows decode them): in a range that unrelated
+    hosts share (``_LOCAL_V4``, ``_LOCAL_V6_HI``, ``::`` and ``::1``)."""
+    v4 = np.asarray(lo, np.uint64) & np.uint64(0xFFFF_FFFF)
+    hi = np.asarray(hi, np.uint64)
+    in4 = np.zeros(len(v4), bool)
+    for net, mask in _LOCAL_V4:
+        in4 |= (v4 & np.uint64(mask)) == np.uint64(net)
+    in6 = (hi == 0) & (np.asarray(lo, np.uint64) <= 1)
+    for net, mask in _LOCAL_V6_HI:
+        in6 |= (hi & np.uint64(mask)) == np.uint64(net)
+    return np.where(np.asarray(family) == 4, in4, in6)
+
+
 def reply_times(tokens: np.ndarray, segment_ids: np.ndarray) -> tuple[np.ndarray, int]:
     """(int64[R, T], refused): at each measurement's result header (a reply's RTT_START, a
     failed ping's FAILED), when it was measured as far as its context says: its own
@@ -142,25 +169,38 @@ def reply_times(tokens: np.ndarray, segment_ids: np.ndarray) -> tuple[np.ndarray
     (prep.tokens.rowdecode), as the evaluation's pair baselines read them; rows the decoder
     refuses (not what `prep shards` writes: test rows of counting tokens) are untimed, and
     counted."""
+    times, _, refused = _results(tokens, segment_ids)
+    return times, refused
+
+
+def _results(tokens, segment_ids) -> tuple[np.ndarray, np.ndarray, int]:
+    """(times int64[R, T], shared bool[R, T], refused): reply_times' times and refused rows,
+    and at each result header whether its measurement's source is an address unrelated
+    hosts share (``local_scope``)."""
     out = np.full(np.shape(tokens)[:2], -1, np.int64)
+    shared = np.zeros(np.shape(tokens)[:2], bool)
     m, refused = rowdecode.decode_whole_rows(tokens, segment_ids)
     if not len(m):
-        return out, refused
+        return out, shared, refused
     ctx = m.row * 256 + m.segment  # segment ids are uint8
     first = np.r_[True, ctx[1:] != ctx[:-1]]  # a context's measurements are consecutive
     group = np.cumsum(first) - 1
     latest = np.full(int(group[-1]) + 1, -1, np.int64)
     np.maximum.at(latest, group, np.where(m.has_time, m.time, -1))
     out[m.row, m.result_pos] = np.where(m.has_time, m.time, latest[group])
-    return out, refused
+    shared[m.row, m.result_pos] = local_scope(m.family, m.src_hi, m.src_lo)
+    return out, shared, refused
 
 
 def _collect(tokens, segment_ids, key: str, batch: int, fold: int = 0, pair_fold: int = 0,
-             times: np.ndarray | None = None) -> dict:
+             times: np.ndarray | None = None, shared: np.ndarray | None = None) -> dict:
     """Every reply in the rows (``_replies``): "key", "back" (its reverse key), "code",
     int32[n] each; every failed ping's "fail_key", int32[m]; with ``times``
-    (``reply_times``), each one's time too, "when" int64[n] and "fail_when" int64[m]."""
-    got = {k: [] for k in ("key", "back", "code", "when", "fail_key", "fail_when")}
+    (``reply_times``), each one's time too, "when" int64[n] and "fail_when" int64[m]; with
+    ``shared`` (``_results``), whether each one's source is shared, "shared" bool[n + m]
+    (the replies', then the failures')."""
+    got = {k: [] for k in ("key", "back", "code", "when", "fail_key", "fail_when", "shared",
+                           "fail_shared")}
     for r0 in range(0, len(tokens), batch):
         t, s = tokens[r0:r0 + batch], segment_ids[r0:r0 + batch]
         n = len(t)
@@ -175,8 +215,13 @@ def _collect(tokens, segment_ids, key: str, batch: int, fold: int = 0, pair_fold
         if times is not None:
             got["when"].append(times[r0:r0 + n][ok[:n]])
             got["fail_when"].append(times[r0:r0 + n][failed[:n]])
-    return {k: np.concatenate(v) if v else np.zeros(0, np.int64 if "when" in k else np.int32)
-            for k, v in got.items()}
+        if shared is not None:
+            got["shared"].append(shared[r0:r0 + n][ok[:n]])
+            got["fail_shared"].append(shared[r0:r0 + n][failed[:n]])
+    dtype = lambda k: np.int64 if "when" in k else bool if "shared" in k else np.int32
+    out = {k: np.concatenate(v) if v else np.zeros(0, dtype(k)) for k, v in got.items()}
+    out["shared"] = np.concatenate([out["shared"], out.pop("fail_shared")])
+    return out
 
 
 def _latest(key: np.ndarray, when: np.ndarray, n: int) -> np.ndarray:
@@ -222,7 +267,10 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     (its quantiles are read only with ``min_count`` replies). ``fail_recent`` (with
     ``failures``; ModelConfig.pair_fail_recent): that column counts the failures among a
     pair's latest this many pings (``reply_times``; replies before failures where times
-    tie), and the pings a row is taken with are its replies plus those failures."""
+    tie), and the pings a row is taken with are its replies plus those failures. A pair
+    whose source address unrelated hosts share (``local_scope``: a NAT's private address)
+    has -1 for its failures: they are several probes', and a probe's own are not among
+    them where it was held out (model.fail_share reads no -1)."""
     if key not in KEYS:
         raise ValueError(f"store key must be one of {sorted(KEYS)}, not {key!r}")
     if by_source and key != "dst":
@@ -238,10 +286,11 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     if fail_recent < 0 or fail_recent and not failures:
         raise ValueError(f"fail_recent is a count of a pair's latest pings (>= 0, with "
                          f"failures), not {fail_recent} with failures={failures}")
-    timed = recent or fail_recent
-    times, untimed = reply_times(tokens, segment_ids) if timed else (None, 0)
+    times, shared, untimed = (_results(tokens, segment_ids) if recent or failures
+                              else (None, None, 0))
+    untimed = untimed if recent or fail_recent else 0  # (else no time is read)
     got = _collect(tokens, segment_ids, "ends" if by_source else key, batch, fold, pair_fold,
-                   times)
+                   times, shared if failures else None)
     h, back, code = got["key"], got["back"], got["code"]
     fail_keys = got["fail_key"] if failures else np.zeros(0, np.int32)
     if fail_recent:  # the failures among each pair's latest pings, replies and failures alike
@@ -296,8 +345,12 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     table[row[:len(dest)][coded], :K] = code[q[coded]]
     table[row[keep], K] = n_pings[keep] - n_failed[keep]
     table[row[keep], K + 1] = M.store_check(keys[keep])
-    if failures:
-        table[row[keep], K + 2] = n_failed[keep]
+    unread = 0
+    if failures:  # a shared source's pairs: their failures are several hosts', not read (-1)
+        mine = keep & ~np.isin(keys, np.concatenate([got["key"], got["fail_key"]])[got["shared"]])
+        table[row[keep], K + 2] = np.where(mine[keep], n_failed[keep], -1)
+        unread = int(keep.sum() - mine.sum())
+        keep = mine
     usable = coded & (n_replies >= min_count)
     collided = int((~coded & (n_replies >= min_count)).sum())
     own = -1
@@ -307,7 +360,8 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     return table, StoreSummary(len(dest), int(usable.sum()), int(n_replies.sum()), collided,
                                key, answered, len(code) if by_source else 0, own, min_count,
                                recent, int(n_failed[keep].sum()) if failures else -1,
-                               int(keep.sum()) if failures else -1, untimed, fail_recent)
+                               int(keep.sum()) if failures else -1, untimed, fail_recent,
+                               unread)
 
 
 KRIG_SHRINK = 5.0  # a covariance over n shared sources is scaled n / (n + this); context_krig's
