@@ -785,6 +785,12 @@ def test_a_shared_source_addresss_failures_are_not_read():
     r, ok = (np.asarray(x) for x in model._store_row(jnp.asarray(table), _pair(1, 2), 1))
     assert ok and (r[K], r[K + 2]) == (5, -1)
     assert not bool(model.fail_share(jnp.asarray(table), _pair(1, 2), 1, 4)[1])
+    # a row of failures alone (no replies) reads -1 too: its share is still finite, or a
+    # gradient through the unread side of a where is NaN (a run stopped so at step 545)
+    row = np.zeros((1, K + 3), np.float32)
+    row[0, K + 1], row[0, K + 2] = model.store_check(_pair(1, 2)), -1
+    share, ok = model.fail_share(jnp.asarray(np.repeat(row, 2, 0)), _pair(1, 2), 0, 4)
+    assert np.isfinite(float(share)) and not bool(ok)
     assert (summary.usable, summary.failing, summary.fails, summary.shared) == (1, 0, 0, 1)
     assert ("(>= 1 pings each, 0 failed among each pair's latest 4), not those of 1 pairs whose "
             "source address hosts share (NAT: several probes' failures)") in summary.line()

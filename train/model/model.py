@@ -613,10 +613,13 @@ def fail_share(store: jax.Array, h, min_count: int, recent: int = 0):
     failures are several probes' (build)."""
     K = arch.STORE_K
     r, ok = _store_row(store, h, min_count, pings=True)
-    pings = r[..., K] + r[..., K + 2]
+    failed = r[..., K + 2]
+    known = failed >= 0
+    failed = jnp.maximum(failed, 0.0)  # (finite where not read: a gradient meets both sides)
+    pings = r[..., K] + failed
     if recent:
         pings = jnp.minimum(pings, float(recent))
-    return (r[..., K + 2] + 0.5) / (pings + 1.0), ok & (r[..., K + 2] >= 0)
+    return (failed + 0.5) / (pings + 1.0), ok & known
 
 
 def before_result(tokens: jax.Array, segment_ids: jax.Array) -> jax.Array:
