@@ -157,10 +157,9 @@ class ModelConfig:
     pair_fail: bool = False
     # with pair_fail (else unread): a pair's failures are counted over its latest this many pings
     # (replies and failures, timed as pair_recent's), its share (failed + 1/2) / (pings + 1)
-    # over them: where a pair's failures come and go (a NAT address several probes share),
-    # its latest 16 pings' share beat all of them in Brier score on two worlds' time splits
-    # (0.146 vs 0.176 and 0.134 vs 0.144 where the source is unknown; docs/learning.md
-    # section 8.22). 0: all
+    # over them. Chosen (16) where a NAT address's failures were still read, whose latest
+    # pings beat all of them; with those left out (pair_fail) it acts on global sources
+    # alone, where the study found it neutral (docs/learning.md section 8.22). 0: all
     pair_fail_recent: int = 0
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
