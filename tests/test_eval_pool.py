@@ -16,9 +16,15 @@ from train.eval import metrics as EM
 from train.eval.pool import pool, resolve
 
 
-def _world(path, *, model, ema, sources, fingerprint, extra=None, p10=90.0, matches=True):
+TRAINED = {"model": "small", "steps": 2400, "batch_size": 8, "loss_weights": "rtt=10",
+           "config": {"n_layers": 2, "pair_fail_recent": 16, "pair_reverse": False}}
+
+
+def _world(path, *, model, ema, sources, fingerprint, extra=None, p10=90.0, matches=True,
+           trained=TRAINED):
     """An answers file of queries to a 100 ms truth (one failed at the end), each source
-    with the same number of queries, the model and context EMA answering ``model``/``ema``."""
+    with the same number of queries, the model and context EMA answering ``model``/``ema``;
+    its run trained as ``trained`` says (None: an answers file from before that record)."""
     n = len(model)
     truth = np.full(n, 100.0)
     failed = np.zeros(n, bool)
@@ -35,7 +41,8 @@ def _world(path, *, model, ema, sources, fingerprint, extra=None, p10=90.0, matc
         about={"run_dir": f"runs/{fingerprint}", "step": 7, "data": f"shards-{fingerprint}",
                "data_fingerprint": fingerprint, "data_matches_run": matches,
                "split": {"split": "time"},
-               "config": {"max_queries": 0, "seed": 0}})
+               "config": {"max_queries": 0, "seed": 0}}
+        | ({} if trained is None else {"trained": trained}))
 
 
 def test_answers_round_trip(tmp_path):
@@ -81,6 +88,28 @@ def test_two_worlds_pooled(tmp_path):
     assert v["median_rel"]["diff_ci"] == EM.paired_bootstrap_ci(
         rel_m[~failed], rel_e[~failed], seed=0, n_boot=EM.VERDICT_N_BOOT, groups=groups[~failed])
     assert r["sources_by_stratum"] == {"pair_in_context": 5, "node_known": 0, "cold": 5}
+
+
+def test_runs_that_did_not_train_alike_are_named(tmp_path):
+    """Pooled runs of two recipes (a model setting, the steps) make the pooled `model`
+    several models: a warning names each differing setting with its inputs; answers written
+    before they said how the run trained are named as unchecked."""
+    other = TRAINED | {"steps": 1200, "config": TRAINED["config"] | {"pair_fail_recent": 0}}
+    fa, fb, fc = (_world(tmp_path / f"{k}.answers.npz", model=[110] * 4, ema=[130] * 4,
+                         sources=2, fingerprint=k, trained=t)
+                  for k, t in (("a", TRAINED), ("b", TRAINED), ("c", other)))
+    assert pool([str(fa), str(fb)])["warnings"][:1] == [
+        "only 6 queries have a reply (fewer than 1,000): the medians and their intervals are "
+        "rough"]
+    assert pool([str(fa), str(fb), str(fc)])["warnings"][0] == (
+        "the pooled runs did not train alike, so the pooled `model` is several models: "
+        f"steps 2400 ({fa}, {fb}), 1200 ({fc}); pair_fail_recent 16 ({fa}, {fb}), 0 ({fc})")
+    fd = _world(tmp_path / "d.answers.npz", model=[110] * 4, ema=[130] * 4, sources=2,
+                fingerprint="d", trained=None)
+    assert pool([str(fa), str(fd)])["warnings"][0] == (
+        f"{fd}: written before answers said how the run trained, so the pooled runs cannot be "
+        "checked for one recipe; run `train eval` on it again to check")
+    assert len(pool([str(fd)])["warnings"]) == 1  # one input: nothing to hold it to
 
 
 def test_pool_refuses_the_same_queries_twice_and_what_is_not_answers(tmp_path):

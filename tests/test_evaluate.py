@@ -98,8 +98,10 @@ def test_eval_counts_every_query_and_target(run, full):
         f"only {n_rtt:,} queries have a reply (fewer than 1,000): the medians and their "
         "intervals are rough; evaluate on a larger test split"]
     assert text.splitlines()[1] == f"warning: {report['warnings'][0]}"
-    assert report["trained"] == {"model": "tiny", "steps": 6, "batch_size": 4,
-                                 "loss_weights": "uniform"}
+    config = json.loads((run / "run" / "config.json").read_text())["model"]
+    assert config["n_layers"] == 2 and report["trained"] == {
+        "model": "tiny", "steps": 6, "batch_size": 4, "loss_weights": "uniform",
+        "config": config}
     assert "model tiny, 6 steps of 4 rows, objective weights by role: uniform" in text
     # a history bucket without replies prints "-", aligned in its column
     r2 = json.loads(json.dumps(report))

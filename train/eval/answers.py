@@ -18,7 +18,9 @@ no pickled objects:
     stratum       int8[n]: index into train.eval.metrics.STRATA
     source        int64[n]: the query's source among the evaluation's (its bootstrap group)
     about         str: JSON, the report's run_dir, step, data, data_fingerprint,
-                  data_matches_run, split, config
+                  data_matches_run, split, config, trained (how the run trained: its
+                  preset, steps, batch, objective and model settings; absent in answers
+                  written before 2026-11-30)
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from prep.base.errors import InputError
 
 ANSWERS_VERSION = 1
 ABOUT = ("run_dir", "step", "data", "data_fingerprint", "data_matches_run", "split",
-         "config")  # report keys kept
+         "config", "trained")  # report keys kept
 _ARRAYS = ("names", "pred_ms", "p_failed", "covered", "interval_of", "interval_ms", "truth_ms",
            "failed", "history", "stratum", "source", "about", "version")
 

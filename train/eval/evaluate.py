@@ -225,10 +225,11 @@ def _load(cfg: EvalConfig):
 
 
 def _trained(record: dict) -> dict:
-    """The run's model, steps and training objective, from its config.json."""
+    """The run's model, steps and training objective, and its model's every setting
+    (``config``; what `train pool` holds the pooled runs to), from its config.json."""
     t = record.get("train", {})
     return {"model": t.get("model"), "steps": t.get("steps"), "batch_size": t.get("batch_size"),
-            "loss_weights": t.get("loss_weights") or "uniform"}
+            "loss_weights": t.get("loss_weights") or "uniform", "config": record.get("model")}
 
 
 def _answer_queries(pred: P.Predictor, qm, progress: bool, *, alone: bool = False):

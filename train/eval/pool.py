@@ -9,7 +9,9 @@ one world and a source of another are different probes, and each probe's queries
 together. Inputs must be of different test splits: two evaluations of one (two runs, one
 run twice, or two samples of it) would count a query or a probe twice, as if independent,
 and are refused.
-Predictors that not every input has are left out, with a warning.
+Predictors that not every input has are left out, with a warning. Runs that did not train
+alike (another preset, steps, batch, objective or model setting) are named in a warning: the
+pooled `model` is then several models.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def pool(paths: list[str], *, seed: int = 0) -> dict:
         if a["about"].get("data_matches_run") is False:
             warnings.append(f"{f}: evaluated on {a['about'].get('data')}, not the dataset its "
                             "run trained on; its test split may hold what the model saw")
+    warnings += _trained_alike(files, loaded)
     left = sorted({n for a in loaded for n in a["names"]} - set(common))
     if left:
         warnings.append(f"left out, not in every input: {', '.join(left)}")
@@ -100,6 +103,36 @@ def pool(paths: list[str], *, seed: int = 0) -> dict:
             "sources_by_stratum": {name: int(len(np.unique(groups[stratum == k])))
                                    for k, name in enumerate(EM.STRATA)},
             "seed": seed, "warnings": warnings, "rtt": rtt, "verdict": verdict}
+
+
+def _trained_alike(files: list[Path], loaded: list[dict]) -> list[str]:
+    """Warnings where the pooled runs did not train alike (preset, steps, batch, objective,
+    any model setting): the pooled `model` then mixes several models, one per input; and
+    where an input's answers predate the record that says."""
+    settings, unknown = {}, []
+    for f, a in zip(files, loaded):
+        t = a["about"].get("trained")
+        if not t or t.get("config") is None:
+            unknown.append(str(f))
+            continue
+        settings[str(f)] = {k: t.get(k) for k in ("model", "steps", "batch_size",
+                                                   "loss_weights")} | t["config"]
+    out = []
+    if unknown and len(files) > 1:
+        out.append(f"{', '.join(unknown)}: written before answers said how the run trained, so "
+                   "the pooled runs cannot be checked for one recipe; run `train eval` on "
+                   f"{'them' if len(unknown) > 1 else 'it'} again to check")
+    diffs = []
+    for k in dict.fromkeys(k for v in settings.values() for k in v):  # first-seen order
+        by = {}
+        for f, v in settings.items():
+            by.setdefault(json.dumps(v.get(k)), []).append(f)
+        if len(by) > 1:
+            diffs.append(f"{k} " + ", ".join(f"{val} ({', '.join(fs)})" for val, fs in by.items()))
+    if diffs:
+        out.append("the pooled runs did not train alike, so the pooled `model` is several "
+                   "models: " + "; ".join(diffs))
+    return out
 
 
 def format_pooled(r: dict) -> str:
