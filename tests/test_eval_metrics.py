@@ -104,6 +104,18 @@ def test_verdict_takes_the_strongest_baseline_per_stratum_and_pairs_the_queries(
     assert nk["baseline_covered"] == 1.0
     assert v["cold"] == {"n": 0, "n_rtt": 0, "baseline": None}
     assert v["all"]["baseline"] == "context_ema"  # median of 0.3 x3, 0.5 x2 beats 0.4/0.05
+    # P(failed)'s bar is the lowest Brier there, not the RTTs': pair_in_context's is the
+    # destination median (0.04 against the EMA's 0.25), the model 0.03 below it each query
+    f = pic["failures"]
+    assert (f["baseline"], f["winner"]) == ("dst_median", "model")
+    assert _flat(f["brier"]) == pytest.approx([0.01, 0.04, -0.03, -0.03, -0.03])
+    # node_known: the destination median is both bars; its Brier (0.04 + 0.64 + 0.04) / 3
+    # below the model's; the failed query's +0.17 against two -0.03s: the interval holds 0
+    f = nk["failures"]
+    assert (f["baseline"], f["winner"], f["brier"]) == ("dst_median", "neither", nk["brier"])
+    assert f["brier"]["baseline"] == pytest.approx(0.72 / 3)
+    assert f["brier"]["diff_ci"] == pytest.approx([-0.03, 0.17])
+    assert v["all"]["failures"]["baseline"] == "dst_median"  # (5 x 0.04 + 0.64) / 6 < 0.25
 
 
 def test_the_verdict_interval_takes_ten_thousand_resamples_of_whole_sources():

@@ -228,3 +228,10 @@ def test_verdict_lines_keep_four_decimals_below_a_tenth(tmp_path):
             "vs 0.0200, -0.0100 [-0.0100, -0.0100]; ") in "\n".join(lines)
     text = format_pooled(pool([str(fa), str(fb)]))
     assert "median rel 2.010 vs 0.020, +1.990 [" in text  # the model's 2.01: 3 decimals
+    # P(failed) against the lowest Brier of the baselines, below each scope's line: the EMA's
+    # 0.2 has (5 x 0.04 + 0.64) / 6 = 0.14, the model's 0.1 (5 x 0.01 + 0.81) / 6; its
+    # source 0 -0.03 a query, source 1 (the failed query) +0.11 / 3: the interval holds 0
+    at = lines.index(next(x for x in lines if x.startswith("  all (5 with a reply)")))
+    assert lines[at + 1] == ("    P(failed) (6 queries): no winner (the interval holds 0); vs "
+                             "context EMA (0.3) (the lowest Brier of the baselines): Brier "
+                             "0.1433 vs 0.1400, +0.0033 [-0.0300, +0.0367]")

@@ -385,6 +385,11 @@ def test_verdict_per_stratum_against_the_strongest_baseline(full):
         assert row["median_rel"]["baseline"] == get(rtt[row["baseline"]])["median_rel"]
         assert row["mae_ms"]["model"] == pytest.approx(get(rtt["model"])["mae_ms"])
         assert row["brier"]["baseline"] == pytest.approx(get(rtt[row["baseline"]])["brier"])
+        briers = {n: get(m)["brier"] for n, m in rtt.items() if not n.startswith("model")}
+        f = row["failures"]  # P(failed)'s bar: the lowest Brier, whichever baseline has it
+        assert briers[f["baseline"]] == min(briers.values())
+        assert f["brier"]["model"] == pytest.approx(get(rtt["model"])["brier"])
+        assert f["brier"]["baseline"] == pytest.approx(min(briers.values()))
         lo, hi = row["median_rel"]["diff_ci"]
         assert lo <= row["median_rel"]["diff"] <= hi
         assert row["winner"] == ("model" if hi < 0 else "baseline" if lo > 0 else "neither")
@@ -394,7 +399,9 @@ def test_verdict_per_stratum_against_the_strongest_baseline(full):
     at = next(i for i, line in enumerate(text) if line.startswith(head))
     assert text[at] == head + f"{report['sources']:,} (" + ", ".join(
         f"{s} {report['sources_by_stratum'][s]:,}" for s in STRATA) + ")"
-    assert [line.split(" (")[0].strip() for line in text[at + 1:at + 5]] == ["all", *STRATA]
+    scopes = [line for line in text[at + 1:at + 9] if not line.startswith("    ")]
+    assert [line.split(" (")[0].strip() for line in scopes] == ["all", *STRATA]
+    assert text[at + 2].startswith(f"    P(failed) ({v['all']['n']:,} queries): ")
 
 
 def test_max_queries_beyond_the_split_says_so_and_names_the_file_by_what_it_holds(run, full):

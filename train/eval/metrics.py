@@ -176,14 +176,21 @@ def paired_bootstrap_ci(a, b, stat=np.median, *, seed: int = 0, n_boot: int = N_
     return [float(lo), float(hi)]
 
 
-def strongest_baseline(scores: dict, baselines, scope: str) -> str | None:
-    """The baseline with the lowest median relative error in ``scope`` ("all" or a
-    stratum); a tie goes to the first in ``baselines`` (the registry's order)."""
+def strongest_baseline(scores: dict, baselines, scope: str, key: str = "median_rel"
+                       ) -> str | None:
+    """The baseline with the lowest ``key`` (median relative error; "brier": Brier score) in
+    ``scope`` ("all" or a stratum); a tie goes to the first in ``baselines`` (the registry's
+    order)."""
     def med(name):
         s = scores[name] if scope == "all" else scores[name]["by_stratum"][scope]
-        return s["median_rel"]
+        return s[key]
     ranked = [n for n in baselines if n in scores and med(n) is not None]
     return min(ranked, key=med) if ranked else None
+
+
+def _winner(diff_ci) -> str:
+    lo, hi = diff_ci
+    return "model" if hi < 0 else "baseline" if lo > 0 else "neither"
 
 
 def verdict(pred_ms: dict, p_fail: dict, truth_ms, failed, stratum, scores: dict,
@@ -193,12 +200,14 @@ def verdict(pred_ms: dict, p_fail: dict, truth_ms, failed, stratum, scores: dict
 
     ``{"n", "n_rtt", "baseline", "baseline_covered", "winner",
        "median_rel": {"model", "baseline", "diff", "diff_ci"}, "mae_ms": {...},
-       "brier": {...}}``
+       "brier": {...}, "failures": {"baseline", "winner", "brier": {...}}}``
 
     median relative error and MAE over the queries with a reply, Brier over all;
     ``winner`` by the median relative error's interval: "model" (below 0), "baseline"
     (above 0) or "neither" (it holds 0), over VERDICT_N_BOOT resamples. ``baseline``
-    None: no query in the scope.
+    None: no query in the scope. ``brier`` is against that baseline (the strongest on RTTs);
+    ``failures`` against the baseline with the lowest Brier score there, its ``winner`` by
+    that difference's interval: the bar for P(failed).
     ``groups``: a label per query, resampled whole (the module's docstring)."""
     rel = {k: np.abs(v - truth_ms) / np.maximum(truth_ms, 1e-3) for k, v in pred_ms.items()}
     ae = {k: np.abs(v - truth_ms) for k, v in pred_ms.items()}
@@ -214,16 +223,20 @@ def verdict(pred_ms: dict, p_fail: dict, truth_ms, failed, stratum, scores: dict
             continue
         s = scores[best] if scope == "all" else scores[best]["by_stratum"][scope]
         row["baseline_covered"] = s["covered"]
+        def paired(per, other, where, stat):
+            m, b = per["model"][where], per[other][where]
+            return {"model": float(stat(m)), "baseline": float(stat(b)),
+                    "diff": float(stat(m) - stat(b)),
+                    "diff_ci": paired_bootstrap_ci(
+                        m, b, stat, seed=seed + k, n_boot=VERDICT_N_BOOT,
+                        groups=None if groups is None else groups[where])}
         for key, per, where, stat in (("median_rel", rel, ok, np.median),
                                       ("mae_ms", ae, ok, np.mean),
                                       ("brier", bri, sel, np.mean)):
-            m, b = per["model"][where], per[best][where]
-            row[key] = {"model": float(stat(m)), "baseline": float(stat(b)),
-                        "diff": float(stat(m) - stat(b)),
-                        "diff_ci": paired_bootstrap_ci(
-                            m, b, stat, seed=seed + k, n_boot=VERDICT_N_BOOT,
-                            groups=None if groups is None else groups[where])}
-        lo, hi = row["median_rel"]["diff_ci"]
-        row["winner"] = "model" if hi < 0 else "baseline" if lo > 0 else "neither"
+            row[key] = paired(per, best, where, stat)
+        row["winner"] = _winner(row["median_rel"]["diff_ci"])
+        best_b = strongest_baseline(scores, baselines, scope, "brier")
+        b = row["brier"] if best_b == best else paired(bri, best_b, sel, np.mean)
+        row["failures"] = {"baseline": best_b, "winner": _winner(b["diff_ci"]), "brier": b}
         out[scope] = row
     return out

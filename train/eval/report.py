@@ -138,6 +138,8 @@ def _diff(d: dict, spec: str) -> str:
 
 WON = {"model": "the model wins", "baseline": "the baseline wins",
        "neither": "no winner (the interval holds 0)"}
+FAIL_WON = {"model": "the model's is best", "baseline": "the baseline's is better",
+            "neither": "no winner (the interval holds 0)"}
 
 
 def _resampled(r: dict) -> str:
@@ -149,7 +151,8 @@ def _resampled(r: dict) -> str:
 
 
 def _verdict(v: dict | None, resampled: str = "") -> list[str]:
-    """One line per scope: who wins and by how much (train.eval.metrics.verdict)."""
+    """Per scope: who wins on RTTs and by how much, and below it whose P(failed) is best
+    against the lowest Brier of the baselines (train.eval.metrics.verdict)."""
     if not v:
         return []
     lines = ["", "verdict: the model minus the strongest baseline, paired on the same queries "
@@ -159,14 +162,20 @@ def _verdict(v: dict | None, resampled: str = "") -> list[str]:
         if row["baseline"] is None:
             lines.append(f"  {head}: no queries")
             continue
-        m, a, b = row["median_rel"], row["mae_ms"], row["brier"]
+        m, a, b, f = row["median_rel"], row["mae_ms"], row["brier"], row.get("failures")
         # below 0.1 (a context's replies to the destination: ~0.02) three decimals hide
         # the difference: -0.000 [-0.001, -0.000]
         r = ".4f" if max(abs(m["model"]), abs(m["baseline"])) < 0.1 else ".3f"
         lines.append(f"  {head}: {WON[row['winner']]}; vs {label(row['baseline'])}: "
                      f"median rel {m['model']:{r}} vs {m['baseline']:{r}}, {_diff(m, r)}; "
-                     f"MAE {a['model']:.2f} vs {a['baseline']:.2f} ms, {_diff(a, '.2f')}; "
-                     f"Brier {b['model']:.4f} vs {b['baseline']:.4f}, {_diff(b, '.4f')}")
+                     f"MAE {a['model']:.2f} vs {a['baseline']:.2f} ms, {_diff(a, '.2f')}"
+                     + ("" if f else f"; Brier {b['model']:.4f} vs {b['baseline']:.4f}, "
+                        f"{_diff(b, '.4f')}"))
+        if f:  # P(failed)'s own bar: the lowest Brier (reports before 2026-11-30 lack it)
+            fb = f["brier"]
+            lines.append(f"    P(failed) ({row['n']:,} queries): {FAIL_WON[f['winner']]}; vs "
+                         f"{label(f['baseline'])} (the lowest Brier of the baselines): Brier "
+                         f"{fb['model']:.4f} vs {fb['baseline']:.4f}, {_diff(fb, '.4f')}")
     return lines
 
 
