@@ -53,7 +53,13 @@ def curve_point(report: dict, tokens: int) -> dict:
     point["verdict"] = {scope: {"n_rtt": v["n_rtt"], "baseline": v["baseline"],
                                 "winner": v.get("winner"),
                                 **{k: {"diff": v[k]["diff"], "diff_ci": v[k]["diff_ci"]}
-                                   for k in ("median_rel", "mae_ms") if k in v}}
+                                   for k in ("median_rel", "mae_ms") if k in v},
+                                # P(failed) against the lowest Brier (reports since 2026-11-30)
+                                **({"failures": {"baseline": f["baseline"],
+                                                 "winner": f["winner"],
+                                                 "diff": f["brier"]["diff"],
+                                                 "diff_ci": f["brier"]["diff_ci"]}}
+                                   if (f := v.get("failures")) else {})}
                         for scope, v in report["verdict"].items()}
     return point
 

@@ -25,7 +25,10 @@ def _report() -> dict:
                        "mae_ms": {"model": 9.0, "baseline": 10.0, "diff": -1.0,
                                   "diff_ci": [-1.5, -0.5]},
                        "brier": {"model": 0.1, "baseline": 0.2, "diff": -0.1,
-                                 "diff_ci": [-0.2, 0.0]}}
+                                 "diff_ci": [-0.2, 0.0]},
+                       "failures": {"baseline": "global_median", "winner": "neither",
+                                    "brier": {"model": 0.1, "baseline": 0.15, "diff": -0.05,
+                                              "diff_ci": [-0.1, 0.01]}}}
                for scope in ("all", *STRATA)}
     verdict["node_known"] = {"n": 0, "n_rtt": 0, "baseline": None}  # no query in the scope
     return {"step": 40, "loss": {"loss": 1.5, "by_role": {"rtt": {"loss": 2.0}}},
@@ -43,7 +46,10 @@ def test_curve_point_keeps_stratum_intervals_and_verdict():
     assert p["model_no_context"]["stratum_ci"]["cold"] == pytest.approx([2.08, 2.12])
     assert p["verdict"]["cold"] == {"n_rtt": 8, "baseline": "dst_median", "winner": "model",
                                     "median_rel": {"diff": -0.02, "diff_ci": [-0.03, -0.01]},
-                                    "mae_ms": {"diff": -1.0, "diff_ci": [-1.5, -0.5]}}
+                                    "mae_ms": {"diff": -1.0, "diff_ci": [-1.5, -0.5]},
+                                    "failures": {"baseline": "global_median",
+                                                 "winner": "neither", "diff": -0.05,
+                                                 "diff_ci": [-0.1, 0.01]}}
     assert p["verdict"]["node_known"] == {"n_rtt": 0, "baseline": None, "winner": None}
     assert p["sources"] == {"all": 7, "pair_in_context": 5, "node_known": 0, "cold": 3}
 
