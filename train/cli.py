@@ -314,10 +314,11 @@ def pool_cmd(answers, out, overwrite, seed, as_json):
     eval/step-<S>.answers.npz files, or run folders, for the answers of their newest
     whole-split evaluation) scored as one test split: every predictor's median relative
     error by stratum with its 95 % interval, and the verdict (the model minus the strongest
-    baseline per stratum, paired), the intervals resampling whole (evaluation, source)
-    pairs. For a result across worlds: one world's interval may hold 0 where the pooled one
-    does not. Two evaluations of one test split (its queries, or samples of its probes) are
-    refused.
+    baseline per stratum, paired; P(failed) against the lowest Brier), the intervals
+    resampling whole (evaluation, source) pairs. For a result across worlds: one world's
+    interval may hold 0 where the pooled one does not. Two evaluations of one test split
+    (its queries, or samples of its probes) are refused; runs that did not train alike
+    (preset, steps, batch, objective, model settings) are named in a warning.
 
     \b
     Example, five generated worlds (prep synth --seed 0..4, a run on each):
