@@ -261,7 +261,9 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot, 
     reply to the destination in the context; node_known: else the source is in the train
     split, a NAT's private address never; cold) and by context length, with 95 %
     bootstrap intervals resampling whole sources; the model's
-    [p10, p90] coverage. Writes RUN_DIR/eval/step-<S>.json. Without RUN_DIR: the newest
+    [p10, p90] coverage; the verdict per scope: the model minus the strongest baseline on
+    RTTs, and its P(failed) against the lowest Brier of the baselines, paired on the same
+    queries. Writes RUN_DIR/eval/step-<S>.json. Without RUN_DIR: the newest
     run under runs/ (the one that saved a checkpoint last), as `train --resume` takes.
 
     \b
