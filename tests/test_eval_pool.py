@@ -104,6 +104,13 @@ def test_runs_that_did_not_train_alike_are_named(tmp_path):
     assert pool([str(fa), str(fb), str(fc)])["warnings"][0] == (
         "the pooled runs did not train alike, so the pooled `model` is several models: "
         f"steps 2400 ({fa}, {fb}), 1200 ({fc}); pair_fail_recent 16 ({fa}, {fb}), 0 ({fc})")
+    # a setting `train` sets from the data (no reverse pairs in one world): named apart
+    fe = _world(tmp_path / "e.answers.npz", model=[110] * 4, ema=[130] * 4, sources=2,
+                fingerprint="e", trained=TRAINED | {"config": TRAINED["config"]
+                                                    | {"pair_reverse": True}})
+    assert pool([str(fa), str(fe)])["warnings"][0] == (
+        "the pooled runs differ in what `train` turns off where a run's data cannot teach it "
+        f"(one recipe, other data): pair_reverse false ({fa}), true ({fe})")
     fd = _world(tmp_path / "d.answers.npz", model=[110] * 4, ema=[130] * 4, sources=2,
                 fingerprint="d", trained=None)
     assert pool([str(fa), str(fd)])["warnings"][0] == (

@@ -672,12 +672,14 @@ def test_the_pair_store_holds_each_pairs_latest_replies():
 
 
 def test_a_run_builds_its_pair_store_from_each_pairs_latest_replies(tmp_path):
-    """The run's stores (train.fit.loop) pass ModelConfig.pair_recent and pair_fail_recent
-    to the build."""
+    """The run's stores (train.fit.loop) pass ModelConfig.pair_recent, pair_fail_recent and
+    pair_shared (small's False: row 0's pings from 10.0.0.1 are not stored, row 1's, made
+    203.0.0.1's, are) to the build."""
     from prep.tools import synthetic_shards as synthetic
     from train.fit import loop
 
     tok, seg = _timed_rows()
+    tok[1] = np.where(tok[1] == B + 10, B + G, tok[1])
     d = tmp_path / "shards"
     manifest = synthetic.write_shards(d, {"train": (tok, seg), "test": (tok[:1], seg[:1])})
     mcfg = dataclasses.replace(arch.MODELS["small"], dst_store=1024, pair_store=1024,
@@ -685,8 +687,9 @@ def test_a_run_builds_its_pair_store_from_each_pairs_latest_replies(tmp_path):
                                store_without_fold=False, placed_store=0.0)
     _, tables, lines = loop._store_tables(mcfg, d, manifest)
     want, summary = store.build(tok, seg, 1024, key="pair", pair_fold=2, min_count=1, recent=3,
-                                failures=True, fail_recent=16)
-    assert summary.usable and summary.recent == 3 and summary.fail_recent == 16
+                                failures=True, fail_recent=16, without_shared=True)
+    assert (summary.usable, summary.left_out, summary.recent, summary.fail_recent) == (
+        2, 1, 3, 16)
     np.testing.assert_array_equal(tables["pair_store"], want)
     assert summary.line() in lines
 
@@ -794,6 +797,35 @@ def test_a_shared_source_addresss_failures_are_not_read():
     assert (summary.usable, summary.failing, summary.fails, summary.shared) == (1, 0, 0, 1)
     assert ("(>= 1 pings each, 0 failed among each pair's latest 4), not those of 1 pairs whose "
             "source address hosts share (NAT: several probes' failures)") in summary.line()
+
+
+def test_without_shared_a_shared_source_addresss_pairs_are_not_stored():
+    """``without_shared`` (ModelConfig.pair_shared False, small's): the pings from 10.0.0.1
+    (row 1's, an address hosts behind NATs share) leave no row at all, neither its replies'
+    quantiles nor its failures; 203.0.0.1's (row 0: replies 0x5030, 0x5040, 0x5050 and a
+    failure) are stored as ever, and the log line names the one pair left out."""
+    tok, seg = _timed_rows(FAIL_TIMED)
+    tok[1] = np.where(tok[1] == B + G, B + 10, tok[1])  # row 1's pings: 10.0.0.1 -> 10.0.0.2
+    with_nat, _ = store.build(tok, seg, 1024, key="pair", min_count=1, failures=True)
+    table, summary = store.build(tok, seg, 1024, key="pair", min_count=1, failures=True,
+                                 without_shared=True)
+    read = lambda t, pair: (np.asarray(x) for x in model._store_row(jnp.asarray(t), pair, 1))
+    r, ok = read(table, _pair(1, 2, G))
+    assert ok and (r[K], r[K + 2]) == (3, 1)
+    third = ((np.arange(K) + 0.5) / K * 3).astype(int)  # quantile k's reply of the three
+    assert r[:K].astype(int).tolist() == [[0x5030, 0x5040, 0x5050][j] for j in third]
+    assert not bool(list(read(table, _pair(1, 2)))[1])  # not stored
+    r, ok = read(with_nat, _pair(1, 2))  # stored, its failures not read (the rule before)
+    assert ok and (r[K], r[K + 2]) == (2, -1)
+    assert (summary.usable, summary.failing, summary.fails, summary.shared,
+            summary.left_out) == (1, 1, 1, 0, 1)
+    assert summary.line().startswith(
+        "pair store: 1 of 1 address pairs (>= 1 replies each) from 3 train replies, not the 1 "
+        "pairs whose source address hosts share (NAT: several probes' pings, none of them a "
+        "node's); 1 pairs' failure rates")
+    with pytest.raises(ValueError, match="without_shared is for the pair store, not key 'dst'"):
+        store.build(tok, seg, 1024, without_shared=True)
+    assert not arch.MODELS["small"].pair_shared and arch.MODELS["tiny"].pair_shared
 
 
 # node 1 pings node 2 (a reply), node 4 (no reply) and node 3 (not stored)

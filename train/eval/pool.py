@@ -11,7 +11,8 @@ run twice, or two samples of it) would count a query or a probe twice, as if ind
 and are refused.
 Predictors that not every input has are left out, with a warning. Runs that did not train
 alike (another preset, steps, batch, objective or model setting) are named in a warning: the
-pooled `model` is then several models.
+pooled `model` is then several models; settings that `train` turns off where a run's data
+cannot teach them (train.model.arch.SET_BY_DATA) in a warning of their own.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from train.eval import metrics as EM
 from train.eval.answers import read_answers, step_of
 from train.eval.evaluate import score
 from train.eval.report import score_tables
+from train.model.arch import SET_BY_DATA
 
 
 def resolve(arg: str) -> Path:
@@ -122,16 +124,20 @@ def _trained_alike(files: list[Path], loaded: list[dict]) -> list[str]:
         out.append(f"{', '.join(unknown)}: written before answers said how the run trained, so "
                    "the pooled runs cannot be checked for one recipe; run `train eval` on "
                    f"{'them' if len(unknown) > 1 else 'it'} again to check")
-    diffs = []
+    diffs, by_data = [], []
     for k in dict.fromkeys(k for v in settings.values() for k in v):  # first-seen order
         by = {}
         for f, v in settings.items():
             by.setdefault(json.dumps(v.get(k)), []).append(f)
         if len(by) > 1:
-            diffs.append(f"{k} " + ", ".join(f"{val} ({', '.join(fs)})" for val, fs in by.items()))
+            (by_data if k in SET_BY_DATA else diffs).append(
+                f"{k} " + ", ".join(f"{val} ({', '.join(fs)})" for val, fs in by.items()))
     if diffs:
         out.append("the pooled runs did not train alike, so the pooled `model` is several "
                    "models: " + "; ".join(diffs))
+    if by_data:
+        out.append("the pooled runs differ in what `train` turns off where a run's data "
+                   "cannot teach it (one recipe, other data): " + "; ".join(by_data))
     return out
 
 

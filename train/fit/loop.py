@@ -208,9 +208,10 @@ def _store_tables(mcfg, data, manifest: dict):
                                          failures=key == "pair" and mcfg.pair_fail,
                                          fail_recent=(mcfg.pair_fail_recent
                                                       if key == "pair" and mcfg.pair_fail
-                                                      else 0))
+                                                      else 0),
+                                         without_shared=key == "pair" and not mcfg.pair_shared)
         lines.append(summary.line())
-        if key == "pair":
+        if key == "pair":  # what the data turns off here: arch.SET_BY_DATA
             if mcfg.pair_forward and summary.own == 0:
                 lines.append(f"pair store: its read at a measurement's own pair is off for this "
                              f"run (no address pair has {mcfg.pair_min} train replies)"

@@ -161,6 +161,12 @@ class ModelConfig:
     # pings beat all of them; with those left out (pair_fail) it acts on global sources
     # alone, where the study found it neutral (docs/learning.md section 8.22). 0: all
     pair_fail_recent: int = 0
+    # with pair_store: the pairs whose source address hosts share (a NAT's private address:
+    # train.model.store.local_scope) are stored as any other. False: not stored at all, as
+    # the evaluation never counts such an address a known node. Stored, a probe held out
+    # behind a NAT read the RTTs of other probes behind other NATs as its own pair's, and
+    # `cold` lost to kriging on every generated world (docs/learning.md section 8.23)
+    pair_shared: bool = True
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
     # replies to their destinations' store medians, over their count plus this shrink;
@@ -230,12 +236,18 @@ MODELS = {
                          context_copy=0.3, copy_aux=1.0, dst_store=32768, pair_store=65536,
                          store_by_source=True, placed_store=0.25, gate_fold=8,
                          store_without_fold=True, pair_forward=8, pair_min=4, pair_recent=8,
-                         pair_fail=True, pair_fail_recent=16),
+                         pair_fail=True, pair_fail_recent=16, pair_shared=False),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,
                         scan_layers=False),
 }
+
+
+# settings a run turns off where its data could not teach them (train.fit.loop's stores:
+# no pair with pair_min train replies, no train reply with its reverse pair there), so
+# that two runs of one preset may differ in them by their data alone
+SET_BY_DATA = ("pair_store", "pair_reverse", "pair_forward", "pair_fail")
 
 
 def model_config(name: str, *, seq_len: int) -> ModelConfig:

@@ -56,6 +56,7 @@ class StoreSummary:
     untimed_rows: int = 0  # with recent: rows the decoder refused, whose replies are untimed
     fail_recent: int = 0  # with fails: the failures among each pair's latest this many pings
     shared: int = 0  # with fails: the pairs of a shared source address, their failures not read
+    left_out: int = 0  # without_shared: the pairs of a shared source address, not stored
 
     def line(self) -> str:
         name, what, field = KEYS[self.key]
@@ -65,6 +66,9 @@ class StoreSummary:
                    if self.sources else "")
                 + (f", quantiles over each pair's latest {self.recent} replies"
                    if self.recent else "")
+                + (f", not the {self.left_out:,} pairs whose source address hosts share "
+                   "(NAT: several probes' pings, none of them a node's)" if self.left_out
+                   else "")
                 + (f" ({count(self.untimed_rows, 'row')} that `prep shards` would not "
                    "write: their replies untimed)" if self.untimed_rows else "")
                 + (f"; {self.failing:,} pairs' failure rates (>= {self.min_count} pings each, "
@@ -249,8 +253,8 @@ def _pair_medians(one: np.ndarray, other: np.ndarray, code: np.ndarray):
 def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = "dst",
           batch: int = 512, by_source: bool = False,
           fold: int = 0, pair_fold: int = 0, min_count: int = arch.STORE_MIN,
-          recent: int = 0, failures: bool = False,
-          fail_recent: int = 0) -> tuple[np.ndarray, StoreSummary]:
+          recent: int = 0, failures: bool = False, fail_recent: int = 0,
+          without_shared: bool = False) -> tuple[np.ndarray, StoreSummary]:
     """(float32[rows, STORE_K + 2], summary) from packed rows ``tokens``/``segment_ids``,
     by destination (``key`` "dst") or by ordered address pair ("pair"). ``by_source`` (with
     "dst"; ModelConfig.store_by_source): a destination's quantiles are over its sources'
@@ -270,7 +274,10 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     tie), and the pings a row is taken with are its replies plus those failures. A pair
     whose source address unrelated hosts share (``local_scope``: a NAT's private address)
     has -1 for its failures: they are several probes', and a probe's own are not among
-    them where it was held out (model.fail_share reads no -1)."""
+    them where it was held out (model.fail_share reads no -1). ``without_shared`` (with
+    "pair"; ModelConfig.pair_shared False): no such pair is stored at all, its replies'
+    quantiles no more than its failures (a held-out probe behind a NAT read there the RTTs
+    of other probes behind other NATs as its own)."""
     if key not in KEYS:
         raise ValueError(f"store key must be one of {sorted(KEYS)}, not {key!r}")
     if by_source and key != "dst":
@@ -286,11 +293,24 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     if fail_recent < 0 or fail_recent and not failures:
         raise ValueError(f"fail_recent is a count of a pair's latest pings (>= 0, with "
                          f"failures), not {fail_recent} with failures={failures}")
-    times, shared, untimed = (_results(tokens, segment_ids) if recent or failures
-                              else (None, None, 0))
+    if without_shared and key != "pair":
+        raise ValueError(f"without_shared is for the pair store, not key {key!r}")
+    times, shared, untimed = (_results(tokens, segment_ids)
+                              if recent or failures or without_shared else (None, None, 0))
     untimed = untimed if recent or fail_recent else 0  # (else no time is read)
     got = _collect(tokens, segment_ids, "ends" if by_source else key, batch, fold, pair_fold,
-                   times, shared if failures else None)
+                   times, shared if failures or without_shared else None)
+    left_out = 0
+    if without_shared:  # a NAT's address: several hosts' pings, none of them a node's
+        mine = ~got["shared"]
+        replies_mine, fails_mine = mine[:len(got["key"])], mine[len(got["key"]):]
+        left_out = len(np.unique(np.concatenate([got["key"][~replies_mine],
+                                                 got["fail_key"][~fails_mine]])))
+        for k in ("key", "back", "code", "when"):
+            got[k] = got[k][replies_mine]
+        for k in ("fail_key", "fail_when"):
+            got[k] = got[k][fails_mine]
+        got["shared"] = got["shared"][mine]
     h, back, code = got["key"], got["back"], got["code"]
     fail_keys = got["fail_key"] if failures else np.zeros(0, np.int32)
     if fail_recent:  # the failures among each pair's latest pings, replies and failures alike
@@ -302,7 +322,8 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     if len(h) == 0 and len(fail_keys) == 0:
         return table, StoreSummary(0, 0, 0, 0, key, answered, min_count=min_count,
                                    recent=recent, fails=0 if failures else -1,
-                                   untimed_rows=untimed, fail_recent=fail_recent)
+                                   untimed_rows=untimed, fail_recent=fail_recent,
+                                   left_out=left_out)
     replies = np.ones(len(h), np.int64)  # the replies each entry stands for
     if by_source:  # back is the source's hash: one entry per (destination, source)
         o, start, replies, mid = _pair_medians(h, back, code)
@@ -361,7 +382,7 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
                                key, answered, len(code) if by_source else 0, own, min_count,
                                recent, int(n_failed[keep].sum()) if failures else -1,
                                int(keep.sum()) if failures else -1, untimed, fail_recent,
-                               unread)
+                               unread, left_out)
 
 
 KRIG_SHRINK = 5.0  # a covariance over n shared sources is scaled n / (n + this); context_krig's
