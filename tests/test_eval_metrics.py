@@ -116,6 +116,14 @@ def test_verdict_takes_the_strongest_baseline_per_stratum_and_pairs_the_queries(
     assert f["brier"]["baseline"] == pytest.approx(0.72 / 3)
     assert f["brier"]["diff_ci"] == pytest.approx([-0.03, 0.17])
     assert v["all"]["failures"]["baseline"] == "dst_median"  # (5 x 0.04 + 0.64) / 6 < 0.25
+    # no ping failed (a latency matrix): the model's P(failed) 1e-21 against a baseline's 0
+    # is "better" by an interval of [1e-21, 1e-21]; within BRIER_TIE it is a tie
+    ok = np.zeros(6, bool)
+    pf0 = {"model": np.full(6, 1e-21), "model_no_context": np.zeros(6),
+           "context_ema": np.zeros(6), "dst_median": np.zeros(6)}
+    scores0 = {k: EM.metrics(pred[k], pf0[k], cov, truth, ok, np.zeros(6), s) for k in pred}
+    f = EM.verdict(pred, pf0, truth, ok, s, scores0, ["context_ema", "dst_median"])["all"]
+    assert f["failures"]["winner"] == "neither" and f["failures"]["brier"]["diff_ci"][0] > 0
 
 
 def test_the_verdict_interval_takes_ten_thousand_resamples_of_whole_sources():

@@ -188,9 +188,12 @@ def strongest_baseline(scores: dict, baselines, scope: str, key: str = "median_r
     return min(ranked, key=med) if ranked else None
 
 
-def _winner(diff_ci) -> str:
+BRIER_TIE = 1e-6  # Brier differences within this are a tie: no ping failed, P 1e-21 vs 0
+
+
+def _winner(diff_ci, tie: float = 0.0) -> str:
     lo, hi = diff_ci
-    return "model" if hi < 0 else "baseline" if lo > 0 else "neither"
+    return "model" if hi < -tie else "baseline" if lo > tie else "neither"
 
 
 def verdict(pred_ms: dict, p_fail: dict, truth_ms, failed, stratum, scores: dict,
@@ -207,7 +210,7 @@ def verdict(pred_ms: dict, p_fail: dict, truth_ms, failed, stratum, scores: dict
     (above 0) or "neither" (it holds 0), over VERDICT_N_BOOT resamples. ``baseline``
     None: no query in the scope. ``brier`` is against that baseline (the strongest on RTTs);
     ``failures`` against the baseline with the lowest Brier score there, its ``winner`` by
-    that difference's interval: the bar for P(failed).
+    that difference's interval beyond BRIER_TIE: the bar for P(failed).
     ``groups``: a label per query, resampled whole (the module's docstring)."""
     rel = {k: np.abs(v - truth_ms) / np.maximum(truth_ms, 1e-3) for k, v in pred_ms.items()}
     ae = {k: np.abs(v - truth_ms) for k, v in pred_ms.items()}
@@ -237,6 +240,7 @@ def verdict(pred_ms: dict, p_fail: dict, truth_ms, failed, stratum, scores: dict
         row["winner"] = _winner(row["median_rel"]["diff_ci"])
         best_b = strongest_baseline(scores, baselines, scope, "brier")
         b = row["brier"] if best_b == best else paired(bri, best_b, sel, np.mean)
-        row["failures"] = {"baseline": best_b, "winner": _winner(b["diff_ci"]), "brier": b}
+        row["failures"] = {"baseline": best_b, "winner": _winner(b["diff_ci"], BRIER_TIE),
+                           "brier": b}
         out[scope] = row
     return out
