@@ -3,6 +3,7 @@ built by train.model.store and read by train.model.model.store_dists, on planted
 known quantiles."""
 
 import dataclasses
+import functools
 import json
 
 import jax
@@ -332,10 +333,12 @@ def test_the_pair_store_reads_the_real_sources_of_anonymized_rows():
     assert not (np.asarray(lost[0])[on] == np.asarray(real[0])[on]).any()
 
 
-def _gate_held_open(row, name, **cfg_kw):
+def _gate_held_open(row, name, latest=None, **cfg_kw):
     """small with the pair store of PAIR_ROW x 10 alone (no destination store, no copy), the
     gate ``name`` held open and its spreads sharp, run on ``row``: (cfg, params, tokens,
-    segment ids, the probabilities, those before the stores)."""
+    segment ids, the probabilities, those before the stores). ``latest``: the quantiles of
+    the own pair's table (ModelConfig.pair_recent_own's pair_latest), the store's where
+    None (PAIR_ROW's pings are all in the latest)."""
     cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(row), dst_store=0,
                               pair_store=1024, context_copy=0.0, **cfg_kw)
     table, _ = store.build(np.asarray([PAIR_ROW] * 10, np.uint16),
@@ -344,6 +347,11 @@ def _gate_held_open(row, name, **cfg_kw):
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     params = {**params, "pair_store": jnp.asarray(table), f"{name}_bias": jnp.float32(30.0),
               f"{name}_width": jnp.full(2, -40.0)}
+    if "pair_latest" in params:
+        own = table[:, :K + 2].copy()
+        if latest is not None:
+            own[:, :K] = np.where(own[:, K:K + 1] > 0, latest, 0)
+        params["pair_latest"] = jnp.asarray(own)
     tok, seg = jnp.asarray([row]), jnp.ones((1, len(row)), jnp.int32)
     logits, own = model.forward(params, tok, seg, cfg, own=True)
     return (cfg, params, tok, seg,
@@ -527,6 +535,30 @@ def test_the_pair_store_read_at_the_own_pair():
     assert np.abs(np.asarray(g_out["embed"])).sum() > 0
 
 
+def test_with_pair_recent_own_the_own_pair_reads_the_latest_table():
+    """ModelConfig.pair_recent_own (small's): the read at the own pair takes its quantiles
+    from pair_latest (planted: every stored pair's 64 at 0x6000), the read at the reverse
+    pair from the pair store (node 1's pings to node 2: 0x50 three in four, 0x51 one in
+    four); without it both read the pair store."""
+    planted = np.full(K, 0x6000, np.float32)
+    at = 16 + 11  # OWN's RTT_START of the ping to node 2
+    _, _, _, _, p, _ = _gate_held_open(OWN, "fwd", latest=planted)
+    assert p[at, B + 0x60] == pytest.approx(1.0, abs=1e-4)
+    _, params, _, _, p, _ = _gate_held_open(OWN, "fwd", latest=planted, pair_recent_own=False)
+    assert "pair_latest" not in params
+    assert p[at, B + 0x50] == pytest.approx(0.75, abs=1e-4)
+    _, _, _, _, p, _ = _gate_held_open(ASK, "pair", latest=planted)  # the reverse pair
+    assert p[11, B + 0x50] == pytest.approx(0.75, abs=1e-4)
+    assert p[11, B + 0x51] == pytest.approx(0.25, abs=1e-4)
+    assert arch.MODELS["small"].pair_recent_own
+    assert model.count_params(params) == model.count_params(
+        {**params, "pair_latest": jnp.zeros((1024, K + 2))})  # data, not learned
+    for kw in ({"pair_recent": 0}, {"pair_forward": 0, "pair_fail": False}):  # unread
+        cfg = dataclasses.replace(arch.MODELS["small"], **kw)
+        assert cfg.pair_recent_own and not cfg.own_latest
+        assert "pair_latest" not in arch.param_specs(cfg)
+
+
 def test_a_run_keeps_the_own_pair_read_where_no_reverse_pair_is(tmp_path, monkeypatch, capsys):
     """Probes pinging a target that never pings back: the pair store's reverse read is off
     for the run, its read at the own pair stays (config.json says both), the store is built
@@ -672,7 +704,8 @@ def test_the_pair_store_holds_each_pairs_latest_replies():
 
 
 def test_a_run_builds_its_pair_store_from_each_pairs_latest_replies(tmp_path):
-    """The run's stores (train.fit.loop) pass ModelConfig.pair_recent, pair_fail_recent and
+    """The run's stores (train.fit.loop) pass ModelConfig.pair_recent (with pair_recent_own,
+    to a second table: small's), pair_fail_recent and
     pair_shared (small's False: row 0's pings from 10.0.0.1 are not stored, row 1's, made
     203.0.0.1's, are) to the build."""
     from prep.tools import synthetic_shards as synthetic
@@ -683,15 +716,27 @@ def test_a_run_builds_its_pair_store_from_each_pairs_latest_replies(tmp_path):
     d = tmp_path / "shards"
     manifest = synthetic.write_shards(d, {"train": (tok, seg), "test": (tok[:1], seg[:1])})
     mcfg = dataclasses.replace(arch.MODELS["small"], dst_store=1024, pair_store=1024,
-                               pair_forward=2, pair_min=1, pair_recent=3, gate_fold=0,
+                               pair_forward=2, pair_min=1, pair_recent=1, gate_fold=0,
                                store_without_fold=False, placed_store=0.0)
-    _, tables, lines = loop._store_tables(mcfg, d, manifest)
-    want, summary = store.build(tok, seg, 1024, key="pair", pair_fold=2, min_count=1, recent=3,
-                                failures=True, fail_recent=16, without_shared=True)
+    build = functools.partial(store.build, tok, seg, 1024, key="pair", pair_fold=2,
+                              min_count=1, failures=True, fail_recent=16, without_shared=True)
+    latest, summary = build(recent=1)
+    every, every_summary = build()
     assert (summary.usable, summary.left_out, summary.recent, summary.fail_recent) == (
-        2, 1, 3, 16)
-    np.testing.assert_array_equal(tables["pair_store"], want)
-    assert summary.line() in lines
+        2, 1, 1, 16)
+    assert not np.array_equal(latest[:, :K], every[:, :K])  # node 1 to 2: 1 of its 2 (out of the fold)
+    # small's pair_recent_own: the store over all replies, its latest in a second table
+    _, tables, lines = loop._store_tables(mcfg, d, manifest)
+    np.testing.assert_array_equal(tables["pair_store"], every)
+    np.testing.assert_array_equal(tables["pair_latest"], latest[:, :K + 2])
+    assert every_summary.line() in lines
+    assert ("pair store: read at a measurement's own pair over each pair's latest 1 reply "
+            "(a second table), at the reverse pair over all of them") in lines
+    # without it: one table, over the latest
+    _, tables, lines = loop._store_tables(
+        dataclasses.replace(mcfg, pair_recent_own=False), d, manifest)
+    np.testing.assert_array_equal(tables["pair_store"], latest)
+    assert "pair_latest" not in tables and summary.line() in lines
 
 
 def failed(src_last, dst_last, net=10):

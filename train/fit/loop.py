@@ -204,7 +204,8 @@ def _store_tables(mcfg, data, manifest: dict):
                                          pair_fold=mcfg.pair_forward if key == "pair" else 0,
                                          min_count=(mcfg.pair_min if key == "pair"
                                                     else arch.STORE_MIN),
-                                         recent=mcfg.pair_recent if key == "pair" else 0,
+                                         recent=(mcfg.pair_recent if key == "pair"
+                                                 and not mcfg.own_latest else 0),
                                          failures=key == "pair" and mcfg.pair_fail,
                                          fail_recent=(mcfg.pair_fail_recent
                                                       if key == "pair" and mcfg.pair_fail
@@ -218,6 +219,12 @@ def _store_tables(mcfg, data, manifest: dict):
                              + (", and with it its failures' read" if mcfg.pair_fail else ""))
                 mcfg = dataclasses.replace(mcfg, pair_forward=0, pair_fail=False)
                 table = table[:, :arch.STORE_K + 2]
+            elif mcfg.own_latest:  # the same rows, each pair's latest replies' quantiles
+                tables["pair_latest"] = _pair_latest(tok, seg, mcfg, table)
+                n = mcfg.pair_recent
+                lines.append(f"pair store: read at a measurement's own pair over each pair's "
+                             f"latest {n} repl{'y' if n == 1 else 'ies'} (a second table), "
+                             "at the reverse pair over all of them")
             if summary.answered == 0 and mcfg.pair_forward:
                 lines.append("pair store: its read at the reverse pair is off for this run (no "
                              "train reply has its reverse pair, so nothing would teach its "
@@ -235,6 +242,22 @@ def _store_tables(mcfg, data, manifest: dict):
         lines.append(summary.line())
         tables |= {"krig_store": table, "krig_noise": np.array([noise], np.float32)}
     return mcfg, tables, lines
+
+
+def _pair_latest(tok, seg, mcfg, table: np.ndarray) -> np.ndarray:
+    """The pair store's table ``table`` (built over all replies) with each pair's quantiles
+    over its latest mcfg.pair_recent replies instead (ModelConfig.pair_recent_own): the
+    same rows, as a row's place depends on its pair and its counts alone."""
+    latest, _ = store_lib.build(tok, seg, mcfg.pair_store, key="pair",
+                                pair_fold=mcfg.pair_forward, min_count=mcfg.pair_min,
+                                recent=mcfg.pair_recent,
+                                failures=mcfg.pair_fail,
+                                fail_recent=mcfg.pair_fail_recent if mcfg.pair_fail else 0,
+                                without_shared=not mcfg.pair_shared)
+    K = arch.STORE_K
+    if not np.array_equal(latest[:, K:], table[:, K:]):  # counts, checks, failures
+        raise RuntimeError("the pair store's latest replies took other rows than all of them")
+    return latest[:, :K + 2]
 
 
 def _resume(ckpt: Checkpointer, state: dict, it, run_dir: Path, notes: list[str], say):

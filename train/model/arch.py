@@ -147,6 +147,14 @@ class ModelConfig:
     # replies: 0.026 median relative error on a time split's known probes, against 0.033
     # for all of them; docs/learning.md section 8.21). 0: all
     pair_recent: int = 0
+    # with pair_recent and pair_forward (else unread): the latest replies only for the read
+    # at the measurement's own pair (a second table of the pair store's rows, pair_latest);
+    # the read at the reverse pair keeps quantiles over all of a pair's replies. A reverse
+    # pair is another host's pings, read where the probe is not known: on Seattle's
+    # latency matrix, whose pairs are noisy frame to frame, the latest 8 there cost the
+    # held-out nodes 0.333 -> 0.500 median relative error (docs/learning.md section 8.24).
+    # False: both reads take the latest
+    pair_recent_own: bool = False
     # with pair_forward: the pair store counts each pair's failed pings too (one more
     # column), and where a measurement's pair is stored (pair_min pings) and its result is
     # still to come, its share of failures moves the model's P(failed) (its split of the
@@ -218,6 +226,13 @@ class ModelConfig:
         if self.store_without_fold and not self.gate_fold:
             raise ValueError("store_without_fold leaves out the gate fold's contexts: set gate_fold")
 
+    @property
+    def own_latest(self) -> bool:
+        """Whether the read at the own pair has a table of its own (pair_recent_own, with
+        pair_store, pair_forward and pair_recent; unread without them)."""
+        return bool(self.pair_recent_own and self.pair_store and self.pair_forward
+                    and self.pair_recent)
+
 
 MODELS = {
     # runs the same code as `base` on a CPU in seconds
@@ -236,7 +251,8 @@ MODELS = {
                          context_copy=0.3, copy_aux=1.0, dst_store=32768, pair_store=65536,
                          store_by_source=True, placed_store=0.25, gate_fold=8,
                          store_without_fold=True, pair_forward=8, pair_min=4, pair_recent=8,
-                         pair_fail=True, pair_fail_recent=16, pair_shared=False),
+                         pair_recent_own=True, pair_fail=True, pair_fail_recent=16,
+                         pair_shared=False),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,
@@ -330,6 +346,9 @@ def param_specs(cfg: ModelConfig) -> dict:
                    "pair_bias": Param((), 0.0, decay=False),
                    "pair_width": Param((2,), 0.0, decay=False)}
     if cfg.pair_store and cfg.pair_forward:  # the same table, read at the measurement's own pair
+        if cfg.own_latest:  # its rows, each pair's latest replies' quantiles (not learned)
+            memory |= {"pair_latest": Param((cfg.pair_store, STORE_K + 2), 0.0, decay=False,
+                                            data=True)}
         memory |= {"fwd_gate": Param((D,), 0.0, zeros=True),
                    "fwd_bias": Param((), 0.0, decay=False),
                    "fwd_width": Param((2,), 0.0, decay=False)}

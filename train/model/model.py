@@ -50,7 +50,8 @@ def count_params(params: dict) -> int:
     return sum(x.size for k, v in params.items() if k not in STORES for x in jax.tree.leaves(v))
 
 
-STORES = ("dst_store", "pair_store", "krig_store", "krig_noise")  # data: filled, not learned
+# data: filled, not learned
+STORES = ("dst_store", "pair_store", "pair_latest", "krig_store", "krig_noise")
 
 
 def positions(segment_ids: jax.Array) -> jax.Array:
@@ -279,13 +280,13 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         stores.append(("pair_store", "pair", pair_keys(tokens, seg, probes, src_hash),
                        None))
     if cfg.pair_store and cfg.pair_forward:  # and of the measurement's own pair (mixed last)
-        stores.append(("pair_store", "fwd", pair_keys(tokens, seg, probes, src_hash,
-                                                      reverse=False), None))
+        stores.append(("pair_latest" if cfg.own_latest else "pair_store", "fwd",
+                       pair_keys(tokens, seg, probes, src_hash, reverse=False), None))
     for table, name, keys, shift in stores:
         widths = tuple(jax.nn.softplus(params[f"{name}_width"][i]) * COPY_WIDTH[i] for i in range(2))
         (dist, s_on), p_store = store_dists(
             jax.lax.stop_gradient(params[table]), tokens, seg, probes, widths, keys, shift,
-            cfg.pair_min if table == "pair_store" else arch.STORE_MIN)
+            cfg.pair_min if table.startswith("pair_") else arch.STORE_MIN)
         # only where the context holds no reply to the destination: where it does, the copy
         # answers, and a store mixed in there too diluted what the layers read of the
         # context (docs/learning.md section 8.7)
