@@ -739,6 +739,70 @@ def test_a_run_builds_its_pair_store_from_each_pairs_latest_replies(tmp_path):
     assert "pair_latest" not in tables and summary.line() in lines
 
 
+def _series(dst, codes, start):
+    """One context of node 1's pings to ``dst``, the i-th with ``codes[i]`` at ``start`` +
+    10 i seconds."""
+    first, *rest = codes
+    return (timed(1, dst, first >> 8, first & 255, ("abs", start))
+            + sum((timed(1, dst, c >> 8, c & 255, ("d1", 10)) for c in rest), []))
+
+
+# (1, 2) drifts: 10 replies of 0x5010 (16,384 us) from 1,000 s, then 10 of 0x5020 (32,768
+# us) from 2,000 s, written in the other order (row order is not time order); (1, 4): 4
+# replies, too few to tell. (1, 3) scatters: 15 of 0x5010, 3 of 0x5040 (65,536 us), then
+# 2 of 0x5010
+DRIFT = [[_series(2, [0x5020] * 10, 2000), _series(2, [0x5010] * 10, 1000),
+          _series(4, [0x5010] * 4, 1000)]]
+SCATTER = [[_series(3, [0x5010] * 15 + [0x5040] * 3 + [0x5010] * 2, 1000)]]
+
+
+def test_the_recency_check_holds_back_each_pairs_latest_tenth():
+    """recency_check with 3: (1, 2)'s latest tenth (two of 0x5020) against the median of
+    its 18 earlier replies (0x5010: 0.5 relative error) and of their latest 3 (0x5020: 0);
+    (1, 3)'s two of 0x5010 against its earlier median (0x5010: 0) and its latest 3's
+    (0x5040: 3.0). A NAT's address (10.0.0.1) left out, no pair tells."""
+    drift = store.recency_check(*_timed_rows(DRIFT), 3)
+    assert drift == store.RecencyCheck(3, 1, 2, 0.5, 0.0) and drift.latest_better
+    assert drift.line() == ("pair store: the median of a pair's latest 3 train replies "
+                            "predicts the latest tenth of its replies at 0.000 median relative "
+                            "error, of all its earlier ones at 0.500 (1 pair, 2 replies): "
+                            "quantiles over its latest 3")
+    scatter = store.recency_check(*_timed_rows(SCATTER), 3)
+    assert scatter == store.RecencyCheck(3, 1, 2, 0.0, 3.0) and not scatter.latest_better
+    assert scatter.line().endswith("at 3.000 median relative error, of all its earlier ones at "
+                                   "0.000 (1 pair, 2 replies): quantiles over all of them for "
+                                   "this run (pair_recent 0)")
+    none = store.recency_check(*_timed_rows(SCATTER), 3, without_shared=True)
+    assert (none.pairs, none.latest_better) == (0, True)
+    assert "no pair has more than 3 train replies before its latest tenth" in none.line()
+    with pytest.raises(ValueError, match="compares a pair's latest replies"):
+        store.recency_check(*_timed_rows(SCATTER), 0)
+
+
+@pytest.mark.parametrize("rows, recent", [(DRIFT, 3), (SCATTER, 0)])
+def test_a_run_checks_a_pairs_latest_replies_before_it_stores_them(tmp_path, rows, recent):
+    """small's pair_recent_check (train.fit.loop): on drifting RTTs the run keeps
+    pair_recent and its own pair's table of the latest; on scattered ones it takes all
+    replies for both reads (pair_recent 0 in the config it returns) and says so."""
+    from prep.tools import synthetic_shards as synthetic
+    from train.fit import loop
+
+    tok, seg = _timed_rows(rows)
+    d = tmp_path / "shards"
+    manifest = synthetic.write_shards(d, {"train": (tok, seg), "test": (tok, seg)})
+    mcfg = dataclasses.replace(arch.MODELS["small"], dst_store=1024, pair_store=1024,
+                               pair_forward=3, pair_min=1, pair_recent=3, gate_fold=0,
+                               store_without_fold=False, placed_store=0.0, pair_shared=True)
+    assert mcfg.pair_recent_check
+    got, tables, lines = loop._store_tables(mcfg, d, manifest)
+    assert got.pair_recent == recent and ("pair_latest" in tables) == bool(recent)
+    check = store.recency_check(tok, seg, 3, pair_fold=3)  # (the fold keeps all)
+    assert (check.pairs, check.replies) == (1, 2) and check.line() in lines
+    got, _, lines = loop._store_tables(dataclasses.replace(mcfg, pair_recent_check=False), d,
+                                       manifest)
+    assert got.pair_recent == 3 and check.line() not in lines
+
+
 def failed(src_last, dst_last, net=10):
     """``ping`` without a reply: FAILED, then a one-byte time delta."""
     return ping(src_last, dst_last, 0, 0, net)[:11] + [V.FAILED, V.TIMESTAMP_DELTA1, B + 240]

@@ -194,6 +194,12 @@ def _store_tables(mcfg, data, manifest: dict):
     if mcfg.pair_store and mcfg.pair_forward:  # a known probe's pairs stay in it
         lines.append(f"pair store: built without 1 context in {mcfg.pair_forward} (by "
                      "context) instead, on which its read at a measurement's own pair learns")
+    if mcfg.pair_store and mcfg.pair_recent and mcfg.pair_recent_check:
+        check = store_lib.recency_check(tok, seg, mcfg.pair_recent, pair_fold=mcfg.pair_forward,
+                                        without_shared=not mcfg.pair_shared)
+        lines.append(check.line())
+        if not check.latest_better:
+            mcfg = dataclasses.replace(mcfg, pair_recent=0)
     for key, field in (("dst", "dst_store"), ("pair", "pair_store")):
         if not getattr(mcfg, field):
             continue

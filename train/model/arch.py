@@ -155,6 +155,15 @@ class ModelConfig:
     # held-out nodes 0.333 -> 0.500 median relative error (docs/learning.md section 8.24).
     # False: both reads take the latest
     pair_recent_own: bool = False
+    # with pair_recent: whether a run first checks on its train split that a pair's latest
+    # pair_recent replies predict its later ones better than all of them
+    # (train.model.store.recency_check: each pair's latest tenth held back), and where they
+    # do not, takes all of them (pair_recent 0 in its config.json; a log line gives both
+    # errors). A generated world's RTTs drift (0.018 against 0.025 for all), Seattle's
+    # scatter about a steady value frame to frame (0.393 against 0.235), where the latest 8
+    # lost to the context's last reply on known nodes (docs/learning.md section 8.24).
+    # False: pair_recent as set
+    pair_recent_check: bool = False
     # with pair_forward: the pair store counts each pair's failed pings too (one more
     # column), and where a measurement's pair is stored (pair_min pings) and its result is
     # still to come, its share of failures moves the model's P(failed) (its split of the
@@ -251,8 +260,8 @@ MODELS = {
                          context_copy=0.3, copy_aux=1.0, dst_store=32768, pair_store=65536,
                          store_by_source=True, placed_store=0.25, gate_fold=8,
                          store_without_fold=True, pair_forward=8, pair_min=4, pair_recent=8,
-                         pair_recent_own=True, pair_fail=True, pair_fail_recent=16,
-                         pair_shared=False),
+                         pair_recent_own=True, pair_recent_check=True, pair_fail=True,
+                         pair_fail_recent=16, pair_shared=False),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,
@@ -261,9 +270,10 @@ MODELS = {
 
 
 # settings a run turns off where its data could not teach them (train.fit.loop's stores:
-# no pair with pair_min train replies, no train reply with its reverse pair there), so
+# no pair with pair_min train replies, no train reply with its reverse pair there, a
+# pair's latest replies no better than all of them: pair_recent_check), so
 # that two runs of one preset may differ in them by their data alone
-SET_BY_DATA = ("pair_store", "pair_reverse", "pair_forward", "pair_fail")
+SET_BY_DATA = ("pair_store", "pair_reverse", "pair_forward", "pair_fail", "pair_recent")
 
 
 def model_config(name: str, *, seq_len: int) -> ModelConfig:

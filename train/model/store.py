@@ -385,6 +385,75 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
                                unread, left_out)
 
 
+@dataclass(frozen=True)
+class RecencyCheck:
+    """recency_check's answer: over ``pairs`` address pairs and the ``replies`` of their
+    later tenths, the median relative error of the median of each pair's earlier replies
+    (``all_err``) and of its latest ``recent`` of them (``latest_err``)."""
+    recent: int
+    pairs: int
+    replies: int
+    all_err: float
+    latest_err: float
+
+    @property
+    def latest_better(self) -> bool:
+        """Whether the latest replies predict better; as set (True) where no pair tells."""
+        return self.pairs == 0 or self.latest_err < self.all_err
+
+    def line(self) -> str:
+        if not self.pairs:
+            return (f"pair store: no pair has more than {self.recent} train replies before its "
+                    f"latest tenth, so none tells whether its latest {self.recent} predict "
+                    "better than all of them: its latest, as set (ModelConfig.pair_recent)")
+        return (f"pair store: the median of a pair's latest {self.recent} train replies "
+                f"predicts the latest tenth of its replies at {self.latest_err:.3f} median "
+                f"relative error, of all its earlier ones at {self.all_err:.3f} "
+                f"({count(self.pairs, 'pair')}, {count(self.replies, 'reply', 'replies')}): "
+                + (f"quantiles over its latest {self.recent}" if self.latest_better else
+                   "quantiles over all of them for this run (pair_recent 0)"))
+
+
+def recency_check(tokens: np.ndarray, segment_ids: np.ndarray, recent: int, *,
+                  batch: int = 512, pair_fold: int = 0,
+                  without_shared: bool = False) -> RecencyCheck:
+    """Whether a pair's latest ``recent`` train replies say more of its next ones than all
+    of them (ModelConfig.pair_recent_check), from the rows alone: each pair's replies
+    (those build's ``pair_fold`` and ``without_shared`` would store), timed as build times them
+    (``reply_times``; row order where times tie), the latest tenth of them (at least one)
+    held back, and where more than ``recent`` come before it, that tenth predicted by the
+    median of the earlier ones' values and by the median of their latest ``recent``. RTTs
+    that drift (a route change) favour the latest; RTTs that scatter about a steady value
+    (Seattle's matrices, frame to frame) favour all of them."""
+    if recent < 1:
+        raise ValueError(f"recency_check compares a pair's latest replies (>= 1), not {recent}")
+    times, shared, _ = _results(tokens, segment_ids)
+    got = _collect(tokens, segment_ids, "pair", batch, 0, pair_fold, times,
+                   shared if without_shared else None)
+    h, code, when = got["key"], got["code"], got["when"]
+    if without_shared:
+        mine = ~got["shared"][:len(h)]
+        h, code, when = h[mine], code[mine], when[mine]
+    o = np.lexsort((when, h))
+    h, code = h[o], np.asarray(code[o], np.int64)
+    value = (code & 0x7FF).astype(np.float64) * np.exp2((code >> 11).astype(np.float64))
+    first = np.flatnonzero(np.r_[True, h[1:] != h[:-1]]) if len(h) else np.zeros(0, np.int64)
+    n = np.diff(np.r_[first, len(h)])
+    held = np.maximum(1, n // 10)
+    err_all, err_latest, pairs = [], [], 0
+    for f, k, m in zip(first, n, held):
+        if k - m <= recent:  # both medians the same
+            continue
+        earlier, later = value[f:f + k - m], value[f + k - m:f + k]
+        pairs += 1
+        err_all.append(np.abs(np.median(earlier) - later) / later)
+        err_latest.append(np.abs(np.median(earlier[-recent:]) - later) / later)
+    if not pairs:
+        return RecencyCheck(recent, 0, 0, float("nan"), float("nan"))
+    a, b = np.concatenate(err_all), np.concatenate(err_latest)
+    return RecencyCheck(recent, pairs, len(a), float(np.median(a)), float(np.median(b)))
+
+
 KRIG_SHRINK = 5.0  # a covariance over n shared sources is scaled n / (n + this); context_krig's
 
 
