@@ -184,7 +184,8 @@ def _store_tables(mcfg, data, manifest: dict):
     read there for the run (its gate would learn nothing, and its lookups cost a quarter of
     a CPU step), nor at a measurement's own pair where no pair has STORE_MIN replies; off
     for the run where neither read is left; a line says so, and the run's config.json
-    records it."""
+    records it; so it does pair_recent 0, where the train split says a pair's latest replies
+    predict no better than all of them (ModelConfig.pair_recent_check)."""
     tok, seg = reader.read_split(data, manifest, "train", sha256=False)
     tables, lines = {}, []
     fold = mcfg.gate_fold if mcfg.store_without_fold else 0
