@@ -1237,3 +1237,47 @@ def test_a_run_of_small_builds_its_stores_without_the_gate_fold(tmp_path, monkey
     assert not np.array_equal(want, whole)
     krig, _, _ = store.build_krig(tok, seg, 256, want, fold=8)
     np.testing.assert_array_equal(np.asarray(loaded.params["krig_store"]), krig)
+
+
+
+@pytest.mark.parametrize("split, shared", [("time", True), ("probe", False),
+                                           ("time+probe", False), (None, False)])
+def test_a_run_stores_nat_pairs_only_where_its_test_probes_are_train_probes(
+        tmp_path, monkeypatch, split, shared):
+    """small's pair_shared_by_split (train.fit.loop): on a data set split by time its test
+    probes are its train probes, and the pairs of a NAT address (TIMED_ROWS': 10.0.0.1 ->
+    10.0.0.2, its 2 replies outside the forward read's fold) are stored as any other
+    (pair_shared True in the config it returns; the line says why); split by probe, time+probe, or a manifest without a split (prep's default: by
+    probe), they are not. The rows are decoded once for the recency check and both tables."""
+    from prep.tools import synthetic_shards as synthetic
+    from train.fit import loop
+
+    tok, seg = _timed_rows()
+    d = tmp_path / "shards"
+    manifest = synthetic.write_shards(d, {"train": (tok, seg), "test": (tok[:1], seg[:1])})
+    if split is not None:
+        manifest["config"]["split"] = split
+    mcfg = dataclasses.replace(arch.MODELS["small"], dst_store=1024, pair_store=1024,
+                               pair_forward=2, pair_min=1, pair_recent=1, gate_fold=0,
+                               store_without_fold=False, placed_store=0.0)
+    assert mcfg.pair_shared_by_split and not mcfg.pair_shared
+    decoded = []
+    monkeypatch.setattr(store, "timed", lambda *a: decoded.append(1) or TIMED(*a))
+    got, tables, lines = loop._store_tables(mcfg, d, manifest)
+    assert got.pair_shared == shared and len(decoded) == 1
+    assert ("pair store: a NAT address's pairs stored too (pair_shared for this run: the data "
+            "set is split by time alone, so its test probes are its train probes, whose own "
+            "history such a pair holds)" in lines) == shared
+    r, ok = (np.asarray(x) for x in model._store_row(jnp.asarray(tables["pair_store"]),
+                                                     _pair(1, 2), 1))
+    assert bool(ok) == shared and (not shared or r[K] == 2)
+    want, _ = store.build(tok, seg, 1024, key="pair", pair_fold=2, min_count=1, failures=True,
+                          fail_recent=16, without_shared=not shared)
+    np.testing.assert_array_equal(tables["pair_store"], want)
+    got, _, _ = loop._store_tables(dataclasses.replace(mcfg, pair_shared_by_split=False), d,
+                                   manifest)
+    assert not got.pair_shared  # as set
+    assert "pair_shared" in arch.SET_BY_DATA and not arch.MODELS["tiny"].pair_shared_by_split
+
+
+TIMED = store.timed

@@ -185,9 +185,18 @@ def _store_tables(mcfg, data, manifest: dict):
     a CPU step), nor at a measurement's own pair where no pair has STORE_MIN replies; off
     for the run where neither read is left; a line says so, and the run's config.json
     records it; so it does pair_recent 0, where the train split says a pair's latest replies
-    predict no better than all of them (ModelConfig.pair_recent_check)."""
+    predict no better than all of them (ModelConfig.pair_recent_check); and pair_shared
+    where its test probes are its train probes (ModelConfig.pair_shared_by_split)."""
     tok, seg = reader.read_split(data, manifest, "train", sha256=False)
     tables, lines = {}, []
+    split = manifest.get("config", {}).get("split", "probe")
+    if (mcfg.pair_store and not mcfg.pair_shared and mcfg.pair_shared_by_split
+            and split == "time"):
+        lines.append("pair store: a NAT address's pairs stored too (pair_shared for this run: "
+                     "the data set is split by time alone, so its test probes are its train "
+                     "probes, whose own history such a pair holds)")
+        mcfg = dataclasses.replace(mcfg, pair_shared=True)
+    t = store_lib.timed(tok, seg) if mcfg.pair_store else None  # decoded once, read thrice
     fold = mcfg.gate_fold if mcfg.store_without_fold else 0
     if fold:
         lines.append(f"stores: built without the gate fold's contexts (1 in {fold}, by source), "
@@ -197,7 +206,7 @@ def _store_tables(mcfg, data, manifest: dict):
                      "context) instead, on which its read at a measurement's own pair learns")
     if mcfg.pair_store and mcfg.pair_recent and mcfg.pair_recent_check:
         check = store_lib.recency_check(tok, seg, mcfg.pair_recent, pair_fold=mcfg.pair_forward,
-                                        without_shared=not mcfg.pair_shared)
+                                        without_shared=not mcfg.pair_shared, t=t)
         lines.append(check.line())
         if not check.latest_better:
             mcfg = dataclasses.replace(mcfg, pair_recent=0)
@@ -217,7 +226,8 @@ def _store_tables(mcfg, data, manifest: dict):
                                          fail_recent=(mcfg.pair_fail_recent
                                                       if key == "pair" and mcfg.pair_fail
                                                       else 0),
-                                         without_shared=key == "pair" and not mcfg.pair_shared)
+                                         without_shared=key == "pair" and not mcfg.pair_shared,
+                                         t=t)
         lines.append(summary.line())
         if key == "pair":  # what the data turns off here: arch.SET_BY_DATA
             if mcfg.pair_forward and summary.own == 0:
@@ -227,7 +237,7 @@ def _store_tables(mcfg, data, manifest: dict):
                 mcfg = dataclasses.replace(mcfg, pair_forward=0, pair_fail=False)
                 table = table[:, :arch.STORE_K + 2]
             elif mcfg.own_latest:  # the same rows, each pair's latest replies' quantiles
-                tables["pair_latest"] = _pair_latest(tok, seg, mcfg, table)
+                tables["pair_latest"] = _pair_latest(tok, seg, mcfg, table, t)
                 n = mcfg.pair_recent
                 lines.append(f"pair store: read at a measurement's own pair over each pair's "
                              f"latest {n} repl{'y' if n == 1 else 'ies'} (a second table), "
@@ -251,7 +261,7 @@ def _store_tables(mcfg, data, manifest: dict):
     return mcfg, tables, lines
 
 
-def _pair_latest(tok, seg, mcfg, table: np.ndarray) -> np.ndarray:
+def _pair_latest(tok, seg, mcfg, table: np.ndarray, t) -> np.ndarray:
     """The pair store's table ``table`` (built over all replies) with each pair's quantiles
     over its latest mcfg.pair_recent replies instead (ModelConfig.pair_recent_own): the
     same rows, as a row's place depends on its pair and its counts alone."""
@@ -260,7 +270,7 @@ def _pair_latest(tok, seg, mcfg, table: np.ndarray) -> np.ndarray:
                                 recent=mcfg.pair_recent,
                                 failures=mcfg.pair_fail,
                                 fail_recent=mcfg.pair_fail_recent if mcfg.pair_fail else 0,
-                                without_shared=not mcfg.pair_shared)
+                                without_shared=not mcfg.pair_shared, t=t)
     K = arch.STORE_K
     if not np.array_equal(latest[:, K:], table[:, K:]):  # counts, checks, failures
         raise RuntimeError("the pair store's latest replies took other rows than all of them")

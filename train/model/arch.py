@@ -184,6 +184,14 @@ class ModelConfig:
     # behind a NAT read the RTTs of other probes behind other NATs as its own pair's, and
     # `cold` lost to kriging on every generated world (docs/learning.md section 8.23)
     pair_shared: bool = True
+    # with pair_shared False: a run stores such pairs after all (pair_shared True in its
+    # config.json) where its data set is split by time alone (`prep shards --split time`),
+    # whose test probes are its train probes: there a NAT address's pair holds the probe's
+    # own history among other probes' behind the address, and leaving it out lost `cold` to
+    # the pair's last reply (docs/learning.md sections 8.23, 8.25); a log line says so.
+    # Split by probe (the default) or time+probe, the test probes are held out and it stays
+    # False. False: pair_shared as set
+    pair_shared_by_split: bool = False
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
     # replies to their destinations' store medians, over their count plus this shrink;
@@ -261,7 +269,8 @@ MODELS = {
                          store_by_source=True, placed_store=0.25, gate_fold=8,
                          store_without_fold=True, pair_forward=8, pair_min=4, pair_recent=8,
                          pair_recent_own=True, pair_recent_check=True, pair_fail=True,
-                         pair_fail_recent=16, pair_shared=False),
+                         pair_fail_recent=16, pair_shared=False,
+                         pair_shared_by_split=True),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,
@@ -271,9 +280,11 @@ MODELS = {
 
 # settings a run turns off where its data could not teach them (train.fit.loop's stores:
 # no pair with pair_min train replies, no train reply with its reverse pair there, a
-# pair's latest replies no better than all of them: pair_recent_check), so
-# that two runs of one preset may differ in them by their data alone
-SET_BY_DATA = ("pair_store", "pair_reverse", "pair_forward", "pair_fail", "pair_recent")
+# pair's latest replies no better than all of them: pair_recent_check) or on (test probes
+# that are train probes: pair_shared_by_split), so that two runs of one preset may differ
+# in them by their data alone
+SET_BY_DATA = ("pair_store", "pair_reverse", "pair_forward", "pair_fail", "pair_recent",
+               "pair_shared")
 
 
 def model_config(name: str, *, seq_len: int) -> ModelConfig:

@@ -173,55 +173,62 @@ def reply_times(tokens: np.ndarray, segment_ids: np.ndarray) -> tuple[np.ndarray
     (prep.tokens.rowdecode), as the evaluation's pair baselines read them; rows the decoder
     refuses (not what `prep shards` writes: test rows of counting tokens) are untimed, and
     counted."""
-    times, _, refused = _results(tokens, segment_ids)
-    return times, refused
+    t = timed(tokens, segment_ids)
+    return t.times, t.refused
 
 
-def _results(tokens, segment_ids) -> tuple[np.ndarray, np.ndarray, int]:
-    """(times int64[R, T], shared bool[R, T], refused): reply_times' times and refused rows,
-    and at each result header whether its measurement's source is an address unrelated
-    hosts share (``local_scope``)."""
-    out = np.full(np.shape(tokens)[:2], -1, np.int64)
-    shared = np.zeros(np.shape(tokens)[:2], bool)
+@dataclass(frozen=True)
+class Timed:
+    """What the stores read of the rows' measurements beyond their tokens (``timed``), at
+    each result header (-1 / False elsewhere): ``times`` (reply_times'), ``shared`` (its
+    source is an address unrelated hosts share: ``local_scope``); ``refused``, the rows the
+    decoder refused (untimed)."""
+    times: np.ndarray
+    shared: np.ndarray
+    refused: int
+
+
+def timed(tokens: np.ndarray, segment_ids: np.ndarray) -> Timed:
+    """The rows decoded once (prep.tokens.rowdecode) for what build and recency_check read
+    of them (``Timed``); a run that builds several tables from one split passes it to each."""
+    shape = np.shape(tokens)[:2]
+    times, shared = np.full(shape, -1, np.int64), np.zeros(shape, bool)
     m, refused = rowdecode.decode_whole_rows(tokens, segment_ids)
     if not len(m):
-        return out, shared, refused
+        return Timed(times, shared, refused)
     ctx = m.row * 256 + m.segment  # segment ids are uint8
     first = np.r_[True, ctx[1:] != ctx[:-1]]  # a context's measurements are consecutive
     group = np.cumsum(first) - 1
     latest = np.full(int(group[-1]) + 1, -1, np.int64)
     np.maximum.at(latest, group, np.where(m.has_time, m.time, -1))
-    out[m.row, m.result_pos] = np.where(m.has_time, m.time, latest[group])
+    times[m.row, m.result_pos] = np.where(m.has_time, m.time, latest[group])
     shared[m.row, m.result_pos] = local_scope(m.family, m.src_hi, m.src_lo)
-    return out, shared, refused
+    return Timed(times, shared, refused)
 
 
 def _collect(tokens, segment_ids, key: str, batch: int, fold: int = 0, pair_fold: int = 0,
-             times: np.ndarray | None = None, shared: np.ndarray | None = None) -> dict:
+             t: Timed | None = None, shared: bool = False) -> dict:
     """Every reply in the rows (``_replies``): "key", "back" (its reverse key), "code",
-    int32[n] each; every failed ping's "fail_key", int32[m]; with ``times``
-    (``reply_times``), each one's time too, "when" int64[n] and "fail_when" int64[m]; with
-    ``shared`` (``_results``), whether each one's source is shared, "shared" bool[n + m]
-    (the replies', then the failures')."""
+    int32[n] each; every failed ping's "fail_key", int32[m]; with ``t`` (``timed``), each
+    one's time too, "when" int64[n] and "fail_when" int64[m]; with ``shared`` too, whether
+    each one's source is shared, "shared" bool[n + m] (the replies', then the failures')."""
     got = {k: [] for k in ("key", "back", "code", "when", "fail_key", "fail_when", "shared",
                            "fail_shared")}
     for r0 in range(0, len(tokens), batch):
-        t, s = tokens[r0:r0 + batch], segment_ids[r0:r0 + batch]
-        n = len(t)
+        rt, rs = tokens[r0:r0 + batch], segment_ids[r0:r0 + batch]
+        n = len(rt)
         if n < batch:  # one compiled shape: pad the last batch with empty rows
-            t = np.concatenate([t, np.zeros((batch - len(t),) + t.shape[1:], t.dtype)])
-            s = np.concatenate([s, np.zeros((batch - len(s),) + s.shape[1:], s.dtype)])
-        h, b, c, ok, failed = (np.asarray(x) for x in _replies(t, s, key, fold, pair_fold))
+            rt = np.concatenate([rt, np.zeros((batch - n,) + rt.shape[1:], rt.dtype)])
+            rs = np.concatenate([rs, np.zeros((batch - n,) + rs.shape[1:], rs.dtype)])
+        h, b, c, ok, failed = (np.asarray(x) for x in _replies(rt, rs, key, fold, pair_fold))
         got["key"].append(h[ok])
         got["back"].append(b[ok])
         got["code"].append(c[ok])
         got["fail_key"].append(h[failed])
-        if times is not None:
-            got["when"].append(times[r0:r0 + n][ok[:n]])
-            got["fail_when"].append(times[r0:r0 + n][failed[:n]])
-        if shared is not None:
-            got["shared"].append(shared[r0:r0 + n][ok[:n]])
-            got["fail_shared"].append(shared[r0:r0 + n][failed[:n]])
+        if t is not None:
+            for name, a in (("when", t.times),) + ((("shared", t.shared),) if shared else ()):
+                got[name].append(a[r0:r0 + n][ok[:n]])
+                got["fail_" + name].append(a[r0:r0 + n][failed[:n]])
     dtype = lambda k: np.int64 if "when" in k else bool if "shared" in k else np.int32
     out = {k: np.concatenate(v) if v else np.zeros(0, dtype(k)) for k, v in got.items()}
     out["shared"] = np.concatenate([out["shared"], out.pop("fail_shared")])
@@ -254,7 +261,8 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
           batch: int = 512, by_source: bool = False,
           fold: int = 0, pair_fold: int = 0, min_count: int = arch.STORE_MIN,
           recent: int = 0, failures: bool = False, fail_recent: int = 0,
-          without_shared: bool = False) -> tuple[np.ndarray, StoreSummary]:
+          without_shared: bool = False,
+          t: Timed | None = None) -> tuple[np.ndarray, StoreSummary]:
     """(float32[rows, STORE_K + 2], summary) from packed rows ``tokens``/``segment_ids``,
     by destination (``key`` "dst") or by ordered address pair ("pair"). ``by_source`` (with
     "dst"; ModelConfig.store_by_source): a destination's quantiles are over its sources'
@@ -277,7 +285,8 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     them where it was held out (model.fail_share reads no -1). ``without_shared`` (with
     "pair"; ModelConfig.pair_shared False): no such pair is stored at all, its replies'
     quantiles no more than its failures (a held-out probe behind a NAT read there the RTTs
-    of other probes behind other NATs as its own)."""
+    of other probes behind other NATs as its own). ``t``: the rows' ``timed`` (decoded
+    here if not given and read)."""
     if key not in KEYS:
         raise ValueError(f"store key must be one of {sorted(KEYS)}, not {key!r}")
     if by_source and key != "dst":
@@ -295,11 +304,13 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
                          f"failures), not {fail_recent} with failures={failures}")
     if without_shared and key != "pair":
         raise ValueError(f"without_shared is for the pair store, not key {key!r}")
-    times, shared, untimed = (_results(tokens, segment_ids)
-                              if recent or failures or without_shared else (None, None, 0))
-    untimed = untimed if recent or fail_recent else 0  # (else no time is read)
+    if recent or failures or without_shared:
+        t = timed(tokens, segment_ids) if t is None else t
+    else:
+        t = None
+    untimed = t.refused if recent or fail_recent else 0  # (else no time is read)
     got = _collect(tokens, segment_ids, "ends" if by_source else key, batch, fold, pair_fold,
-                   times, shared if failures or without_shared else None)
+                   t, failures or without_shared)
     left_out = 0
     if without_shared:  # a NAT's address: several hosts' pings, none of them a node's
         mine = ~got["shared"]
@@ -415,21 +426,21 @@ class RecencyCheck:
 
 
 def recency_check(tokens: np.ndarray, segment_ids: np.ndarray, recent: int, *,
-                  batch: int = 512, pair_fold: int = 0,
-                  without_shared: bool = False) -> RecencyCheck:
+                  batch: int = 512, pair_fold: int = 0, without_shared: bool = False,
+                  t: Timed | None = None) -> RecencyCheck:
     """Whether a pair's latest ``recent`` train replies say more of its next ones than all
     of them (ModelConfig.pair_recent_check), from the rows alone: each pair's replies
-    (those build's ``pair_fold`` and ``without_shared`` would store), timed as build times them
-    (``reply_times``; row order where times tie), the latest tenth of them (at least one)
-    held back, and where more than ``recent`` come before it, that tenth predicted by the
-    median of the earlier ones' values and by the median of their latest ``recent``. RTTs
-    that drift (a route change) favour the latest; RTTs that scatter about a steady value
-    (Seattle's matrices, frame to frame) favour all of them."""
+    (those build's ``pair_fold`` and ``without_shared`` would store), timed as build times
+    them (``reply_times``; row order where times tie), the latest tenth of them
+    (at least one) held back, and where more than ``recent`` come before it, that tenth
+    predicted by the median of the earlier ones' values and by the median of their latest
+    ``recent``. RTTs that drift (a route change) favour the latest; RTTs that scatter about
+    a steady value (Seattle's matrices, frame to frame) favour all of them. ``t``: the rows'
+    ``timed`` (decoded here if not given)."""
     if recent < 1:
         raise ValueError(f"recency_check compares a pair's latest replies (>= 1), not {recent}")
-    times, shared, _ = _results(tokens, segment_ids)
-    got = _collect(tokens, segment_ids, "pair", batch, 0, pair_fold, times,
-                   shared if without_shared else None)
+    t = timed(tokens, segment_ids) if t is None else t
+    got = _collect(tokens, segment_ids, "pair", batch, 0, pair_fold, t, without_shared)
     h, code, when = got["key"], got["code"], got["when"]
     if without_shared:
         mine = ~got["shared"][:len(h)]
