@@ -1247,8 +1247,9 @@ def test_a_run_stores_nat_pairs_only_where_its_test_probes_are_train_probes(
     """small's pair_shared_by_split (train.fit.loop): on a data set split by time its test
     probes are its train probes, and the pairs of a NAT address (TIMED_ROWS': 10.0.0.1 ->
     10.0.0.2, its 2 replies outside the forward read's fold) are stored as any other
-    (pair_shared True in the config it returns; the line says why); split by probe, time+probe, or a manifest without a split (prep's default: by
-    probe), they are not. The rows are decoded once for the recency check and both tables."""
+    (pair_shared True in the config it returns; the line says why); split by probe,
+    time+probe, or a manifest without a split (prep's default: by probe), they are not.
+    The rows are decoded once for the recency check and both tables."""
     from prep.tools import synthetic_shards as synthetic
     from train.fit import loop
 
