@@ -451,18 +451,30 @@ def recency_check(tokens: np.ndarray, segment_ids: np.ndarray, recent: int, *,
     first = np.flatnonzero(np.r_[True, h[1:] != h[:-1]]) if len(h) else np.zeros(0, np.int64)
     n = np.diff(np.r_[first, len(h)])
     held = np.maximum(1, n // 10)
-    err_all, err_latest, pairs = [], [], 0
-    for f, k, m in zip(first, n, held):
-        if k - m <= recent:  # both medians the same
-            continue
-        earlier, later = value[f:f + k - m], value[f + k - m:f + k]
-        pairs += 1
-        err_all.append(np.abs(np.median(earlier) - later) / later)
-        err_latest.append(np.abs(np.median(earlier[-recent:]) - later) / later)
-    if not pairs:
+    told = n - held > recent  # (else both medians are the same)
+    if not told.any():
         return RecencyCheck(recent, 0, 0, float("nan"), float("nan"))
-    a, b = np.concatenate(err_all), np.concatenate(err_latest)
-    return RecencyCheck(recent, pairs, len(a), float(np.median(a)), float(np.median(b)))
+    pair = np.repeat(np.arange(len(first)), n)
+    place = np.arange(len(h)) - np.repeat(first, n)  # in the pair's time order
+    cut = np.repeat(np.where(told, n - held, -1), n)  # its earlier replies' count
+    earlier, later = place < cut, (place >= cut) & (cut >= 0)
+    at = pair[later]
+    a, b = (np.abs(_medians(pair[w], value[w], len(first))[at] - value[later]) / value[later]
+            for w in (earlier, earlier & (place >= cut - recent)))
+    return RecencyCheck(recent, int(told.sum()), len(a), float(np.median(a)),
+                        float(np.median(b)))
+
+
+def _medians(group: np.ndarray, value: np.ndarray, groups: int) -> np.ndarray:
+    """float64[groups]: each group's median of ``value`` (np.median's: the mean of the two
+    middle values of an even count), NaN for a group without values."""
+    o = np.lexsort((value, group))
+    group, value = group[o], value[o]
+    start = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    n = np.diff(np.r_[start, len(group)])
+    out = np.full(groups, np.nan)
+    out[group[start]] = (value[start + (n - 1) // 2] + value[start + n // 2]) / 2
+    return out
 
 
 KRIG_SHRINK = 5.0  # a covariance over n shared sources is scaled n / (n + this); context_krig's
