@@ -109,8 +109,8 @@ def test_runs_that_did_not_train_alike_are_named(tmp_path):
                 fingerprint="e", trained=TRAINED | {"config": TRAINED["config"]
                                                     | {"pair_reverse": True}})
     assert pool([str(fa), str(fe)])["warnings"][0] == (
-        "the pooled runs differ in what `train` turns off where a run's data cannot teach it "
-        f"(one recipe, other data): pair_reverse false ({fa}), true ({fe})")
+        "the pooled runs differ in what `train` sets from a run's data (one recipe, other "
+        f"data): pair_reverse false ({fa}), true ({fe})")
     fd = _world(tmp_path / "d.answers.npz", model=[110] * 4, ema=[130] * 4, sources=2,
                 fingerprint="d", trained=None)
     assert pool([str(fa), str(fd)])["warnings"][0] == (

@@ -11,8 +11,9 @@ run twice, or two samples of it) would count a query or a probe twice, as if ind
 and are refused.
 Predictors that not every input has are left out, with a warning. Runs that did not train
 alike (another preset, steps, batch, objective or model setting) are named in a warning: the
-pooled `model` is then several models; settings that `train` turns off where a run's data
-cannot teach them (train.model.arch.SET_BY_DATA) in a warning of their own.
+pooled `model` is then several models; settings that `train` sets from a run's data (off
+where it cannot teach them, on where its test probes are known:
+train.model.arch.SET_BY_DATA) in a warning of their own.
 """
 
 from __future__ import annotations
@@ -136,8 +137,8 @@ def _trained_alike(files: list[Path], loaded: list[dict]) -> list[str]:
         out.append("the pooled runs did not train alike, so the pooled `model` is several "
                    "models: " + "; ".join(diffs))
     if by_data:
-        out.append("the pooled runs differ in what `train` turns off where a run's data "
-                   "cannot teach it (one recipe, other data): " + "; ".join(by_data))
+        out.append("the pooled runs differ in what `train` sets from a run's data (one "
+                   "recipe, other data): " + "; ".join(by_data))
     return out
 
 
