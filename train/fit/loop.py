@@ -196,7 +196,10 @@ def _store_tables(mcfg, data, manifest: dict):
                      "the data set is split by time alone, so its test probes are its train "
                      "probes, whose own history such a pair holds)")
         mcfg = dataclasses.replace(mcfg, pair_shared=True)
-    t = store_lib.timed(tok, seg) if mcfg.pair_store else None  # decoded once, read thrice
+    # the rows decoded once for the recency check and both pair tables, where they read
+    # times or shared addresses (store.build decodes them itself where not given)
+    timed_read = mcfg.pair_recent or mcfg.pair_fail or not mcfg.pair_shared
+    t = store_lib.timed(tok, seg) if mcfg.pair_store and timed_read else None
     fold = mcfg.gate_fold if mcfg.store_without_fold else 0
     if fold:
         lines.append(f"stores: built without the gate fold's contexts (1 in {fold}, by source), "
