@@ -249,7 +249,11 @@ def test_cudnn_packed_equals_xla(case):
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_cudnn_dense_equals_xla(case, with_bias):
     """--attention dense: cuDNN's dense causal kernel, the segments as a mask (and a bias on
-    head 0, as the match head's), against the XLA attention, outputs and gradients."""
+    head 0, as the match head's), against the XLA attention, outputs and gradients: each
+    no farther from the float32 truth (the XLA attention on the same inputs in float32) than
+    twice the XLA attention's own bf16 error. A fixed tolerance does not hold bf16 sums: on
+    an H200 (2026-11-30) 2 of 131,072 values of dq, at one token, were 0.0156 from XLA's,
+    over rtol=atol=1e-2; a wrong mask or bias is off by O(1) at many tokens."""
     q, k, v, g, segs = _random_qkv()
     if case != "mixed":
         segs = jnp.asarray(_rows(case))
@@ -259,21 +263,22 @@ def test_cudnn_dense_equals_xla(case, with_bias):
     bias = (jnp.asarray(4.0 * (np.random.default_rng(2).random((n, 1, t, t)) < 0.1),
                         jnp.float32) if with_bias else None)
 
-    def run(impl):
+    def run(impl, dtype=jnp.bfloat16):
+        q_, k_, v_, g_ = (x.astype(dtype) for x in (q, k, v, g))
         out, vjp = jax.vjp(lambda q, k, v: attention.attention(
-            q, k, v, segs, implementation=impl, max_segments=8, bias=bias), q, k, v)
-        return [x * real for x in (out, *vjp(g * real))]
+            q, k, v, segs, implementation=impl, max_segments=8, bias=bias), q_, k_, v_)
+        return [(x * real).astype(jnp.float32) for x in (out, *vjp(g_ * real))]
 
     dense, xla = (jax.jit(lambda impl=impl: run(impl))() for impl in ("dense", "xla"))
-    for name, a, b in zip(("out", "dq", "dk", "dv"), dense, xla):
-        a, b = np.float32(a), np.float32(b)
+    truth = jax.jit(lambda: run("xla", jnp.float32))()
+    outs = (map(np.asarray, x) for x in (dense, xla, truth))
+    for name, a, b, c in zip(("out", "dq", "dk", "dv"), *outs):
         assert np.isfinite(a).all(), name
-        bad = np.abs(a - b) > 1e-2 + 1e-2 * np.abs(b)  # assert_allclose's rule, said in full
-        where = np.argwhere(bad)
-        assert not bad.any(), (f"{name}: {bad.sum()} of {bad.size} off, max |diff| "
-                               f"{np.abs(a - b).max():.3g}, first at (b, t, n, h) "
-                               f"{where[:3].tolist()}, tokens with a bad value by row "
-                               f"{[sorted(set(where[where[:, 0] == r][:, 1].tolist()))[:8] for r in range(2)]}")
+        err, ref = np.abs(a - c), np.abs(b - c)
+        assert err.max() <= 2 * ref.max() + 1e-3 and err.mean() <= 2 * ref.mean() + 1e-5, (
+            f"{name}: max |dense - f32| {err.max():.3g} (XLA bf16: {ref.max():.3g}), mean "
+            f"{err.mean():.3g} ({ref.mean():.3g}); worst at (b, t, n, h) "
+            f"{[int(i) for i in np.unravel_index(err.argmax(), err.shape)]}")
 
 
 @pytest.mark.gpu

@@ -122,9 +122,10 @@ class TrainConfig:
         0, "--seed", "Parameters and data order.", type=click.IntRange(0), binds=True)
     attention: str = setting(
         "auto", "--attention", type=click.Choice(["auto", "xla", "cudnn", "dense"]),
-        help="Packed attention kernel: cudnn (cuDNN's packed kernel), dense (cuDNN's dense "
-             "causal kernel, the segments as a mask; takes the match head's bias), xla "
-             "[default: auto = cuDNN packed where it compiles, else XLA].")
+        help="Packed attention kernel: dense (cuDNN's dense causal kernel, the segments as a "
+             "mask; takes the match head's bias), cudnn (cuDNN's packed kernel), xla "
+             "[default: auto = dense on a GPU where it compiles, else cudnn where that "
+             "does, else XLA].")
     # cuDNN's per-row segment tables: sized per batch (the smallest power of two that holds
     # the batch's most segments in a row: one compiled step per size met) or once for the
     # whole dataset (its most segments in any row); the kernel's cost grows with the table

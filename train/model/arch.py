@@ -55,7 +55,8 @@ class ModelConfig:
     # has named so far (train.model.model.same_destination): "the earlier pings to this
     # destination" is given, as the grammar is; the head learns what to read there. 0: off.
     # The cuDNN kernel takes no bias: `--attention cudnn` runs head 0 on the XLA attention and
-    # the other heads on the packed kernel (train.model.attention.attention); auto keeps XLA.
+    # the other heads on the packed kernel (train.model.attention.attention); `--attention
+    # dense` (auto on a GPU) runs every head on cuDNN's dense kernel, which takes the bias.
     match_dst: float = 0.0
     # a learned memory of destinations: a table of this many rows (a power of two; 0: off),
     # one row per destination address, hashed on the device from its bytes

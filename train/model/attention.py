@@ -8,15 +8,17 @@ s only if s <= t and segment_ids[s] == segment_ids[t], so each context sees itse
   everywhere (CPU tests), costs O(T^2) mask memory and computes the masked blocks.
 - ``dense``: cuDNN's dense causal kernel (``jax.nn.dot_product_attention``, public API)
   with the segments as a [B, 1, T, T] mask: it computes every block below the diagonal
-  and takes a bias (the match head's); docs/learning.md 6.4 has what it costs.
+  and takes a bias (the match head's); docs/learning.md 6.4 has what it costs. The default
+  on a GPU (``resolve``): faster than the packed kernel in the trainer, in less memory.
 - ``cudnn``: cuDNN's native packed ("ragged") layout on NVIDIA Hopper or newer. Each
   segment becomes a sequence of its own given by an offset and a length, under a
   PADDING_CAUSAL mask, so masked blocks are never computed. It is reached through a private
   module, ``jax._src.cudnn.fused_attention_stablehlo`` (``q_offsets`` / ``kv_offsets`` are not
   in ``jax.nn``), so it is probed, not assumed: ``cudnn_available`` compiles it (forward and
-  gradient) on tiny shapes at start-up, else ``resolve("auto")`` falls back to XLA with one
-  line saying why; tests/test_cudnn_lowering.py lowers it for CUDA on a CPU, so a JAX upgrade
-  that changes the private API fails CI. Query and key/value head counts are equal (no GQA).
+  gradient) on tiny shapes at start-up, and ``resolve("auto")`` takes it only where the
+  dense kernel does not compile; tests/test_cudnn_lowering.py lowers it for CUDA on a CPU,
+  so a JAX upgrade that changes the private API fails CI. Query and key/value head counts
+  are equal (no GQA).
 
 Padding tokens (segment 0) attend to earlier padding under XLA and ``dense``; under the
 packed kernel they belong to no segment and their output is undefined, so it is zeroed.
@@ -220,24 +222,27 @@ IMPLEMENTATIONS = ("xla", "cudnn", "dense")  # and "auto", which resolve turns i
 
 
 def resolve(implementation: str, *, bias: bool = False) -> str:
-    """"auto" -> "cudnn" where it works, else "xla" with one line on stderr saying why
-    (on a GPU); an explicit choice is checked. ``bias``: the model adds a bias to head 0's
-    scores (ModelConfig.match_dst): "auto" keeps such a model on the XLA attention (one
-    line on a GPU), "cudnn" runs head 0 on XLA and the other heads on the packed kernel
-    (``attention``; checked on a CPU against the XLA path; timed in docs/learning.md 6.4-6.5)."""
-    if bias and implementation == "auto":
-        if jax.devices()[0].platform == "gpu":
-            print("attention: the model's match_dst head adds a bias to its scores; using the "
-                  "masked XLA attention (all T x T scores; --attention dense runs every head "
-                  "on cuDNN's dense kernel, --attention cudnn that head on XLA and the others "
-                  "on the packed one)", file=sys.stderr)
-        return "xla"
+    """"auto" -> "dense" on an NVIDIA GPU where cuDNN's dense kernel compiles (with or
+    without ``bias``), else "cudnn" where the packed kernel does and there is no bias, else
+    "xla" (on a GPU with one line on stderr saying why); an explicit choice is checked.
+    ``bias``: the model adds a bias to head 0's scores (ModelConfig.match_dst), which the
+    packed kernel does not take ("cudnn" runs that head on XLA and the others on the packed
+    kernel: ``attention``). Dense is the GPU default since 2026-11-30: on an H200 it trains
+    base at 1.09-1.13x the packed kernel's tokens/s in 0.58x its memory, and the recipe's
+    model at 0.88x base (docs/learning.md 6.5, 6.6)."""
     if implementation == "auto":
-        reason = why_not_cudnn()
-        if reason is not None and jax.devices()[0].platform == "gpu":
-            print(f"attention: cuDNN packed attention unavailable ({reason}); using the "
-                  "masked XLA attention (computes all T x T scores: slower)", file=sys.stderr)
-        return "cudnn" if reason is None else "xla"
+        if jax.devices()[0].platform != "gpu":
+            return "xla"
+        dense = why_not_dense()
+        if dense is None:
+            return "dense"
+        packed = "the model's match_dst head adds a bias" if bias else why_not_cudnn()
+        if packed is None:
+            return "cudnn"
+        print(f"attention: cuDNN's dense attention unavailable ({dense}), its packed one too "
+              f"({packed}); using the masked XLA attention (computes all T x T scores: "
+              "slower)", file=sys.stderr)
+        return "xla"
     if implementation == "cudnn" and not cudnn_available():
         raise InputError(f"--attention cudnn: {why_not_cudnn()}; it needs an NVIDIA Hopper or "
                          "newer GPU with cuDNN >= 9.6 and a CUDA jax (README: On a GPU); "
