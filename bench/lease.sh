@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (an NVIDIA H100/H200 with its own Python 3.12 and jax; the
-# device tool's README), ~9 minutes: every GPU figure the open work asks for, in one go.
+# device tool's README), ~8 minutes: every GPU figure the open work asks for, in one go.
 #
 #   make device-kit            # here, once: .whl/ (the wheels that image lacks), shards-1m/
 #   device run: command "bash bench/lease.sh", carry [".whl", "shards-1m"], timeout_s 590
@@ -8,10 +8,11 @@
 # 1. `bench.gpu_check --budget-s $CHECK_S`: device and versions, the GPU tests (cuDNN packed
 #    and dense attention against XLA), the base model's benchmark, the batch sweep with its
 #    profile and XLA dump, and a learning run in what the budget leaves.
-# 2. `bench.gpu` on shards-1m with the dense cuDNN attention (docs/learning.md 6.4), then the
-#    same under each of XLA_VARIANTS' flags (one process each: cublasLt's epilogues, no
-#    Triton GEMMs, no command buffers), and base with the recipe's pieces (`small`'s
-#    settings but its shape: issue 33's item 4).
+# 2. `bench.gpu` on shards-1m with train's GPU default (cuDNN's dense attention since
+#    2026-11-30, docs/learning.md 6.6), with the packed kernel beside it, then the default
+#    under each flag of XLA_VARIANTS (a space-separated list, one process each; none by
+#    default: 6.6 measured cublasLt, no Triton GEMMs and no command buffers at 0.98-1.02x),
+#    and base with the recipe's pieces (`small`'s settings but its shape: issue 33's item 4).
 # 3. `bench.recipe_gpu --seeds 0`: `small` at GPU batch sizes against every baseline, in
 #    what is left of LEASE_S (at most RECIPE_S; skipped under 170 s).
 # What comes back (a lent machine returns at most 8 files of 16 MiB): $OUT/lease.log, the
@@ -40,7 +41,7 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
       --target /tmp/site .whl/*.whl || exit 2
   export PYTHONPATH=/tmp/site:$PWD
   CHECK=(--budget-s "${CHECK_S:-200}")
-  DENSE=(--steps 40 --log-every 10 --attention dense)
+  BENCH=(--steps 40 --log-every 10)
   # small ran 2.5M tokens/s on 11-27 (bench.recipe_gpu's --rate); its stores' reads since
   # cost it about half of that on a CPU (README): planned at 0.6M, the run ends early, not late
   RECIPE=(--seeds 0 --rate 6e5)
@@ -50,12 +51,11 @@ else
   export PYTHONPATH=$PWD
   say "no GPU: the dry run, each step at a CPU's size, into $OUT"
   CHECK=(--points 1 --queries 200)
-  DENSE=(--steps 6 --log-every 2 --attention xla)  # (the dense kernel is cuDNN's)
+  BENCH=(--steps 6 --log-every 2)  # (auto is XLA on a CPU; both cuDNN kernels need a GPU)
   RECIPE=(--seeds 0 --rows 30000 --steps 20 --queries 200)
   LEASE_S=${LEASE_S:-100000}
 fi
-XLA_VARIANTS=(--xla_gpu_enable_cublaslt=true --xla_gpu_enable_triton_gemm=false
-              --xla_gpu_enable_command_buffer=)
+read -ra VARIANTS <<< "${XLA_VARIANTS:-}"
 # `small`'s settings that are not its shape (train.model.arch.MODELS): base with them is the
 # recipe's model at base's size
 RECIPE_PIECES=(grammar_embed=true init_std=0.08 match_dst=4.0 byte_features=7 dst_memory=8192
@@ -75,12 +75,14 @@ step() {
   tar czf "$OUT/results.tar.gz" -C "$OUT/r" .
 }
 step $PY -m bench.gpu_check "${CHECK[@]}" --results "$OUT/r"
-step $PY -m bench.gpu "${DENSE[@]}" --data shards-1m --out "$OUT/r/gpu-dense.json"
-for i in "${!XLA_VARIANTS[@]}"; do
-  step env XLA_FLAGS="${XLA_FLAGS:-} ${XLA_VARIANTS[$i]}" \
-    $PY -m bench.gpu "${DENSE[@]}" --data shards-1m --out "$OUT/r/gpu-dense-xla$i.json"
+step $PY -m bench.gpu "${BENCH[@]}" --data shards-1m --out "$OUT/r/gpu-default.json"
+[ -n "$GPU" ] && step $PY -m bench.gpu "${BENCH[@]}" --attention cudnn --data shards-1m \
+  --out "$OUT/r/gpu-packed.json"
+for i in "${!VARIANTS[@]}"; do
+  step env XLA_FLAGS="${XLA_FLAGS:-} ${VARIANTS[$i]}" \
+    $PY -m bench.gpu "${BENCH[@]}" --data shards-1m --out "$OUT/r/gpu-default-xla$i.json"
 done
-step $PY -m bench.gpu "${DENSE[@]}" --data shards-1m --out "$OUT/r/gpu-dense-recipe.json" \
+step $PY -m bench.gpu "${BENCH[@]}" --data shards-1m --out "$OUT/r/gpu-recipe-pieces.json" \
   $(printf -- '--model-set %s ' "${RECIPE_PIECES[@]}")
 left=$((LEASE_S - (SECONDS - start)))
 if [ "$left" -ge 170 ]; then
