@@ -906,6 +906,17 @@ def test_a_shared_source_addresss_failures_are_not_read():
     assert (summary.usable, summary.failing, summary.fails, summary.shared) == (1, 0, 0, 1)
     assert ("(>= 1 pings each, 0 failed among each pair's latest 4), not those of 1 pairs whose "
             "source address hosts share (NAT: several probes' failures)") in summary.line()
+    # shared_fails (ModelConfig.pair_shared_fail): counted and read as any other pair's
+    table, summary = store.build(nat, seg, 1024, key="pair", min_count=1, failures=True,
+                                 fail_recent=4, shared_fails=True)
+    r, ok = (np.asarray(x) for x in model._store_row(jnp.asarray(table), _pair(1, 2), 1))
+    assert ok and (r[K], r[K + 2]) == (5, 1)  # (FAIL_TIMED's latest 4 pings: 1 failed)
+    assert bool(model.fail_share(jnp.asarray(table), _pair(1, 2), 1, 4)[1])
+    assert (summary.failing, summary.fails, summary.shared) == (1, 1, 0)
+    for bad in ({"failures": False, "fail_recent": 0}, {"without_shared": True}):
+        with pytest.raises(ValueError, match="shared_fails reads the failures of the pairs"):
+            store.build(nat, seg, 1024, key="pair", min_count=1, **({"failures": True,
+                        "fail_recent": 4, "shared_fails": True} | bad))
 
 
 def test_without_shared_a_shared_source_addresss_pairs_are_not_stored():
@@ -1266,14 +1277,15 @@ def test_a_run_stores_nat_pairs_only_where_its_test_probes_are_train_probes(
     monkeypatch.setattr(store, "timed", lambda *a: decoded.append(1) or TIMED(*a))
     got, tables, lines = loop._store_tables(mcfg, d, manifest)
     assert got.pair_shared == shared and len(decoded) == 1
-    assert ("pair store: a NAT address's pairs stored too (pair_shared for this run: the data "
-            "set is split by time alone, so its test probes are its train probes, whose own "
-            "history such a pair holds)" in lines) == shared
+    assert ("pair store: a NAT address's pairs stored too, their failures read (pair_shared "
+            "for this run: the data set is split by time alone, so its test probes are its "
+            "train probes, whose own history such a pair holds)" in lines) == shared
+    assert got.pair_shared_fail == shared
     r, ok = (np.asarray(x) for x in model._store_row(jnp.asarray(tables["pair_store"]),
                                                      _pair(1, 2), 1))
-    assert bool(ok) == shared and (not shared or r[K] == 2)
+    assert bool(ok) == shared and (not shared or (r[K], r[K + 2]) == (2, 0))  # failures read
     want, _ = store.build(tok, seg, 1024, key="pair", pair_fold=2, min_count=1, failures=True,
-                          fail_recent=16, without_shared=not shared)
+                          fail_recent=16, without_shared=not shared, shared_fails=shared)
     np.testing.assert_array_equal(tables["pair_store"], want)
     got, _, _ = loop._store_tables(dataclasses.replace(mcfg, pair_shared_by_split=False), d,
                                    manifest)

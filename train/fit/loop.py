@@ -192,10 +192,11 @@ def _store_tables(mcfg, data, manifest: dict):
     split = manifest.get("config", {}).get("split", "probe")
     if (mcfg.pair_store and not mcfg.pair_shared and mcfg.pair_shared_by_split
             and split == "time"):
-        lines.append("pair store: a NAT address's pairs stored too (pair_shared for this run: "
-                     "the data set is split by time alone, so its test probes are its train "
-                     "probes, whose own history such a pair holds)")
-        mcfg = dataclasses.replace(mcfg, pair_shared=True)
+        lines.append("pair store: a NAT address's pairs stored too"
+                     + (", their failures read" if mcfg.pair_fail else "")
+                     + " (pair_shared for this run: the data set is split by time alone, so its "
+                     "test probes are its train probes, whose own history such a pair holds)")
+        mcfg = dataclasses.replace(mcfg, pair_shared=True, pair_shared_fail=mcfg.pair_fail)
     # the rows decoded once for the recency check and both pair tables, where they read
     # times or shared addresses (store.build decodes them itself where not given)
     timed_read = mcfg.pair_recent or mcfg.pair_fail or not mcfg.pair_shared
@@ -230,6 +231,7 @@ def _store_tables(mcfg, data, manifest: dict):
                                                       if key == "pair" and mcfg.pair_fail
                                                       else 0),
                                          without_shared=key == "pair" and not mcfg.pair_shared,
+                                         shared_fails=key == "pair" and _shared_fails(mcfg),
                                          t=t)
         lines.append(summary.line())
         if key == "pair":  # what the data turns off here: arch.SET_BY_DATA
@@ -264,6 +266,12 @@ def _store_tables(mcfg, data, manifest: dict):
     return mcfg, tables, lines
 
 
+def _shared_fails(mcfg) -> bool:
+    """Whether the pair store reads a NAT address's pairs' failures
+    (ModelConfig.pair_shared_fail)."""
+    return bool(mcfg.pair_fail and mcfg.pair_shared and mcfg.pair_shared_fail)
+
+
 def _pair_latest(tok, seg, mcfg, table: np.ndarray, t) -> np.ndarray:
     """The pair store's table ``table`` (built over all replies) with each pair's quantiles
     over its latest mcfg.pair_recent replies instead (ModelConfig.pair_recent_own): the
@@ -273,7 +281,8 @@ def _pair_latest(tok, seg, mcfg, table: np.ndarray, t) -> np.ndarray:
                                 recent=mcfg.pair_recent,
                                 failures=mcfg.pair_fail,
                                 fail_recent=mcfg.pair_fail_recent if mcfg.pair_fail else 0,
-                                without_shared=not mcfg.pair_shared, t=t)
+                                without_shared=not mcfg.pair_shared,
+                                shared_fails=_shared_fails(mcfg), t=t)
     K = arch.STORE_K
     if not np.array_equal(latest[:, K:], table[:, K:]):  # counts, checks, failures
         raise RuntimeError("the pair store's latest replies took other rows than all of them")

@@ -193,6 +193,12 @@ class ModelConfig:
     # Split by probe (the default) or time+probe, the test probes are held out and it stays
     # False. False: pair_shared as set
     pair_shared_by_split: bool = False
+    # with pair_shared and pair_fail (else unread): the failures of a NAT address's pairs
+    # are counted and read as any other's, not -1 (train.model.store.build's shared_fails).
+    # Where the test probes are held out they are strangers' (docs/learning.md section
+    # 8.22); where they are the train probes, their own (section 8.25: a time split's `cold`
+    # Brier from a loss to a win). pair_shared_by_split sets it with pair_shared. False: -1
+    pair_shared_fail: bool = False
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
     # replies to their destinations' store medians, over their count plus this shrink;
@@ -285,7 +291,7 @@ MODELS = {
 # that are train probes: pair_shared_by_split), so that two runs of one preset may differ
 # in them by their data alone
 SET_BY_DATA = ("pair_store", "pair_reverse", "pair_forward", "pair_fail", "pair_recent",
-               "pair_shared")
+               "pair_shared", "pair_shared_fail")
 
 
 def model_config(name: str, *, seq_len: int) -> ModelConfig:

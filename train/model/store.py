@@ -261,7 +261,7 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
           batch: int = 512, by_source: bool = False,
           fold: int = 0, pair_fold: int = 0, min_count: int = arch.STORE_MIN,
           recent: int = 0, failures: bool = False, fail_recent: int = 0,
-          without_shared: bool = False,
+          without_shared: bool = False, shared_fails: bool = False,
           t: Timed | None = None) -> tuple[np.ndarray, StoreSummary]:
     """(float32[rows, STORE_K + 2], summary) from packed rows ``tokens``/``segment_ids``,
     by destination (``key`` "dst") or by ordered address pair ("pair"). ``by_source`` (with
@@ -285,8 +285,10 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     them where it was held out (model.fail_share reads no -1). ``without_shared`` (with
     "pair"; ModelConfig.pair_shared False): no such pair is stored at all, its replies'
     quantiles no more than its failures (a held-out probe behind a NAT read there the RTTs
-    of other probes behind other NATs as its own). ``t``: the rows' ``timed`` (decoded
-    here if not given and read)."""
+    of other probes behind other NATs as its own). ``shared_fails`` (with ``failures``;
+    ModelConfig.pair_shared_fail): such a pair's failures are counted and read as any
+    other's (where the test probes are the train probes, they are the probe's own).
+    ``t``: the rows' ``timed`` (decoded here if not given and read)."""
     if key not in KEYS:
         raise ValueError(f"store key must be one of {sorted(KEYS)}, not {key!r}")
     if by_source and key != "dst":
@@ -304,6 +306,9 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
                          f"failures), not {fail_recent} with failures={failures}")
     if without_shared and key != "pair":
         raise ValueError(f"without_shared is for the pair store, not key {key!r}")
+    if shared_fails and (not failures or without_shared):
+        raise ValueError("shared_fails reads the failures of the pairs of shared addresses: "
+                         "with failures, and without without_shared")
     if recent or failures or without_shared:
         t = timed(tokens, segment_ids) if t is None else t
     else:
@@ -378,7 +383,9 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
     table[row[keep], K] = n_pings[keep] - n_failed[keep]
     table[row[keep], K + 1] = M.store_check(keys[keep])
     unread = 0
-    if failures:  # a shared source's pairs: their failures are several hosts', not read (-1)
+    if failures and shared_fails:
+        table[row[keep], K + 2] = n_failed[keep]
+    elif failures:  # a shared source's pairs: several hosts' failures (-1)
         mine = keep & ~np.isin(keys, np.concatenate([got["key"], got["fail_key"]])[got["shared"]])
         table[row[keep], K + 2] = np.where(mine[keep], n_failed[keep], -1)
         unread = int(keep.sum() - mine.sum())
