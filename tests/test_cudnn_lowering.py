@@ -99,6 +99,31 @@ def test_resolve_on_a_cpu():
         attention.resolve("cudnn")
 
 
+@pytest.mark.parametrize("dense, packed, bias, want", [
+    (None, None, False, "dense"), (None, None, True, "dense"),  # the default since 2026-11-30
+    ("old cuDNN", None, False, "cudnn"), ("old cuDNN", None, True, "xla"),
+    ("old cuDNN", "pre-Hopper", False, "xla")])
+def test_auto_on_a_gpu_is_dense_then_packed_then_xla(monkeypatch, capsys, dense, packed, bias,
+                                                     want):
+    """"auto" on a GPU: cuDNN's dense kernel where it compiles (it takes the match head's
+    bias), else the packed one for a model without a bias, else XLA with one line naming both
+    reasons (docs/learning.md 6.6: dense 1.12x packed on an H200)."""
+    import types
+
+    monkeypatch.setattr(attention.jax, "devices", lambda: [types.SimpleNamespace(platform="gpu")])
+    monkeypatch.setattr(attention, "why_not_dense", lambda: dense)
+    monkeypatch.setattr(attention, "why_not_cudnn", lambda: packed)
+    assert attention.resolve("auto", bias=bias) == want
+    err = capsys.readouterr().err
+    if want == "xla":
+        why = "the model's match_dst head adds a bias" if bias else packed
+        assert err == (f"attention: cuDNN's dense attention unavailable (old cuDNN), its packed "
+                       f"one too ({why}); using the masked XLA attention (computes all T x T "
+                       "scores: slower)\n")
+    else:
+        assert err == ""
+
+
 def stand_in_kernel(q, k, v, *, q_seqlen, q_offsets, **_):
     """What cuDNN's packed kernel computes, from its own segment tables (the XLA attention
     over the segments they describe), leaving NaN in the output and in dq, dk, dv at

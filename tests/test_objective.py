@@ -138,8 +138,9 @@ def test_grammar_embedding_probes_equal_writing_the_token(extra):
 
 
 def test_a_model_with_a_score_bias_resolves_to_xla_unless_told():
-    """match_dst's bias on head 0: auto keeps XLA; an explicit cudnn is the split path (head
-    0 apart, tests/test_cudnn_lowering.py), checked like any other: on this CPU, it says why not."""
+    """match_dst's bias on head 0: auto on a CPU is XLA (on a GPU the dense kernel, which
+    takes the bias: tests/test_cudnn_lowering.py); an explicit cudnn is the split path (head
+    0 apart), checked like any other: on this CPU, it says why not."""
     from prep.base.errors import InputError
     from train.model import attention
 
