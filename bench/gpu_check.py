@@ -1,7 +1,8 @@
 """`make gpu-check`: is this GPU machine ready, and how fast does it train? One command.
 
 1. The device and the versions (GPUs from nvidia-smi, jax, jaxlib, the CUDA plugin,
-   cuDNN), and whether the cuDNN packed attention compiles here (train.model.attention).
+   cuDNN), and whether cuDNN's dense attention (train's GPU default) and its packed one
+   compile here (train.model.attention).
 2. A visible NVIDIA GPU with a CPU-only jax stops here with the install command.
 3. The GPU tests (`pytest -m gpu`: cuDNN packed and dense attention against XLA).
 4. The GPU benchmark (bench/gpu.py, a process of its own) of the base config on packed
@@ -229,12 +230,14 @@ def main(argv: list[str] | None = None) -> int:
 
     say(f"jax devices: {', '.join(f'{d.platform}:{d.device_kind}' for d in jax.devices())}")
     say("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
-    why = attention.why_not_cudnn()
-    say(f"cuDNN packed attention: {'compiles here' if why is None else 'unavailable: ' + why}")
+    # train's GPU default (dense), and the packed kernel (Hopper or newer), which it is not
+    dense, packed = attention.why_not_dense(), attention.why_not_cudnn()
+    for name, why in (("dense (train's default on a GPU)", dense), ("packed", packed)):
+        say(f"cuDNN {name} attention: {'compiles here' if why is None else 'unavailable: ' + why}")
     failed = []
     gpu = platform == "gpu"
-    if gpu and why is not None:
-        failed.append("cuDNN packed attention")
+    if gpu and dense is not None:
+        failed.append("cuDNN dense attention")
     results = results_dir(args.results, gpu, RESULTS)
     results.mkdir(parents=True, exist_ok=True)
     say(f"results: {results}" + ("" if gpu or args.results else
