@@ -228,8 +228,8 @@ def resolve(implementation: str, *, bias: bool = False) -> str:
     ``bias``: the model adds a bias to head 0's scores (ModelConfig.match_dst), which the
     packed kernel does not take ("cudnn" runs that head on XLA and the others on the packed
     kernel: ``attention``). Dense is the GPU default since 2026-11-30: on an H200 it trains
-    base at 1.09-1.13x the packed kernel's tokens/s in 0.58x its memory, and the recipe's
-    model at 0.88x base (docs/learning.md 6.5, 6.6)."""
+    base at 1.09-1.12x the packed kernel's tokens/s in 0.58x its memory, and the recipe's
+    model at 0.87-0.88x base (docs/learning.md 6.5, 6.6)."""
     if implementation == "auto":
         if jax.devices()[0].platform != "gpu":
             return "xla"

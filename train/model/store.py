@@ -315,7 +315,7 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
         t = None
     untimed = t.refused if recent or fail_recent else 0  # (else no time is read)
     got = _collect(tokens, segment_ids, "ends" if by_source else key, batch, fold, pair_fold,
-                   t, failures or without_shared)
+                   t, (failures and not shared_fails) or without_shared)  # read below
     left_out = 0
     if without_shared:  # a NAT's address: several hosts' pings, none of them a node's
         mine = ~got["shared"]
