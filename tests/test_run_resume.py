@@ -41,6 +41,11 @@ def stopped_run(shards, tmp_path_factory):
     s = train(small(shards, run, ckpt_every=5), on_step=stop_at(15))
     assert s["interrupted"] and s["step"] == 15
     assert step_dirs(run / "checkpoints") == [5, 10, 15]
+    for step in (5, 10, 15):  # each sealed with the digests of all its files (the damage
+        d = run / "checkpoints" / str(step)  # tests below read them; a flake once missed 15's)
+        files = {f.relative_to(d).as_posix() for f in d.rglob("*") if f.is_file()}
+        assert sorted(json.loads((d / "sha256.json").read_text())) == sorted(
+            files - {"sha256.json"}), step
     return run
 
 
