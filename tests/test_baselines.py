@@ -220,3 +220,63 @@ def test_deterministic_for_a_seed(name):
     assert a.p_fail.tobytes() == b.p_fail.tobytes()
     assert a.covered.tolist() == b.covered.tolist()
     assert a.rtt_ms.tobytes() != c.rtt_ms.tobytes()  # the seed is used
+
+
+# --- pair_mode: the densest window of a pair's RTTs, its band picked on the train split ---
+
+@pytest.mark.parametrize("values, e, point", [
+    ([10.0, 10.5, 11.0, 20.0, 21.0], 0.1, 0.5 * (11.0 * 0.9 + 10.0 * 1.1)),  # 10-11: 3 values
+    ([1.0, 2.0, 2.0, 3.0, 3.0, 3.0, 4.0], 0.0, 3.0),  # e = 0: the most frequent value
+    ([1.0, 1.0, 5.0, 5.0, 9.0], 0.0, 5.0),  # two values twice: the one nearer the median (5)
+    ([1.0, 1.0, 3.0, 9.0, 9.0], 0.0, 1.0),  # the median is 3: log-nearer is 1 (x3), not 9 (x3)
+    ([7.0], 0.2, 7.0),
+])
+def test_band_point_is_the_centre_of_the_densest_window(values, e, point):
+    got = baselines._band_points(np.array([0, len(values)]), np.array(values), e)
+    assert got.tolist() == pytest.approx([point])
+
+
+def _mode_rows():
+    """Pair (0, 1): 20 replies, every other one 100 ms, in time order t = 0..19 and given
+    in reverse; pair (1, 0): 4 replies (too few to score a band); a failure of (0, 1)."""
+    rtt = [100.0, 150.0, 100.0, 170.0, 100.0, 190.0, 100.0, 160.0, 100.0, 180.0] * 2
+    rows = [(0, 1, r, t, True) for t, r in enumerate(rtt)][::-1]
+    rows += [(1, 0, r, t, True) for t, r in enumerate([30.0, 40.0, 41.0, 90.0])]
+    rows.append((0, 1, F, 5, True))
+    return (np.array(c) for c in zip(*rows))
+
+
+def test_pair_mode_picks_its_band_on_each_pairs_latest_fifth():
+    """(0, 1)'s earliest 16 replies: eight at 100 ms, eight of 150-190 (median 125); its
+    latest 4 (100, 160, 100, 180) are scored: the median is off by 0.25, 0.219, 0.25, 0.306
+    (median 0.25); 100 ms by 0, 0.375, 0, 0.444 (0.1875); e = 0.2's densest window is
+    100-150 (10 replies), centred at 120 (0.2, 0.25, 0.2, 0.333: 0.225). Bands 0-0.1 all
+    find 100: the first, 0, is taken."""
+    src, dst, rtt, time, has = _mode_rows()
+    b = baselines.fit("pair_mode", src, dst, rtt, time, has, n_nodes=2)
+    assert b.band == 0.0
+    assert b.band_errors == pytest.approx({None: 0.25, 0.0: 0.1875, 0.01: 0.1875, 0.02: 0.1875,
+                                           0.05: 0.1875, 0.1: 0.1875, 0.2: 0.225})
+    pred = b.predict(np.array([0, 1]), np.array([1, 0]))
+    # fit again on all replies: (0, 1)'s ten 100s; (1, 0)'s four distinct values: each its
+    # own window of one, the one log-nearest the median (40.5) is 41
+    assert pred.rtt_ms.tolist() == [100.0, 41.0]
+    assert pred.p_fail.tolist() == [1 / 21, 0.0]
+
+
+def test_pair_mode_is_the_median_where_the_median_predicts_better_or_no_pair_can_say(tiny):
+    """No pair of the hand-made set has 5 replies: no band is scored, and pair_mode is
+    pair_median. A pair whose latest replies sit at its median takes the median."""
+    assert tiny["pair_mode"].band is None and tiny["pair_mode"].band_errors == {}
+    assert _predict(tiny, "pair_mode") == _predict(tiny, "pair_median")
+    rtt = np.array([10.0, 14.0, 20.0, 28.0, 40.0, 56.0, 80.0, 112.0, 34.0, 34.0])
+    n = len(rtt)
+    b = baselines.fit("pair_mode", np.zeros(n, int), np.ones(n, int), rtt, np.arange(n),
+                      np.ones(n, bool), n_nodes=2)
+    # the earliest 8 (x1.4 apart): median 34 hits the latest two; every band up to 0.1 has
+    # windows of one, the log-nearest to 34 is 40 (off by 0.176); 0.2's windows of two, the
+    # nearest 28-40 centred at 32.8 (0.035)
+    assert b.band is None
+    assert b.band_errors == pytest.approx({None: 0.0, **dict.fromkeys((0.0, 0.01, 0.02, 0.05, 0.1),
+                                           6 / 34), 0.2: 1.2 / 34})
+    assert b.predict(np.array([0]), np.array([1])).rtt_ms.tolist() == [34.0]

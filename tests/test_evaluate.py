@@ -19,8 +19,9 @@ from prep.schema import rows as rows_lib
 from prep.schema.measurements import addr_text, addr_words
 from prep.tokens import rowdecode
 from prep.tokens.decode import decode_context
-from tests.test_predictor import brute_force
+from tests.test_predictor import brute_band_point, brute_force
 from train.cli import main
+from train.eval import baselines
 from train.eval.evaluate import PREDICTORS, EvalConfig, evaluate, local_scope, source_groups
 from train.eval.metrics import STRATA
 from train.eval.report import format_report, label
@@ -73,12 +74,21 @@ def test_eval_counts_every_query_and_target(run, full):
     assert report["loss"]["tokens"] == targets
     assert sum(v["tokens"] for v in report["loss"]["by_role"].values()) == targets
     assert sorted(report["loss"]["by_role"]) == ["dst", "marker", "result", "rtt", "src", "timestamp"]
-    # the model with and without its context, six context and seven train-fit baselines,
+    # the model with and without its context, six context and eight train-fit baselines,
     # each scored on the same queries, by stratum and by context length
     assert list(report["rtt"]) == list(PREDICTORS) == [
         "model", "model_no_context", "context_last", "context_ema", "context_median",
         "context_vivaldi", "context_knn", "context_krig", "global_median", "dst_median",
-        "pair_last", "pair_ema", "pair_median", "vivaldi", "matrix_factorization"]
+        "pair_last", "pair_ema", "pair_median", "pair_mode", "vivaldi", "matrix_factorization"]
+    # the model's point: the band point at the band pair_mode picked on the train split
+    # (its pairs have 5 replies and more), scored and reported as such
+    band = report["point"]["band"]
+    assert band in baselines.PAIR_MODE_BANDS and len(report["point"]["band_errors"]) == 7
+    assert report["point"]["band_errors"][str(band)] == min(report["point"]["band_errors"].values())
+    has = ~detail.queries.failed
+    assert np.isfinite(detail.model.point_ms[has]).all()
+    assert detail.rtt_ms["model"][has].tolist() == detail.model.point_ms[has].tolist()
+    assert (detail.model.point_ms[has] != detail.model.quantile_ms[has, 1]).any()
     for m in report["rtt"].values():
         assert m["n"] == n_q and m["n_rtt"] == n_rtt
         assert sum(b["n"] for b in m["by_history"].values()) == n_q
@@ -93,6 +103,7 @@ def test_eval_counts_every_query_and_target(run, full):
     text = format_report(report)
     assert "matrix factorization" in text and "Vivaldi" in text and f"{n_q:,} RTT queries" in text
     assert "context last-seen" in text and "inside its [p10, p90]" in text
+    assert f"point predictions of the model and pair mode: the band point at {band} (" in text
     # fewer than 1,000 replies: a warning, in the report and its table; the split was the limit
     assert n_rtt < 1000 and report["warnings"] == [
         f"only {n_rtt:,} queries have a reply (fewer than 1,000): the medians and their "
@@ -198,14 +209,18 @@ def test_eval_answers_equal_brute_force(run, full):  # full: the full report is 
         ms = [P.Measurement(int(q.family[j]), int(q.src_hi[j]), int(q.src_lo[j]), int(q.dst_hi[j]),
                             int(q.dst_lo[j]), int(q.time[j]), int(q.rtt_code[j])) for j in ctx]
         tokens, choice, rtt = P.encode_context(ms)
-        p_fail, codes = brute_force(pred, tokens, choice[-1], rtt[-1])
+        p_fail, codes, joint = brute_force(pred, tokens, choice[-1], rtt[-1])
         assert detail.model.quantile_code[i].tolist() == codes
         assert detail.p_failed["model"][i] == pytest.approx(p_fail, rel=1e-4)
-        assert detail.rtt_ms["model"][i] == P.code_ms(codes[1])
+        # its point: the band point at the band the report names (its median where None)
+        band = report["point"]["band"]
+        point = P.code_ms(codes[1]) if band is None else brute_band_point(*joint, band)
+        assert detail.rtt_ms["model"][i] == pytest.approx(point, rel=1e-12)
         # without context: the query alone, a one-measurement context
         tokens, choice, rtt = P.encode_context(ms[-1:])
-        p_fail, codes = brute_force(pred, tokens, choice[-1], rtt[-1])
-        assert detail.rtt_ms["model_no_context"][i] == P.code_ms(codes[1])
+        p_fail, codes, joint = brute_force(pred, tokens, choice[-1], rtt[-1])
+        point = P.code_ms(codes[1]) if band is None else brute_band_point(*joint, band)
+        assert detail.rtt_ms["model_no_context"][i] == pytest.approx(point, rel=1e-12)
         assert detail.p_failed["model_no_context"][i] == pytest.approx(p_fail, rel=1e-4)
         checked += 1
     assert checked == 5

@@ -84,7 +84,17 @@ def brute_force(pred, tokens, choice, rtt):
     joint = (pb1[:, None] * pb2).ravel()  # canonical first bytes ascending, then b2: value order
     cum = np.cumsum(joint)
     codes = (np.repeat(P.CANONICAL_B1, 256) << 8) | np.tile(np.arange(256), len(P.CANONICAL_B1))
-    return p_fail, [int(codes[np.argmax(cum >= q)]) for q in P.QUANTILES]
+    return p_fail, [int(codes[np.argmax(cum >= q)]) for q in P.QUANTILES], (joint, codes, pb1)
+
+
+def brute_band_point(joint, codes, pb1, band):
+    """The band point by brute force: over the codes of the MODE_FIRST_BYTES likeliest
+    first bytes, each code value's mass within ``band`` of it, summed code by code."""
+    top = np.argsort(-pb1, kind="stable")[:P.MODE_FIRST_BYTES]
+    keep = np.isin(codes >> 8, P.CANONICAL_B1[top])
+    ms, mass = P.code_ms(codes[keep]), joint[keep]
+    within = [mass[np.abs(p - ms) <= band * ms + 1e-12 * p].sum() for p in ms]
+    return ms[int(np.argmax(within))]
 
 
 def test_answers_equal_brute_force(predictor):
@@ -109,7 +119,7 @@ def test_answers_equal_brute_force(predictor):
         if b is None:
             assert ans.quantile_code[i].tolist() == [-1, -1, -1]
             continue
-        p_fail, codes = b
+        p_fail, codes, _ = b
         assert ans.quantile_code[i].tolist() == codes
         np.testing.assert_allclose(ans.p_failed[i], p_fail, rtol=1e-4)
         np.testing.assert_allclose(ans.quantile_ms[i], P.code_ms(codes))
@@ -117,11 +127,38 @@ def test_answers_equal_brute_force(predictor):
     assert np.all(ans.quantile_ms[[0, 1, 2, 3, 5], 0] <= ans.quantile_ms[[0, 1, 2, 3, 5], 2])
 
 
+@pytest.mark.parametrize("band", [0.0, 0.02, 0.2])
+def test_band_point_equals_brute_force(predictor, band):
+    """With a band, each query's point is the code value the most mass of its likeliest
+    first bytes' codes lies within the band of; the quantiles stay as they were."""
+    contexts = [
+        [m("10.0.0.1", "1.1.1.1", 1_000_000, 0x2E1B), m("10.0.0.1", "1.1.1.1", 1_000_060, 0x2E20),
+         m("10.0.0.1", "9.9.9.9", 1_000_100, P.UNKNOWN)],
+        [m("2001:db8::1", "2001:db8::53", 1_700_000_000, P.UNKNOWN)],
+    ]
+    enc = [P.encode_context(c) for c in contexts]
+    tok, seg, where = P.pack_contexts([e[0] for e in enc], CFG.seq_len)
+    q = [(k, c, t) for k, (_, choice, rtt) in enumerate(enc) for c, t in zip(choice, rtt)
+         if t >= 0]
+    q_row = np.array([where[k][0] for k, _, _ in q])
+    q_choice = np.array([where[k][1] + c for k, c, _ in q])
+    q_rtt = np.array([where[k][1] + t for k, _, t in q])
+    plain = predictor.answer(tok, seg, q_row, q_choice, q_rtt)
+    ans = predictor.answer(tok, seg, q_row, q_choice, q_rtt, band=band)
+    assert plain.point_ms is None and plain.rtt_ms.tolist() == plain.quantile_ms[:, 1].tolist()
+    assert ans.quantile_code.tolist() == plain.quantile_code.tolist()
+    for i, (k, c, t) in enumerate(q):
+        _, _, (joint, codes, pb1) = brute_force(predictor, enc[k][0], c, t)
+        assert ans.point_ms[i] == pytest.approx(brute_band_point(joint, codes, pb1, band),
+                                                rel=1e-9)
+        assert ans.rtt_ms[i] == ans.point_ms[i]
+
+
 def test_predict_api_equals_answer_on_the_same_context(predictor):
     hist = [m("10.0.0.1", "1.1.1.1", 1_000_000, 0x2E1B), m("10.0.0.1", "1.1.1.1", 1_000_060, -1)]
     got = predictor.predict("10.0.0.1", "9.9.9.9", time=1_000_100, history=hist)
     tokens, choice, rtt = P.encode_context(hist + [m("10.0.0.1", "9.9.9.9", 1_000_100, P.UNKNOWN)])
-    p_fail, codes = brute_force(predictor, tokens, choice[-1], rtt[-1])
+    p_fail, codes, _ = brute_force(predictor, tokens, choice[-1], rtt[-1])
     assert [got["p10_ms"], got["rtt_ms"], got["p90_ms"]] == P.code_ms(codes).tolist()
     assert got["p_failed"] == pytest.approx(p_fail, rel=1e-4)
     assert got["history_used"] == 2

@@ -8,6 +8,15 @@ fell back to. RTTs are fit on successful pings only; failures feed p_fail.
 - ``global_median``, ``dst_median``, ``pair_median``: the (numpy) median RTT and failure
   rate of all pings, per destination (where the target is says most), per ordered pair;
   the pair baselines read the reverse pair where a pair has no ping in its direction.
+- ``pair_mode``: per ordered pair, the centre of the densest window of its RTTs whose
+  ends are within a relative band e of one point (|p - y| <= e y for the most replies y:
+  the value most replies are within e of); e = 0 is the most frequent RTT, which matters
+  where RTTs are rounded (the Seattle matrices: 10 ms steps). e is picked on the train
+  split from PAIR_MODE_BANDS, or the plain median where it does better: each pair's
+  earliest four fifths predict its latest fifth, and the choice with the lower median
+  relative error over those replies wins. A point for the metric a median relative error
+  rewards (the most replies close), where the median is the point half the replies lie
+  each side of; p_fail as pair_median's.
 - ``pair_last``: the pair's latest successful RTT; p_fail 1 if its latest ping failed.
 - ``pair_ema``: per pair, an EMA (alpha 0.3, first value as is) of its successful RTTs in
   time order, and of its failure indicator.
@@ -47,6 +56,11 @@ VIVALDI_ERROR0 = 1.0
 # Heights start at and are clamped to this (ms; Serf's HeightMin is the same 10 us): the
 # height step is proportional to h_i + h_j, so a height of 0 could never grow again.
 VIVALDI_HEIGHT_MIN = 0.01
+
+# pair_mode's relative bands (half-widths), and the share of each pair's train replies
+# (its latest, in time order) that picks one of them or the median
+PAIR_MODE_BANDS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)
+PAIR_MODE_HOLDOUT = 0.2
 
 MF_RANK = 10
 MF_EPOCHS = 20
@@ -263,6 +277,93 @@ def _fit_median(t: _Train, name: str) -> PairTable:
                                                p_fail=p_fail)
 
 
+@njit(cache=True)
+def _band_points(starts, vals, e):
+    """Per run [starts[k], starts[k + 1]) of ascending values: the centre of the feasible
+    points [y_b (1 - e), y_a (1 + e)] of the window y_a..y_b holding the most values with
+    y_b (1 - e) <= y_a (1 + e); among equal windows, the one whose centre is nearest the
+    run's median (in log)."""
+    out = np.empty(len(starts) - 1, np.float64)
+    for k in range(len(starts) - 1):
+        a0, b1 = starts[k], starts[k + 1]
+        n = b1 - a0
+        med = np.log(max(0.5 * (vals[a0 + (n - 1) // 2] + vals[a0 + n // 2]), 1e-3))
+        best, best_p, best_d = -1, 0.0, 0.0
+        a = a0
+        for b in range(a0, b1):
+            while vals[b] * (1.0 - e) > vals[a] * (1.0 + e):
+                a += 1
+            c = b - a + 1
+            p = 0.5 * (vals[b] * (1.0 - e) + vals[a] * (1.0 + e))
+            d = abs(np.log(max(p, 1e-3)) - med)
+            if c > best or (c == best and d < best_d):
+                best, best_p, best_d = c, p, d
+        out[k] = best_p
+    return out
+
+
+def _pair_runs(keys, rtt):
+    """(sorted unique keys, run starts, values ascending within each key's run)."""
+    o = np.lexsort((rtt, keys))
+    keys, rtt = keys[o], rtt[o]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    return keys[starts], np.r_[starts, len(keys)].astype(np.int64), rtt
+
+
+def _band_or_median(keys, rtt, e):
+    """(unique keys, each key's band point at e, or its median where e is None)."""
+    u, starts, vals = _pair_runs(keys, rtt)
+    if e is not None:
+        return u, _band_points(starts, vals, float(e))
+    n = np.diff(starts)
+    return u, (vals[starts[:-1] + (n - 1) // 2] + vals[starts[:-1] + n // 2]) / 2
+
+
+def pick_band(keys, rtt, order) -> tuple[float | None, dict]:
+    """pair_mode's band: each pair's replies in ``order`` (time), its earliest
+    1 - PAIR_MODE_HOLDOUT fit each candidate (PAIR_MODE_BANDS, None: the median) and its
+    latest PAIR_MODE_HOLDOUT score it (median relative error over all such replies; pairs
+    with fewer than 5 replies sit out). Returns (the lowest's band, {band: error})."""
+    keys, rtt = keys[order], rtt[order]
+    o = np.argsort(keys, kind="stable")  # time order within each pair
+    keys, rtt = keys[o], rtt[o]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    n = np.diff(np.r_[starts, len(keys)])
+    rank = np.arange(len(keys)) - np.repeat(starts, n)
+    size = np.repeat(n, n)
+    late = (size >= 5) & (rank >= np.ceil(size * (1 - PAIR_MODE_HOLDOUT)))
+    early = (size >= 5) & ~late
+    if not late.any():
+        return None, {}
+    errors = {}
+    for e in (None, *PAIR_MODE_BANDS):
+        u, point = _band_or_median(keys[early], rtt[early], e)
+        p = point[np.searchsorted(u, keys[late])]
+        truth = rtt[late]
+        errors[e] = float(np.median(np.abs(p - truth) / np.maximum(truth, RTT_FLOOR_MS)))
+    return min(errors, key=lambda e: (errors[e], e is not None)), errors
+
+
+@dataclass(frozen=True, eq=False)
+class PairMode(PairTable):
+    band: float | None  # the band picked on the train split; None: the median
+    band_errors: dict  # {band: median relative error on the held-back replies}
+
+
+def _fit_mode(t: _Train, name: str) -> PairMode:
+    keys = t.src * t.n_nodes + t.dst
+    median = _fit_median(t, "pair_median")
+    ok = np.flatnonzero(t.ok)
+    # time order where there is time; input order otherwise (stable sort on 0s)
+    order = ok[np.argsort(np.where(t.has_time[ok], t.time[ok], 0), kind="stable")]
+    band, errors = pick_band(keys, t.rtt, order)
+    u, point = _band_or_median(keys[ok], t.rtt[ok], band)
+    rtt = np.full(len(median.keys), np.nan)
+    rtt[np.searchsorted(median.keys, u)] = point
+    return PairMode(**t.common(name), keys=median.keys, rtt_ms=rtt, p_fail=median.p_fail,
+                    band=band, band_errors=errors)
+
+
 def _fit_vivaldi(t: _Train, *, seed: int, rounds: int = VIVALDI_ROUNDS,
                  dims: int = VIVALDI_DIMS) -> Vivaldi:
     use = t.ok & (t.src != t.dst)  # a node's distance to itself teaches nothing
@@ -304,6 +405,8 @@ def _fit(name: str, t: _Train, seed: int, options: dict) -> Baseline:
         return _fit_pair_ema(t, name, EMA_ALPHA)
     if name in ("pair_median", "dst_median"):
         return _fit_median(t, name)
+    if name == "pair_mode":
+        return _fit_mode(t, name)
     return GlobalMedian(**t.common(name))
 
 

@@ -107,11 +107,12 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
         warnings.append(f"--max-queries {cfg.max_queries:,}: the test split has only "
                         f"{len(q):,} RTT queries; all of them are used")
     qm = meas.take(q)
-    ans, query_rows, query_s = _answer_queries(pred, qm, progress)
-    alone, _, alone_s = _answer_queries(pred, qm, progress, alone=True)
 
-    # 3. baselines: fit on the train split, and read from the queries' contexts
-    train, preds, node_known, timing = _baselines(data, manifest, qm, cfg.seed)
+    # 3. baselines: fit on the train split, and read from the queries' contexts; the band
+    # pair_mode picks there is the one the model's point is sought at (train.predict.predictor)
+    train, preds, node_known, timing, mode = _baselines(data, manifest, qm, cfg.seed)
+    ans, query_rows, query_s = _answer_queries(pred, qm, progress, band=mode.band)
+    alone, _, alone_s = _answer_queries(pred, qm, progress, alone=True, band=mode.band)
     preds = {"model": (ans.rtt_ms, ans.p_failed, np.ones(len(q), bool)),
              "model_no_context": (alone.rtt_ms, alone.p_failed, np.ones(len(q), bool))} | preds
     stratum = EM.strata(preds["context_last"][2], node_known)
@@ -145,6 +146,10 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
         "sources_by_stratum": {name: int(len(np.unique(groups[stratum == k])))
                                for k, name in enumerate(EM.STRATA)},
         "query_rows": query_rows,
+        # the point each predictor is scored by: the model's and pair_mode's alike, the band
+        # point at the band pair_mode picked on the train split (None: the median)
+        "point": {"band": mode.band, "band_errors": {str(k): v for k, v in
+                                                     mode.band_errors.items()}},
         "non_canonical_mass_mean": float(np.nanmean(ans.non_canonical_mass))
         if (~failed).any() else None,
         "warnings": warnings,
@@ -232,16 +237,18 @@ def _trained(record: dict) -> dict:
             "loss_weights": t.get("loss_weights") or "uniform", "config": record.get("model")}
 
 
-def _answer_queries(pred: P.Predictor, qm, progress: bool, *, alone: bool = False):
+def _answer_queries(pred: P.Predictor, qm, progress: bool, *, alone: bool = False,
+                    band: float | None = None):
     """Step 2: the model's answers to the queries ``qm`` (each alone: as one-measurement
-    contexts), the rows they took, the seconds."""
+    contexts), with its band point at ``band`` (None: the median), the rows they took, the
+    seconds."""
     contexts, qctx, q_choice, q_rtt = encode_queries(qm, alone=alone)
     qtok, qseg, where = P.pack_contexts(contexts, pred.row_len)
     t_q = time.perf_counter()
     with tqdm(total=len(qtok), unit="row", desc="rtt queries" + (" alone" if alone else ""),
               disable=not progress, file=sys.stderr) as bar:
         ans = pred.answer(qtok, qseg, where[qctx, 0], where[qctx, 1] + q_choice,
-                          np.where(q_rtt >= 0, where[qctx, 1] + q_rtt, -1),
+                          np.where(q_rtt >= 0, where[qctx, 1] + q_rtt, -1), band=band,
                           progress=lambda rows, _: bar.update(rows))
     return ans, int(len(qtok)), time.perf_counter() - t_q
 
@@ -249,7 +256,7 @@ def _answer_queries(pred: P.Predictor, qm, progress: bool, *, alone: bool = Fals
 def _baselines(data, manifest: dict, qm, seed: int):
     """Step 3: the train split's measurements; every baseline's (point prediction,
     P(failed), covered) per query; whether each query's source is in the train split;
-    the seconds taken."""
+    the seconds taken; the fitted pair_mode (its band)."""
     train_tok, train_seg = read_split(data, manifest, "train")
     train = rowdecode.decode_rows(train_tok, train_seg, where=f"{data}/train")
     del train_tok, train_seg
@@ -273,7 +280,7 @@ def _baselines(data, manifest: dict, qm, seed: int):
     known = in_train[q_src] & ~local_scope(qm.family, qm.src_hi, qm.src_lo)
     preds = {name: (p.rtt_ms, p.p_fail, p.covered) for name, p in (ctx | base).items()}
     return train, preds, known, {"baselines_s": round(fit_s, 3),
-                                 "context_baselines_s": round(context_s, 3)}
+                                 "context_baselines_s": round(context_s, 3)}, fitted["pair_mode"]
 
 
 def _sample_rows(seg, meas, max_queries: int, rng) -> np.ndarray:

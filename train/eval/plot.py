@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from train.eval.evaluate import Detail
 
 _COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
-           "tab:pink", "tab:olive", "tab:cyan", "tab:gray", "gold", "teal")
+           "tab:pink", "tab:olive", "tab:cyan", "tab:gray", "gold", "teal", "navy")
 _DASHES = ("-", "--", "-.", ":")
 STRONGEST = 2  # baselines drawn per panel, besides the model and the global median
 

@@ -40,6 +40,7 @@ REGISTRY = (
     Predictor("pair_last", "pair last-seen", TRAIN_FIT, "global median"),
     Predictor("pair_ema", "pair EMA (0.3)", TRAIN_FIT, "global median"),
     Predictor("pair_median", "pair median", TRAIN_FIT, "global median"),
+    Predictor("pair_mode", "pair mode", TRAIN_FIT, "global median"),
     Predictor("vivaldi", "Vivaldi", TRAIN_FIT, "global median"),
     Predictor("matrix_factorization", "matrix factorization", TRAIN_FIT, "global median"),
 )

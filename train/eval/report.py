@@ -65,6 +65,9 @@ def format_report(r: dict) -> str:
                          f"first source of a family is not): {ca['loss']:.3f} "
                          f"({100 * ca['accuracy']:.1f} %) over {ca['tokens']:,} targets")
         lines.append("")
+    pt = r.get("point")
+    if pt is not None:
+        lines += [point_line(pt), ""]
     lines += score_tables(r["rtt"], r.get("verdict"), _resampled(r))
     scored = {k: m for k, m in r["rtt"].items() if not fell_back(m)}
     buckets = list(next(iter(r["rtt"].values()))["by_history"])
@@ -82,6 +85,19 @@ def format_report(r: dict) -> str:
               f"{t.get('context_baselines_s', 0):.2f} s; {t['elapsed_s']:.1f} s in all; "
               f"JSON in {r.get('written_to', '-')}"]
     return "\n".join(lines)
+
+
+def point_line(pt: dict) -> str:
+    """How the model and pair_mode chose their points (train.eval.baselines.pair_mode)."""
+    errs = ", ".join(f"{'median' if k == 'None' else k} {v:.4f}"
+                     for k, v in pt["band_errors"].items())
+    picked = ("the median (no pair had 5 replies to score a band)" if not errs else
+              f"the median (median relative error on each pair's latest fifth of its train "
+              f"replies: {errs})" if pt["band"] is None else
+              f"the band point at {pt['band']} (the value the most probability lies within "
+              f"{pt['band']} of; median relative error on each pair's latest fifth of its "
+              f"train replies: {errs})")
+    return f"point predictions of the model and pair mode: {picked}"
 
 
 def score_tables(rtt: dict, verdict: dict | None, resampled: str) -> list[str]:

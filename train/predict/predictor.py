@@ -22,6 +22,12 @@ has none. From the model's next-token distributions:
   (prep.tokens.decode.rtt_ms); ``non_canonical_mass`` is the first-byte mass off the
   canonical bytes (near 0 for a trained model). `train eval` scores with the same machinery,
   the true results standing in the row (teacher forcing).
+- with ``band`` e (``answer``; `train eval` passes the band the ``pair_mode`` baseline picks
+  on the train split, train.eval.baselines), also the **band point**: the code value p
+  that the most probability lies within e of (|p - y| <= e y), sought over the codes of
+  the MODE_FIRST_BYTES likeliest first bytes (one probe pass each, with the quantiles'):
+  the point a median relative error rewards, where the median is the point half the mass
+  lies each side of. e = 0: the likeliest code.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from train.model.arch import ModelConfig
 
 B = V.BYTE_OFFSET
 QUANTILES = (0.1, 0.5, 0.9)
+MODE_FIRST_BYTES = 4  # the band point is sought among these likeliest first bytes' codes
 UNKNOWN = -2  # rtt_code of a query: its result is what we ask for
 
 
@@ -143,10 +150,15 @@ class Answers:
     quantile_ms: np.ndarray  # float64[n, 3]: p10, median, p90 (NaN where not asked)
     quantile_code: np.ndarray  # int64[n, 3]
     non_canonical_mass: np.ndarray  # float64[n]: first-byte mass off the canonical codes
+    # float64[n]: the band point (ms; module docstring) where a band was asked, else NaN
+    point_ms: np.ndarray | None = None
 
     @property
     def rtt_ms(self) -> np.ndarray:
-        return self.quantile_ms[:, 1]
+        """The point prediction: the band point where one was asked, else the median."""
+        med = self.quantile_ms[:, 1]
+        return med if self.point_ms is None else np.where(np.isnan(self.point_ms), med,
+                                                          self.point_ms)
 
 
 class Predictor:
@@ -172,12 +184,14 @@ class Predictor:
         return _compiled(self.mcfg, self.attention)[1]
 
     def answer(self, tok: np.ndarray, seg: np.ndarray, q_row: np.ndarray, q_choice: np.ndarray,
-               q_rtt: np.ndarray, *, progress=None) -> Answers:
-        """Answers for queries (row, choice position, RTT_START position or -1) over rows."""
+               q_rtt: np.ndarray, *, band: float | None = None, progress=None) -> Answers:
+        """Answers for queries (row, choice position, RTT_START position or -1) over rows;
+        with ``band``, each one's band point too (module docstring)."""
         n = len(q_row)
         p_failed = np.full(n, np.nan)
         codes = np.full((n, len(QUANTILES)), -1, np.int64)
         off_mass = np.full(n, np.nan)
+        point = None if band is None else np.full(n, np.nan)
         order = np.argsort(q_row, kind="stable")
         bounds = np.searchsorted(q_row[order], np.arange(len(tok) + 1))
         for r0 in range(0, len(tok), self.batch_size):
@@ -185,14 +199,14 @@ class Predictor:
             qs = order[bounds[r0]:bounds[r1]]
             if len(qs):
                 self._answer_batch(tok, seg, r0, r1, qs, q_row, q_choice, q_rtt, p_failed,
-                                   codes, off_mass)
+                                   codes, off_mass, band, point)
             if progress is not None:
                 progress(r1 - r0, len(qs))
         ms = np.where(codes >= 0, code_ms(np.maximum(codes, 0)), np.nan)
-        return Answers(p_failed, ms, codes, off_mass)
+        return Answers(p_failed, ms, codes, off_mass, point)
 
     def _answer_batch(self, tok, seg, r0, r1, qs, q_row, q_choice, q_rtt, p_failed, codes,
-                      off_mass):
+                      off_mass, band=None, point=None):
         bs = self.batch_size
         rows = q_row[qs] - r0
         slot = np.arange(len(qs)) - np.searchsorted(rows, rows)  # index among its row's queries
@@ -213,19 +227,26 @@ class Predictor:
         b1, before, p_b1, off = first
         qw = qs[want]
         off_mass[qw] = off
-        # probes: one per distinct first byte a query needs, anchored at its RTT_START
-        k = len(QUANTILES)
+        # probes: the first bytes a query needs (its quantiles', then with a band its
+        # MODE_FIRST_BYTES likeliest), anchored at its RTT_START
+        top, p_top = (None, None) if band is None else likeliest_first_bytes(lp_b1[want])
+        asked = b1 if top is None else np.concatenate([b1, top], axis=1)
+        k = asked.shape[1]
         rw = rows[want]
         pslot = np.arange(len(qw)) - np.searchsorted(rw, rw)
         pwidth = _bucket(k * int(pslot.max()) + k)
         p_tok = np.zeros((bs, pwidth), np.int32)
         p_prev = np.zeros((bs, pwidth), np.int32)
         cols = k * pslot[:, None] + np.arange(k)
-        p_tok[rw[:, None], cols] = B + b1
+        p_tok[rw[:, None], cols] = B + asked
         p_prev[rw[:, None], cols] = q_rtt[qw][:, None]
         lp2 = np.asarray(self._probe(self.params, t, s, p_tok, p_prev), np.float64)
-        b2 = second_byte_quantiles(lp2[rw[:, None], cols], before, p_b1)
+        lp2 = lp2[rw[:, None], cols]
+        nq = len(QUANTILES)
+        b2 = second_byte_quantiles(lp2[:, :nq], before, p_b1)
         codes[qw] = (b1 << 8) | b2
+        if top is not None:
+            point[qw] = band_point(top, p_top, lp2[:, nq:], band)
 
     # --- one query at a time ---------------------------------------------------------------
     def predict(self, src: str, dst: str, *, time: int | None = None,
@@ -343,6 +364,34 @@ def first_byte_quantiles(lp_b1: np.ndarray):
     p_at = np.take_along_axis(p, idx, axis=1)
     before = np.take_along_axis(cum, idx, axis=1) - p_at
     return CANONICAL_B1[idx], before, p_at, off
+
+
+def likeliest_first_bytes(lp_b1: np.ndarray):
+    """Per query: the MODE_FIRST_BYTES likeliest canonical first bytes in value order, and
+    their probabilities (of the canonical mass), [n, MODE_FIRST_BYTES] each."""
+    p = np.exp(lp_b1[:, B:B + 256])[:, CANONICAL_B1]
+    p = p / p.sum(axis=1, keepdims=True)
+    idx = np.sort(np.argsort(-p, axis=1, kind="stable")[:, :MODE_FIRST_BYTES], axis=1)
+    return CANONICAL_B1[idx], np.take_along_axis(p, idx, axis=1)
+
+
+def band_point(b1: np.ndarray, p_b1: np.ndarray, lp_b2: np.ndarray, band: float) -> np.ndarray:
+    """Per query, the band point (ms): over the codes (b1, b2) of the first bytes ``b1``
+    [n, k] (value order) with mass P(b1) P(b2 | b1) (``lp_b2``: log-probs [n, k, V] of the
+    token after each b1), the code value p with the most mass within ``band`` of it
+    (|p - y| <= band y, i.e. p / (1 + band) <= y <= p / (1 - band)); the lowest of equals."""
+    n, k = b1.shape
+    p2 = np.exp(lp_b2[:, :, B:B + 256])
+    p2 = p2 / p2.sum(axis=2, keepdims=True)
+    mass = (p_b1[:, :, None] * p2).reshape(n, k * 256)
+    ms = code_ms((b1[:, :, None] << 8) | np.arange(256)).reshape(n, k * 256)
+    cum = np.concatenate([np.zeros((n, 1)), np.cumsum(mass, axis=1)], axis=1)
+    out = np.empty(n)
+    for i in range(n):  # ms[i] ascends: the first bytes are in value order
+        hi = np.searchsorted(ms[i], ms[i] / (1.0 - band), side="right")
+        lo = np.searchsorted(ms[i], ms[i] / (1.0 + band), side="left")
+        out[i] = ms[i, np.argmax(cum[i, hi] - cum[i, lo])]
+    return out
 
 
 def second_byte_quantiles(lp_b2: np.ndarray, before: np.ndarray, p_b1: np.ndarray) -> np.ndarray:
