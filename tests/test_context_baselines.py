@@ -58,6 +58,16 @@ def test_fallback_chain_pair_then_dst_then_global():
     # (0, 1): the pair's median 20; (3, 1): unseen pair, dst 1's median of 10, 30, 100 = 30;
     # (3, 4): nothing of dst 4: the global median of 7, 10, 30, 100 = 20
     assert got.tolist() == [20.0, 30.0, 20.0]
+    # the pair's point is pair_mode's: (0, 1) with 10 replies (untimed: input order) whose
+    # latest two (70, 10) the earliest eight's mode (10: off by 0.857, 0) predicts better
+    # than their median (20: 0.714, 1.0); the chain gives its mode, not its median (20)
+    rtt = np.array([10.0, 10.0, 10.0, 10.0, 30.0, 40.0, 50.0, 60.0, 70.0, 10.0, 100.0, 7.0])
+    src, dst = np.r_[np.zeros(10, int), 2, 0], np.r_[np.ones(10, int), 1, 3]
+    fitted = baselines.fit_all(src, dst, rtt, np.zeros(12, np.int64), np.zeros(12, bool),
+                               n_nodes=5)
+    assert fitted["pair_mode"].band == 0.0
+    assert fitted["pair_median"].predict(np.array([0]), np.array([1])).rtt_ms.tolist() == [20.0]
+    assert C.fallback_chain(fitted, np.array([0, 3]), np.array([1, 1])).tolist() == [10.0, 30.0]
 
 
 def _plane(seed=4, n=40, held=5):

@@ -19,7 +19,8 @@ fits named below.
   mean given the context's replies (a reply's noise: the train replies' about their pairs).
 
 Where a baseline has nothing (no earlier reply; for the placements, none usable yet) it
-falls back to the train split's ``pair_median`` → ``dst_median`` → ``global_median``;
+falls back to the train split's ``pair_mode`` (its point at the band the train split picks,
+the median where that is better) → ``dst_median`` → ``global_median``;
 ``covered`` counts only its own answers. P(failed), the same for all: the context's earlier
 failure rate to that destination, else to any, else the train split's. Cost: Numba passes,
 O(k²) in a context's length k (k <= row length / 12); rates: `make bench`, eval.*.
@@ -51,8 +52,9 @@ def context_starts(ctx: np.ndarray) -> np.ndarray:
 
 
 def fallback_chain(fitted: dict, src, dst) -> np.ndarray:
-    """The pair's train median, else the destination's, else the global median."""
-    pair = fitted["pair_median"].predict(src, dst)
+    """The pair's train point (pair_mode: its band point, or its median where the train
+    split prefers that), else the destination's median, else the global median."""
+    pair = fitted["pair_mode"].predict(src, dst)
     by_dst = fitted["dst_median"].predict(src, dst)  # itself falls back to the global median
     return np.where(pair.covered, pair.rtt_ms, by_dst.rtt_ms)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MODEL, CONTEXT, TRAIN_FIT = "model", "context", "train-fit"
-CONTEXT_FALLBACK = "pair median > dst median > global median"
+CONTEXT_FALLBACK = "pair mode > dst median > global median"
 
 
 @dataclass(frozen=True)
