@@ -74,10 +74,10 @@ def test_eval_counts_every_query_and_target(run, full):
     assert report["loss"]["tokens"] == targets
     assert sum(v["tokens"] for v in report["loss"]["by_role"].values()) == targets
     assert sorted(report["loss"]["by_role"]) == ["dst", "marker", "result", "rtt", "src", "timestamp"]
-    # the model with and without its context, six context and eight train-fit baselines,
-    # each scored on the same queries, by stratum and by context length
+    # the model (its point, its median) and without its context, six context and eight
+    # train-fit baselines, each scored on the same queries, by stratum and by context length
     assert list(report["rtt"]) == list(PREDICTORS) == [
-        "model", "model_no_context", "context_last", "context_ema", "context_median",
+        "model", "model_median", "model_no_context", "context_last", "context_ema", "context_median",
         "context_vivaldi", "context_knn", "context_krig", "global_median", "dst_median",
         "pair_last", "pair_ema", "pair_median", "pair_mode", "vivaldi", "matrix_factorization"]
     # the model's point: the band point at the band pair_mode picked on the train split
@@ -89,6 +89,7 @@ def test_eval_counts_every_query_and_target(run, full):
     assert np.isfinite(detail.model.point_ms[has]).all()
     assert detail.rtt_ms["model"][has].tolist() == detail.model.point_ms[has].tolist()
     assert (detail.model.point_ms[has] != detail.model.quantile_ms[has, 1]).any()
+    assert detail.rtt_ms["model_median"][has].tolist() == detail.model.quantile_ms[has, 1].tolist()
     for m in report["rtt"].values():
         assert m["n"] == n_q and m["n_rtt"] == n_rtt
         assert sum(b["n"] for b in m["by_history"].values()) == n_q
@@ -577,7 +578,7 @@ def test_figure_styles_are_fixed_and_panels_show_the_strongest(full):
                     (matplotlib.colors.to_hex(ln.get_color()), ln.get_linestyle()))
         plt.close(fig)
     assert all(len(v) == 1 for v in colours.values()), colours
-    assert plot_lib.STYLES["vivaldi"]["color"] == plot_lib._COLORS[ALL.index("vivaldi") - 2]
+    assert plot_lib.STYLES["vivaldi"]["color"] == plot_lib._COLORS[ALL.index("vivaldi") - 3]
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,11 @@ Steps (all on the test split's first epoch, so each measurement counts once):
    unbiased sample of contexts, drawn by a hash) is a query given the measurements before
    it. Contexts are re-encoded with the result block last (train.predict.predictor) and read
    in one teacher-forced pass plus one probe pass for the second RTT byte: P(failed) and the
-   exact RTT median, p10 and p90. ``partial``/``none`` contexts lack timestamps, so they are
-   in step 1 only. ``model_no_context`` encodes each query alone: how much the model reads
-   its context.
+   exact RTT median, p10 and p90, and the point it is scored by: its band point at the band
+   the ``pair_mode`` baseline picks on the train split (its median where that picks the
+   median; ``model_median`` beside it). ``partial``/``none`` contexts lack timestamps, so
+   they are in step 1 only. ``model_no_context`` encodes each query alone: how much the
+   model reads its context.
 3. **Baselines**: train-fit (train.eval.baselines: from (source, destination)) and context
    baselines (train.eval.context_baselines: the query's earlier measurements, as the model).
 4. **Metrics** (train.eval.metrics) for the model and each baseline, overall, by stratum and
@@ -113,8 +115,10 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
     train, preds, node_known, timing, mode = _baselines(data, manifest, qm, cfg.seed)
     ans, query_rows, query_s = _answer_queries(pred, qm, progress, band=mode.band)
     alone, _, alone_s = _answer_queries(pred, qm, progress, alone=True, band=mode.band)
-    preds = {"model": (ans.rtt_ms, ans.p_failed, np.ones(len(q), bool)),
-             "model_no_context": (alone.rtt_ms, alone.p_failed, np.ones(len(q), bool))} | preds
+    every = np.ones(len(q), bool)
+    preds = {"model": (ans.rtt_ms, ans.p_failed, every),  # its point: the band point
+             "model_median": (ans.quantile_ms[:, 1], ans.p_failed, every),  # beside it
+             "model_no_context": (alone.rtt_ms, alone.p_failed, every)} | preds
     stratum = EM.strata(preds["context_last"][2], node_known)
 
     # 4. metrics

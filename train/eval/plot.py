@@ -39,6 +39,7 @@ STRONGEST = 2  # baselines drawn per panel, besides the model and the global med
 def _styles() -> dict:
     """One style per predictor, by its place in the registry (not by which are drawn)."""
     out = {"model": dict(color="black", lw=2.4, ls="-"),
+           "model_median": dict(color="dimgray", lw=1.6, ls=":"),
            "model_no_context": dict(color="black", lw=1.6, ls="--")}
     others = [n for n in registry.PREDICTORS if n not in out]
     for k, name in enumerate(others):

@@ -28,6 +28,7 @@ class Predictor:
 # In the report's order: the model, the context baselines, the train-fit baselines.
 REGISTRY = (
     Predictor("model", "model", MODEL, None),
+    Predictor("model_median", "model, its median", MODEL, None),
     Predictor("model_no_context", "model, no context", MODEL, None),
     Predictor("context_last", "context last-seen", CONTEXT, CONTEXT_FALLBACK),
     Predictor("context_ema", "context EMA (0.3)", CONTEXT, CONTEXT_FALLBACK),
