@@ -252,12 +252,14 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot, 
 
     Loss and accuracy by token role; RTT median / p10 / p90 and P(failed) for every test
     measurement of a full-timestamp context given the ones before it, and given nothing
-    (the model without context); the same from the context baselines (last reply to the
+    (the model without context), scored by its band point (the value the most probability
+    lies within a band of, the band pair_mode picks on the train split; its median beside
+    it); the same from the context baselines (last reply to the
     destination, its EMA, the context's median, the source placed in the train Vivaldi
     space, among the train sources by its nearest 5, and kriged through the destinations'
     covariance) and the train-fit ones (global median; destination median; per-pair
-    last-seen, EMA, median, each from the reverse pair where the pair has no ping of its
-    own; Vivaldi; matrix factorization). Overall, by stratum (pair_in_context: an earlier
+    last-seen, EMA, median, mode, each from the reverse pair where the pair has no ping of
+    its own; Vivaldi; matrix factorization). Overall, by stratum (pair_in_context: an earlier
     reply to the destination in the context; node_known: else the source is in the train
     split, a NAT's private address never; cold) and by context length, with 95 %
     bootstrap intervals resampling whole sources; the model's
