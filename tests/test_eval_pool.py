@@ -21,7 +21,7 @@ TRAINED = {"model": "small", "steps": 2400, "batch_size": 8, "loss_weights": "rt
 
 
 def _world(path, *, model, ema, sources, fingerprint, extra=None, p10=90.0, matches=True,
-           trained=TRAINED):
+           trained=TRAINED, band=0.02):
     """An answers file of queries to a 100 ms truth (one failed at the end), each source
     with the same number of queries, the model and context EMA answering ``model``/``ema``;
     its run trained as ``trained`` says (None: an answers file from before that record)."""
@@ -42,7 +42,8 @@ def _world(path, *, model, ema, sources, fingerprint, extra=None, p10=90.0, matc
                "data_fingerprint": fingerprint, "data_matches_run": matches,
                "split": {"split": "time"},
                "config": {"max_queries": 0, "seed": 0}}
-        | ({} if trained is None else {"trained": trained}))
+        | ({} if trained is None else {"trained": trained})
+        | ({} if band == "none" else {"point": {"band": band, "band_errors": {}}}))
 
 
 def test_answers_round_trip(tmp_path):
@@ -117,6 +118,22 @@ def test_runs_that_did_not_train_alike_are_named(tmp_path):
         f"{fd}: written before answers said how the run trained, so the pooled runs cannot be "
         "checked for one recipe; run `train eval` on it again to check")
     assert len(pool([str(fd)])["warnings"]) == 1  # one input: nothing to hold it to
+
+
+def test_inputs_scored_by_different_points_are_named(tmp_path):
+    """`model` is the band point at the band each evaluation's train split picked, or the
+    median (a pick, or an answers file from before the band point): pooling several is
+    said, with each input's rule, which `inputs` records too."""
+    fa, fb, fc, fd = (_world(tmp_path / f"{k}.answers.npz", model=[110] * 4, ema=[130] * 4,
+                             sources=2, fingerprint=k, band=b)
+                      for k, b in (("a", 0.02), ("b", 0.02), ("c", None), ("d", "none")))
+    assert [i["point"] for i in pool([str(fa), str(fb)])["inputs"]] == [
+        "its band point at 0.02"] * 2
+    assert not any("point differs" in w for w in pool([str(fa), str(fb)])["warnings"])
+    assert pool([str(fa), str(fc), str(fd), str(fb)])["warnings"][0] == (
+        "the model's point differs between inputs, so the pooled `model` mixes them: "
+        f"its band point at 0.02 ({fa}, {fb}); its median ({fc}); its median (written before "
+        f"2026-12-01) ({fd}); run `train eval` on the older ones again to score them alike")
 
 
 def test_pool_refuses_the_same_queries_twice_and_what_is_not_answers(tmp_path):

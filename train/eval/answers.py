@@ -37,7 +37,7 @@ from prep.base.errors import InputError
 
 ANSWERS_VERSION = 1
 ABOUT = ("run_dir", "step", "data", "data_fingerprint", "data_matches_run", "split",
-         "config", "trained")  # report keys kept
+         "config", "trained", "point")  # report keys kept
 _ARRAYS = ("names", "pred_ms", "p_failed", "covered", "interval_of", "interval_ms", "truth_ms",
            "failed", "history", "stratum", "source", "about", "version")
 

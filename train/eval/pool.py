@@ -76,6 +76,12 @@ def pool(paths: list[str], *, seed: int = 0) -> dict:
             warnings.append(f"{f}: evaluated on {a['about'].get('data')}, not the dataset its "
                             "run trained on; its test split may hold what the model saw")
     warnings += _trained_alike(files, loaded)
+    points = {str(f): _point_rule(a["about"]) for f, a in zip(files, loaded)}
+    if len(set(points.values())) > 1:  # `model` would be several points under one name
+        rules = {r: [f for f, x in points.items() if x == r] for r in points.values()}
+        warnings.append("the model's point differs between inputs, so the pooled `model` mixes "
+                        "them: " + "; ".join(f"{r} ({', '.join(fs)})" for r, fs in rules.items())
+                        + "; run `train eval` on the older ones again to score them alike")
     left = sorted({n for a in loaded for n in a["names"]} - set(common))
     if left:
         warnings.append(f"left out, not in every input: {', '.join(left)}")
@@ -99,6 +105,7 @@ def pool(paths: list[str], *, seed: int = 0) -> dict:
     rtt, verdict = score(preds, intervals, truth, failed, history, stratum, groups, seed)
     inputs = [{"answers": str(f), **{k: a["about"].get(k) for k in ("run_dir", "step", "data",
                                                                      "data_fingerprint")},
+               "point": _point_rule(a["about"]),
                "queries": int(len(a["truth_ms"])), "queries_with_rtt": int((~a["failed"]).sum()),
                "sources": int(len(np.unique(a["source"])))} for f, a in zip(files, loaded)]
     return {"inputs": inputs, "queries": int(len(truth)), "queries_with_rtt": n_rtt,
@@ -106,6 +113,14 @@ def pool(paths: list[str], *, seed: int = 0) -> dict:
             "sources_by_stratum": {name: int(len(np.unique(groups[stratum == k])))
                                    for k, name in enumerate(EM.STRATA)},
             "seed": seed, "warnings": warnings, "rtt": rtt, "verdict": verdict}
+
+
+def _point_rule(about: dict) -> str:
+    """The point an evaluation scored its `model` by (train.eval.evaluate's ``point``)."""
+    if "point" not in about:
+        return "its median (written before 2026-12-01)"
+    band = about["point"]["band"]
+    return "its median" if band is None else f"its band point at {band}"
 
 
 def _trained_alike(files: list[Path], loaded: list[dict]) -> list[str]:
