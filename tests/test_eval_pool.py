@@ -208,7 +208,8 @@ def test_pool_cli(tmp_path):
     assert res.exit_code == 0, res.output
     assert res.output.startswith("train pool: 2 evaluations, 15 RTT queries (13 with a reply)\n"
                                  f"  {fa}: runs/a at step 7 on shards-a, 6 queries (5 with a "
-                                 "reply), 2 sources\n")
+                                 "reply), 2 sources; the model's point: its band point at "
+                                 "0.02\n")
     assert "intervals resample whole (evaluation, source) pairs: 5" in res.output
     assert "  all (13 with a reply): no winner (the interval holds 0); vs context EMA (0.3)" \
         in res.output

@@ -164,7 +164,7 @@ def format_pooled(r: dict) -> str:
     for i in r["inputs"]:
         lines.append(f"  {i['answers']}: {i['run_dir']} at step {i['step']} on {i['data']}, "
                      f"{i['queries']:,} queries ({i['queries_with_rtt']:,} with a reply), "
-                     f"{i['sources']:,} sources")
+                     f"{i['sources']:,} sources; the model's point: {i['point']}")
     lines += [f"warning: {w}" for w in r["warnings"]]
     by = ", ".join(f"{s} {n:,}" for s, n in r["sources_by_stratum"].items())
     resampled = (f"; intervals resample whole (evaluation, source) pairs: {r['sources']:,} "
