@@ -86,9 +86,18 @@ def test_eval_counts_every_query_and_target(run, full):
     assert band in baselines.PAIR_MODE_BANDS and len(report["point"]["band_errors"]) == 7
     assert report["point"]["band_errors"][str(band)] == min(report["point"]["band_errors"].values())
     has = ~detail.queries.failed
-    assert np.isfinite(detail.model.point_ms[has]).all()
-    assert detail.rtt_ms["model"][has].tolist() == detail.model.point_ms[has].tolist()
-    assert (detail.model.point_ms[has] != detail.model.quantile_ms[has, 1]).any()
+    # the model's own point: per stratum, the band whose median relative error it expects
+    # least of itself (no truth read), its band point there
+    by = report["point"]["model_by_stratum"]
+    assert set(by) == {STRATA[k] for k in np.unique(detail.stratum)}
+    for name, v in by.items():
+        exp = v["expected"]
+        assert exp[str(v["band"])] == min(exp.values()) and len(exp) == 7
+        k = STRATA.index(name)
+        col = [None, *baselines.PAIR_MODE_BANDS].index(v["band"])
+        sel = has & (detail.stratum == k)
+        assert detail.rtt_ms["model"][sel].tolist() == detail.model.band_points[sel, col].tolist()
+    assert np.isfinite(detail.rtt_ms["model"][has]).all()
     assert detail.rtt_ms["model_median"][has].tolist() == detail.model.quantile_ms[has, 1].tolist()
     for m in report["rtt"].values():
         assert m["n"] == n_q and m["n_rtt"] == n_rtt
@@ -104,7 +113,8 @@ def test_eval_counts_every_query_and_target(run, full):
     text = format_report(report)
     assert "matrix factorization" in text and "Vivaldi" in text and f"{n_q:,} RTT queries" in text
     assert "context last-seen" in text and "inside its [p10, p90]" in text
-    assert f"point predictions of the model and pair mode: the band point at {band} (" in text
+    assert f"point predictions: pair mode's the band point at {band} (" in text
+    assert "the model's, per stratum the band whose median relative error it expects" in text
     # fewer than 1,000 replies: a warning, in the report and its table; the split was the limit
     assert n_rtt < 1000 and report["warnings"] == [
         f"only {n_rtt:,} queries have a reply (fewer than 1,000): the medians and their "
@@ -213,13 +223,16 @@ def test_eval_answers_equal_brute_force(run, full):  # full: the full report is 
         p_fail, codes, joint = brute_force(pred, tokens, choice[-1], rtt[-1])
         assert detail.model.quantile_code[i].tolist() == codes
         assert detail.p_failed["model"][i] == pytest.approx(p_fail, rel=1e-4)
-        # its point: the band point at the band the report names (its median where None)
-        band = report["point"]["band"]
+        # its point: the band point at the band the report names for its stratum (its
+        # median where that is None)
+        stratum = STRATA[detail.stratum[i]]
+        band = report["point"]["model_by_stratum"][stratum]["band"]
         point = P.code_ms(codes[1]) if band is None else brute_band_point(*joint, band)
         assert detail.rtt_ms["model"][i] == pytest.approx(point, rel=1e-12)
         # without context: the query alone, a one-measurement context
         tokens, choice, rtt = P.encode_context(ms[-1:])
         p_fail, codes, joint = brute_force(pred, tokens, choice[-1], rtt[-1])
+        band = report["point"]["model_no_context_by_stratum"][stratum]["band"]
         point = P.code_ms(codes[1]) if band is None else brute_band_point(*joint, band)
         assert detail.rtt_ms["model_no_context"][i] == pytest.approx(point, rel=1e-12)
         assert detail.p_failed["model_no_context"][i] == pytest.approx(p_fail, rel=1e-4)

@@ -177,3 +177,38 @@ def test_bad_queries_name_the_fix(predictor):
         predictor.predict("10.0.0.300", "1.1.1.1")
     with pytest.raises(InputError, match="one address family"):
         predictor.predict("10.0.0.1", "2001:db8::1")
+
+
+def test_band_points_covered_and_the_self_picked_band(predictor):
+    """Every band's point as ``band_point`` gives it, the median where the band is None, and
+    the model's own P(|p - y| <= t y) summed code by code; the picked band per group is the
+    one whose mean P first reaches one half at the least t."""
+    enc = P.encode_context([m("10.0.0.1", "1.1.1.1", 1_000_000, 0x2E1B),
+                            m("10.0.0.1", "9.9.9.9", 1_000_100, P.UNKNOWN)])
+    tokens, choice, rtt = enc
+    _, codes, (joint, all_codes, pb1) = brute_force(predictor, tokens, choice[-1], rtt[-1])
+    top = np.sort(np.argsort(-pb1, kind="stable")[:P.MODE_FIRST_BYTES])
+    b1, p_b1 = P.CANONICAL_B1[top][None], pb1[top][None]
+    lp = np.log(np.maximum(joint.reshape(len(pb1), 256)[top] / pb1[top][:, None], 1e-300))
+    lp_b2 = np.full((1, len(top), V.VOCAB_SIZE), -np.inf)
+    lp_b2[0, :, B:B + 256] = lp
+    bands = (None, 0.0, 0.05)
+    med = P.code_ms(codes[1])
+    points, cover = P.band_points_covered(b1, p_b1, lp_b2, bands, np.array([med]))
+    keep = np.isin(all_codes >> 8, P.CANONICAL_B1[top])
+    ms, mass = P.code_ms(all_codes[keep]), joint[keep]
+    for j, e in enumerate(bands):
+        want = med if e is None else brute_band_point(joint, all_codes, pb1, e)
+        assert points[0, j] == pytest.approx(want, rel=1e-9)
+        for k in (0, 60, 150):
+            t = P.COVER_T[k]
+            near = mass[np.abs(points[0, j] - ms) <= t * ms + 1e-12 * ms].sum()
+            assert cover[0, j, k] == pytest.approx(near, abs=1e-9)
+    # planted: group 0 reaches one half at t index 10 with band 1, 30 with band 0; group 1
+    # never with band 0 (its last t counts), at index 5 with band 1
+    T = len(P.COVER_T)
+    c = np.zeros((2, 2, T))
+    c[0, 0, 30:] = c[0, 1, 10:] = c[1, 1, 5:] = 1.0
+    pick, expected = P.pick_bands(c, np.array([1, 1]))
+    assert pick.tolist() == [1, 1]
+    assert expected.tolist() == [[P.COVER_T[30], P.COVER_T[10]], [P.COVER_T[-1], P.COVER_T[5]]]

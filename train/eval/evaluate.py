@@ -113,13 +113,15 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
     # 3. baselines: fit on the train split, and read from the queries' contexts; the band
     # pair_mode picks there is the one the model's point is sought at (train.predict.predictor)
     train, preds, node_known, timing, mode = _baselines(data, manifest, qm, cfg.seed)
-    ans, query_rows, query_s = _answer_queries(pred, qm, progress, band=mode.band)
-    alone, _, alone_s = _answer_queries(pred, qm, progress, alone=True, band=mode.band)
+    stratum = EM.strata(preds["context_last"][2], node_known)  # known before any truth
+    ans, query_rows, query_s = _answer_queries(pred, qm, progress, groups=stratum)
+    alone, _, alone_s = _answer_queries(pred, qm, progress, alone=True, groups=stratum)
     every = np.ones(len(q), bool)
-    preds = {"model": (ans.rtt_ms, ans.p_failed, every),  # its point: the band point
+    point, picked = _self_picked(ans, stratum)
+    point_alone, picked_alone = _self_picked(alone, stratum)
+    preds = {"model": (point, ans.p_failed, every),  # its point: per stratum, its own pick
              "model_median": (ans.quantile_ms[:, 1], ans.p_failed, every),  # beside it
-             "model_no_context": (alone.rtt_ms, alone.p_failed, every)} | preds
-    stratum = EM.strata(preds["context_last"][2], node_known)
+             "model_no_context": (point_alone, alone.p_failed, every)} | preds
 
     # 4. metrics
     truth_ms, failed, history = qm.rtt_ms(), qm.failed, qm.index.astype(np.int64)
@@ -153,7 +155,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
         # the point each predictor is scored by: the model's and pair_mode's alike, the band
         # point at the band pair_mode picked on the train split (None: the median)
         "point": {"band": mode.band, "band_errors": {str(k): v for k, v in
-                                                     mode.band_errors.items()}},
+                                                     mode.band_errors.items()},
+                  "model_by_stratum": picked, "model_no_context_by_stratum": picked_alone},
         "non_canonical_mass_mean": float(np.nanmean(ans.non_canonical_mass))
         if (~failed).any() else None,
         "warnings": warnings,
@@ -241,18 +244,40 @@ def _trained(record: dict) -> dict:
             "loss_weights": t.get("loss_weights") or "uniform", "config": record.get("model")}
 
 
+MODEL_BANDS = (None, *baselines.PAIR_MODE_BANDS)  # the model's candidate points (None: median)
+
+
+def _self_picked(ans: P.Answers, stratum: np.ndarray) -> tuple[np.ndarray, dict]:
+    """The model's point per query: in each stratum the band (MODEL_BANDS) whose median
+    relative error the model expects least of itself there (train.predict.predictor.
+    pick_bands; no truth read), and {stratum: {"band", "expected": {band: error}}}."""
+    pick, expected = P.pick_bands(ans.self_cover, ans.self_count)
+    n = len(stratum)
+    k = np.minimum(stratum.astype(np.int64), len(pick) - 1) if len(pick) else stratum
+    point = ans.quantile_ms[:, 1].copy()
+    has = ~np.isnan(ans.band_points[:, 0]) if n else np.zeros(0, bool)
+    if has.any():
+        point[has] = ans.band_points[np.flatnonzero(has), pick[k[has]]]
+    picked = {EM.STRATA[g]: {"band": MODEL_BANDS[int(pick[g])],
+                             "expected": {str(b): float(expected[g, j])
+                                          for j, b in enumerate(MODEL_BANDS)}}
+              for g in range(len(pick)) if ans.self_count[g]}
+    return point, picked
+
+
 def _answer_queries(pred: P.Predictor, qm, progress: bool, *, alone: bool = False,
-                    band: float | None = None):
+                    groups: np.ndarray | None = None):
     """Step 2: the model's answers to the queries ``qm`` (each alone: as one-measurement
-    contexts), with its band point at ``band`` (None: the median), the rows they took, the
-    seconds."""
+    contexts), with each of MODEL_BANDS' points and how near the model expects them, by
+    ``groups`` (the strata), the rows they took, the seconds."""
     contexts, qctx, q_choice, q_rtt = encode_queries(qm, alone=alone)
     qtok, qseg, where = P.pack_contexts(contexts, pred.row_len)
     t_q = time.perf_counter()
     with tqdm(total=len(qtok), unit="row", desc="rtt queries" + (" alone" if alone else ""),
               disable=not progress, file=sys.stderr) as bar:
         ans = pred.answer(qtok, qseg, where[qctx, 0], where[qctx, 1] + q_choice,
-                          np.where(q_rtt >= 0, where[qctx, 1] + q_rtt, -1), band=band,
+                          np.where(q_rtt >= 0, where[qctx, 1] + q_rtt, -1),
+                          bands=None if groups is None else MODEL_BANDS, groups=groups,
                           progress=lambda rows, _: bar.update(rows))
     return ans, int(len(qtok)), time.perf_counter() - t_q
 

@@ -97,7 +97,13 @@ def point_line(pt: dict) -> str:
               f"the band point at {pt['band']} (the value the most probability lies within "
               f"{pt['band']} of; median relative error on each pair's latest fifth of its "
               f"train replies: {errs})")
-    return f"point predictions of the model and pair mode: {picked}"
+    by = pt.get("model_by_stratum")
+    if by is None:
+        return f"point predictions of the model and pair mode: {picked}"
+    model = "; ".join(f"{k} {'the median' if v['band'] is None else 'band ' + str(v['band'])}"
+                      f" (expected {v['expected'][str(v['band'])]:.4f})" for k, v in by.items())
+    return (f"point predictions: pair mode's {picked}; the model's, per stratum the band "
+            f"whose median relative error it expects least of itself: {model}")
 
 
 def score_tables(rtt: dict, verdict: dict | None, resampled: str) -> list[str]:

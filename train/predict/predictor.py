@@ -52,6 +52,8 @@ from train.model.arch import ModelConfig
 B = V.BYTE_OFFSET
 QUANTILES = (0.1, 0.5, 0.9)
 MODE_FIRST_BYTES = 4  # the band point is sought among these likeliest first bytes' codes
+# the relative errors t at which a query's own P(|p - y| <= t y) is read (``self_cover``)
+COVER_T = np.exp(np.linspace(np.log(1e-3), np.log(2.0), 200))
 UNKNOWN = -2  # rtt_code of a query: its result is what we ask for
 
 
@@ -152,6 +154,12 @@ class Answers:
     non_canonical_mass: np.ndarray  # float64[n]: first-byte mass off the canonical codes
     # float64[n]: the band point (ms; module docstring) where a band was asked, else NaN
     point_ms: np.ndarray | None = None
+    # with ``bands`` (answer): float64[n, len(bands)] each band's point (None: the median),
+    # and per group float64[G, len(bands), len(COVER_T)] the sum over its queries of the
+    # model's own P(|p - y| <= t y) at that point, with the queries counted, int64[G]
+    band_points: np.ndarray | None = None
+    self_cover: np.ndarray | None = None
+    self_count: np.ndarray | None = None
 
     @property
     def rtt_ms(self) -> np.ndarray:
@@ -184,14 +192,23 @@ class Predictor:
         return _compiled(self.mcfg, self.attention)[1]
 
     def answer(self, tok: np.ndarray, seg: np.ndarray, q_row: np.ndarray, q_choice: np.ndarray,
-               q_rtt: np.ndarray, *, band: float | None = None, progress=None) -> Answers:
+               q_rtt: np.ndarray, *, band: float | None = None, bands: tuple | None = None,
+               groups: np.ndarray | None = None, progress=None) -> Answers:
         """Answers for queries (row, choice position, RTT_START position or -1) over rows;
-        with ``band``, each one's band point too (module docstring)."""
+        with ``band``, each one's band point too (module docstring); with ``bands`` (None in
+        it: the median) and ``groups`` (int[n], 0..G-1), each band's point and, per group,
+        how near the model expects them to be (Answers.self_cover; ``pick_bands``)."""
         n = len(q_row)
         p_failed = np.full(n, np.nan)
         codes = np.full((n, len(QUANTILES)), -1, np.int64)
         off_mass = np.full(n, np.nan)
         point = None if band is None else np.full(n, np.nan)
+        multi = None
+        if bands is not None:
+            g = int(groups.max()) + 1 if len(groups) else 0
+            multi = (tuple(bands), np.asarray(groups, np.int64),
+                     np.full((n, len(bands)), np.nan),
+                     np.zeros((g, len(bands), len(COVER_T))), np.zeros(g, np.int64))
         order = np.argsort(q_row, kind="stable")
         bounds = np.searchsorted(q_row[order], np.arange(len(tok) + 1))
         for r0 in range(0, len(tok), self.batch_size):
@@ -199,14 +216,15 @@ class Predictor:
             qs = order[bounds[r0]:bounds[r1]]
             if len(qs):
                 self._answer_batch(tok, seg, r0, r1, qs, q_row, q_choice, q_rtt, p_failed,
-                                   codes, off_mass, band, point)
+                                   codes, off_mass, band, point, multi)
             if progress is not None:
                 progress(r1 - r0, len(qs))
         ms = np.where(codes >= 0, code_ms(np.maximum(codes, 0)), np.nan)
-        return Answers(p_failed, ms, codes, off_mass, point)
+        extra = () if multi is None else multi[2:]
+        return Answers(p_failed, ms, codes, off_mass, point, *extra)
 
     def _answer_batch(self, tok, seg, r0, r1, qs, q_row, q_choice, q_rtt, p_failed, codes,
-                      off_mass, band=None, point=None):
+                      off_mass, band=None, point=None, multi=None):
         bs = self.batch_size
         rows = q_row[qs] - r0
         slot = np.arange(len(qs)) - np.searchsorted(rows, rows)  # index among its row's queries
@@ -229,7 +247,8 @@ class Predictor:
         off_mass[qw] = off
         # probes: the first bytes a query needs (its quantiles', then with a band its
         # MODE_FIRST_BYTES likeliest), anchored at its RTT_START
-        top, p_top = (None, None) if band is None else likeliest_first_bytes(lp_b1[want])
+        top, p_top = ((None, None) if band is None and multi is None
+                      else likeliest_first_bytes(lp_b1[want]))
         asked = b1 if top is None else np.concatenate([b1, top], axis=1)
         k = asked.shape[1]
         rw = rows[want]
@@ -245,8 +264,15 @@ class Predictor:
         nq = len(QUANTILES)
         b2 = second_byte_quantiles(lp2[:, :nq], before, p_b1)
         codes[qw] = (b1 << 8) | b2
-        if top is not None:
+        if band is not None:
             point[qw] = band_point(top, p_top, lp2[:, nq:], band)
+        if multi is not None:
+            bands, groups, points, cover, count = multi
+            pts, cov = band_points_covered(top, p_top, lp2[:, nq:], bands,
+                                           code_ms(codes[qw, 1]))
+            points[qw] = pts
+            np.add.at(cover, groups[qw], cov)
+            np.add.at(count, groups[qw], 1)
 
     # --- one query at a time ---------------------------------------------------------------
     def predict(self, src: str, dst: str, *, time: int | None = None,
@@ -392,6 +418,44 @@ def band_point(b1: np.ndarray, p_b1: np.ndarray, lp_b2: np.ndarray, band: float)
         lo = np.searchsorted(ms[i], ms[i] / (1.0 + band), side="left")
         out[i] = ms[i, np.argmax(cum[i, hi] - cum[i, lo])]
     return out
+
+
+def band_points_covered(b1: np.ndarray, p_b1: np.ndarray, lp_b2: np.ndarray, bands: tuple,
+                        median_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per query and band (None: ``median_ms``): the band point over the codes of the first
+    bytes ``b1`` (as ``band_point``), and the model's own P(|p - y| <= t y) at it for each t
+    of COVER_T, over those codes: ([n, len(bands)], [n, len(bands), len(COVER_T)])."""
+    n, k = b1.shape
+    p2 = np.exp(lp_b2[:, :, B:B + 256])
+    p2 = p2 / p2.sum(axis=2, keepdims=True)
+    mass = (p_b1[:, :, None] * p2).reshape(n, k * 256)
+    ms = code_ms((b1[:, :, None] << 8) | np.arange(256)).reshape(n, k * 256)
+    cum = np.concatenate([np.zeros((n, 1)), np.cumsum(mass, axis=1)], axis=1)
+    points = np.empty((n, len(bands)))
+    cover = np.empty((n, len(bands), len(COVER_T)))
+    for i in range(n):
+        for j, e in enumerate(bands):
+            if e is None:
+                p = median_ms[i]
+            else:
+                hi = np.searchsorted(ms[i], ms[i] / (1.0 - e), side="right")
+                lo = np.searchsorted(ms[i], ms[i] / (1.0 + e), side="left")
+                p = ms[i, np.argmax(cum[i, hi] - cum[i, lo])]
+            points[i, j] = p
+            hi = np.searchsorted(ms[i], p / np.maximum(1.0 - COVER_T, 1e-9), side="right")
+            lo = np.searchsorted(ms[i], p / (1.0 + COVER_T), side="left")
+            cover[i, j] = cum[i, hi] - cum[i, lo]
+    return points, cover
+
+
+def pick_bands(cover: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per group: the band (index) whose expected median relative error is least, and
+    those errors [G, bands]: the t of COVER_T where the group's mean P(|p - y| <= t y)
+    first reaches one half (the last t where it never does); the first of equals."""
+    mean = cover / np.maximum(count, 1)[:, None, None]
+    k = np.minimum((mean < 0.5).sum(axis=2), len(COVER_T) - 1)
+    expected = COVER_T[k]
+    return np.argmin(expected, axis=1), expected
 
 
 def second_byte_quantiles(lp_b2: np.ndarray, before: np.ndarray, p_b1: np.ndarray) -> np.ndarray:
