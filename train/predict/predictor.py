@@ -420,6 +420,17 @@ def band_point(b1: np.ndarray, p_b1: np.ndarray, lp_b2: np.ndarray, band: float)
     return out
 
 
+def _rowwise_searchsorted(ms: np.ndarray, x: np.ndarray, side: str) -> np.ndarray:
+    """np.searchsorted(ms[i], x[i], side) for every row i at once (ms ascending per row,
+    > 0): the rows' logs, each row moved past the one before, as one sorted array."""
+    n, w = ms.shape
+    span = 2.0 * (np.log(np.maximum(ms.max(), 1e-9)) - np.log(np.maximum(ms.min(), 1e-9)) + 10)
+    base = (np.arange(n) * span)[:, None]
+    flat = (np.log(np.maximum(ms, 1e-12)) + base).ravel()
+    q = np.log(np.clip(x, 1e-12, None)) + base
+    return np.searchsorted(flat, q.ravel(), side=side).reshape(x.shape) - (np.arange(n) * w)[:, None]
+
+
 def band_points_covered(b1: np.ndarray, p_b1: np.ndarray, lp_b2: np.ndarray, bands: tuple,
                         median_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per query and band (None: ``median_ms``): the band point over the codes of the first
@@ -431,20 +442,21 @@ def band_points_covered(b1: np.ndarray, p_b1: np.ndarray, lp_b2: np.ndarray, ban
     mass = (p_b1[:, :, None] * p2).reshape(n, k * 256)
     ms = code_ms((b1[:, :, None] << 8) | np.arange(256)).reshape(n, k * 256)
     cum = np.concatenate([np.zeros((n, 1)), np.cumsum(mass, axis=1)], axis=1)
+    rows = np.arange(n)[:, None]
     points = np.empty((n, len(bands)))
+    for j, e in enumerate(bands):
+        if e is None:
+            points[:, j] = median_ms
+            continue
+        hi = _rowwise_searchsorted(ms, ms / (1.0 - e), "right")
+        lo = _rowwise_searchsorted(ms, ms / (1.0 + e), "left")
+        points[:, j] = ms[np.arange(n), np.argmax(cum[rows, hi] - cum[rows, lo], axis=1)]
     cover = np.empty((n, len(bands), len(COVER_T)))
-    for i in range(n):
-        for j, e in enumerate(bands):
-            if e is None:
-                p = median_ms[i]
-            else:
-                hi = np.searchsorted(ms[i], ms[i] / (1.0 - e), side="right")
-                lo = np.searchsorted(ms[i], ms[i] / (1.0 + e), side="left")
-                p = ms[i, np.argmax(cum[i, hi] - cum[i, lo])]
-            points[i, j] = p
-            hi = np.searchsorted(ms[i], p / np.maximum(1.0 - COVER_T, 1e-9), side="right")
-            lo = np.searchsorted(ms[i], p / (1.0 + COVER_T), side="left")
-            cover[i, j] = cum[i, hi] - cum[i, lo]
+    for j in range(len(bands)):
+        p = points[:, j:j + 1]
+        hi = _rowwise_searchsorted(ms, p / np.maximum(1.0 - COVER_T, 1e-9), "right")
+        lo = _rowwise_searchsorted(ms, p / (1.0 + COVER_T), "left")
+        cover[:, j] = cum[rows, hi] - cum[rows, lo]
     return points, cover
 
 
