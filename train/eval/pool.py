@@ -119,10 +119,8 @@ def _point_rule(about: dict) -> str:
     """The point an evaluation scored its `model` by (train.eval.evaluate's ``point``)."""
     if "point" not in about:
         return "its median (written before 2026-12-01)"
-    by = about["point"].get("model_by_stratum")
-    if by is not None:
-        return "its own pick per stratum (" + ", ".join(
-            f"{k} {'median' if v['band'] is None else v['band']}" for k, v in by.items()) + ")"
+    if "model_by_stratum" in about["point"]:  # one rule, whatever each input picked
+        return "its own pick per stratum"
     band = about["point"]["band"]
     return "its median" if band is None else f"its band point at {band}"
 
