@@ -9,7 +9,10 @@ split with `--split time+probe`.
   ``eval.queries_per_s_band``: the same with the band point asked (band 0.02: four more
   probes a query, the likeliest first bytes'), as `train eval` asks it where the train
   split picks a band; ``eval.band_cost``: the ratio of the two times (each the fastest of
-  three, run alternately).
+  three, run alternately). ``eval.queries_per_s_own_pick``: as `train eval` asks since
+  docs/learning.md §8.27, every band of train.eval.evaluate.MODEL_BANDS at once with the
+  model's expected coverage per stratum (three strata drawn at random here);
+  ``eval.own_pick_cost``: its time over the median's.
 - ``eval.baselines_fit_s``: fitting all the train-fit baselines (train.eval.baselines.fit_all)
   on the train split, decoded from its shards; ``eval.baseline_fit_s.<name>`` each alone;
   ``eval.baselines_queries_per_s``: all of them predicting the same queries.
@@ -67,13 +70,18 @@ def run() -> dict[str, float]:
     warm = args[0] < BATCH  # the first batch of rows: compiles both passes
     pred.answer(qtok[:BATCH], qseg[:BATCH], *(a[warm] for a in args))
     pred.answer(qtok[:BATCH], qseg[:BATCH], *(a[warm] for a in args), band=0.02)
-    times = {None: [], 0.02: []}
+    strata = np.random.default_rng(0).integers(0, 3, len(q))
+    asks = {"median": {}, "band": {"band": 0.02},
+            "own_pick": {"bands": E.MODEL_BANDS, "groups": strata}}
+    pred.answer(qtok[:BATCH], qseg[:BATCH], *(a[warm] for a in args), bands=E.MODEL_BANDS,
+                groups=strata[warm])
+    times = {k: [] for k in asks}
     for _ in range(3):  # alternating, the fastest of three each: the machine is noisy
-        for band in times:
+        for k, kw in asks.items():
             t0 = time.perf_counter()
-            pred.answer(qtok, qseg, *args, band=band)
-            times[band].append(time.perf_counter() - t0)
-    query_s, band_s = min(times[None]), min(times[0.02])
+            pred.answer(qtok, qseg, *args, **kw)
+            times[k].append(time.perf_counter() - t0)
+    query_s, band_s, own_s = (min(times[k]) for k in asks)
 
     (tr, qids), n_nodes = E.node_ids([train, qm])
     cols = (tr[0], tr[1], train.rtt_ms(), train.time, train.has_time)
@@ -108,6 +116,8 @@ def run() -> dict[str, float]:
         "eval.queries_per_s": len(q) / query_s,
         "eval.queries_per_s_band": len(q) / band_s,
         "eval.band_cost": band_s / query_s,
+        "eval.queries_per_s_own_pick": len(q) / own_s,
+        "eval.own_pick_cost": own_s / query_s,
         "eval.train_measurements": float(len(train)),
         "eval.baselines_fit_s": fit_s,
         "eval.baselines_queries_per_s": len(q) / predict_s,

@@ -252,9 +252,10 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot, 
 
     Loss and accuracy by token role; RTT median / p10 / p90 and P(failed) for every test
     measurement of a full-timestamp context given the ones before it, and given nothing
-    (the model without context), scored by its band point (the value the most probability
-    lies within a band of, the band pair_mode picks on the train split; its median beside
-    it); the same from the context baselines (last reply to the
+    (the model without context), scored in each stratum by the point whose median relative
+    error it expects least of itself there (its median, or its band point: the value the
+    most probability lies within a band of; its median beside it); the same from the
+    context baselines (last reply to the
     destination, its EMA, the context's median, the source placed in the train Vivaldi
     space, among the train sources by its nearest 5, and kriged through the destinations'
     covariance) and the train-fit ones (global median; destination median; per-pair
