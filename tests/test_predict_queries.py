@@ -7,6 +7,7 @@ measurement."""
 import dataclasses
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -293,3 +294,39 @@ def test_a_bad_address_in_a_queries_file_names_the_file_the_query_and_the_addres
     # one query on the command line: named by its flag
     r = CliRunner().invoke(main, ["predict", str(run / "run"), "--src", src, "--dst", dst])
     assert r.exit_code == 2 and r.stderr.splitlines() == [f"error: {by_flag}"]
+
+
+def test_band_adds_each_answers_band_point_last_and_leaves_the_rest_as_it_was(run, tmp_path):
+    """--band E: point_ms, each query's band point at E as train.predict.predictor answers it
+    on the same context (held to a brute force in tests/test_predictor.py), after the other
+    columns, which stay bit for bit; one query prints it; a band of 1 or more is refused."""
+    args = ["predict", str(run / "run"), "--queries", str(run / "q.parquet"), "--history",
+            str(run / "h.parquet"), "--out"]
+    plain, banded = tmp_path / "plain.parquet", tmp_path / "band.parquet"
+    for out, extra in ((plain, []), (banded, ["--band", "0.05"])):
+        r = CliRunner().invoke(main, [*args, str(out), *extra])
+        assert r.exit_code == 0, r.output
+    got, before = pq.read_table(banded), pq.read_table(plain)
+    assert got.column_names == [*Q.ANSWERS_SCHEMA.names, "point_ms"]
+    assert got.drop_columns(["point_ms"]).to_pylist() == before.to_pylist()
+    pred = P.load(run / "run")
+    qs = [P.query_measurement(f"192.0.2.{i}", "193.0.14.129", 1767272400 + i) for i in range(N)]
+    hist = Q.Histories(Q.history_of(str(run / "h.parquet")), str(run / "h.parquet"),
+                       {(q.family, q.src_hi, q.src_lo) for q in qs}, pred.max_history,
+                       Q.run_max_gap(run / "run")[0])
+    direct = pred.predict_measurements([(q, hist.context(q)) for q in qs], band=0.05)
+    assert got["point_ms"].to_pylist() == [a["point_ms"] for a in direct]
+    codes = P.code_ms(np.arange(1 << 16))
+    assert all(np.isin(got["point_ms"].to_numpy(), codes))  # a code's value, each one
+    one = CliRunner().invoke(main, ["predict", str(run / "run"), "--src", "192.0.2.1", "--dst",
+                                    "193.0.14.129", "--time", "1767272401", "--history",
+                                    str(run / "h.parquet"), "--band", "0.05"])
+    assert one.exit_code == 0, one.output
+    a = got.to_pylist()[1]
+    assert one.stdout == (
+        f"192.0.2.1 -> 193.0.14.129: RTT median {a['rtt_ms']:.2f} ms (p10 {a['p10_ms']:.2f}, "
+        f"p90 {a['p90_ms']:.2f}), band point at 0.05 {a['point_ms']:.2f} ms, P(failed) "
+        f"{a['p_failed']:.3f}; 6 earlier measurements as context\n")
+    r = CliRunner().invoke(main, [*args, str(tmp_path / "x.parquet"), "--band", "1"])
+    assert r.exit_code == 2 and "--band" in r.stderr and "0<=x<1" in r.stderr
+    assert not (tmp_path / "x.parquet").exists()

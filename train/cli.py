@@ -359,17 +359,24 @@ def pool_cmd(answers, out, overwrite, seed, as_json):
                    "out and counted on stderr.")
 @click.option("--queries", type=click.Path(), default=None,
               help="Parquet of queries: src_addr, dst_addr and optionally event_time. "
-                   "The answers add rtt_ms, p10_ms, p90_ms, p_failed, history_used, and "
-                   "event_time as a UTC timestamp.")
+                   "The answers add rtt_ms, p10_ms, p90_ms, p_failed, history_used "
+                   "(point_ms with --band), and event_time as a UTC timestamp.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write the answers here: parquet, a row per query (one for --src), that "
                    "reads back as --queries.")
 @click.option("--overwrite", is_flag=True,
               help="Replace the file already at --out; it stays as it was until every query "
                    "is answered.")
+@click.option("--band", type=click.FloatRange(0, 1, max_open=True), default=None, metavar="E",
+              help="Also the band point at E (point_ms): the RTT the most of the model's "
+                   "probability lies within E of (|p - y| <= E y), the point a median "
+                   "relative error rewards where the median is the one half lies each side "
+                   "of. `train eval`'s report names the band (or the median) the model "
+                   "picks in each stratum, e.g. 0.02 where the context holds replies to "
+                   "the destination. [default: none, the median only]")
 @click.option("--step", type=int, default=None, help="Checkpoint step [default: the latest].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
-def predict(run_dir, src, dst, when, history, queries, out, overwrite, step, as_json):
+def predict(run_dir, src, dst, when, history, queries, out, overwrite, band, step, as_json):
     """RTT median, p10, p90 and P(failed) of pings, from the model of RUN_DIR (without it:
     the newest run under runs/, as `train eval` takes).
 
@@ -377,6 +384,7 @@ def predict(run_dir, src, dst, when, history, queries, out, overwrite, step, as_
     Examples:
       train predict runs/x --src 192.0.2.7 --dst 193.0.14.129 --time 2026-01-02T12:00:00Z
       train predict runs/x --queries q.parquet --history h.parquet --out answers.parquet
+      train predict runs/x --src 192.0.2.7 --dst 193.0.14.129 --history h.parquet --band 0.02
     """
     import json
 
@@ -413,14 +421,17 @@ def predict(run_dir, src, dst, when, history, queries, out, overwrite, step, as_
     with _stops_on_signals("train predict", what):
         if queries:
             queries_lib.predict_file(run_dir, queries, history, out, step=step,
-                                     emit=emit if as_json else None)
+                                     emit=emit if as_json else None, band=band)
             return
-        a = queries_lib.predict_one(run_dir, src, dst, when, history, step=step, out=out)
+        a = queries_lib.predict_one(run_dir, src, dst, when, history, step=step, out=out,
+                                    band=band)
         if as_json:
             click.echo(json.dumps(a))
         else:
             click.echo(f"{src} -> {dst}: RTT median {a['rtt_ms']:.2f} ms (p10 "
-                       f"{a['p10_ms']:.2f}, p90 {a['p90_ms']:.2f}), P(failed) "
+                       f"{a['p10_ms']:.2f}, p90 {a['p90_ms']:.2f})"
+                       + ("" if band is None else f", band point at {band:g} "
+                          f"{a['point_ms']:.2f} ms") + ", P(failed) "
                        f"{a['p_failed']:.3f}; {a['history_used']} earlier measurements as context")
 
 

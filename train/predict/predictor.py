@@ -22,12 +22,15 @@ has none. From the model's next-token distributions:
   (prep.tokens.decode.rtt_ms); ``non_canonical_mass`` is the first-byte mass off the
   canonical bytes (near 0 for a trained model). `train eval` scores with the same machinery,
   the true results standing in the row (teacher forcing).
-- with ``band`` e (``answer``; `train eval` passes the band the ``pair_mode`` baseline picks
-  on the train split, train.eval.baselines), also the **band point**: the code value p
-  that the most probability lies within e of (|p - y| <= e y), sought over the codes of
-  the MODE_FIRST_BYTES likeliest first bytes (one probe pass each, with the quantiles'):
-  the point a median relative error rewards, where the median is the point half the mass
-  lies each side of. e = 0: the likeliest code.
+- with ``band`` e (``answer``; `train predict --band`), also the **band point**: the code
+  value p that the most probability lies within e of (|p - y| <= e y), sought over the
+  codes of the MODE_FIRST_BYTES likeliest first bytes (one probe pass each, with the
+  quantiles'): the point a median relative error rewards, where the median is the point
+  half the mass lies each side of. e = 0: the likeliest code.
+- with ``bands`` and ``groups`` (`train eval`: the strata), every band's point and, per
+  group, the model's own P(|p - y| <= t y) at each (COVER_T), summed over the group's
+  queries: ``pick_bands`` takes, per group, the band whose median relative error the model
+  expects least of itself (docs/learning.md §8.27).
 """
 
 from __future__ import annotations
@@ -293,8 +296,10 @@ class Predictor:
             [(query_measurement(src, dst, t), hist) for src, dst, t, hist in queries],
             progress=progress)
 
-    def predict_measurements(self, queries, *, progress=None) -> list[dict]:
-        """``predict_many`` for (query measurement, history list) pairs."""
+    def predict_measurements(self, queries, *, band: float | None = None,
+                             progress=None) -> list[dict]:
+        """``predict_many`` for (query measurement, history list) pairs; with ``band``, each
+        answer's ``point_ms`` too: its band point there (module docstring)."""
         contexts, q_choice, q_rtt, dropped = [], [], [], []
         for q, hist in queries:
             hist = sorted(hist, key=lambda m: -1 if m.time is None else m.time)
@@ -305,7 +310,8 @@ class Predictor:
             dropped.append(len(hist) - kept)
         tok, seg, where = pack_contexts(contexts, self.row_len)
         ans = self.answer(tok, seg, where[:, 0], where[:, 1] + np.array(q_choice, np.int64),
-                          where[:, 1] + np.array(q_rtt, np.int64), progress=progress)
+                          where[:, 1] + np.array(q_rtt, np.int64), band=band,
+                          progress=progress)
         out = []
         for i in range(len(queries)):
             out.append({"rtt_ms": float(ans.quantile_ms[i, 1]),
@@ -314,6 +320,8 @@ class Predictor:
                         "p_failed": float(ans.p_failed[i]),
                         "history_used": len(queries[i][1]) - dropped[i],
                         "non_canonical_mass": float(ans.non_canonical_mass[i])})
+            if band is not None:
+                out[-1]["point_ms"] = float(ans.point_ms[i])
         return out
 
     def _fit_row(self, hist: list[Measurement], q: Measurement):
@@ -406,29 +414,44 @@ def band_point(b1: np.ndarray, p_b1: np.ndarray, lp_b2: np.ndarray, band: float)
     [n, k] (value order) with mass P(b1) P(b2 | b1) (``lp_b2``: log-probs [n, k, V] of the
     token after each b1), the code value p with the most mass within ``band`` of it
     (|p - y| <= band y, i.e. p / (1 + band) <= y <= p / (1 - band)); the lowest of equals."""
+    ms, cum = _code_mass(b1, p_b1, lp_b2)
+    return _densest(ms, cum, band)
+
+
+def _code_mass(b1: np.ndarray, p_b1: np.ndarray, lp_b2: np.ndarray):
+    """The codes of the first bytes ``b1`` [n, k] (value order), as ms [n, k * 256]
+    (ascending per row), and their mass P(b1) P(b2 | b1) summed along the row, [n, k * 256
+    + 1] (0 first)."""
     n, k = b1.shape
     p2 = np.exp(lp_b2[:, :, B:B + 256])
     p2 = p2 / p2.sum(axis=2, keepdims=True)
     mass = (p_b1[:, :, None] * p2).reshape(n, k * 256)
     ms = code_ms((b1[:, :, None] << 8) | np.arange(256)).reshape(n, k * 256)
-    cum = np.concatenate([np.zeros((n, 1)), np.cumsum(mass, axis=1)], axis=1)
-    out = np.empty(n)
-    for i in range(n):  # ms[i] ascends: the first bytes are in value order
-        hi = np.searchsorted(ms[i], ms[i] / (1.0 - band), side="right")
-        lo = np.searchsorted(ms[i], ms[i] / (1.0 + band), side="left")
-        out[i] = ms[i, np.argmax(cum[i, hi] - cum[i, lo])]
-    return out
+    return ms, np.concatenate([np.zeros((n, 1)), np.cumsum(mass, axis=1)], axis=1)
+
+
+def _densest(ms: np.ndarray, cum: np.ndarray, band: float) -> np.ndarray:
+    """Per row, the code value p with the most mass within ``band`` of it (``_code_mass``'s
+    ms and cum); the lowest of equals."""
+    n = len(ms)
+    hi = _rowwise_searchsorted(ms, ms / (1.0 - band), "right")
+    lo = _rowwise_searchsorted(ms, ms / (1.0 + band), "left")
+    rows = np.arange(n)[:, None]
+    return ms[np.arange(n), np.argmax(cum[rows, hi] - cum[rows, lo], axis=1)]
 
 
 def _rowwise_searchsorted(ms: np.ndarray, x: np.ndarray, side: str) -> np.ndarray:
     """np.searchsorted(ms[i], x[i], side) for every row i at once (ms ascending per row,
     > 0): the rows' logs, each row moved past the one before, as one sorted array."""
     n, w = ms.shape
+    if ms.size == 0:
+        return np.zeros(x.shape, np.int64)
     span = 2.0 * (np.log(np.maximum(ms.max(), 1e-9)) - np.log(np.maximum(ms.min(), 1e-9)) + 10)
     base = (np.arange(n) * span)[:, None]
     flat = (np.log(np.maximum(ms, 1e-12)) + base).ravel()
     q = np.log(np.clip(x, 1e-12, None)) + base
-    return np.searchsorted(flat, q.ravel(), side=side).reshape(x.shape) - (np.arange(n) * w)[:, None]
+    at = np.searchsorted(flat, q.ravel(), side=side).reshape(x.shape)
+    return at - (np.arange(n) * w)[:, None]
 
 
 def band_points_covered(b1: np.ndarray, p_b1: np.ndarray, lp_b2: np.ndarray, bands: tuple,
@@ -436,22 +459,12 @@ def band_points_covered(b1: np.ndarray, p_b1: np.ndarray, lp_b2: np.ndarray, ban
     """Per query and band (None: ``median_ms``): the band point over the codes of the first
     bytes ``b1`` (as ``band_point``), and the model's own P(|p - y| <= t y) at it for each t
     of COVER_T, over those codes: ([n, len(bands)], [n, len(bands), len(COVER_T)])."""
-    n, k = b1.shape
-    p2 = np.exp(lp_b2[:, :, B:B + 256])
-    p2 = p2 / p2.sum(axis=2, keepdims=True)
-    mass = (p_b1[:, :, None] * p2).reshape(n, k * 256)
-    ms = code_ms((b1[:, :, None] << 8) | np.arange(256)).reshape(n, k * 256)
-    cum = np.concatenate([np.zeros((n, 1)), np.cumsum(mass, axis=1)], axis=1)
-    rows = np.arange(n)[:, None]
-    points = np.empty((n, len(bands)))
+    ms, cum = _code_mass(b1, p_b1, lp_b2)
+    rows = np.arange(len(ms))[:, None]
+    points = np.empty((len(ms), len(bands)))
     for j, e in enumerate(bands):
-        if e is None:
-            points[:, j] = median_ms
-            continue
-        hi = _rowwise_searchsorted(ms, ms / (1.0 - e), "right")
-        lo = _rowwise_searchsorted(ms, ms / (1.0 + e), "left")
-        points[:, j] = ms[np.arange(n), np.argmax(cum[rows, hi] - cum[rows, lo], axis=1)]
-    cover = np.empty((n, len(bands), len(COVER_T)))
+        points[:, j] = median_ms if e is None else _densest(ms, cum, e)
+    cover = np.empty((len(ms), len(bands), len(COVER_T)))
     for j in range(len(bands)):
         p = points[:, j:j + 1]
         hi = _rowwise_searchsorted(ms, p / np.maximum(1.0 - COVER_T, 1e-9), "right")

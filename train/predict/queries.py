@@ -13,7 +13,9 @@
 - Answers: one row per query with ``src_addr``, ``dst_addr``, ``event_time`` (the input
   schema's name and type: a UTC timestamp of seconds, null for a query without one, so an
   answers file reads back as a queries file), ``rtt_ms`` (median), ``p10_ms``,
-  ``p90_ms``, ``p_failed`` and ``history_used`` (earlier measurements in the context).
+  ``p90_ms``, ``p_failed`` and ``history_used`` (earlier measurements in the context);
+  with a band (``--band``), ``point_ms`` last: the band point there
+  (train.predict.predictor).
 - Queries (a file's, or the one of ``--src``, answered as a file of it) are answered a
   piece (PIECE queries) at a time, under a progress bar of queries: each piece's answers
   are appended to ``OUT.part`` (renamed to ``OUT`` when all are there) and printed
@@ -59,6 +61,7 @@ ANSWERS_SCHEMA = pa.schema([("src_addr", pa.string()), ("dst_addr", pa.string())
                             ("event_time", TIME_TYPE), ("rtt_ms", pa.float64()),
                             ("p10_ms", pa.float64()), ("p90_ms", pa.float64()),
                             ("p_failed", pa.float64()), ("history_used", pa.int64())])
+POINT_FIELD = pa.field("point_ms", pa.float64())  # with a band, after ANSWERS_SCHEMA's
 TIME_RANGE = "1970-01-01 <= t < 2100-01-01 UTC, the times `prep` accepts"
 
 
@@ -168,13 +171,13 @@ def load_model(run_dir, step: int | None) -> P.Predictor:
 
 
 def predict_one(run_dir, src: str, dst: str, when, history: str | None, *, step=None,
-                out: str | None = None) -> dict:
+                out: str | None = None, band: float | None = None) -> dict:
     """The answer to one query (``when``: ISO-8601 or Unix seconds, or None), as a queries
     file of it is answered (``answer``): written to ``out`` too if given."""
     t = None if when is None else _time(when)
     got = []
     answer(run_dir, [P.query_measurement(src, dst, t)], [src], [dst], [t], history, out,
-           step=step, emit=got.extend, progress=False)
+           step=step, emit=got.extend, progress=False, band=band)
     return got[0]
 
 
@@ -192,7 +195,7 @@ PIECE = 16_384  # queries answered, written and printed at a time
 
 
 def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
-                 step=None, emit=None, progress: bool = True) -> int:
+                 step=None, emit=None, progress: bool = True, band: float | None = None) -> int:
     """Answer every query of the parquet ``queries`` (``answer``). Returns the number of
     answers."""
     try:
@@ -214,33 +217,38 @@ def predict_file(run_dir, queries: str, history: str | None, out: str | None, *,
             raise InputError(f"{queries}: query {k} has no src_addr or dst_addr")
         qs.append(P.query_measurement(s, d, t, where=f"{queries}: query {k}"))
     answer(run_dir, qs, srcs, dsts, times, history, out, step=step, emit=emit,
-           progress=progress)
+           progress=progress, band=band)
     return len(qs)
 
 
 def answer(run_dir, qs: list[P.Measurement], srcs: list[str], dsts: list[str],
            times: list[int | None], history: str | None, out: str | None, *, step=None,
-           emit=None, progress: bool = True) -> None:
+           emit=None, progress: bool = True, band: float | None = None) -> None:
     """Answer the queries ``qs`` (their ``srcs``, ``dsts`` and ``times`` as given), a piece
     at a time (module docstring): appended to ``out`` if given, each piece's answers
-    (dicts, with src_addr, dst_addr and event_time) passed to ``emit`` if given."""
+    (dicts, with src_addr, dst_addr and event_time) passed to ``emit`` if given; with
+    ``band``, each one's band point there too (``point_ms``)."""
     pred = load_model(run_dir, step)
     gap, where = run_max_gap(run_dir)
     hist = Histories(history_of(history), history, {(q.family, q.src_hi, q.src_lo) for q in qs},
                      pred.max_history, gap)
+    schema, columns = ANSWERS_SCHEMA, ANSWER_COLUMNS
+    if band is not None:
+        schema, columns = schema.append(POINT_FIELD), columns + ("point_ms",)
     with stop_on_signals(Path(out) if out else None, "train predict") as guard:
         with tqdm(total=len(qs), unit=" queries", desc="predict", file=sys.stderr,
                   disable=not progress or None) as bar, (
                 replacing(out, ".part") if out else contextlib.nullcontext()) as part, (
-                TableFile(part, ANSWERS_SCHEMA) if out else contextlib.nullcontext()) as writer:
+                TableFile(part, schema) if out else contextlib.nullcontext()) as writer:
             for a in range(0, len(qs), PIECE):
                 b = min(a + PIECE, len(qs))
                 answers = pred.predict_measurements([(q, hist.context(q)) for q in qs[a:b]],
+                                                    band=band,
                                                     progress=lambda _rows, n: bar.update(n))
                 if writer is not None:
                     cols = [srcs[a:b], dsts[a:b], times[a:b]]
-                    cols += [[x[c] for x in answers] for c in ANSWER_COLUMNS]
-                    writer.write(pa.table(cols, schema=ANSWERS_SCHEMA))
+                    cols += [[x[c] for x in answers] for c in columns]
+                    writer.write(pa.table(cols, schema=schema))
                 if emit is not None:
                     for x, s, d, t in zip(answers, srcs[a:b], dsts[a:b], times[a:b]):
                         x.update(src_addr=s, dst_addr=d,
