@@ -268,9 +268,7 @@ def _fit_median(t: _Train, name: str) -> PairTable:
     o = np.lexsort((ok_rtt, ok_keys))
     ok_keys, ok_rtt = ok_keys[o], ok_rtt[o]
     starts = np.flatnonzero(np.r_[True, ok_keys[1:] != ok_keys[:-1]])
-    n = np.diff(np.r_[starts, len(ok_keys)])
-    # np.median's convention: the mean of the two middle values (one value when n is odd)
-    median = (ok_rtt[starts + (n - 1) // 2] + ok_rtt[starts + n // 2]) / 2
+    median = _run_medians(ok_rtt, np.r_[starts, len(ok_keys)])
     rtt = np.full(len(pair_keys), np.nan)
     rtt[np.searchsorted(pair_keys, ok_keys[starts])] = median
     return (DstTable if by_dst else PairTable)(**t.common(name), keys=pair_keys, rtt_ms=rtt,
@@ -315,8 +313,14 @@ def _band_or_median(keys, rtt, e):
     u, starts, vals = _pair_runs(keys, rtt)
     if e is not None:
         return u, _band_points(starts, vals, float(e))
-    n = np.diff(starts)
-    return u, (vals[starts[:-1] + (n - 1) // 2] + vals[starts[:-1] + n // 2]) / 2
+    return u, _run_medians(vals, starts)
+
+
+def _run_medians(vals, bounds):
+    """The median of each sorted run vals[bounds[i]:bounds[i + 1]], np.median's convention:
+    the mean of the two middle values (one value when a run's length is odd)."""
+    n = np.diff(bounds)
+    return (vals[bounds[:-1] + (n - 1) // 2] + vals[bounds[:-1] + n // 2]) / 2
 
 
 def pick_band(keys, rtt, order) -> tuple[float | None, dict]:
