@@ -24,7 +24,7 @@ from train.cli import main
 from train.eval import baselines
 from train.eval.evaluate import PREDICTORS, EvalConfig, evaluate, local_scope, source_groups
 from train.eval.metrics import STRATA
-from train.eval.report import format_report, label
+from train.eval.report import format_report, label, point_line
 from train.fit import reader
 from train.fit.config import TrainConfig
 from train.fit.loop import train
@@ -113,8 +113,7 @@ def test_eval_counts_every_query_and_target(run, full):
     text = format_report(report)
     assert "matrix factorization" in text and "Vivaldi" in text and f"{n_q:,} RTT queries" in text
     assert "context last-seen" in text and "inside its [p10, p90]" in text
-    assert f"point predictions: pair mode's the band point at {band} (" in text
-    assert "the model's, per stratum the band whose median relative error it expects" in text
+    assert point_line(report["point"]) in text.splitlines()
     # fewer than 1,000 replies: a warning, in the report and its table; the split was the limit
     assert n_rtt < 1000 and report["warnings"] == [
         f"only {n_rtt:,} queries have a reply (fewer than 1,000): the medians and their "
@@ -643,3 +642,21 @@ def test_bad_input_is_one_line_and_exit_2(run, no_test_split, tmp_path, args, me
     assert r.exit_code == 2, r.output
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+def test_the_point_line_names_pair_modes_band_and_each_stratums_own_pick():
+    pt = {"band": 0.02, "band_errors": {"None": 0.03, "0.02": 0.025},
+          "model_by_stratum": {"pair_in_context": {"band": 0.01, "expected": {
+              "None": 0.02, "0.01": 0.0181}}, "cold": {"band": None, "expected": {
+                  "None": 0.7, "0.01": 0.9}}}}
+    assert point_line(pt) == (
+        "point predictions: pair mode, per pair the centre of its densest window at 0.02 (the "
+        "value the most of its replies lie within 0.02 of; median relative error on each "
+        "pair's latest fifth of its train replies: median 0.0300, 0.02 0.0250); the model, "
+        "per stratum the point whose median relative error it expects least of itself "
+        "(counted over the codes of its 4 likeliest first RTT bytes, so high where it is "
+        "unsure): pair_in_context band 0.01 (expected 0.0181); cold its median (expected "
+        "0.7000)")
+    pt = {"band": None, "band_errors": {}}  # written before 2026-12-01's own pick
+    assert point_line(pt) == ("point predictions of the model and pair mode: the median (no "
+                              "pair had 5 replies to score a band)")

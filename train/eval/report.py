@@ -14,6 +14,7 @@ from pathlib import Path
 from prep.base.atomic import write_atomic
 from train.eval.metrics import STRATA
 from train.eval.registry import fallback_of, label
+from train.predict.predictor import MODE_FIRST_BYTES
 
 W = 22  # the label column
 
@@ -88,22 +89,30 @@ def format_report(r: dict) -> str:
 
 
 def point_line(pt: dict) -> str:
-    """How the model and pair_mode chose their points (train.eval.baselines.pair_mode)."""
+    """How the model and pair_mode chose their points (train.eval.baselines.pair_mode;
+    train.eval.evaluate._self_picked)."""
     errs = ", ".join(f"{'median' if k == 'None' else k} {v:.4f}"
                      for k, v in pt["band_errors"].items())
-    picked = ("the median (no pair had 5 replies to score a band)" if not errs else
-              f"the median (median relative error on each pair's latest fifth of its train "
-              f"replies: {errs})" if pt["band"] is None else
-              f"the band point at {pt['band']} (the value the most probability lies within "
-              f"{pt['band']} of; median relative error on each pair's latest fifth of its "
-              f"train replies: {errs})")
     by = pt.get("model_by_stratum")
-    if by is None:
+    if by is None:  # written before the model picked its own point (one band for both)
+        picked = ("the median (no pair had 5 replies to score a band)" if not errs else
+                  f"the median (median relative error on each pair's latest fifth of its "
+                  f"train replies: {errs})" if pt["band"] is None else
+                  f"the band point at {pt['band']} (the value the most probability lies "
+                  f"within {pt['band']} of; median relative error on each pair's latest fifth "
+                  f"of its train replies: {errs})")
         return f"point predictions of the model and pair mode: {picked}"
-    model = "; ".join(f"{k} {'the median' if v['band'] is None else 'band ' + str(v['band'])}"
+    scored = f"median relative error on each pair's latest fifth of its train replies: {errs}"
+    mode = ("its median (no pair had 5 replies to score a band)" if not errs else
+            f"its median ({scored})" if pt["band"] is None else
+            f"the centre of its densest window at {pt['band']} (the value the most of its "
+            f"replies lie within {pt['band']} of; {scored})")
+    model = "; ".join(f"{k} {'its median' if v['band'] is None else 'band ' + str(v['band'])}"
                       f" (expected {v['expected'][str(v['band'])]:.4f})" for k, v in by.items())
-    return (f"point predictions: pair mode's {picked}; the model's, per stratum the band "
-            f"whose median relative error it expects least of itself: {model}")
+    return (f"point predictions: pair mode, per pair {mode}; the model, per stratum the point "
+            f"whose median relative error it expects least of itself (counted over the codes "
+            f"of its {MODE_FIRST_BYTES} likeliest first RTT bytes, so high where it is "
+            f"unsure): {model}")
 
 
 def score_tables(rtt: dict, verdict: dict | None, resampled: str) -> list[str]:
