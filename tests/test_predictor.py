@@ -200,10 +200,17 @@ def test_band_points_covered_and_the_self_picked_band(predictor):
     for j, e in enumerate(bands):
         want = med if e is None else brute_band_point(joint, all_codes, pb1, e)
         assert points[0, j] == pytest.approx(want, rel=1e-9)
-        for k in (0, 60, 150):
+        for k in (0, 60, 150, len(P.COVER_T) - 1):
             t = P.COVER_T[k]
             near = mass[np.abs(points[0, j] - ms) <= t * ms + 1e-12 * ms].sum()
             assert cover[0, j, k] == pytest.approx(near, abs=1e-9)
+    # every row at once as one row at a time, rows whose values span less than a factor of
+    # 2 (one exponent's first bytes) asked far beyond them (t near 1 asks p / 1e-9)
+    rows = np.array([[10.0, 11.0, 11.0, 13.0], [10.5, 11.0, 12.0, 12.5]])
+    x = np.stack([rows[:, 3] * 1e9, rows[:, 1], rows[:, 0] / 3, rows[:, 2] * 1.0001], axis=1)
+    for side in ("left", "right"):
+        want = [np.searchsorted(r, q, side=side) for r, q in zip(rows, x)]
+        assert P._rowwise_searchsorted(rows, x, side).tolist() == np.array(want).tolist()
     # planted: group 0 reaches one half at t index 10 with band 1, 30 with band 0; group 1
     # never with band 0 (its last t counts), at index 5 with band 1
     T = len(P.COVER_T)

@@ -446,10 +446,12 @@ def _rowwise_searchsorted(ms: np.ndarray, x: np.ndarray, side: str) -> np.ndarra
     n, w = ms.shape
     if ms.size == 0:
         return np.zeros(x.shape, np.int64)
-    span = 2.0 * (np.log(np.maximum(ms.max(), 1e-9)) - np.log(np.maximum(ms.min(), 1e-9)) + 10)
+    lms, lx = np.log(np.maximum(ms, 1e-12)), np.log(np.maximum(x, 1e-12))
+    # each row's values and queries lie within one span, so no row reaches the next's
+    span = max(lms.max(), lx.max()) - min(lms.min(), lx.min()) + 1.0
     base = (np.arange(n) * span)[:, None]
-    flat = (np.log(np.maximum(ms, 1e-12)) + base).ravel()
-    q = np.log(np.clip(x, 1e-12, None)) + base
+    flat = (lms + base).ravel()
+    q = lx + base
     at = np.searchsorted(flat, q.ravel(), side=side).reshape(x.shape)
     return at - (np.arange(n) * w)[:, None]
 
