@@ -49,6 +49,37 @@ def test_p_failed_by_destination_then_context_then_train(answers):
         assert answers[name].p_fail.tolist() == pytest.approx(want)
 
 
+def test_p_failed_shrunk_toward_the_context_then_the_train_rate():
+    """fail_strength (s_p, s_c) = (2, 4): the context's share (f + 4 RATE) / (n + 4), the
+    pair's (f + 2 that) / (n + 2). q5: dst 1 failed 1 of 3, the context 1 of 5; q3: 1 of 2,
+    1 of 3; q1: no dst-2 ping, the context's 0 of 1; q0, q6: the train rate."""
+    got = C.predict(CTX, np.zeros(len(CTX), np.int64), DST, RTT, fallback=FALLBACK,
+                    fail_rate=RATE, fail_strength=(2.0, 4.0))["context_last"].p_fail
+    ctx = lambda f, n: (f + 4 * RATE) / (n + 4)
+    pair = lambda f, n, c: (f + 2 * c) / (n + 2)
+    want = [RATE, ctx(0, 1), pair(0, 1, ctx(0, 2)), pair(1, 2, ctx(1, 3)),
+            pair(0, 1, ctx(1, 4)), pair(1, 3, ctx(1, 5)), RATE, pair(0, 1, ctx(0, 1)),
+            pair(0, 2, ctx(0, 2)), ctx(0, 3)]
+    assert got.tolist() == pytest.approx(want)
+    assert got[5] == pytest.approx((1 + 2 * 2 / 9) / 5)  # (1 + 4 x 0.25) / 9 = 2 / 9 first
+
+
+def test_fail_strength_fit_on_contexts_of_their_own():
+    """Planted: 400 contexts of 8 pings to one destination each; half fail every time, half
+    never, so a pair's own pings say all and the weakest priors win; contexts whose
+    destinations fail at random (p = 0.3, independent) want the strongest; none earlier:
+    (0, 0)."""
+    n = 400
+    ctx, dst = np.repeat(np.arange(n), 8), np.repeat(np.arange(n), 8)
+    sticky = np.repeat(np.arange(n) % 2 == 0, 8)
+    assert C.fit_fail_strength(ctx, dst, sticky, 0.5) == (0.5, 0.5)
+    rng = np.random.default_rng(0)
+    noisy = rng.random(len(ctx)) < 0.3
+    assert C.fit_fail_strength(ctx, dst, noisy, 0.3) == (32.0, 32.0)
+    assert C.fit_fail_strength(np.arange(5), np.zeros(5, np.int64), np.ones(5, bool),
+                               0.2) == (0.0, 0.0)
+
+
 def test_fallback_chain_pair_then_dst_then_global():
     # train: (0, 1) 10 and 30 ms; (2, 1) 100 ms; (0, 3) 7 ms; node 4 never a destination
     src, dst = np.array([0, 0, 2, 0]), np.array([1, 1, 1, 3])

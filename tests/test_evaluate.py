@@ -21,10 +21,11 @@ from prep.tokens import rowdecode
 from prep.tokens.decode import decode_context
 from tests.test_predictor import brute_band_point, brute_force
 from train.cli import main
-from train.eval import baselines
+from train.eval import baselines, context_baselines
+from train.eval import evaluate as evaluate_lib
 from train.eval.evaluate import PREDICTORS, EvalConfig, evaluate, local_scope, source_groups
 from train.eval.metrics import STRATA
-from train.eval.report import format_report, label, point_line
+from train.eval.report import fail_prior_line, format_report, label, point_line
 from train.fit import reader
 from train.fit.config import TrainConfig
 from train.fit.loop import train
@@ -114,6 +115,19 @@ def test_eval_counts_every_query_and_target(run, full):
     assert "matrix factorization" in text and "Vivaldi" in text and f"{n_q:,} RTT queries" in text
     assert "context last-seen" in text and "inside its [p10, p90]" in text
     assert point_line(report["point"]) in text.splitlines()
+    # the context baselines' P(failed): the context's counts over the beta priors fit on the
+    # train split's contexts (their pseudo-pings and its rate in the report, said in a line)
+    fp = report["fail_prior"]
+    assert {fp["pair"], fp["context"]} <= set(context_baselines.FAIL_STRENGTHS)
+    assert fail_prior_line(fp) in text.splitlines()
+    q = detail.queries
+    (_, q_dst), = evaluate_lib.node_ids([q])[0]
+    counts = context_baselines.fail_counts(
+        context_baselines.context_starts(q.row * 256 + q.segment), q_dst, q.failed)
+    want = context_baselines.fail_shares(counts, fp["rate"], (fp["pair"], fp["context"]))
+    for name in ("context_last", "context_krig"):
+        np.testing.assert_allclose(detail.p_failed[name], want, rtol=1e-12)
+    assert (counts[1] > 0).sum() > 50 and (counts[0] > 0).sum() > 5  # pairs, and failures
     # fewer than 1,000 replies: a warning, in the report and its table; the split was the limit
     assert n_rtt < 1000 and report["warnings"] == [
         f"only {n_rtt:,} queries have a reply (fewer than 1,000): the medians and their "

@@ -22,7 +22,11 @@ Where a baseline has nothing (no earlier reply; for the placements, none usable 
 falls back to the train split's ``pair_mode`` (its point at the band the train split picks,
 the median where that is better) → ``dst_median`` → ``global_median``;
 ``covered`` counts only its own answers. P(failed), the same for all: the context's earlier
-failure rate to that destination, else to any, else the train split's. Cost: Numba passes,
+failures to that destination, shrunk toward its failures to any destination, shrunk toward
+the train split's rate (each as a beta prior of so many pseudo-pings: (failed + s prior) /
+(pings + s)), the two strengths those of ``FAIL_STRENGTHS`` that score best (Brier) on the
+train split's own contexts (``fit_fail_strength``); with none, the plain shares (the rule
+until 2026-12-01, which a pair seen to fail on 1 ping of 1 gave 1). Cost: Numba passes,
 O(k²) in a context's length k (k <= row length / 12); rates: `make bench`, eval.*.
 """
 from __future__ import annotations
@@ -41,6 +45,9 @@ KNN_K = 5  # neighbours whose pair medians context_knn's answer is the median of
 # placement: spring rounds over the replies so far after each new one, and the timestep
 # (a fixed node's error is ~0 next to a new node's 1, so the paper's c_c * w is c_c)
 PLACE_ROUNDS, PLACE_CC = 4, 0.25
+# the beta priors' strengths (pseudo-pings) fit_fail_strength tries, for the pair's failures
+# (toward the context's) and the context's (toward the train split's)
+FAIL_STRENGTHS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
 
 def context_starts(ctx: np.ndarray) -> np.ndarray:
@@ -108,6 +115,7 @@ def krig_table(pair_median: B.PairTable, src, dst, rtt) -> tuple:
 
 
 def predict(ctx, src, dst, rtt, *, fallback: np.ndarray, fail_rate: float,
+            fail_strength: tuple[float, float] = (0.0, 0.0),
             vivaldi: B.Vivaldi | None = None,
             knn: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
             krig: tuple | None = None) -> dict[str, B.Prediction]:
@@ -115,12 +123,13 @@ def predict(ctx, src, dst, rtt, *, fallback: np.ndarray, fail_rate: float,
     context order; src, dst: node ids as in the train fits; rtt: the true ms, -1 failed:
     only earlier ones are read). ``fallback``: per query, what an empty answer becomes;
     ``vivaldi``, ``knn`` (``knn_table``), ``krig`` (``krig_table``): context_vivaldi's,
-    context_knn's and context_krig's train fits."""
+    context_knn's and context_krig's train fits. ``fail_strength``: (pair, context) beta
+    priors' pseudo-pings for P(failed) (``fit_fail_strength``; 0: the plain shares)."""
     starts = context_starts(ctx)
     src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
     rtt = np.asarray(rtt, np.float64)
-    last, ema, med, p_fail = _scan(starts, dst, rtt, B.EMA_ALPHA)
-    p_fail = np.where(np.isnan(p_fail), fail_rate, p_fail)
+    last, ema, med = _scan(starts, dst, rtt, B.EMA_ALPHA)
+    p_fail = fail_shares(fail_counts(starts, dst, rtt < 0), fail_rate, fail_strength)
     own = {"context_last": last, "context_ema": ema, "context_median": med}
     if vivaldi is not None:
         own["context_vivaldi"] = K.place_in_contexts(
@@ -137,38 +146,77 @@ def predict(ctx, src, dst, rtt, *, fallback: np.ndarray, fail_rate: float,
     return out
 
 
+def fail_counts(starts, dst, failed) -> np.ndarray:
+    """float64[4, n]: per query (contexts from ``starts``, context_starts'), how many of its
+    context's earlier measurements to its destination failed and how many there are, then
+    the same over every destination."""
+    return _fail_counts(np.asarray(starts, np.int64), np.asarray(dst, np.int64),
+                        np.asarray(failed, np.bool_))
+
+
+@njit(cache=True)
+def _fail_counts(starts, dst, failed):
+    out = np.zeros((4, len(dst)))
+    for c in range(len(starts) - 1):
+        a, b = starts[c], starts[c + 1]
+        for i in range(a, b):
+            for j in range(a, i):
+                out[2, i] += failed[j]
+                out[3, i] += 1.0
+                if dst[j] == dst[i]:
+                    out[0, i] += failed[j]
+                    out[1, i] += 1.0
+    return out
+
+
+def fail_shares(counts: np.ndarray, rate: float, strength: tuple[float, float]) -> np.ndarray:
+    """P(failed) per query from ``fail_counts``: the context's share of failures over
+    (failed + s_c rate) / (pings + s_c), the pair's over (failed + s_p that) / (pings + s_p),
+    each the one before it where it has no ping; ``strength`` = (s_p, s_c)."""
+    f_p, n_p, f_c, n_c = counts
+    s_p, s_c = strength
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ctx = np.where(n_c > 0, (f_c + s_c * rate) / (n_c + s_c), rate)
+        return np.where(n_p > 0, (f_p + s_p * ctx) / (n_p + s_p), ctx)
+
+
+def fit_fail_strength(ctx, dst, failed, rate: float) -> tuple[float, float]:
+    """(s_p, s_c) of FAIL_STRENGTHS whose fail_shares score the lowest Brier on measurements
+    in contexts of their own (the train split's: ``ctx`` a context id per measurement, in
+    context order), over those with an earlier one; (0, 0) where there is none."""
+    counts = fail_counts(context_starts(ctx), dst, failed)
+    keep = counts[3] > 0
+    if not keep.any():
+        return 0.0, 0.0
+    counts, y = counts[:, keep], np.asarray(failed, np.float64)[keep]
+    best = min((float(np.mean((fail_shares(counts, rate, (sp, sc)) - y) ** 2)), sp, sc)
+               for sp in FAIL_STRENGTHS for sc in FAIL_STRENGTHS)
+    return best[1], best[2]
+
+
 @njit(cache=True)
 def _scan(starts, dst, rtt, alpha):
     """Per query from its context's earlier measurements: the last reply to its destination,
-    their EMA, the median of all replies, P(failed) (NaN: nothing to say)."""
+    their EMA, the median of all replies (NaN: nothing to say)."""
     n = len(dst)
     last, ema = np.full(n, np.nan), np.full(n, np.nan)
-    med, p_fail = np.full(n, np.nan), np.full(n, np.nan)
+    med = np.full(n, np.nan)
     buf = np.empty(n)  # the context's replies so far, sorted: buf[a:a + m]
     for c in range(len(starts) - 1):
         a, b = starts[c], starts[c + 1]
-        m = fails = 0
+        m = 0
         for i in range(a, b):
-            n_pair = f_pair = 0
             for j in range(a, i):  # contexts are short (<= row length / 12 measurements)
-                if dst[j] != dst[i]:
+                if dst[j] != dst[i] or rtt[j] < 0:
                     continue
-                n_pair += 1
-                if rtt[j] < 0:
-                    f_pair += 1
-                elif np.isnan(last[i]):
+                if np.isnan(last[i]):
                     last[i] = ema[i] = rtt[j]
                 else:
                     last[i] = rtt[j]
                     ema[i] = alpha * rtt[j] + (1.0 - alpha) * ema[i]
-            if n_pair:
-                p_fail[i] = f_pair / n_pair
-            elif i > a:
-                p_fail[i] = fails / (i - a)
             if m:  # numpy's median: the mean of the two middle values for an even count
                 med[i] = 0.5 * (buf[a + (m - 1) // 2] + buf[a + m // 2])
             if rtt[i] < 0:
-                fails += 1
                 continue
             k = a + m  # insert rtt[i] into the sorted replies
             while k > a and buf[k - 1] > rtt[i]:
@@ -176,7 +224,7 @@ def _scan(starts, dst, rtt, alpha):
                 k -= 1
             buf[k] = rtt[i]
             m += 1
-    return last, ema, med, p_fail
+    return last, ema, med
 
 
 @njit(cache=True)

@@ -112,7 +112,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
 
     # 3. baselines: fit on the train split, and read from the queries' contexts; the band
     # pair_mode picks there is the one the model's point is sought at (train.predict.predictor)
-    train, preds, node_known, timing, mode = _baselines(data, manifest, qm, cfg.seed)
+    train, preds, node_known, timing, mode, fail_prior = _baselines(data, manifest, qm,
+                                                                     cfg.seed)
     stratum = EM.strata(preds["context_last"][2], node_known)  # known before any truth
     ans, query_rows, query_s = _answer_queries(pred, qm, progress, groups=stratum)
     alone, _, alone_s = _answer_queries(pred, qm, progress, alone=True, groups=stratum)
@@ -157,6 +158,9 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True) -> tuple[dict, Detail]:
         "point": {"band": mode.band, "band_errors": {str(k): v for k, v in
                                                      mode.band_errors.items()},
                   "model_by_stratum": picked, "model_no_context_by_stratum": picked_alone},
+        # the context baselines' P(failed): pseudo-pings of its two beta priors, and the
+        # train split's failure rate the context's shrinks toward
+        "fail_prior": fail_prior,
         "non_canonical_mass_mean": float(np.nanmean(ans.non_canonical_mass))
         if (~failed).any() else None,
         "warnings": warnings,
@@ -285,7 +289,8 @@ def _answer_queries(pred: P.Predictor, qm, progress: bool, *, alone: bool = Fals
 def _baselines(data, manifest: dict, qm, seed: int):
     """Step 3: the train split's measurements; every baseline's (point prediction,
     P(failed), covered) per query; whether each query's source is in the train split;
-    the seconds taken; the fitted pair_mode (its band)."""
+    the seconds taken; the fitted pair_mode (its band); the context baselines' P(failed)
+    priors (their pseudo-pings, the train split's rate)."""
     train_tok, train_seg = read_split(data, manifest, "train")
     train = rowdecode.decode_rows(train_tok, train_seg, where=f"{data}/train")
     del train_tok, train_seg
@@ -297,10 +302,14 @@ def _baselines(data, manifest: dict, qm, seed: int):
     base = {name: b.predict(q_src, q_dst) for name, b in fitted.items()}
     fit_s = time.perf_counter() - t_b
     t_c = time.perf_counter()
+    rate = fitted["global_median"].fail_rate
+    # P(failed)'s beta priors, fit on the train split's own contexts (train.eval.context_baselines)
+    strength = context_baselines.fit_fail_strength(train.row * 256 + train.segment, tr_dst,
+                                                   train.failed, rate)
     ctx = context_baselines.predict(
         qm.row * 256 + qm.segment, q_src, q_dst, qm.rtt_ms(),
         fallback=context_baselines.fallback_chain(fitted, q_src, q_dst),
-        fail_rate=fitted["global_median"].fail_rate, vivaldi=fitted["vivaldi"],
+        fail_rate=rate, fail_strength=strength, vivaldi=fitted["vivaldi"],
         knn=context_baselines.knn_table(fitted["pair_median"]),
         krig=context_baselines.krig_table(fitted["pair_median"], tr_src, tr_dst, train.rtt_ms()))
     context_s = time.perf_counter() - t_c
@@ -309,7 +318,8 @@ def _baselines(data, manifest: dict, qm, seed: int):
     known = in_train[q_src] & ~local_scope(qm.family, qm.src_hi, qm.src_lo)
     preds = {name: (p.rtt_ms, p.p_fail, p.covered) for name, p in (ctx | base).items()}
     return train, preds, known, {"baselines_s": round(fit_s, 3),
-                                 "context_baselines_s": round(context_s, 3)}, fitted["pair_mode"]
+                                 "context_baselines_s": round(context_s, 3)}, \
+        fitted["pair_mode"], {"pair": strength[0], "context": strength[1], "rate": rate}
 
 
 def _sample_rows(seg, meas, max_queries: int, rng) -> np.ndarray:

@@ -69,6 +69,8 @@ def format_report(r: dict) -> str:
     pt = r.get("point")
     if pt is not None:
         lines += [point_line(pt), ""]
+    if r.get("fail_prior") is not None:
+        lines += [fail_prior_line(r["fail_prior"]), ""]
     lines += score_tables(r["rtt"], r.get("verdict"), _resampled(r))
     scored = {k: m for k, m in r["rtt"].items() if not fell_back(m)}
     buckets = list(next(iter(r["rtt"].values()))["by_history"])
@@ -86,6 +88,18 @@ def format_report(r: dict) -> str:
               f"{t.get('context_baselines_s', 0):.2f} s; {t['elapsed_s']:.1f} s in all; "
               f"JSON in {r.get('written_to', '-')}"]
     return "\n".join(lines)
+
+
+def fail_prior_line(fp: dict) -> str:
+    """How the context baselines' P(failed) shrinks (train.eval.context_baselines)."""
+    if not fp["pair"] and not fp["context"]:
+        return ("P(failed) of the context baselines: the context's share of failures to the "
+                "destination, else to any, else the train split's rate "
+                f"{fp['rate']:.3f} (no train context has two pings to fit priors on)")
+    return ("P(failed) of the context baselines: the context's failures to the destination "
+            f"over {fp['pair']:g} pseudo-pings of its failures to any, those over "
+            f"{fp['context']:g} of the train split's rate {fp['rate']:.3f} (a beta prior "
+            "each, fit on the train split's contexts)")
 
 
 def point_line(pt: dict) -> str:
