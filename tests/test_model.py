@@ -153,7 +153,7 @@ def test_decay_mask_is_the_old_rule_leaf_by_leaf(name):
                                           "pair_bias", "pair_width", "placed_bias",
                                           "placed_width", "krig_store", "krig_noise",
                                           "krig_bias", "krig_width", "fwd_bias", "fwd_width",
-                                          "fail_bias", "pair_latest")),
+                                          "fail_bias", "cfail_bias", "pair_latest")),
         shapes)
     new = arch.decay_mask(cfg)
     assert jax.tree.structure(new) == jax.tree.structure(old)

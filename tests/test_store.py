@@ -993,6 +993,58 @@ def test_the_failure_gate_moves_p_failed_to_the_pairs_share():
         assert np.flatnonzero(np.asarray(model.pair_fold_targets(tok, seg, k))[0]).tolist() == want
 
 
+# node 1 pings node 2: a reply, two failures, a reply; node 4: a failure; node 2 again
+CTX_FAILS = (ping(1, 2, 0x50, 0x10) + failed(1, 2) * 2 + ping(1, 2, 0x50, 0x20) + failed(1, 4)
+             + ping(1, 2, 0x51, 0x10))
+
+
+def test_the_contexts_failures_to_the_destination_update_p_failed():
+    """ModelConfig.context_fail: before each result, the row's earlier results to the
+    measurement's destination (node 2: 0, 1, 2, 3, -, 4 of them, 0, 1, 2, 2, -, 2 failed;
+    node 4: none) update the model's P(FAILED) / (P(FAILED) + P(RTT_START)) = m as a beta
+    prior of s = 4 exp(gate) pseudo-pings: (failed + s m) / (pings + s); their sum and every
+    other token's probability are the model's, and every position with no earlier result
+    to the destination, or after its result header, is the model's. The gate's bias learns."""
+    base = dataclasses.replace(arch.MODELS["small"], seq_len=len(CTX_FAILS), dst_store=0,
+                               pair_store=0, pair_forward=0, pair_fail=False,
+                               placed_store=0.0, context_copy=0.0, context_fail=0.0)
+    cfg = dataclasses.replace(base, context_fail=4.0)
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    tok = jnp.asarray([CTX_FAILS])
+    seg = jnp.ones(tok.shape, jnp.int32)
+    F, R = V.FAILED, V.RTT_START
+    heads = [i for i, t in enumerate(CTX_FAILS) if t in (F, R)]
+    assert heads == [11, 27, 41, 55, 71, 85]
+    counts = [(0, 0), (0, 1), (1, 2), (2, 3), (0, 0), (2, 4)]  # (failed, pings) before each
+    got = np.stack([np.asarray(x)[0] for x in model.context_fails(
+        tok, seg, model.same_destination(tok, seg)[0])])
+    assert [tuple(got[:, h - 1]) for h in heads] == counts
+    for bias, s in ((0.0, 4.0), (np.log(2.0), 8.0)):
+        p, p_own = (np.exp(np.asarray(jax.nn.log_softmax(
+            model.forward({**params, "cfail_bias": jnp.float32(bias)}, tok, seg, c)),
+            np.float64))[0] for c in (cfg, base))
+        for h, (f, n) in zip(heads, counts):
+            at = h - 1
+            m = p_own[at, F] / (p_own[at, F] + p_own[at, R])
+            q = (f + s * m) / (n + s)
+            assert p[at, F] / (p[at, F] + p[at, R]) == pytest.approx(q, rel=1e-4)
+            assert p[at, F] + p[at, R] == pytest.approx(p_own[at, F] + p_own[at, R], rel=1e-5)
+        # the tokens before a result whose destination the context has pinged move that
+        # split alone (node 2's from its last destination byte: the match needs all of it)
+        moved = np.asarray(model.before_result(tok, seg))[0] & (got[1] > 0)
+        assert np.flatnonzero(moved).tolist() == [26, 40, 54, 84]
+        np.testing.assert_allclose(p[~moved], p_own[~moved], rtol=1e-5, atol=1e-9)
+        rest = np.ones(p.shape[1], bool)
+        rest[[F, R]] = False
+        np.testing.assert_allclose(p[moved][:, rest], p_own[moved][:, rest], rtol=1e-5,
+                                   atol=1e-9)
+    g = jax.grad(lambda q: model.loss_sum(q, {"tokens": tok, "segment_ids": seg}, cfg)[2])(params)
+    assert abs(float(g["cfail_bias"])) > 0 and np.abs(np.asarray(g["cfail_gate"])).sum() > 0
+    assert arch.MODELS["small"].context_fail == 4.0 and not arch.MODELS["tiny"].context_fail
+    with pytest.raises(ValueError, match="context_fail must be 0"):
+        dataclasses.replace(base, context_fail=-1.0)
+
+
 # --- the placed store (ModelConfig.placed_store): the store moved by the probe's factor ----
 
 def _code(us: float) -> int:

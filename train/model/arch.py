@@ -199,6 +199,16 @@ class ModelConfig:
     # 8.22); where they are the train probes, their own (section 8.25: a time split's `cold`
     # Brier from a loss to a win). pair_shared_by_split sets it with pair_shared. False: -1
     pair_shared_fail: bool = False
+    # the failures among a measurement's earlier pings to its destination in the row (the
+    # pings the destination-match head finds, same_destination): where there is one, the
+    # model's P(failed) (its split of FAILED and RTT_START's mass) is taken as a beta prior
+    # of this many pseudo-pings (times exp(a gate's logit from the final residual)) and
+    # updated by them: (failed + s P) / (pings + s). A pair's own failure rate is what 2
+    # layers read weakly, or not at all: without it, one seed's model gave a pair that had
+    # failed on all of 4-7 earlier pings 0.24 (0.92 failed), one that never had in 8-15
+    # 0.15 (0.05 failed), and both seeds lost to the context's shares shrunk so
+    # (docs/learning.md section 8.29). 0: off
+    context_fail: float = 0.0
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
     # replies to their destinations' store medians, over their count plus this shrink;
@@ -247,6 +257,8 @@ class ModelConfig:
             raise ValueError("pair_fail's gate learns on pair_forward's fold: set pair_forward")
         if self.pair_forward and not self.pair_store:
             raise ValueError("pair_forward reads the pair store: set pair_store")
+        if not self.context_fail >= 0:
+            raise ValueError(f"context_fail must be 0 (off) or more, not {self.context_fail}")
         if self.store_without_fold and not self.gate_fold:
             raise ValueError("store_without_fold leaves out the gate fold's contexts: set gate_fold")
 
@@ -277,7 +289,7 @@ MODELS = {
                          store_without_fold=True, pair_forward=8, pair_min=4, pair_recent=8,
                          pair_recent_own=True, pair_recent_check=True, pair_fail=True,
                          pair_fail_recent=16, pair_shared=False,
-                         pair_shared_by_split=True),
+                         pair_shared_by_split=True, context_fail=4.0),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,
@@ -383,6 +395,10 @@ def param_specs(cfg: ModelConfig) -> dict:
     if cfg.pair_store and cfg.pair_fail:  # its failure counts, read before a result
         memory |= {"fail_gate": Param((D,), 0.0, zeros=True),
                    "fail_bias": Param((), 0.0, decay=False)}
+    if cfg.context_fail:  # the prior's strength against the context's own counts: a
+        # logit; no draws, so the others start as they did before
+        memory |= {"cfail_gate": Param((D,), 0.0, zeros=True),
+                   "cfail_bias": Param((), 0.0, decay=False, zeros=True)}
     return {
         **grammar,
         **waves,

@@ -199,7 +199,8 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         if probes is not None:
             xp = xp + jnp.where(p_on[..., None], mem[p_row], 0).astype(dtype)
     match = p_match = None
-    if cfg.match_dst or cfg.context_copy:  # bool [B, 1, T, T] (and [B, 1, M, T] for probes)
+    # bool [B, 1, T, T] (and [B, 1, M, T] for probes)
+    if cfg.match_dst or cfg.context_copy or cfg.context_fail:
         match, p_match = same_destination(tokens, seg, probes)  # same destination
     head0 = (jnp.arange(cfg.n_heads) == 0).astype(dtype)[None, :, None, None] * cfg.match_dst
     # head 0's bias [B, 1, T, T] (train.model.attention.attention spreads it over the heads
@@ -310,6 +311,10 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         if pair_fold is not None:  # in training, only on the forward read's fold
             f_on = f_on & pair_fold
         out = _mix_fail(params, out, x, share, f_on, pair_fold)
+    if cfg.context_fail:  # the pair's own failures in the context update what came before
+        failed, pings = context_fails(tokens, seg, match)
+        out = _update_fail(params, out, x, failed, pings, cfg.context_fail,
+                           before_result(tokens, seg) & (pings > 0))
     if copy is not None:
         out = _mix_copy(params, out, x, *copy)
         if probes is not None:
@@ -420,6 +425,34 @@ def _mix_fail(params: dict, logits: jax.Array, x: jax.Array, share: jax.Array, o
     l_f, l_r = lp[..., vocab.FAILED], lp[..., vocab.RTT_START]
     l_s = jnp.logaddexp(l_f, l_r)
     q = (1.0 - g) * jnp.exp(l_f - l_s) + g * share
+    mixed = (lp.at[..., vocab.FAILED].set(l_s + jnp.log(jnp.maximum(q, 1e-30)))
+             .at[..., vocab.RTT_START].set(l_s + jnp.log(jnp.maximum(1.0 - q, 1e-30))))
+    return jnp.where(on[..., None], mixed, logits)
+
+
+def context_fails(tokens: jax.Array, segment_ids: jax.Array, match: jax.Array):
+    """(failed, pings) float32[B, T]: at each token, how many of the row's earlier
+    measurements to the destination its measurement names (``match``, same_destination's)
+    have a result (RTT_START or FAILED), and how many of those failed."""
+    tokens = tokens.astype(jnp.int32)
+    m = match[:, 0].astype(jnp.float32)
+    head = ((tokens == vocab.RTT_START) | (tokens == vocab.FAILED)) & (segment_ids > 0)
+    failed = jnp.einsum("bqt,bt->bq", m, (tokens == vocab.FAILED).astype(jnp.float32))
+    return failed, jnp.einsum("bqt,bt->bq", m, head.astype(jnp.float32))
+
+
+def _update_fail(params: dict, logits: jax.Array, x: jax.Array, failed: jax.Array,
+                 pings: jax.Array, strength: float, on: jax.Array):
+    """Where ``on``: log-probabilities whose FAILED and RTT_START keep their sum S and split
+    it as q = (failed + s m) / (pings + s) and 1 - q (m: the logits' P(FAILED) / S), s =
+    ``strength`` exp(x . cfail_gate + cfail_bias): the logits' split a beta prior of s
+    pseudo-pings, the counts its update (ModelConfig.context_fail); the logits elsewhere."""
+    z = x.astype(jnp.float32) @ params["cfail_gate"] + params["cfail_bias"]
+    s = strength * jnp.exp(jnp.clip(z, -8.0, 8.0))
+    lp = jax.nn.log_softmax(logits.astype(jnp.float32))
+    l_f, l_r = lp[..., vocab.FAILED], lp[..., vocab.RTT_START]
+    l_s = jnp.logaddexp(l_f, l_r)
+    q = (failed + s * jnp.exp(l_f - l_s)) / (pings + s)
     mixed = (lp.at[..., vocab.FAILED].set(l_s + jnp.log(jnp.maximum(q, 1e-30)))
              .at[..., vocab.RTT_START].set(l_s + jnp.log(jnp.maximum(1.0 - q, 1e-30))))
     return jnp.where(on[..., None], mixed, logits)
