@@ -421,10 +421,16 @@ def _mix_fail(params: dict, logits: jax.Array, x: jax.Array, share: jax.Array, o
     elsewhere. With ``fold`` (forward's ``pair_fold``), g learns on the fold alone, reading
     x as a constant (ModelConfig.pair_fail)."""
     g = jax.nn.sigmoid(_gate(params, x, "fail", fold))
+    return _resplit_fail(logits, lambda m: (1.0 - g) * m + g * share, on)
+
+
+def _resplit_fail(logits: jax.Array, rule, on: jax.Array) -> jax.Array:
+    """Where ``on``: log-probabilities whose FAILED and RTT_START keep their sum S and split
+    it as q = rule(m) and 1 - q, m the logits' P(FAILED) / S; the logits elsewhere."""
     lp = jax.nn.log_softmax(logits.astype(jnp.float32))
     l_f, l_r = lp[..., vocab.FAILED], lp[..., vocab.RTT_START]
     l_s = jnp.logaddexp(l_f, l_r)
-    q = (1.0 - g) * jnp.exp(l_f - l_s) + g * share
+    q = rule(jnp.exp(l_f - l_s))
     mixed = (lp.at[..., vocab.FAILED].set(l_s + jnp.log(jnp.maximum(q, 1e-30)))
              .at[..., vocab.RTT_START].set(l_s + jnp.log(jnp.maximum(1.0 - q, 1e-30))))
     return jnp.where(on[..., None], mixed, logits)
@@ -447,15 +453,9 @@ def _update_fail(params: dict, logits: jax.Array, x: jax.Array, failed: jax.Arra
     it as q = (failed + s m) / (pings + s) and 1 - q (m: the logits' P(FAILED) / S), s =
     ``strength`` exp(x . cfail_gate + cfail_bias): the logits' split a beta prior of s
     pseudo-pings, the counts its update (ModelConfig.context_fail); the logits elsewhere."""
-    z = x.astype(jnp.float32) @ params["cfail_gate"] + params["cfail_bias"]
+    z = _gate(params, x, "cfail")
     s = strength * jnp.exp(jnp.clip(z, -8.0, 8.0))
-    lp = jax.nn.log_softmax(logits.astype(jnp.float32))
-    l_f, l_r = lp[..., vocab.FAILED], lp[..., vocab.RTT_START]
-    l_s = jnp.logaddexp(l_f, l_r)
-    q = (failed + s * jnp.exp(l_f - l_s)) / (pings + s)
-    mixed = (lp.at[..., vocab.FAILED].set(l_s + jnp.log(jnp.maximum(q, 1e-30)))
-             .at[..., vocab.RTT_START].set(l_s + jnp.log(jnp.maximum(1.0 - q, 1e-30))))
-    return jnp.where(on[..., None], mixed, logits)
+    return _resplit_fail(logits, lambda m: (failed + s * m) / (pings + s), on)
 
 
 # one odd multiplier per byte index: an address's hash is the sum of (byte + 1) * M[index]
