@@ -50,11 +50,11 @@ def test_p_failed_by_destination_then_context_then_train(answers):
 
 
 def test_p_failed_shrunk_toward_the_context_then_the_train_rate():
-    """fail_strength (s_p, s_c) = (2, 4): the context's share (f + 4 RATE) / (n + 4), the
+    """fail_prior (s_p, s_c) = (2, 4): the context's share (f + 4 RATE) / (n + 4), the
     pair's (f + 2 that) / (n + 2). q5: dst 1 failed 1 of 3, the context 1 of 5; q3: 1 of 2,
     1 of 3; q1: no dst-2 ping, the context's 0 of 1; q0, q6: the train rate."""
     got = C.predict(CTX, np.zeros(len(CTX), np.int64), DST, RTT, fallback=FALLBACK,
-                    fail_rate=RATE, fail_strength=(2.0, 4.0))["context_last"].p_fail
+                    fail_rate=RATE, fail_prior=C.FailPrior(2.0, 4.0))["context_last"].p_fail
     ctx = lambda f, n: (f + 4 * RATE) / (n + 4)
     pair = lambda f, n, c: (f + 2 * c) / (n + 2)
     want = [RATE, ctx(0, 1), pair(0, 1, ctx(0, 2)), pair(1, 2, ctx(1, 3)),
@@ -64,20 +64,57 @@ def test_p_failed_shrunk_toward_the_context_then_the_train_rate():
     assert got[5] == pytest.approx((1 + 2 * 2 / 9) / 5)  # (1 + 4 x 0.25) / 9 = 2 / 9 first
 
 
-def test_fail_strength_fit_on_contexts_of_their_own():
+def test_a_pair_dead_or_live_weighed_by_its_pings():
+    """FailPrior with dead: a pair dead (fails at 0.95) with prior 0.1, else live with a
+    Beta(2 x 0.1, 2 x 0.9) prior; P(dead | f of n) by the likelihoods (the beta-binomial's
+    by hand, from Gamma functions), P(failed) = w 0.95 + (1 - w) (f + 0.2) / (n + 2). A
+    pair that failed on all 3 of its pings is likely dead (0.89 against the beta's 0.64),
+    one reply makes it live (0.95 x 0.05 against a live pair's odds); no ping: the
+    context's share, as without the mixture."""
+    from math import exp, lgamma, log
+    fp = C.FailPrior(2.0, 4.0, dead=0.1, dead_rate=0.95, live=0.1)
+    f, n = np.array([3.0, 2.0, 0.0, 0.0]), np.array([3.0, 3.0, 5.0, 0.0])
+    counts = np.stack([f, n, np.array([3.0, 2.0, 1.0, 2.0]), np.array([4.0, 6.0, 9.0, 8.0])])
+    got = C.fail_shares(counts, RATE, fp)
+
+    def by_hand(f, n):
+        a, b = 0.2, 1.8
+        live = (lgamma(f + a) + lgamma(n - f + b) - lgamma(n + a + b) - lgamma(a) - lgamma(b)
+                + lgamma(a + b))
+        dead = f * log(0.95) + (n - f) * log(0.05)
+        w = 1 / (1 + exp(live - dead - log(0.1 / 0.9)))
+        return w * 0.95 + (1 - w) * (f + a) / (n + 2)
+    want = [by_hand(3, 3), by_hand(2, 3), by_hand(0, 5), (2 + 4 * RATE) / (8 + 4)]
+    assert got.tolist() == pytest.approx(want, rel=1e-12)
+    assert got[0] == pytest.approx(0.8918, abs=1e-4) and (3 + 0.2) / 5 == 0.64
+    assert got[2] == pytest.approx(0.2 / 7, rel=1e-3)  # five replies: live, its beta alone
+    # no dead prior: the beta alone, the context's share its mean where live is None
+    beta = C.fail_shares(counts, RATE, C.FailPrior(2.0, 4.0))
+    assert beta[0] == pytest.approx((3 + 2 * (3 + 4 * RATE) / 8) / 5)
+
+
+def test_fail_prior_fit_on_contexts_of_their_own():
     """Planted: 400 contexts of 8 pings to one destination each; half fail every time, half
     never, so a pair's own pings say all and the weakest priors win; contexts whose
-    destinations fail at random (p = 0.3, independent) want the strongest; none earlier:
-    (0, 0)."""
+    destinations fail at random (p = 0.3, independent) want the strongest, at that rate;
+    none earlier: the plain shares. Pairs that are dead (one in five; failing at 0.98) or live at a
+    Beta(1, 9) rate: the mixture, its dead rate and live mean where they were planted."""
     n = 400
     ctx, dst = np.repeat(np.arange(n), 8), np.repeat(np.arange(n), 8)
     sticky = np.repeat(np.arange(n) % 2 == 0, 8)
-    assert C.fit_fail_strength(ctx, dst, sticky, 0.5) == (0.5, 0.5)
+    assert C.fit_fail_prior(ctx, dst, sticky, 0.5)[:2] == (0.5, 0.5)
     rng = np.random.default_rng(0)
     noisy = rng.random(len(ctx)) < 0.3
-    assert C.fit_fail_strength(ctx, dst, noisy, 0.3) == (32.0, 32.0)
-    assert C.fit_fail_strength(np.arange(5), np.zeros(5, np.int64), np.ones(5, bool),
-                               0.2) == (0.0, 0.0)
+    fp = C.fit_fail_prior(ctx, dst, noisy, 0.3)  # (a small dead share: 3,200 pings' noise)
+    assert fp[:2] == (32.0, 32.0) and fp.live == 0.3 and fp.dead <= 0.02
+    assert C.fit_fail_prior(np.arange(5), np.zeros(5, np.int64), np.ones(5, bool),
+                            0.2) == C.FailPrior()
+    n = 4000
+    ctx, dst = np.repeat(np.arange(n), 8), np.repeat(np.arange(n), 8)
+    p = np.where(rng.random(n) < 0.2, 0.98, rng.beta(1.0, 9.0, n))
+    planted = rng.random(len(ctx)) < np.repeat(p, 8)
+    fp = C.fit_fail_prior(ctx, dst, planted, planted.mean())
+    assert fp == C.FailPrior(8.0, 32.0, dead=0.2, dead_rate=0.98, live=0.1)
 
 
 def test_fallback_chain_pair_then_dst_then_global():

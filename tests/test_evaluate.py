@@ -119,12 +119,14 @@ def test_eval_counts_every_query_and_target(run, full):
     # train split's contexts (their pseudo-pings and its rate in the report, said in a line)
     fp = report["fail_prior"]
     assert {fp["pair"], fp["context"]} <= set(context_baselines.FAIL_STRENGTHS)
+    assert fp["dead"] in (0.0, *context_baselines.DEAD_PRIORS)
     assert fail_prior_line(fp) in text.splitlines()
     q = detail.queries
     (_, q_dst), = evaluate_lib.node_ids([q])[0]
     counts = context_baselines.fail_counts(
         context_baselines.context_starts(q.row * 256 + q.segment), q_dst, q.failed)
-    want = context_baselines.fail_shares(counts, fp["rate"], (fp["pair"], fp["context"]))
+    want = context_baselines.fail_shares(counts, fp["rate"], context_baselines.FailPrior(
+        **{k: v for k, v in fp.items() if k != "rate"}))
     for name in ("context_last", "context_krig"):
         np.testing.assert_allclose(detail.p_failed[name], want, rtol=1e-12)
     assert (counts[1] > 0).sum() > 50 and (counts[0] > 0).sum() > 5  # pairs, and failures

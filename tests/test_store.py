@@ -1045,6 +1045,46 @@ def test_the_contexts_failures_to_the_destination_update_p_failed():
         dataclasses.replace(base, context_fail=-1.0)
 
 
+def test_a_pair_dead_or_live_by_its_failures_in_the_context():
+    """ModelConfig.context_dead: the beta update of context_fail mixed with a dead pair's
+    rate q = sigmoid(cdead_rate + 3) by the posterior P(dead), its prior sigmoid(gate - 2),
+    the beta-binomial's likelihood by hand (Gamma functions) against q's: on CTX_FAILS,
+    P(failed)'s split before node 2's results, from the model without the piece (m) and
+    the counts; the sum of the two and the positions without a count as before. The
+    three parameters learn."""
+    from math import exp, lgamma, log
+    base = dataclasses.replace(arch.MODELS["small"], seq_len=len(CTX_FAILS), dst_store=0,
+                               pair_store=0, pair_forward=0, pair_fail=False,
+                               placed_store=0.0, context_copy=0.0, context_fail=0.0)
+    cfg = dataclasses.replace(base, context_fail=4.0, context_dead=True)
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    tok, F, R = jnp.asarray([CTX_FAILS]), V.FAILED, V.RTT_START
+    seg = jnp.ones(tok.shape, jnp.int32)
+    p, p_own = (np.exp(np.asarray(jax.nn.log_softmax(model.forward(params, tok, seg, c)),
+                                  np.float64))[0] for c in (cfg, base))
+    q, prior = 1 / (1 + exp(-3.0)), -2.0
+    for at, (f, n) in zip((26, 40, 54, 84), ((0, 1), (1, 2), (2, 3), (2, 4))):
+        m = p_own[at, F] / (p_own[at, F] + p_own[at, R])
+        a, b = 4 * m, 4 * (1 - m)
+        live = (lgamma(f + a) + lgamma(n - f + b) - lgamma(n + 4) - lgamma(a) - lgamma(b)
+                + lgamma(4))
+        w = 1 / (1 + exp(live - f * log(q) - (n - f) * log(1 - q) - prior))
+        want = w * q + (1 - w) * (f + a) / (n + 4)
+        assert p[at, F] / (p[at, F] + p[at, R]) == pytest.approx(want, rel=1e-4)
+        assert p[at, F] + p[at, R] == pytest.approx(p_own[at, F] + p_own[at, R], rel=1e-5)
+    assert p[54, F] / (p[54, F] + p[54, R]) > (2 + 4 * p_own[54, F] / (
+        p_own[54, F] + p_own[54, R])) / 7  # 2 of 3 failed: nearer dead than the beta says
+    moved = np.zeros(p.shape[0], bool)
+    moved[[26, 40, 54, 84]] = True
+    np.testing.assert_allclose(p[~moved], p_own[~moved], rtol=1e-5, atol=1e-9)
+    g = jax.grad(lambda q: model.loss_sum(q, {"tokens": tok, "segment_ids": seg}, cfg)[2])(params)
+    for name in ("cdead_bias", "cdead_rate", "cfail_bias"):
+        assert abs(float(g[name])) > 0, name
+    assert np.abs(np.asarray(g["cdead_gate"])).sum() > 0
+    with pytest.raises(ValueError, match="context_dead weighs context_fail"):
+        dataclasses.replace(base, context_dead=True)
+
+
 # --- the placed store (ModelConfig.placed_store): the store moved by the probe's factor ----
 
 def _code(us: float) -> int:

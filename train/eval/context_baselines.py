@@ -22,17 +22,24 @@ Where a baseline has nothing (no earlier reply; for the placements, none usable 
 falls back to the train split's ``pair_mode`` (its point at the band the train split picks,
 the median where that is better) → ``dst_median`` → ``global_median``;
 ``covered`` counts only its own answers. P(failed), the same for all: the context's earlier
-failures to that destination, shrunk toward its failures to any destination, shrunk toward
-the train split's rate (each as a beta prior of so many pseudo-pings: (failed + s prior) /
-(pings + s)), the two strengths those of ``FAIL_STRENGTHS`` that score best (Brier) on the
-train split's own contexts (``fit_fail_strength``); with none, the plain shares (the rule
-until 2026-12-01, which a pair seen to fail on 1 ping of 1 gave 1). Cost: Numba passes,
-O(k²) in a context's length k (k <= row length / 12); rates: `make bench`, eval.*.
+failures to that destination, shrunk toward its failures to any destination (or a live
+pair's rate), shrunk toward the train split's rate (each as a beta prior of so many
+pseudo-pings: (failed + s prior) / (pings + s)); and the pair may be dead (failing on
+nearly every ping: a firewalled target, a broken family) with a prior probability, weighed
+against the beta by its pings' likelihood (``FailPrior``). The priors are those of the grids
+below that score best (Brier) on the train split's own contexts (``fit_fail_prior``); with
+none, the plain shares (the rule until 2026-12-01, which a pair seen to fail on 1 ping of 1
+gave 1); the dead-or-live mixture since 2026-12-02 (docs/learning.md section 8.30). Cost:
+Numba passes, O(k²) in a context's length k (k <= row length / 12); rates: `make bench`,
+eval.*.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
+from scipy.special import gammaln
 
 from train.eval import baselines as B
 from train.eval import coord_kernels as K
@@ -45,9 +52,29 @@ KNN_K = 5  # neighbours whose pair medians context_knn's answer is the median of
 # placement: spring rounds over the replies so far after each new one, and the timestep
 # (a fixed node's error is ~0 next to a new node's 1, so the paper's c_c * w is c_c)
 PLACE_ROUNDS, PLACE_CC = 4, 0.25
-# the beta priors' strengths (pseudo-pings) fit_fail_strength tries, for the pair's failures
+# the beta priors' strengths (pseudo-pings) fit_fail_prior tries, for the pair's failures
 # (toward the context's) and the context's (toward the train split's)
 FAIL_STRENGTHS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+# and for the pair's dead-or-live mixture: its prior P(dead), a dead pair's failure rate, a
+# live pair's mean rate (besides the context's share), on at most FIT_SAMPLE measurements
+DEAD_PRIORS = (0.02, 0.05, 0.1, 0.2)
+DEAD_RATES = (0.9, 0.95, 0.98, 0.99, 0.995)
+LIVE_RATES = (0.05, 0.1, 0.15, 0.2, 0.3)
+FIT_SAMPLE = 200_000
+
+
+class FailPrior(NamedTuple):
+    """P(failed)'s priors (fail_shares). The context's share of failures over ``context``
+    pseudo-pings of the train split's rate; the pair's over ``pair`` pseudo-pings of the
+    live rate: ``live``, or that share where it is None. With ``dead`` > 0 a pair is dead
+    (it fails at ``dead_rate``) with that prior probability, else live, weighed by the
+    likelihood of its pings (the live one's beta-binomial): P(failed) = w dead_rate +
+    (1 - w) (failed + pair live) / (pings + pair), w the posterior P(dead)."""
+    pair: float = 0.0
+    context: float = 0.0
+    dead: float = 0.0
+    dead_rate: float = 0.99
+    live: float | None = None
 
 
 def context_starts(ctx: np.ndarray) -> np.ndarray:
@@ -115,7 +142,7 @@ def krig_table(pair_median: B.PairTable, src, dst, rtt) -> tuple:
 
 
 def predict(ctx, src, dst, rtt, *, fallback: np.ndarray, fail_rate: float,
-            fail_strength: tuple[float, float] = (0.0, 0.0),
+            fail_prior: FailPrior = FailPrior(),
             vivaldi: B.Vivaldi | None = None,
             knn: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
             krig: tuple | None = None) -> dict[str, B.Prediction]:
@@ -123,13 +150,13 @@ def predict(ctx, src, dst, rtt, *, fallback: np.ndarray, fail_rate: float,
     context order; src, dst: node ids as in the train fits; rtt: the true ms, -1 failed:
     only earlier ones are read). ``fallback``: per query, what an empty answer becomes;
     ``vivaldi``, ``knn`` (``knn_table``), ``krig`` (``krig_table``): context_vivaldi's,
-    context_knn's and context_krig's train fits. ``fail_strength``: (pair, context) beta
-    priors' pseudo-pings for P(failed) (``fit_fail_strength``; 0: the plain shares)."""
+    context_knn's and context_krig's train fits. ``fail_prior``: P(failed)'s priors
+    (``fit_fail_prior``; the default: the plain shares)."""
     starts = context_starts(ctx)
     src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
     rtt = np.asarray(rtt, np.float64)
     last, ema, med = _scan(starts, dst, rtt, B.EMA_ALPHA)
-    p_fail = fail_shares(fail_counts(starts, dst, rtt < 0), fail_rate, fail_strength)
+    p_fail = fail_shares(fail_counts(starts, dst, rtt < 0), fail_rate, fail_prior)
     own = {"context_last": last, "context_ema": ema, "context_median": med}
     if vivaldi is not None:
         own["context_vivaldi"] = K.place_in_contexts(
@@ -169,29 +196,74 @@ def _fail_counts(starts, dst, failed):
     return out
 
 
-def fail_shares(counts: np.ndarray, rate: float, strength: tuple[float, float]) -> np.ndarray:
+def fail_shares(counts: np.ndarray, rate: float, prior: FailPrior) -> np.ndarray:
     """P(failed) per query from ``fail_counts``: the context's share of failures over
-    (failed + s_c rate) / (pings + s_c), the pair's over (failed + s_p that) / (pings + s_p),
-    each the one before it where it has no ping; ``strength`` = (s_p, s_c)."""
+    (failed + s_c rate) / (pings + s_c), the pair's as FailPrior says, each the one before
+    it where it has no ping (s_c, s_p = prior.context, prior.pair)."""
     f_p, n_p, f_c, n_c = counts
-    s_p, s_c = strength
     with np.errstate(invalid="ignore", divide="ignore"):
-        ctx = np.where(n_c > 0, (f_c + s_c * rate) / (n_c + s_c), rate)
-        return np.where(n_p > 0, (f_p + s_p * ctx) / (n_p + s_p), ctx)
+        ctx = np.where(n_c > 0, (f_c + prior.context * rate) / (n_c + prior.context), rate)
+        pair = _pair_share(f_p, n_p, ctx if prior.live is None else prior.live, prior)
+    return np.where(n_p > 0, pair, ctx)
 
 
-def fit_fail_strength(ctx, dst, failed, rate: float) -> tuple[float, float]:
-    """(s_p, s_c) of FAIL_STRENGTHS whose fail_shares score the lowest Brier on measurements
-    in contexts of their own (the train split's: ``ctx`` a context id per measurement, in
-    context order), over those with an earlier one; (0, 0) where there is none."""
+def _pair_share(f, n, live, prior: FailPrior) -> np.ndarray:
+    """The pair's P(failed) from its counts (f of n): FailPrior's rule."""
+    s = prior.pair
+    share = (f + s * live) / (n + s)
+    if not prior.dead:
+        return share
+    m = np.clip(live, 1e-4, 1 - 1e-4)
+    a, b = s * m, s * (1 - m)
+    alive = gammaln(f + a) + gammaln(n - f + b) - gammaln(n + s) - gammaln(a) - gammaln(b) \
+        + gammaln(s)
+    dead = f * np.log(prior.dead_rate) + (n - f) * np.log1p(-prior.dead_rate)
+    w = 1.0 / (1.0 + np.exp(np.clip(alive - dead - np.log(prior.dead / (1 - prior.dead)),
+                                    -700, 700)))
+    return w * prior.dead_rate + (1 - w) * share
+
+
+def fit_fail_prior(ctx, dst, failed, rate: float, seed: int = 0) -> FailPrior:
+    """The FailPrior whose fail_shares score the lowest Brier on measurements in contexts of
+    their own (the train split's: ``ctx`` a context id per measurement, in context order),
+    over those with an earlier one; the plain shares where there is none. First (pair,
+    context) of FAIL_STRENGTHS, no dead pairs; then, on the measurements whose pair has an
+    earlier ping (at most FIT_SAMPLE, seeded), the pair's rule again: the beta alone or
+    the dead-or-live mixture, over FAIL_STRENGTHS x DEAD_PRIORS x DEAD_RATES x (the
+    context's share, LIVE_RATES)."""
     counts = fail_counts(context_starts(ctx), dst, failed)
     keep = counts[3] > 0
     if not keep.any():
-        return 0.0, 0.0
+        return FailPrior()
     counts, y = counts[:, keep], np.asarray(failed, np.float64)[keep]
-    best = min((float(np.mean((fail_shares(counts, rate, (sp, sc)) - y) ** 2)), sp, sc)
+    best = min((float(np.mean((fail_shares(counts, rate, FailPrior(sp, sc)) - y) ** 2)), sp, sc)
                for sp in FAIL_STRENGTHS for sc in FAIL_STRENGTHS)
-    return best[1], best[2]
+    s_c = best[2]
+    pair = np.flatnonzero(counts[1] > 0)
+    if len(pair) > FIT_SAMPLE:
+        pair = np.sort(np.random.default_rng(seed).choice(pair, FIT_SAMPLE, replace=False))
+    counts, y = counts[:, pair], y[pair]
+    shares = fail_shares(np.stack([0 * counts[0], 0 * counts[1], counts[2], counts[3]]), rate,
+                         FailPrior(0.0, s_c))
+    # a constant live rate: the counts' distinct (failed, pings) suffice
+    fn, inv = np.unique(counts[:2].T, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    k, y1 = np.bincount(inv, minlength=len(fn)), np.bincount(inv, y, minlength=len(fn))
+
+    def brier_const(p):  # mean (p - y)^2 from the groups' sums
+        return float((k * p * p - 2 * p * y1).sum() + y.sum()) / len(y)
+    cands = [(float(np.mean((_pair_share(counts[0], counts[1], shares, FailPrior(best[1], s_c))
+                             - y) ** 2)), FailPrior(best[1], s_c))]
+    for sp in FAIL_STRENGTHS:
+        for pd in DEAD_PRIORS:
+            for q in DEAD_RATES:
+                fp = FailPrior(sp, s_c, pd, q)
+                cands.append((float(np.mean((_pair_share(counts[0], counts[1], shares, fp)
+                                             - y) ** 2)), fp))
+                for live in LIVE_RATES:
+                    fp = FailPrior(sp, s_c, pd, q, live)
+                    cands.append((brier_const(_pair_share(fn[:, 0], fn[:, 1], live, fp)), fp))
+    return min(cands, key=lambda c: c[0])[1]
 
 
 @njit(cache=True)

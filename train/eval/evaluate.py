@@ -304,12 +304,12 @@ def _baselines(data, manifest: dict, qm, seed: int):
     t_c = time.perf_counter()
     rate = fitted["global_median"].fail_rate
     # P(failed)'s beta priors, fit on the train split's own contexts (train.eval.context_baselines)
-    strength = context_baselines.fit_fail_strength(train.row * 256 + train.segment, tr_dst,
-                                                   train.failed, rate)
+    prior = context_baselines.fit_fail_prior(train.row * 256 + train.segment, tr_dst,
+                                             train.failed, rate, seed)
     ctx = context_baselines.predict(
         qm.row * 256 + qm.segment, q_src, q_dst, qm.rtt_ms(),
         fallback=context_baselines.fallback_chain(fitted, q_src, q_dst),
-        fail_rate=rate, fail_strength=strength, vivaldi=fitted["vivaldi"],
+        fail_rate=rate, fail_prior=prior, vivaldi=fitted["vivaldi"],
         knn=context_baselines.knn_table(fitted["pair_median"]),
         krig=context_baselines.krig_table(fitted["pair_median"], tr_src, tr_dst, train.rtt_ms()))
     context_s = time.perf_counter() - t_c
@@ -319,7 +319,7 @@ def _baselines(data, manifest: dict, qm, seed: int):
     preds = {name: (p.rtt_ms, p.p_fail, p.covered) for name, p in (ctx | base).items()}
     return train, preds, known, {"baselines_s": round(fit_s, 3),
                                  "context_baselines_s": round(context_s, 3)}, \
-        fitted["pair_mode"], {"pair": strength[0], "context": strength[1], "rate": rate}
+        fitted["pair_mode"], {**prior._asdict(), "rate": rate}
 
 
 def _sample_rows(seg, meas, max_queries: int, rng) -> np.ndarray:

@@ -91,15 +91,20 @@ def format_report(r: dict) -> str:
 
 
 def fail_prior_line(fp: dict) -> str:
-    """How the context baselines' P(failed) shrinks (train.eval.context_baselines)."""
+    """How the context baselines' P(failed) is reached (train.eval.context_baselines)."""
     if not fp["pair"] and not fp["context"]:
         return ("P(failed) of the context baselines: the context's share of failures to the "
                 "destination, else to any, else the train split's rate "
                 f"{fp['rate']:.3f} (no train context has two pings to fit priors on)")
+    live = ("its failures to any" if fp.get("live") is None
+            else f"a live pair's rate {fp['live']:g}")
+    dead = ("" if not fp.get("dead") else
+            f"; or the pair is dead (fails at {fp['dead_rate']:g}), prior {fp['dead']:g}, "
+            "weighed by its pings' likelihood")
     return ("P(failed) of the context baselines: the context's failures to the destination "
-            f"over {fp['pair']:g} pseudo-pings of its failures to any, those over "
-            f"{fp['context']:g} of the train split's rate {fp['rate']:.3f} (a beta prior "
-            "each, fit on the train split's contexts)")
+            f"over {fp['pair']:g} pseudo-pings of {live}{dead}; else the context's failures "
+            f"to any over {fp['context']:g} of the train split's rate {fp['rate']:.3f} (beta "
+            "priors fit on the train split's contexts)")
 
 
 def point_line(pt: dict) -> str:

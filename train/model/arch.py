@@ -209,6 +209,14 @@ class ModelConfig:
     # 0.15 (0.05 failed), and both seeds lost to the context's shares shrunk so
     # (docs/learning.md section 8.29). 0: off
     context_fail: float = 0.0
+    # with context_fail: the pair may be dead (a firewalled target, a broken family: it
+    # fails on nearly every ping) or live (failing at a rate of its own): a prior
+    # P(dead) = sigmoid(a gate's logit - 2) and a dead pair's rate sigmoid(a logit + 3),
+    # both learned, weighed against the counts by their likelihoods (the live one's the
+    # beta-binomial of context_fail's prior): P(failed) = w q + (1 - w) (failed + s m) /
+    # (pings + s), w the posterior P(dead). A beta alone pulls a pair that failed on all
+    # of its 3 pings to 0.68 (0.84 failed; docs/learning.md section 8.30)
+    context_dead: bool = False
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
     # replies to their destinations' store medians, over their count plus this shrink;
@@ -259,6 +267,8 @@ class ModelConfig:
             raise ValueError("pair_forward reads the pair store: set pair_store")
         if not self.context_fail >= 0:
             raise ValueError(f"context_fail must be 0 (off) or more, not {self.context_fail}")
+        if self.context_dead and not self.context_fail:
+            raise ValueError("context_dead weighs context_fail's counts: set context_fail")
         if self.store_without_fold and not self.gate_fold:
             raise ValueError("store_without_fold leaves out the gate fold's contexts: set gate_fold")
 
@@ -399,6 +409,10 @@ def param_specs(cfg: ModelConfig) -> dict:
         # logit; no draws, so the others start as they did before
         memory |= {"cfail_gate": Param((D,), 0.0, zeros=True),
                    "cfail_bias": Param((), 0.0, decay=False, zeros=True)}
+    if cfg.context_dead:  # P(dead)'s logit (a gate) and a dead pair's rate, offsets in the model
+        memory |= {"cdead_gate": Param((D,), 0.0, zeros=True),
+                   "cdead_bias": Param((), 0.0, decay=False, zeros=True),
+                   "cdead_rate": Param((), 0.0, decay=False, zeros=True)}
     return {
         **grammar,
         **waves,

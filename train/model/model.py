@@ -314,7 +314,7 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     if cfg.context_fail:  # the pair's own failures in the context update what came before
         failed, pings = context_fails(tokens, seg, match)
         out = _update_fail(params, out, x, failed, pings, cfg.context_fail,
-                           before_result(tokens, seg) & (pings > 0))
+                           before_result(tokens, seg) & (pings > 0), cfg.context_dead)
     if copy is not None:
         out = _mix_copy(params, out, x, *copy)
         if probes is not None:
@@ -448,14 +448,39 @@ def context_fails(tokens: jax.Array, segment_ids: jax.Array, match: jax.Array):
 
 
 def _update_fail(params: dict, logits: jax.Array, x: jax.Array, failed: jax.Array,
-                 pings: jax.Array, strength: float, on: jax.Array):
+                 pings: jax.Array, strength: float, on: jax.Array, dead: bool = False):
     """Where ``on``: log-probabilities whose FAILED and RTT_START keep their sum S and split
     it as q = (failed + s m) / (pings + s) and 1 - q (m: the logits' P(FAILED) / S), s =
     ``strength`` exp(x . cfail_gate + cfail_bias): the logits' split a beta prior of s
-    pseudo-pings, the counts its update (ModelConfig.context_fail); the logits elsewhere."""
+    pseudo-pings, the counts its update (ModelConfig.context_fail); with ``dead``, that
+    mixed with a dead pair's rate by the posterior P(dead) (dead_posterior); the logits
+    elsewhere."""
     z = _gate(params, x, "cfail")
     s = strength * jnp.exp(jnp.clip(z, -8.0, 8.0))
-    return _resplit_fail(logits, lambda m: (failed + s * m) / (pings + s), on)
+    if not dead:
+        return _resplit_fail(logits, lambda m: (failed + s * m) / (pings + s), on)
+    prior = _gate(params, x, "cdead") + DEAD_PRIOR
+    rate = jax.nn.sigmoid(params["cdead_rate"] + DEAD_RATE)
+
+    def rule(m):
+        m = jnp.clip(m, 1e-4, 1.0 - 1e-4)
+        w = dead_posterior(failed, pings, s * m, s * (1.0 - m), prior, rate)
+        return w * rate + (1.0 - w) * (failed + s * m) / (pings + s)
+    return _resplit_fail(logits, rule, on)
+
+
+# P(dead)'s logit and a dead pair's rate's logit at the start (ModelConfig.context_dead)
+DEAD_PRIOR, DEAD_RATE = -2.0, 3.0
+
+
+def dead_posterior(failed, pings, a, b, prior_logit, rate):
+    """P(dead | failed of pings): a dead pair fails at ``rate``, a live one at a Beta(a, b)
+    draw; ``prior_logit`` the prior's logit (the binomial coefficient, in both, cancels)."""
+    lg = jax.scipy.special.gammaln
+    live = (lg(failed + a) + lg(pings - failed + b) - lg(pings + a + b)
+            - lg(a) - lg(b) + lg(a + b))
+    dead = failed * jnp.log(rate) + (pings - failed) * jnp.log1p(-rate)
+    return jax.nn.sigmoid(prior_logit + dead - live)
 
 
 # one odd multiplier per byte index: an address's hash is the sum of (byte + 1) * M[index]
