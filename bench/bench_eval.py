@@ -16,6 +16,8 @@ split with `--split time+probe`.
 - ``eval.baselines_fit_s``: fitting all the train-fit baselines (train.eval.baselines.fit_all)
   on the train split, decoded from its shards; ``eval.baseline_fit_s.<name>`` each alone;
   ``eval.baselines_queries_per_s``: all of them predicting the same queries.
+- ``eval.fail_prior_fit_s``: fitting the context baselines' P(failed) priors on the train
+  split's contexts (train.eval.context_baselines.fit_fail_prior), as `train eval` does.
 - ``eval.context_baselines_queries_per_s``: the five context baselines
   (train.eval.context_baselines, after a compiling call) on the same queries, beside the model's
   ``eval.queries_per_s``: they must cost no more than the model's own pass.
@@ -100,11 +102,17 @@ def run() -> dict[str, float]:
     predict_s = time.perf_counter() - t0
     ctx_id, q_rtt_ms = qm.row * 256 + qm.segment, qm.rtt_ms()
     fallback = context_baselines.fallback_chain(fitted, *qids)
+    rate = fitted["global_median"].fail_rate
+    context_baselines.fail_counts(np.zeros(2, np.int64), np.zeros(1), np.zeros(1, bool))
+    t0 = time.perf_counter()
+    prior = context_baselines.fit_fail_prior(train.row * 256 + train.segment, tr[1],
+                                             train.failed, rate)
+    prior_s = time.perf_counter() - t0
 
     def context_answers(k):  # the first k queries
         return context_baselines.predict(
             ctx_id[:k], qids[0][:k], qids[1][:k], q_rtt_ms[:k], fallback=fallback[:k],
-            fail_rate=fitted["global_median"].fail_rate, vivaldi=fitted["vivaldi"],
+            fail_rate=rate, fail_prior=prior, vivaldi=fitted["vivaldi"],
             knn=context_baselines.knn_table(fitted["pair_median"]))
 
     context_answers(50)  # compile
@@ -120,6 +128,7 @@ def run() -> dict[str, float]:
         "eval.own_pick_cost": own_s / query_s,
         "eval.train_measurements": float(len(train)),
         "eval.baselines_fit_s": fit_s,
+        "eval.fail_prior_fit_s": prior_s,
         "eval.baselines_queries_per_s": len(q) / predict_s,
         "eval.context_baselines_queries_per_s": len(q) / context_s,
         "eval.decode_measurements_per_s": len(train) / decode_s,

@@ -250,6 +250,28 @@ def test_dst_memory_changes_only_tokens_after_a_whole_destination():
         dataclasses.replace(cfg, dst_memory=1000)
 
 
+def test_the_destination_prior_can_leave_the_results_split_alone():
+    """dst_prior_result=False: the destination prior moves no FAILED or RTT_START logit
+    (the same with its rows zeroed), so P(failed) is the layers' alone; it still moves
+    the other tokens' after a whole destination. With True (the default) it moves them."""
+    on = dataclasses.replace(arch.MODELS["small"], seq_len=len(ROW2), dst_memory=256,
+                             dst_prior_result=True)
+    off = dataclasses.replace(on, dst_prior_result=False)
+    assert arch.MODELS["tiny"].dst_prior_result and not arch.MODELS["small"].dst_prior_result
+    params = model.init_params(on, 0)
+    params["prior_table"] = jnp.asarray(params["prior_table"]) * 50.0  # a prior that says much
+    zero = {**params, "prior_table": jnp.zeros_like(params["prior_table"])}
+    tok, seg = jnp.asarray([ROW2]), jnp.ones((1, len(ROW2)), jnp.int32)
+    res = [V.FAILED, V.RTT_START]
+    for cfg, moves in ((off, False), (on, True)):
+        a, b = (np.asarray(jax.jit(lambda p: model.forward(p, tok, seg, cfg))(q))[0]
+                for q in (params, zero))
+        assert (np.abs(a[:, res] - b[:, res]).max() > 1e-3) == moves
+        rest = np.ones(a.shape[1], bool)
+        rest[res] = False
+        assert np.abs(a[10:, rest] - b[10:, rest]).max() > 1e-3
+
+
 def test_anonymize_sources_keeps_each_address_within_its_context():
     """Only source bytes move; one address stays one address within a segment (ROW2's three
     measurements share 10.0.0.1), another segment or another step gets another address, and

@@ -259,8 +259,9 @@ def eval_cmd(run_dir, data, step, max_queries, seed, batch_size, as_json, plot, 
     destination, its EMA, the context's median, the source placed in the train Vivaldi
     space, among the train sources by its nearest 5, and kriged through the destinations'
     covariance; their P(failed): the context's failures to the destination shrunk toward
-    its failures to any, and those toward the train split's rate, by priors fit on the
-    train split) and the train-fit ones (global median; destination median; per-pair
+    its failures to any (or a live pair's rate), those toward the train split's rate, and
+    the pair possibly dead, weighed by its pings' likelihood, by priors fit on the train
+    split) and the train-fit ones (global median; destination median; per-pair
     last-seen, EMA, median, mode, each from the reverse pair where the pair has no ping of
     its own; Vivaldi; matrix factorization). Overall, by stratum (pair_in_context: an earlier
     reply to the destination in the context; node_known: else the source is in the train

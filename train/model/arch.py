@@ -75,6 +75,11 @@ class ModelConfig:
     # memory so instead displaced the context-reading circuits: docs/learning.md section 8.)
     # 0: off
     dst_prior_scale: float = 0.0
+    # whether that prior moves the result's split (FAILED against RTT_START). False: its
+    # map's two columns are zeroed, so a destination's row learns its RTTs, not the train
+    # split's failure share, which in a world of per-pair failure rates (prep synth's)
+    # does not carry to a new probe (docs/learning.md section 8.30)
+    dst_prior_result: bool = True
     # training only: each context's source addresses replaced by random ones (the same
     # address the same within a context; train.model.model.anonymize_sources), so nothing
     # the model learns about a training probe's address can carry a prediction: the test
@@ -299,7 +304,8 @@ MODELS = {
                          store_without_fold=True, pair_forward=8, pair_min=4, pair_recent=8,
                          pair_recent_own=True, pair_recent_check=True, pair_fail=True,
                          pair_fail_recent=16, pair_shared=False,
-                         pair_shared_by_split=True, context_fail=4.0),
+                         pair_shared_by_split=True, context_fail=4.0,
+                         dst_prior_result=False),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,

@@ -249,7 +249,10 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
             return logits
         r, o = at  # the destination prior, gated by what the layers read
         gate = jax.nn.sigmoid(x.astype(jnp.float32) @ params["prior_gate"])
-        prior = (params["prior_table"][r] * cfg.dst_prior_scale) @ params["prior_out"]
+        prior_out = params["prior_out"]
+        if not cfg.dst_prior_result:
+            prior_out = prior_out.at[:, jnp.array([vocab.FAILED, vocab.RTT_START])].set(0.0)
+        prior = (params["prior_table"][r] * cfg.dst_prior_scale) @ prior_out
         return logits + jnp.where(o[..., None], gate[..., None] * prior, 0.0)
 
     prior = bool(cfg.dst_memory and cfg.dst_prior_scale)
