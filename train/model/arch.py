@@ -222,6 +222,12 @@ class ModelConfig:
     # (pings + s), w the posterior P(dead). A beta alone pulls a pair that failed on all
     # of its 3 pings to 0.68 (0.84 failed; docs/learning.md section 8.30)
     context_dead: bool = False
+    # with context_fail: where the counts update the model's split, the split is read as a
+    # constant (no gradient into the layers there), so the layers learn it where there are
+    # no counts: a prior, not a second reading of the counts (the layers' own reading of
+    # the pair's failures, counted again by the update, pulled P(failed) up where some of
+    # the pair's pings failed and down where none had; docs/learning.md section 8.30)
+    context_fail_detach: bool = False
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
     # replies to their destinations' store medians, over their count plus this shrink;

@@ -317,7 +317,8 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
     if cfg.context_fail:  # the pair's own failures in the context update what came before
         failed, pings = context_fails(tokens, seg, match)
         out = _update_fail(params, out, x, failed, pings, cfg.context_fail,
-                           before_result(tokens, seg) & (pings > 0), cfg.context_dead)
+                           before_result(tokens, seg) & (pings > 0), cfg.context_dead,
+                           cfg.context_fail_detach)
     if copy is not None:
         out = _mix_copy(params, out, x, *copy)
         if probes is not None:
@@ -427,13 +428,15 @@ def _mix_fail(params: dict, logits: jax.Array, x: jax.Array, share: jax.Array, o
     return _resplit_fail(logits, lambda m: (1.0 - g) * m + g * share, on)
 
 
-def _resplit_fail(logits: jax.Array, rule, on: jax.Array) -> jax.Array:
+def _resplit_fail(logits: jax.Array, rule, on: jax.Array, detach: bool = False) -> jax.Array:
     """Where ``on``: log-probabilities whose FAILED and RTT_START keep their sum S and split
-    it as q = rule(m) and 1 - q, m the logits' P(FAILED) / S; the logits elsewhere."""
+    it as q = rule(m) and 1 - q, m the logits' P(FAILED) / S (a constant to the gradient
+    with ``detach``); the logits elsewhere."""
     lp = jax.nn.log_softmax(logits.astype(jnp.float32))
     l_f, l_r = lp[..., vocab.FAILED], lp[..., vocab.RTT_START]
     l_s = jnp.logaddexp(l_f, l_r)
-    q = rule(jnp.exp(l_f - l_s))
+    m = jnp.exp(l_f - l_s)
+    q = rule(jax.lax.stop_gradient(m) if detach else m)
     mixed = (lp.at[..., vocab.FAILED].set(l_s + jnp.log(jnp.maximum(q, 1e-30)))
              .at[..., vocab.RTT_START].set(l_s + jnp.log(jnp.maximum(1.0 - q, 1e-30))))
     return jnp.where(on[..., None], mixed, logits)
@@ -451,7 +454,8 @@ def context_fails(tokens: jax.Array, segment_ids: jax.Array, match: jax.Array):
 
 
 def _update_fail(params: dict, logits: jax.Array, x: jax.Array, failed: jax.Array,
-                 pings: jax.Array, strength: float, on: jax.Array, dead: bool = False):
+                 pings: jax.Array, strength: float, on: jax.Array, dead: bool = False,
+                 detach: bool = False):
     """Where ``on``: log-probabilities whose FAILED and RTT_START keep their sum S and split
     it as q = (failed + s m) / (pings + s) and 1 - q (m: the logits' P(FAILED) / S), s =
     ``strength`` exp(x . cfail_gate + cfail_bias): the logits' split a beta prior of s
@@ -461,7 +465,7 @@ def _update_fail(params: dict, logits: jax.Array, x: jax.Array, failed: jax.Arra
     z = _gate(params, x, "cfail")
     s = strength * jnp.exp(jnp.clip(z, -8.0, 8.0))
     if not dead:
-        return _resplit_fail(logits, lambda m: (failed + s * m) / (pings + s), on)
+        return _resplit_fail(logits, lambda m: (failed + s * m) / (pings + s), on, detach)
     prior = _gate(params, x, "cdead") + DEAD_PRIOR
     rate = jax.nn.sigmoid(params["cdead_rate"] + DEAD_RATE)
 
@@ -469,7 +473,7 @@ def _update_fail(params: dict, logits: jax.Array, x: jax.Array, failed: jax.Arra
         m = jnp.clip(m, 1e-4, 1.0 - 1e-4)
         w = dead_posterior(failed, pings, s * m, s * (1.0 - m), prior, rate)
         return w * rate + (1.0 - w) * (failed + s * m) / (pings + s)
-    return _resplit_fail(logits, rule, on)
+    return _resplit_fail(logits, rule, on, detach)
 
 
 # P(dead)'s logit and a dead pair's rate's logit at the start (ModelConfig.context_dead)
