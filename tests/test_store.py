@@ -1085,6 +1085,41 @@ def test_a_pair_dead_or_live_by_its_failures_in_the_context():
         dataclasses.replace(base, context_dead=True)
 
 
+def test_the_counts_update_can_read_the_models_split_as_a_constant():
+    """ModelConfig.context_fail_detach: the same P(failed) (every logit equal), but where
+    the counts update the split, no gradient reaches the layers through it: the loss of
+    node 2's reply after 2 failures of 3 (its header at 55) reaches them through the sum
+    P(FAILED) + P(RTT_START) alone; the gate's bias learns either way."""
+    base = dataclasses.replace(arch.MODELS["small"], seq_len=len(CTX_FAILS), dst_store=0,
+                               pair_store=0, pair_forward=0, pair_fail=False,
+                               placed_store=0.0, context_copy=0.0, context_fail=4.0)
+    det = dataclasses.replace(base, context_fail_detach=True)
+    params = jax.tree.map(jnp.asarray, model.init_params(base, 0))
+    tok, seg = jnp.asarray([CTX_FAILS]), jnp.ones((1, len(CTX_FAILS)), jnp.int32)
+    a, b = (np.asarray(model.forward(params, tok, seg, c)) for c in (base, det))
+    np.testing.assert_array_equal(a, b)
+    want = CTX_FAILS[55]
+
+    def nll(p, c):  # the result token's loss at 54 (a reply, after 2 failures of 3)
+        return -jax.nn.log_softmax(model.forward(p, tok, seg, c))[0, 54, want]
+    g_on, g_off = (jax.grad(nll)(params, c) for c in (base, det))
+    assert want == V.RTT_START
+    assert abs(float(g_on["cfail_bias"])) > 0 and abs(float(g_off["cfail_bias"])) > 0
+    # with detach the layers learn from S = P(FAILED) + P(RTT_START) alone there (the
+    # update keeps S): their gradient is that of -log S of the model without the piece
+    plain = dataclasses.replace(base, context_fail=0.0)
+
+    def nll_sum(p):
+        lp = jax.nn.log_softmax(model.forward(p, tok, seg, plain))[0, 54]
+        return -jnp.logaddexp(lp[V.FAILED], lp[V.RTT_START])
+    g_sum = jax.grad(nll_sum)(params)
+    for name in ("w_in", "w_out", "wqkv"):
+        np.testing.assert_allclose(np.asarray(g_off["layers"][name]),
+                                   np.asarray(g_sum["layers"][name]), rtol=1e-4, atol=1e-7)
+        assert np.abs(np.asarray(g_on["layers"][name]) - np.asarray(g_sum["layers"][name])
+                      ).max() > 1e-6
+
+
 # --- the placed store (ModelConfig.placed_store): the store moved by the probe's factor ----
 
 def _code(us: float) -> int:
