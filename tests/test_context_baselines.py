@@ -109,6 +109,9 @@ def test_fail_prior_fit_on_contexts_of_their_own():
     assert fp[:2] == (32.0, 32.0) and fp.live == 0.3 and fp.dead <= 0.02
     assert C.fit_fail_prior(np.arange(5), np.zeros(5, np.int64), np.ones(5, bool),
                             0.2) == C.FailPrior()
+    # contexts that never ping a destination twice: the context's prior alone is fit
+    fp = C.fit_fail_prior(np.repeat(np.arange(50), 4), np.arange(200), noisy[:200], 0.3)
+    assert fp.dead == 0.0 and fp.context == 32.0 and fp.live is None
     n = 4000
     ctx, dst = np.repeat(np.arange(n), 8), np.repeat(np.arange(n), 8)
     p = np.where(rng.random(n) < 0.2, 0.98, rng.beta(1.0, 9.0, n))

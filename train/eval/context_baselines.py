@@ -228,9 +228,9 @@ def fit_fail_prior(ctx, dst, failed, rate: float, seed: int = 0) -> FailPrior:
     their own (the train split's: ``ctx`` a context id per measurement, in context order),
     over those with an earlier one; the plain shares where there is none. First (pair,
     context) of FAIL_STRENGTHS, no dead pairs; then, on the measurements whose pair has an
-    earlier ping (at most FIT_SAMPLE, seeded), the pair's rule again: the beta alone or
-    the dead-or-live mixture, over FAIL_STRENGTHS x DEAD_PRIORS x DEAD_RATES x (the
-    context's share, LIVE_RATES)."""
+    earlier ping (at most FIT_SAMPLE, seeded; with none, the first's), the pair's rule
+    again: the beta alone or the dead-or-live mixture, over FAIL_STRENGTHS x DEAD_PRIORS x
+    DEAD_RATES x (the context's share, LIVE_RATES)."""
     counts = fail_counts(context_starts(ctx), dst, failed)
     keep = counts[3] > 0
     if not keep.any():
@@ -240,6 +240,8 @@ def fit_fail_prior(ctx, dst, failed, rate: float, seed: int = 0) -> FailPrior:
                for sp in FAIL_STRENGTHS for sc in FAIL_STRENGTHS)
     s_c = best[2]
     pair = np.flatnonzero(counts[1] > 0)
+    if not len(pair):  # no context pings a destination twice: nothing to weigh a pair by
+        return FailPrior(best[1], s_c)
     if len(pair) > FIT_SAMPLE:
         pair = np.sort(np.random.default_rng(seed).choice(pair, FIT_SAMPLE, replace=False))
     counts, y = counts[:, pair], y[pair]
