@@ -1120,6 +1120,54 @@ def test_the_counts_update_can_read_the_models_split_as_a_constant():
                       ).max() > 1e-6
 
 
+def test_the_anchor_starts_at_the_context_baselines_rule():
+    """ModelConfig.context_fail_anchor: before each result of CTX_FAILS, P(FAILED) /
+    (P(FAILED) + P(RTT_START)) is, at the start, train.eval's FailPrior rule on the row's
+    counts (fail_shares with the pair's 4 pseudo-pings of a live 0.1, dead 0.05 at 0.97, the
+    context's 16 of 0.12; the first result, with no earlier one, the rate itself): the same
+    numbers from the model's counts and from the baselines' own. The sum of the two, every
+    other token's probability and the positions after a result header are the model's;
+    the residual's logit moves it by its bias; the rule's six constants and the gate learn."""
+    from train.eval import context_baselines as cb
+    base = dataclasses.replace(arch.MODELS["small"], seq_len=len(CTX_FAILS), dst_store=0,
+                               pair_store=0, pair_forward=0, pair_fail=False,
+                               placed_store=0.0, context_copy=0.0, context_fail=0.0)
+    cfg = dataclasses.replace(base, context_fail=4.0, context_fail_anchor=True)
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    tok, F, R = jnp.asarray([CTX_FAILS]), V.FAILED, V.RTT_START
+    seg = jnp.ones(tok.shape, jnp.int32)
+    heads = [11, 27, 41, 55, 71, 85]
+    # the context's (failed, pings) before each result, to any destination
+    c = np.stack([np.asarray(x)[0] for x in model.segment_fails(tok, seg)])
+    assert [tuple(c[:, h - 1]) for h in heads] == [(0, 0), (0, 1), (1, 2), (2, 3), (2, 4),
+                                                   (3, 5)]
+    dst, fail = np.array([2, 2, 2, 2, 4, 2]), np.array([0, 1, 1, 0, 1, 0], bool)
+    counts = cb.fail_counts(cb.context_starts(np.zeros(6)), dst, fail)
+    prior = cb.FailPrior(pair=4.0, context=16.0, dead=0.05, dead_rate=0.97, live=0.1)
+    want = cb.fail_shares(counts, 0.12, prior)
+    assert want[0] == pytest.approx(0.12) and want[4] == pytest.approx((2 + 16 * 0.12) / 20)
+    for bias in (0.0, 0.7):
+        logits = model.forward({**params, "fanchor_bias": jnp.float32(bias)}, tok, seg, cfg)
+        p, p_own = (np.exp(np.asarray(jax.nn.log_softmax(x), np.float64))[0]
+                    for x in (logits, model.forward(params, tok, seg, base)))
+        got = np.array([p[h - 1, F] / (p[h - 1, F] + p[h - 1, R]) for h in heads])
+        shifted = 1 / (1 + (1 / want - 1) * np.exp(-bias))
+        np.testing.assert_allclose(got, shifted, rtol=1e-4)
+        for h in heads:
+            assert p[h - 1, F] + p[h - 1, R] == pytest.approx(
+                p_own[h - 1, F] + p_own[h - 1, R], rel=1e-5)
+        moved = np.asarray(model.before_result(tok, seg))[0]
+        np.testing.assert_allclose(p[~moved], p_own[~moved], rtol=1e-5, atol=1e-9)
+        rest = np.ones(p.shape[1], bool)
+        rest[[F, R]] = False
+        np.testing.assert_allclose(p[:, rest], p_own[:, rest], rtol=1e-5, atol=1e-9)
+    g = jax.grad(lambda q: model.loss_sum(q, {"tokens": tok, "segment_ids": seg}, cfg)[2])(params)
+    assert (np.abs(np.asarray(g["fanchor"])) > 0).all()
+    assert abs(float(g["fanchor_bias"])) > 0 and np.abs(np.asarray(g["fanchor_gate"])).sum() > 0
+    with pytest.raises(ValueError, match="context_fail_anchor reads context_fail"):
+        dataclasses.replace(base, context_fail_anchor=True)
+
+
 # --- the placed store (ModelConfig.placed_store): the store moved by the probe's factor ----
 
 def _code(us: float) -> int:

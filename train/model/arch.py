@@ -228,6 +228,15 @@ class ModelConfig:
     # the pair's failures, counted again by the update, pulled P(failed) up where some of
     # the pair's pings failed and down where none had; docs/learning.md section 8.30)
     context_fail_detach: bool = False
+    # with context_fail: P(failed) before a result is no longer the layers' split updated by
+    # the counts but the context baselines' rule on the row's own counts (train.eval's
+    # FailPrior: the pair dead or live, its live beta of context_fail pseudo-pings; where
+    # the context has no ping to the destination, the context's share of failures shrunk
+    # toward a rate), its six constants learned (starting at FAIL_ANCHOR's), plus a logit
+    # that a gate reads from the final residual (0 at the start): the model starts at the
+    # baselines' answer and learns what the layers add to it. The layers' split counted a
+    # pair's failures a second time under the update (docs/learning.md section 8.30)
+    context_fail_anchor: bool = False
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
     # replies to their destinations' store medians, over their count plus this shrink;
@@ -280,6 +289,10 @@ class ModelConfig:
             raise ValueError(f"context_fail must be 0 (off) or more, not {self.context_fail}")
         if self.context_dead and not self.context_fail:
             raise ValueError("context_dead weighs context_fail's counts: set context_fail")
+        if self.context_fail_anchor and not self.context_fail:
+            raise ValueError("context_fail_anchor reads context_fail's counts: set context_fail")
+        if self.context_fail_anchor and self.context_dead:
+            raise ValueError("context_fail_anchor weighs a dead pair itself: unset context_dead")
         if self.store_without_fold and not self.gate_fold:
             raise ValueError("store_without_fold leaves out the gate fold's contexts: set gate_fold")
 
@@ -421,6 +434,11 @@ def param_specs(cfg: ModelConfig) -> dict:
         # logit; no draws, so the others start as they did before
         memory |= {"cfail_gate": Param((D,), 0.0, zeros=True),
                    "cfail_bias": Param((), 0.0, decay=False, zeros=True)}
+    if cfg.context_fail_anchor:  # the rule's constants, offsets from FAIL_ANCHOR's (in
+        # train.model.model), and the residual's logit on top of it; no draws
+        memory |= {"fanchor": Param((6,), 0.0, decay=False, zeros=True),
+                   "fanchor_gate": Param((D,), 0.0, zeros=True),
+                   "fanchor_bias": Param((), 0.0, decay=False, zeros=True)}
     if cfg.context_dead:  # P(dead)'s logit (a gate) and a dead pair's rate, offsets in the model
         memory |= {"cdead_gate": Param((D,), 0.0, zeros=True),
                    "cdead_bias": Param((), 0.0, decay=False, zeros=True),

@@ -314,7 +314,12 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         if pair_fold is not None:  # in training, only on the forward read's fold
             f_on = f_on & pair_fold
         out = _mix_fail(params, out, x, share, f_on, pair_fold)
-    if cfg.context_fail:  # the pair's own failures in the context update what came before
+    if cfg.context_fail and cfg.context_fail_anchor:  # the baselines' rule, and the residual
+        failed, pings = context_fails(tokens, seg, match)
+        c_failed, c_pings = segment_fails(tokens, seg)
+        out = _anchor_fail(params, out, x, failed, pings, c_failed, c_pings, cfg.context_fail,
+                           before_result(tokens, seg))
+    elif cfg.context_fail:  # the pair's own failures in the context update what came before
         failed, pings = context_fails(tokens, seg, match)
         out = _update_fail(params, out, x, failed, pings, cfg.context_fail,
                            before_result(tokens, seg) & (pings > 0), cfg.context_dead,
@@ -451,6 +456,55 @@ def context_fails(tokens: jax.Array, segment_ids: jax.Array, match: jax.Array):
     head = ((tokens == vocab.RTT_START) | (tokens == vocab.FAILED)) & (segment_ids > 0)
     failed = jnp.einsum("bqt,bt->bq", m, (tokens == vocab.FAILED).astype(jnp.float32))
     return failed, jnp.einsum("bqt,bt->bq", m, head.astype(jnp.float32))
+
+
+def segment_fails(tokens: jax.Array, segment_ids: jax.Array):
+    """(failed, pings) float32[B, T]: at each token, how many results (RTT_START or FAILED)
+    its segment holds up to it, and how many of those failed: before a measurement's
+    result, its context's earlier measurements to any destination."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    idx = jnp.arange(tokens.shape[1], dtype=jnp.int32)
+    new = (seg > 0) & (seg != jnp.pad(seg, ((0, 0), (1, 0)), constant_values=0)[:, :-1])
+    first = jax.lax.cummax(jnp.where(new, idx, 0), axis=1)
+    on = seg > 0
+    failed = ((tokens == vocab.FAILED) & on).astype(jnp.float32)
+    pings = (((tokens == vocab.RTT_START) | (tokens == vocab.FAILED)) & on).astype(jnp.float32)
+    return _so_far(failed, first), _so_far(pings, first)
+
+
+# context_fail_anchor's constants at the start (logits, or logs of pseudo-pings): the train
+# rate 0.12 over 16 pseudo-pings (the context's share), a live pair's rate 0.1, a dead
+# pair's prior 0.05 and rate 0.97: near what the context baselines fit on `prep synth`'s
+# worlds (docs/learning.md section 8.30). The pair's pseudo-pings: context_fail's
+FAIL_ANCHOR = (math.log(0.12 / 0.88), math.log(16.0), math.log(0.1 / 0.9), 0.0,
+               math.log(0.05 / 0.95), math.log(0.97 / 0.03))
+
+
+def anchor_rule(c: jax.Array, failed, pings, c_failed, c_pings, strength: float):
+    """P(failed) by the context baselines' dead-or-live rule (train.eval.context_baselines'
+    FailPrior) from the pair's counts (``failed`` of ``pings``) and the context's
+    (``c_failed`` of ``c_pings``), its constants ``c`` (float32[6]) offsets from
+    FAIL_ANCHOR's: the context's share (c_failed + s_c r) / (c_pings + s_c) where the pair
+    has no ping, else w q + (1 - w) (failed + s live) / (pings + s), w the posterior
+    P(dead) (dead_posterior), s = ``strength`` exp(c[3])."""
+    c = c + jnp.asarray(FAIL_ANCHOR, jnp.float32)
+    rate, s_c, live = jax.nn.sigmoid(c[0]), jnp.exp(c[1]), jax.nn.sigmoid(c[2])
+    s, prior, q = strength * jnp.exp(c[3]), c[4], jax.nn.sigmoid(c[5])
+    ctx = (c_failed + s_c * rate) / (c_pings + s_c)
+    w = dead_posterior(failed, pings, s * live, s * (1.0 - live), prior, q)
+    pair = w * q + (1.0 - w) * (failed + s * live) / (pings + s)
+    return jnp.where(pings > 0, pair, ctx)
+
+
+def _anchor_fail(params: dict, logits: jax.Array, x: jax.Array, failed, pings, c_failed,
+                 c_pings, strength: float, on: jax.Array) -> jax.Array:
+    """Where ``on``: log-probabilities whose FAILED and RTT_START keep their sum and split
+    it as sigmoid(logit(anchor_rule) + x . fanchor_gate + fanchor_bias)
+    (ModelConfig.context_fail_anchor); the logits elsewhere."""
+    p = jnp.clip(anchor_rule(params["fanchor"], failed, pings, c_failed, c_pings, strength),
+                 1e-6, 1.0 - 1e-6)
+    z = jnp.log(p) - jnp.log1p(-p) + _gate(params, x, "fanchor")
+    return _resplit_fail(logits, lambda m: jax.nn.sigmoid(z), on)
 
 
 def _update_fail(params: dict, logits: jax.Array, x: jax.Array, failed: jax.Array,
