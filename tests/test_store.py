@@ -1007,7 +1007,8 @@ def test_the_contexts_failures_to_the_destination_update_p_failed():
     to the destination, or after its result header, is the model's. The gate's bias learns."""
     base = dataclasses.replace(arch.MODELS["small"], seq_len=len(CTX_FAILS), dst_store=0,
                                pair_store=0, pair_forward=0, pair_fail=False,
-                               placed_store=0.0, context_copy=0.0, context_fail=0.0)
+                               placed_store=0.0, context_copy=0.0, context_fail=0.0,
+                               context_fail_anchor=False)
     cfg = dataclasses.replace(base, context_fail=4.0)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     tok = jnp.asarray([CTX_FAILS])
@@ -1055,7 +1056,8 @@ def test_a_pair_dead_or_live_by_its_failures_in_the_context():
     from math import exp, lgamma, log
     base = dataclasses.replace(arch.MODELS["small"], seq_len=len(CTX_FAILS), dst_store=0,
                                pair_store=0, pair_forward=0, pair_fail=False,
-                               placed_store=0.0, context_copy=0.0, context_fail=0.0)
+                               placed_store=0.0, context_copy=0.0, context_fail=0.0,
+                               context_fail_anchor=False)
     cfg = dataclasses.replace(base, context_fail=4.0, context_dead=True)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     tok, F, R = jnp.asarray([CTX_FAILS]), V.FAILED, V.RTT_START
@@ -1092,7 +1094,8 @@ def test_the_counts_update_can_read_the_models_split_as_a_constant():
     P(FAILED) + P(RTT_START) alone; the gate's bias learns either way."""
     base = dataclasses.replace(arch.MODELS["small"], seq_len=len(CTX_FAILS), dst_store=0,
                                pair_store=0, pair_forward=0, pair_fail=False,
-                               placed_store=0.0, context_copy=0.0, context_fail=4.0)
+                               placed_store=0.0, context_copy=0.0, context_fail=4.0,
+                               context_fail_anchor=False)
     det = dataclasses.replace(base, context_fail_detach=True)
     params = jax.tree.map(jnp.asarray, model.init_params(base, 0))
     tok, seg = jnp.asarray([CTX_FAILS]), jnp.ones((1, len(CTX_FAILS)), jnp.int32)
@@ -1131,7 +1134,8 @@ def test_the_anchor_starts_at_the_context_baselines_rule():
     from train.eval import context_baselines as cb
     base = dataclasses.replace(arch.MODELS["small"], seq_len=len(CTX_FAILS), dst_store=0,
                                pair_store=0, pair_forward=0, pair_fail=False,
-                               placed_store=0.0, context_copy=0.0, context_fail=0.0)
+                               placed_store=0.0, context_copy=0.0, context_fail=0.0,
+                               context_fail_anchor=False)
     cfg = dataclasses.replace(base, context_fail=4.0, context_fail_anchor=True)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     tok, F, R = jnp.asarray([CTX_FAILS]), V.FAILED, V.RTT_START
@@ -1166,6 +1170,33 @@ def test_the_anchor_starts_at_the_context_baselines_rule():
     assert abs(float(g["fanchor_bias"])) > 0 and np.abs(np.asarray(g["fanchor_gate"])).sum() > 0
     with pytest.raises(ValueError, match="context_fail_anchor reads context_fail"):
         dataclasses.replace(base, context_fail_anchor=True)
+
+
+def test_a_run_fits_where_p_failed_starts_on_its_train_rows():
+    """result_fail_counts: every result of the rows with the counts the anchor reads before
+    it, in row order, a segment's counts its own (CTX_FAILS, then its first two pings as a
+    second segment; three rows in batches of two, the last padded): the pair's (failed,
+    pings) and the segment's. anchor_start: the constants that make anchor_rule the
+    FailPrior's rule (fail_shares) on those counts, for a planted prior and rate."""
+    from train.model import failprior
+    n = len(CTX_FAILS)
+    row = CTX_FAILS + CTX_FAILS[:28]
+    tok = np.array([row, row, row], np.int32)
+    seg = np.array([[1] * n + [2] * 28] * 3, np.int32)
+    counts, failed = model.result_fail_counts(tok, seg, batch=2)
+    one = [[0, 0, 1, 2, 0, 2, 0, 0], [0, 1, 2, 3, 0, 4, 0, 1],
+           [0, 0, 1, 2, 2, 3, 0, 0], [0, 1, 2, 3, 4, 5, 0, 1]]
+    np.testing.assert_array_equal(counts, np.tile(one, 3))
+    assert failed.tolist() == [False, True, True, False, True, False, False, True] * 3
+    prior = failprior.FailPrior(pair=8.0, context=4.0, dead=0.1, dead_rate=0.95, live=0.2)
+    c = failprior.anchor_start(prior, 0.3, 4.0)
+    got = np.asarray(model.anchor_rule(jnp.asarray(c), *jnp.asarray(counts, jnp.float32), 4.0))
+    np.testing.assert_allclose(got, failprior.fail_shares(counts, 0.3, prior), rtol=1e-5)
+    # no earlier ping: the rate; one reply: below the live rate
+    assert got[0] == pytest.approx(0.3, rel=1e-6) and got[1] < 0.2
+    # FAIL_ANCHOR's own rule is anchor_start's zero
+    start = failprior.FailPrior(pair=4.0, context=16.0, dead=0.05, dead_rate=0.97, live=0.1)
+    np.testing.assert_allclose(failprior.anchor_start(start, 0.12, 4.0), 0.0, atol=1e-6)
 
 
 # --- the placed store (ModelConfig.placed_store): the store moved by the probe's factor ----

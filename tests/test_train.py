@@ -205,11 +205,14 @@ def test_small_preset_and_its_cpu_recipe():
     # the stores (32,768 rows of 64 quantiles, a count and a check) are data, not counted;
     # each read of a store (plain, placed, reverse pair, own pair) has a gate (64), a bias
     # and two widths; the read of the own pair's failures a gate and a bias (8.21); the
-    # update by the context's failures to the destination a gate and a bias (8.29)
+    # P(failed) the context baselines' rule on the row's counts: six constants, and a gate
+    # and a bias for the residual's logit on it (8.31; 8.29's update's gate and bias gone)
     assert n_params(small) == (n_params(tiny) + (7 + 17) * 64 + 2 + 2 * 14 * 64
                                + 8192 * 64 + 8192 * 16 + 16 * 267 + 64
-                               + 64 + 1 + 2 + 4 * (64 + 1 + 2) + 64 + 1 + 64 + 1) == 796_291
+                               + 64 + 1 + 2 + 4 * (64 + 1 + 2) + 64 + 1
+                               + 6 + 64 + 1) == 796_297
     assert (small.context_fail, tiny.context_fail) == (4.0, 0.0)
+    assert small.context_fail_anchor and not tiny.context_fail_anchor
     # the pair store's quantiles over each pair's latest 8 replies, and its failures (8.21)
     assert (small.pair_recent, small.pair_fail, tiny.pair_recent, tiny.pair_fail) == (
         8, True, 0, False)

@@ -35,15 +35,16 @@ eval.*.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 from numba import njit
-from scipy.special import gammaln
 
 from train.eval import baselines as B
 from train.eval import coord_kernels as K
 from train.eval import registry
+# the rule and its grids are the model's too (ModelConfig.context_fail_anchor)
+from train.model.failprior import (  # noqa: F401 (the grids: this module's names too)
+    DEAD_PRIORS, DEAD_RATES, FAIL_STRENGTHS, FIT_SAMPLE, LIVE_RATES, FailPrior, fail_shares,
+    fit_counts)
 from train.model.store import KRIG_SHRINK, pairs_in_runs
 
 CONTEXT_BASELINES = registry.names(registry.CONTEXT)  # names, labels, order: train/eval/registry.py
@@ -52,29 +53,6 @@ KNN_K = 5  # neighbours whose pair medians context_knn's answer is the median of
 # placement: spring rounds over the replies so far after each new one, and the timestep
 # (a fixed node's error is ~0 next to a new node's 1, so the paper's c_c * w is c_c)
 PLACE_ROUNDS, PLACE_CC = 4, 0.25
-# the beta priors' strengths (pseudo-pings) fit_fail_prior tries, for the pair's failures
-# (toward the context's) and the context's (toward the train split's)
-FAIL_STRENGTHS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
-# and for the pair's dead-or-live mixture: its prior P(dead), a dead pair's failure rate, a
-# live pair's mean rate (besides the context's share), on at most FIT_SAMPLE measurements
-DEAD_PRIORS = (0.02, 0.05, 0.1, 0.2)
-DEAD_RATES = (0.9, 0.95, 0.98, 0.99, 0.995)
-LIVE_RATES = (0.05, 0.1, 0.15, 0.2, 0.3)
-FIT_SAMPLE = 200_000
-
-
-class FailPrior(NamedTuple):
-    """P(failed)'s priors (fail_shares). The context's share of failures over ``context``
-    pseudo-pings of the train split's rate; the pair's over ``pair`` pseudo-pings of the
-    live rate: ``live``, or that share where it is None. With ``dead`` > 0 a pair is dead
-    (it fails at ``dead_rate``) with that prior probability, else live, weighed by the
-    likelihood of its pings (the live one's beta-binomial): P(failed) = w dead_rate +
-    (1 - w) (failed + pair live) / (pings + pair), w the posterior P(dead)."""
-    pair: float = 0.0
-    context: float = 0.0
-    dead: float = 0.0
-    dead_rate: float = 0.99
-    live: float | None = None
 
 
 def context_starts(ctx: np.ndarray) -> np.ndarray:
@@ -196,76 +174,11 @@ def _fail_counts(starts, dst, failed):
     return out
 
 
-def fail_shares(counts: np.ndarray, rate: float, prior: FailPrior) -> np.ndarray:
-    """P(failed) per query from ``fail_counts``: the context's share of failures over
-    (failed + s_c rate) / (pings + s_c), the pair's as FailPrior says, each the one before
-    it where it has no ping (s_c, s_p = prior.context, prior.pair)."""
-    f_p, n_p, f_c, n_c = counts
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ctx = np.where(n_c > 0, (f_c + prior.context * rate) / (n_c + prior.context), rate)
-        pair = _pair_share(f_p, n_p, ctx if prior.live is None else prior.live, prior)
-    return np.where(n_p > 0, pair, ctx)
-
-
-def _pair_share(f, n, live, prior: FailPrior) -> np.ndarray:
-    """The pair's P(failed) from its counts (f of n): FailPrior's rule."""
-    s = prior.pair
-    share = (f + s * live) / (n + s)
-    if not prior.dead:
-        return share
-    m = np.clip(live, 1e-4, 1 - 1e-4)
-    a, b = s * m, s * (1 - m)
-    alive = gammaln(f + a) + gammaln(n - f + b) - gammaln(n + s) - gammaln(a) - gammaln(b) \
-        + gammaln(s)
-    dead = f * np.log(prior.dead_rate) + (n - f) * np.log1p(-prior.dead_rate)
-    w = 1.0 / (1.0 + np.exp(np.clip(alive - dead - np.log(prior.dead / (1 - prior.dead)),
-                                    -700, 700)))
-    return w * prior.dead_rate + (1 - w) * share
-
-
 def fit_fail_prior(ctx, dst, failed, rate: float, seed: int = 0) -> FailPrior:
     """The FailPrior whose fail_shares score the lowest Brier on measurements in contexts of
     their own (the train split's: ``ctx`` a context id per measurement, in context order),
-    over those with an earlier one; the plain shares where there is none. First (pair,
-    context) of FAIL_STRENGTHS, no dead pairs; then, on the measurements whose pair has an
-    earlier ping (at most FIT_SAMPLE, seeded; with none, the first's), the pair's rule
-    again: the beta alone or the dead-or-live mixture, over FAIL_STRENGTHS x DEAD_PRIORS x
-    DEAD_RATES x (the context's share, LIVE_RATES)."""
-    counts = fail_counts(context_starts(ctx), dst, failed)
-    keep = counts[3] > 0
-    if not keep.any():
-        return FailPrior()
-    counts, y = counts[:, keep], np.asarray(failed, np.float64)[keep]
-    best = min((float(np.mean((fail_shares(counts, rate, FailPrior(sp, sc)) - y) ** 2)), sp, sc)
-               for sp in FAIL_STRENGTHS for sc in FAIL_STRENGTHS)
-    s_c = best[2]
-    pair = np.flatnonzero(counts[1] > 0)
-    if not len(pair):  # no context pings a destination twice: nothing to weigh a pair by
-        return FailPrior(best[1], s_c)
-    if len(pair) > FIT_SAMPLE:
-        pair = np.sort(np.random.default_rng(seed).choice(pair, FIT_SAMPLE, replace=False))
-    counts, y = counts[:, pair], y[pair]
-    shares = fail_shares(np.stack([0 * counts[0], 0 * counts[1], counts[2], counts[3]]), rate,
-                         FailPrior(0.0, s_c))
-    # a constant live rate: the counts' distinct (failed, pings) suffice
-    fn, inv = np.unique(counts[:2].T, axis=0, return_inverse=True)
-    inv = inv.ravel()
-    k, y1 = np.bincount(inv, minlength=len(fn)), np.bincount(inv, y, minlength=len(fn))
-
-    def brier_const(p):  # mean (p - y)^2 from the groups' sums
-        return float((k * p * p - 2 * p * y1).sum() + y.sum()) / len(y)
-    cands = [(float(np.mean((_pair_share(counts[0], counts[1], shares, FailPrior(best[1], s_c))
-                             - y) ** 2)), FailPrior(best[1], s_c))]
-    for sp in FAIL_STRENGTHS:
-        for pd in DEAD_PRIORS:
-            for q in DEAD_RATES:
-                fp = FailPrior(sp, s_c, pd, q)
-                cands.append((float(np.mean((_pair_share(counts[0], counts[1], shares, fp)
-                                             - y) ** 2)), fp))
-                for live in LIVE_RATES:
-                    fp = FailPrior(sp, s_c, pd, q, live)
-                    cands.append((brier_const(_pair_share(fn[:, 0], fn[:, 1], live, fp)), fp))
-    return min(cands, key=lambda c: c[0])[1]
+    over those with an earlier one (train.model.failprior.fit_counts on their fail_counts)."""
+    return fit_counts(fail_counts(context_starts(ctx), dst, failed), failed, rate, seed)
 
 
 @njit(cache=True)

@@ -35,7 +35,7 @@ from train.fit.checkpoint import Checkpointer, step_dirs
 from train.fit.config import TrainConfig, preset_text, start_warnings
 from train.fit.meter import EvalSample, Meter, format_line
 from train.fit.runfolder import RunLog
-from train.model import arch, attention, model
+from train.model import arch, attention, failprior, model
 from train.model import store as store_lib
 from train.model.arch import ModelConfig, model_config
 from train.model.attention import AttentionConfig
@@ -117,7 +117,8 @@ def _train(cfg: TrainConfig, run_dir: Path, lock: FolderLock, devices, on_step, 
         # that model's parameters and stores: a store a run turned off, or a field added to
         # the model since, which a saved config lacks and ModelConfig defaults to off)
         mcfg = ModelConfig(**saved["model"])
-    elif mcfg.dst_store or mcfg.pair_store:  # the train split's replies, before the state
+    elif mcfg.dst_store or mcfg.pair_store or mcfg.context_fail_anchor:
+        # the train split's replies (and failures), before the state
         mcfg, tables, store_lines = _store_tables(mcfg, data, manifest)
     impl = attention.resolve(cfg.attention, bias=bool(mcfg.match_dst))
     # max_segments sizes cuDNN's per-row segment tables; the JAX wrapper treats a table
@@ -258,12 +259,41 @@ def _store_tables(mcfg, data, manifest: dict):
                 mcfg = dataclasses.replace(mcfg, pair_store=0)
                 continue
         tables[field] = table
+    if mcfg.context_fail and mcfg.context_fail_anchor:  # P(failed)'s start: the rule fit
+        tables["fanchor"], line = _anchor_start(tok, seg, mcfg)
+        lines.append(line)
     if mcfg.dst_store and mcfg.krig_store:  # read through the destination store's medians
         table, noise, summary = store_lib.build_krig(tok, seg, mcfg.krig_store,
                                                      tables["dst_store"], fold=fold)
         lines.append(summary.line())
         tables |= {"krig_store": table, "krig_noise": np.array([noise], np.float32)}
     return mcfg, tables, lines
+
+
+# rows whose results fit P(failed)'s start (16,384 rows of 256 tokens: ~160k results, ~4 s
+# of counting on a CPU; all 244k train rows of the built-in world's: 52 s, the same fit)
+ANCHOR_ROWS = 16384
+
+
+def _anchor_start(tok, seg, mcfg) -> tuple[np.ndarray, str]:
+    """(fanchor's start, a log line): ModelConfig.context_fail_anchor's rule fit (Brier, the
+    context baselines' grids with a constant live rate) on the train rows' results (of at
+    most ANCHOR_ROWS rows, a seeded sample), each with its row's counts before it, and
+    their failure rate."""
+    rows = np.arange(len(tok))
+    if len(rows) > ANCHOR_ROWS:  # a seeded sample: the counts cost a row's T x T match
+        rows = np.sort(np.random.default_rng(0).choice(rows, ANCHOR_ROWS, replace=False))
+    counts, failed = model.result_fail_counts(tok[rows], seg[rows])
+    if not len(failed):
+        return np.zeros(6, np.float32), "P(failed): no result in the train rows to fit its start"
+    rate = float(failed.mean())
+    prior = failprior.fit_counts(counts, failed, rate, live_share=False)
+    live = 0.1 if prior.live is None else prior.live
+    return failprior.anchor_start(prior, rate, mcfg.context_fail), (
+        f"P(failed) starts at the rule that fits the train rows' {len(failed):,} results best: "
+        f"their rate {rate:.3f} over {prior.context:g} pseudo-pings (the context's share), "
+        f"a pair's {prior.pair:g} of a live {live:g}, dead with prior {prior.dead:g} at "
+        f"{prior.dead_rate:g}")
 
 
 def _shared_fails(mcfg) -> bool:

@@ -232,7 +232,8 @@ class ModelConfig:
     # the counts but the context baselines' rule on the row's own counts (train.eval's
     # FailPrior: the pair dead or live, its live beta of context_fail pseudo-pings; where
     # the context has no ping to the destination, the context's share of failures shrunk
-    # toward a rate), its six constants learned (starting at FAIL_ANCHOR's), plus a logit
+    # toward a rate), its six constants learned (starting where they fit the train rows'
+    # counts best: train.model.failprior.anchor_start, at a run's start), plus a logit
     # that a gate reads from the final residual (0 at the start): the model starts at the
     # baselines' answer and learns what the layers add to it. The layers' split counted a
     # pair's failures a second time under the update (docs/learning.md section 8.30)
@@ -324,7 +325,7 @@ MODELS = {
                          pair_recent_own=True, pair_recent_check=True, pair_fail=True,
                          pair_fail_recent=16, pair_shared=False,
                          pair_shared_by_split=True, context_fail=4.0,
-                         dst_prior_result=False),
+                         context_fail_anchor=True, dst_prior_result=False),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,
@@ -430,12 +431,13 @@ def param_specs(cfg: ModelConfig) -> dict:
     if cfg.pair_store and cfg.pair_fail:  # its failure counts, read before a result
         memory |= {"fail_gate": Param((D,), 0.0, zeros=True),
                    "fail_bias": Param((), 0.0, decay=False)}
-    if cfg.context_fail:  # the prior's strength against the context's own counts: a
-        # logit; no draws, so the others start as they did before
+    if cfg.context_fail and not cfg.context_fail_anchor:  # the prior's strength against
+        # the context's own counts: a logit; no draws, so the others start as before
         memory |= {"cfail_gate": Param((D,), 0.0, zeros=True),
                    "cfail_bias": Param((), 0.0, decay=False, zeros=True)}
-    if cfg.context_fail_anchor:  # the rule's constants, offsets from FAIL_ANCHOR's (in
-        # train.model.model), and the residual's logit on top of it; no draws
+    if cfg.context_fail_anchor:  # the rule's constants, offsets from FAIL_ANCHOR's
+        # (train.model.failprior; a run sets them from its train rows), and the residual's
+        # logit on top of it; no draws
         memory |= {"fanchor": Param((6,), 0.0, decay=False, zeros=True),
                    "fanchor_gate": Param((D,), 0.0, zeros=True),
                    "fanchor_bias": Param((), 0.0, decay=False, zeros=True)}

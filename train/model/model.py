@@ -32,6 +32,7 @@ from prep.schema import vocab
 from train.model import arch
 from train.model import attention as attn
 from train.model.arch import ModelConfig
+from train.model.failprior import FAIL_ANCHOR
 
 
 def init_params(cfg: ModelConfig, seed: int) -> dict:
@@ -472,14 +473,6 @@ def segment_fails(tokens: jax.Array, segment_ids: jax.Array):
     return _so_far(failed, first), _so_far(pings, first)
 
 
-# context_fail_anchor's constants at the start (logits, or logs of pseudo-pings): the train
-# rate 0.12 over 16 pseudo-pings (the context's share), a live pair's rate 0.1, a dead
-# pair's prior 0.05 and rate 0.97: near what the context baselines fit on `prep synth`'s
-# worlds (docs/learning.md section 8.30). The pair's pseudo-pings: context_fail's
-FAIL_ANCHOR = (math.log(0.12 / 0.88), math.log(16.0), math.log(0.1 / 0.9), 0.0,
-               math.log(0.05 / 0.95), math.log(0.97 / 0.03))
-
-
 def anchor_rule(c: jax.Array, failed, pings, c_failed, c_pings, strength: float):
     """P(failed) by the context baselines' dead-or-live rule (train.eval.context_baselines'
     FailPrior) from the pair's counts (``failed`` of ``pings``) and the context's
@@ -494,6 +487,39 @@ def anchor_rule(c: jax.Array, failed, pings, c_failed, c_pings, strength: float)
     w = dead_posterior(failed, pings, s * live, s * (1.0 - live), prior, q)
     pair = w * q + (1.0 - w) * (failed + s * live) / (pings + s)
     return jnp.where(pings > 0, pair, ctx)
+
+
+@jax.jit
+def _result_counts(tokens: jax.Array, segment_ids: jax.Array):
+    """(counts float32[4, B, T - 1], failed bool[B, T - 1], at bool[B, T - 1]): at each
+    token that is followed by its measurement's result, the counts anchor_rule reads
+    (context_fails', segment_fails'), whether that result is FAILED, and where it is."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    failed, pings = context_fails(tokens, seg, same_destination(tokens, seg)[0])
+    counts = jnp.stack([failed, pings, *segment_fails(tokens, seg)])[:, :, :-1]
+    nxt = tokens[:, 1:]
+    at = (before_result(tokens, seg)[:, :-1] & (seg[:, 1:] > 0)
+          & ((nxt == vocab.FAILED) | (nxt == vocab.RTT_START)))
+    return counts, nxt == vocab.FAILED, at
+
+
+def result_fail_counts(tokens: np.ndarray, segment_ids: np.ndarray, batch: int = 256):
+    """(counts float64[4, n], failed bool[n]) over every result in the rows (``tokens``,
+    ``segment_ids`` [rows, T], numpy), in row order: the pair's earlier (failed, pings) in
+    its segment and the segment's (failed, results) before it, as the model reads them
+    before the result (train.model.failprior.fail_shares' counts); whether it failed."""
+    out, ys = [], []
+    for a in range(0, len(tokens), batch):
+        tok, seg = tokens[a:a + batch], segment_ids[a:a + batch]
+        if len(tok) < batch:  # one compiled shape: the last batch padded with empty rows
+            pad = ((0, batch - len(tok)), (0, 0))
+            tok, seg = np.pad(tok, pad), np.pad(seg, pad)
+        counts, failed, at = (np.asarray(x) for x in _result_counts(tok, seg))
+        out.append(counts[:, at])
+        ys.append(failed[at])
+    if not out:
+        return np.zeros((4, 0)), np.zeros(0, bool)
+    return np.concatenate(out, axis=1).astype(np.float64), np.concatenate(ys)
 
 
 def _anchor_fail(params: dict, logits: jax.Array, x: jax.Array, failed, pings, c_failed,

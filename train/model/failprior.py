@@ -1,0 +1,142 @@
+"""P(failed) from a context's counts: a pair dead or live, shrunk toward the context's share,
+shrunk toward a rate (``FailPrior``, ``fail_shares``), and the grid fit of its priors on
+measurements whose counts are known (``fit_counts``). The context baselines' rule
+(train.eval.context_baselines, fit on the train split's contexts) and where the model's
+P(failed) starts (ModelConfig.context_fail_anchor: train.fit's run start fits it on the
+train rows' counts, ``anchor_start``)."""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from scipy.special import gammaln
+
+# the beta priors' strengths (pseudo-pings) fit_counts tries, for the pair's failures
+# (toward the context's) and the context's (toward the train split's)
+FAIL_STRENGTHS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+# and for the pair's dead-or-live mixture: its prior P(dead), a dead pair's failure rate, a
+# live pair's mean rate (besides the context's share), on at most FIT_SAMPLE measurements
+DEAD_PRIORS = (0.02, 0.05, 0.1, 0.2)
+DEAD_RATES = (0.9, 0.95, 0.98, 0.99, 0.995)
+LIVE_RATES = (0.05, 0.1, 0.15, 0.2, 0.3)
+FIT_SAMPLE = 200_000
+# ModelConfig.context_fail_anchor's constants where no fit sets them (logits, or logs of
+# pseudo-pings; train.model.model.anchor_rule): the rate 0.12 over 16 pseudo-pings (the
+# context's share), a live pair's rate 0.1, a dead pair's prior 0.05 and rate 0.97, near
+# what fit_counts finds on `prep synth`'s worlds (docs/learning.md section 8.30); the pair's
+# pseudo-pings: context_fail's. A run fits them on its train rows at its start
+# (anchor_start, train.fit.loop)
+FAIL_ANCHOR = (math.log(0.12 / 0.88), math.log(16.0), math.log(0.1 / 0.9), 0.0,
+               math.log(0.05 / 0.95), math.log(0.97 / 0.03))
+
+
+class FailPrior(NamedTuple):
+    """P(failed)'s priors (fail_shares). The context's share of failures over ``context``
+    pseudo-pings of the train split's rate; the pair's over ``pair`` pseudo-pings of the
+    live rate: ``live``, or that share where it is None. With ``dead`` > 0 a pair is dead
+    (it fails at ``dead_rate``) with that prior probability, else live, weighed by the
+    likelihood of its pings (the live one's beta-binomial): P(failed) = w dead_rate +
+    (1 - w) (failed + pair live) / (pings + pair), w the posterior P(dead)."""
+    pair: float = 0.0
+    context: float = 0.0
+    dead: float = 0.0
+    dead_rate: float = 0.99
+    live: float | None = None
+
+
+def fail_shares(counts: np.ndarray, rate: float, prior: FailPrior) -> np.ndarray:
+    """P(failed) per measurement from its counts, float[4, n]: how many of its context's
+    earlier measurements to its destination failed and how many there are, then the same
+    over every destination (train.eval.context_baselines.fail_counts). The context's share
+    of failures over (failed + s_c rate) / (pings + s_c), the pair's as FailPrior says, each
+    the one before it where it has no ping (s_c, s_p = prior.context, prior.pair)."""
+    f_p, n_p, f_c, n_c = counts
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ctx = np.where(n_c > 0, (f_c + prior.context * rate) / (n_c + prior.context), rate)
+        pair = _pair_share(f_p, n_p, ctx if prior.live is None else prior.live, prior)
+    return np.where(n_p > 0, pair, ctx)
+
+
+def _pair_share(f, n, live, prior: FailPrior) -> np.ndarray:
+    """The pair's P(failed) from its counts (f of n): FailPrior's rule."""
+    s = prior.pair
+    share = (f + s * live) / (n + s)
+    if not prior.dead:
+        return share
+    m = np.clip(live, 1e-4, 1 - 1e-4)
+    a, b = s * m, s * (1 - m)
+    alive = gammaln(f + a) + gammaln(n - f + b) - gammaln(n + s) - gammaln(a) - gammaln(b) \
+        + gammaln(s)
+    dead = f * np.log(prior.dead_rate) + (n - f) * np.log1p(-prior.dead_rate)
+    w = 1.0 / (1.0 + np.exp(np.clip(alive - dead - np.log(prior.dead / (1 - prior.dead)),
+                                    -700, 700)))
+    return w * prior.dead_rate + (1 - w) * share
+
+
+def fit_counts(counts: np.ndarray, failed, rate: float, seed: int = 0, *,
+               live_share: bool = True) -> FailPrior:
+    """The FailPrior whose fail_shares score the lowest Brier on measurements with these
+    ``counts`` (fail_shares'), over those with an earlier one; the plain shares where there
+    is none. First (pair, context) of FAIL_STRENGTHS, no dead pairs; then, on the
+    measurements whose pair has an earlier ping (at most FIT_SAMPLE, seeded; with none, the
+    first's), the pair's rule again: the beta alone or the dead-or-live mixture, over
+    FAIL_STRENGTHS x DEAD_PRIORS x DEAD_RATES x (the context's share where ``live_share``,
+    LIVE_RATES)."""
+    counts = np.asarray(counts, np.float64)
+    keep = counts[3] > 0
+    if not keep.any():
+        return FailPrior()
+    counts, y = counts[:, keep], np.asarray(failed, np.float64)[keep]
+    best = min((float(np.mean((fail_shares(counts, rate, FailPrior(sp, sc)) - y) ** 2)), sp, sc)
+               for sp in FAIL_STRENGTHS for sc in FAIL_STRENGTHS)
+    s_c = best[2]
+    pair = np.flatnonzero(counts[1] > 0)
+    if not len(pair):  # no context pings a destination twice: nothing to weigh a pair by
+        return FailPrior(best[1], s_c)
+    if len(pair) > FIT_SAMPLE:
+        pair = np.sort(np.random.default_rng(seed).choice(pair, FIT_SAMPLE, replace=False))
+    counts, y = counts[:, pair], y[pair]
+    shares = fail_shares(np.stack([0 * counts[0], 0 * counts[1], counts[2], counts[3]]), rate,
+                         FailPrior(0.0, s_c))
+    # a constant live rate: the counts' distinct (failed, pings) suffice
+    fn, inv = np.unique(counts[:2].T, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    k, y1 = np.bincount(inv, minlength=len(fn)), np.bincount(inv, y, minlength=len(fn))
+
+    def brier_const(p):  # mean (p - y)^2 from the groups' sums
+        return float((k * p * p - 2 * p * y1).sum() + y.sum()) / len(y)
+    cands = []
+    if live_share:
+        cands.append((float(np.mean((_pair_share(counts[0], counts[1], shares,
+                                                 FailPrior(best[1], s_c)) - y) ** 2)),
+                      FailPrior(best[1], s_c)))
+    for sp in FAIL_STRENGTHS:
+        for pd in DEAD_PRIORS:
+            for q in DEAD_RATES:
+                if live_share:
+                    fp = FailPrior(sp, s_c, pd, q)
+                    cands.append((float(np.mean((_pair_share(counts[0], counts[1], shares, fp)
+                                                 - y) ** 2)), fp))
+                for live in LIVE_RATES:
+                    fp = FailPrior(sp, s_c, pd, q, live)
+                    cands.append((brier_const(_pair_share(fn[:, 0], fn[:, 1], live, fp)), fp))
+    return min(cands, key=lambda c: c[0])[1]
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1.0 - p))
+
+
+def anchor_start(prior: FailPrior, rate: float, strength: float) -> np.ndarray:
+    """float32[6]: ModelConfig.context_fail_anchor's constants (train.model.model.anchor_rule:
+    the rate's logit, the log of the context's pseudo-pings, the live rate's logit, the log
+    of the pair's pseudo-pings over ``strength``, P(dead)'s logit and the dead rate's) for
+    ``prior`` (a constant live rate; without one 0.1) and ``rate``, as offsets from
+    FAIL_ANCHOR's. A prior with no dead pairs: P(dead) 1e-4."""
+    live = 0.1 if prior.live is None else prior.live
+    rate = min(max(rate, 1e-4), 1 - 1e-4)
+    c = (_logit(rate), math.log(max(prior.context, 0.5)), _logit(live),
+         math.log(max(prior.pair, 0.5) / strength), _logit(max(prior.dead, 1e-4)),
+         _logit(prior.dead_rate))
+    return (np.asarray(c) - np.asarray(FAIL_ANCHOR)).astype(np.float32)
