@@ -1176,18 +1176,22 @@ def test_a_run_fits_where_p_failed_starts_on_its_train_rows():
     """result_fail_counts: every result of the rows with the counts the anchor reads before
     it, in row order, a segment's counts its own (CTX_FAILS, then its first two pings as a
     second segment; three rows in batches of two, the last padded): the pair's (failed,
-    pings) and the segment's. anchor_start: the constants that make anchor_rule the
+    pings) and the segment's; not a result whose destination comes after it (the pair
+    unknown there, as it is not in a query). anchor_start: the constants that make anchor_rule the
     FailPrior's rule (fail_shares) on those counts, for a planted prior and rate."""
     from train.model import failprior
     n = len(CTX_FAILS)
-    row = CTX_FAILS + CTX_FAILS[:28]
+    # and a failure to node 2 whose result comes before its destination: not a result to fit
+    m = failed(1, 2)
+    late = m[:6] + [V.FAILED] + m[6:11] + m[12:]
+    row = CTX_FAILS + CTX_FAILS[:28] + late
     tok = np.array([row, row, row], np.int32)
-    seg = np.array([[1] * n + [2] * 28] * 3, np.int32)
-    counts, failed = model.result_fail_counts(tok, seg, batch=2)
+    seg = np.array([[1] * n + [2] * (28 + len(late))] * 3, np.int32)
+    counts, fails = model.result_fail_counts(tok, seg, batch=2)
     one = [[0, 0, 1, 2, 0, 2, 0, 0], [0, 1, 2, 3, 0, 4, 0, 1],
            [0, 0, 1, 2, 2, 3, 0, 0], [0, 1, 2, 3, 4, 5, 0, 1]]
     np.testing.assert_array_equal(counts, np.tile(one, 3))
-    assert failed.tolist() == [False, True, True, False, True, False, False, True] * 3
+    assert fails.tolist() == [False, True, True, False, True, False, False, True] * 3
     prior = failprior.FailPrior(pair=8.0, context=4.0, dead=0.1, dead_rate=0.95, live=0.2)
     c = failprior.anchor_start(prior, 0.3, 4.0)
     got = np.asarray(model.anchor_rule(jnp.asarray(c), *jnp.asarray(counts, jnp.float32), 4.0))

@@ -493,21 +493,26 @@ def anchor_rule(c: jax.Array, failed, pings, c_failed, c_pings, strength: float)
 def _result_counts(tokens: jax.Array, segment_ids: jax.Array):
     """(counts float32[4, B, T - 1], failed bool[B, T - 1], at bool[B, T - 1]): at each
     token that is followed by its measurement's result, the counts anchor_rule reads
-    (context_fails', segment_fails'), whether that result is FAILED, and where it is."""
+    (context_fails', segment_fails'), whether that result is FAILED, and where it is one
+    whose measurement named its whole destination before it (the order a query has: where
+    the block order puts the result first, the pair is not known there)."""
     tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
     failed, pings = context_fails(tokens, seg, same_destination(tokens, seg)[0])
     counts = jnp.stack([failed, pings, *segment_fails(tokens, seg)])[:, :, :-1]
+    so_far, full, _ = address_hashes(tokens, seg, "dst")
     nxt = tokens[:, 1:]
     at = (before_result(tokens, seg)[:, :-1] & (seg[:, 1:] > 0)
-          & ((nxt == vocab.FAILED) | (nxt == vocab.RTT_START)))
+          & ((nxt == vocab.FAILED) | (nxt == vocab.RTT_START))
+          & ((so_far == full) & (full != 0))[:, :-1])
     return counts, nxt == vocab.FAILED, at
 
 
 def result_fail_counts(tokens: np.ndarray, segment_ids: np.ndarray, batch: int = 256):
     """(counts float64[4, n], failed bool[n]) over every result in the rows (``tokens``,
-    ``segment_ids`` [rows, T], numpy), in row order: the pair's earlier (failed, pings) in
-    its segment and the segment's (failed, results) before it, as the model reads them
-    before the result (train.model.failprior.fail_shares' counts); whether it failed."""
+    ``segment_ids`` [rows, T], numpy) whose destination came before it, in row order: the
+    pair's earlier (failed, pings) in its segment and the segment's (failed, results) before
+    it, as the model reads them before the result (train.model.failprior.fail_shares'
+    counts); whether it failed."""
     out, ys = [], []
     for a in range(0, len(tokens), batch):
         tok, seg = tokens[a:a + batch], segment_ids[a:a + batch]
