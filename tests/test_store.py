@@ -998,6 +998,15 @@ CTX_FAILS = (ping(1, 2, 0x50, 0x10) + failed(1, 2) * 2 + ping(1, 2, 0x50, 0x20) 
              + ping(1, 2, 0x51, 0x10))
 
 
+def _ctx_fails_config():
+    """small on CTX_FAILS without stores, the context copy or any reading of the context's
+    failures: what the tests of those readings turn on one at a time."""
+    return dataclasses.replace(arch.MODELS["small"], seq_len=len(CTX_FAILS), dst_store=0,
+                               pair_store=0, pair_forward=0, pair_fail=False,
+                               placed_store=0.0, context_copy=0.0, context_fail=0.0,
+                               context_fail_anchor=False)
+
+
 def test_the_contexts_failures_to_the_destination_update_p_failed():
     """ModelConfig.context_fail: before each result, the row's earlier results to the
     measurement's destination (node 2: 0, 1, 2, 3, -, 4 of them, 0, 1, 2, 2, -, 2 failed;
@@ -1005,10 +1014,7 @@ def test_the_contexts_failures_to_the_destination_update_p_failed():
     prior of s = 4 exp(gate) pseudo-pings: (failed + s m) / (pings + s); their sum and every
     other token's probability are the model's, and every position with no earlier result
     to the destination, or after its result header, is the model's. The gate's bias learns."""
-    base = dataclasses.replace(arch.MODELS["small"], seq_len=len(CTX_FAILS), dst_store=0,
-                               pair_store=0, pair_forward=0, pair_fail=False,
-                               placed_store=0.0, context_copy=0.0, context_fail=0.0,
-                               context_fail_anchor=False)
+    base = _ctx_fails_config()
     cfg = dataclasses.replace(base, context_fail=4.0)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     tok = jnp.asarray([CTX_FAILS])
@@ -1054,10 +1060,7 @@ def test_a_pair_dead_or_live_by_its_failures_in_the_context():
     the counts; the sum of the two and the positions without a count as before. The
     three parameters learn."""
     from math import exp, lgamma, log
-    base = dataclasses.replace(arch.MODELS["small"], seq_len=len(CTX_FAILS), dst_store=0,
-                               pair_store=0, pair_forward=0, pair_fail=False,
-                               placed_store=0.0, context_copy=0.0, context_fail=0.0,
-                               context_fail_anchor=False)
+    base = _ctx_fails_config()
     cfg = dataclasses.replace(base, context_fail=4.0, context_dead=True)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     tok, F, R = jnp.asarray([CTX_FAILS]), V.FAILED, V.RTT_START
@@ -1092,10 +1095,7 @@ def test_the_counts_update_can_read_the_models_split_as_a_constant():
     the counts update the split, no gradient reaches the layers through it: the loss of
     node 2's reply after 2 failures of 3 (its header at 55) reaches them through the sum
     P(FAILED) + P(RTT_START) alone; the gate's bias learns either way."""
-    base = dataclasses.replace(arch.MODELS["small"], seq_len=len(CTX_FAILS), dst_store=0,
-                               pair_store=0, pair_forward=0, pair_fail=False,
-                               placed_store=0.0, context_copy=0.0, context_fail=4.0,
-                               context_fail_anchor=False)
+    base = dataclasses.replace(_ctx_fails_config(), context_fail=4.0)
     det = dataclasses.replace(base, context_fail_detach=True)
     params = jax.tree.map(jnp.asarray, model.init_params(base, 0))
     tok, seg = jnp.asarray([CTX_FAILS]), jnp.ones((1, len(CTX_FAILS)), jnp.int32)
@@ -1132,10 +1132,7 @@ def test_the_anchor_starts_at_the_context_baselines_rule():
     other token's probability and the positions after a result header are the model's;
     the residual's logit moves it by its bias; the rule's six constants and the gate learn."""
     from train.eval import context_baselines as cb
-    base = dataclasses.replace(arch.MODELS["small"], seq_len=len(CTX_FAILS), dst_store=0,
-                               pair_store=0, pair_forward=0, pair_fail=False,
-                               placed_store=0.0, context_copy=0.0, context_fail=0.0,
-                               context_fail_anchor=False)
+    base = _ctx_fails_config()
     cfg = dataclasses.replace(base, context_fail=4.0, context_fail_anchor=True)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     tok, F, R = jnp.asarray([CTX_FAILS]), V.FAILED, V.RTT_START
