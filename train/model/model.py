@@ -474,8 +474,8 @@ def segment_fails(tokens: jax.Array, segment_ids: jax.Array):
 
 
 def anchor_rule(c: jax.Array, failed, pings, c_failed, c_pings, strength: float):
-    """P(failed) by the context baselines' dead-or-live rule (train.eval.context_baselines'
-    FailPrior) from the pair's counts (``failed`` of ``pings``) and the context's
+    """P(failed) by the context baselines' dead-or-live rule (train.model.failprior's
+    FailPrior and fail_shares) from the pair's counts (``failed`` of ``pings``) and the context's
     (``c_failed`` of ``c_pings``), its constants ``c`` (float32[6]) offsets from
     FAIL_ANCHOR's: the context's share (c_failed + s_c r) / (c_pings + s_c) where the pair
     has no ping, else w q + (1 - w) (failed + s live) / (pings + s), w the posterior
