@@ -244,6 +244,16 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
     assert np.asarray(loaded.params["krig_noise"]).tolist() == [np.float32(noise)]
     assert not any(k.startswith("pair_") for k in loaded.params)
     assert json.loads((run / "config.json").read_text())["model"]["pair_store"] == 0
+    # P(failed)'s start (context_fail_anchor): the rule fit on the train rows' results, as
+    # the log line says; 3 steps of Adam at 3e-3 move each constant less than 0.01
+    from train.model import failprior
+    counts, fails = model.result_fail_counts(tok, seg)
+    assert (len(fails), fails.sum()) == (8 * ROWS, ROWS)  # ROW's 8 results, one failed
+    prior = failprior.fit_counts(counts, fails, fails.mean(), live_share=False)
+    assert (f"P(failed) starts at the rule that fits the train rows' {len(fails):,} results "
+            f"best: their rate {fails.mean():.3f} over {prior.context:g} pseudo-pings") in err
+    np.testing.assert_allclose(np.asarray(loaded.params["fanchor"]), failprior.anchor_start(
+        prior, fails.mean(), arch.MODELS["small"].context_fail), atol=0.01)
     # and a resume keeps it off (its checkpoint has no pair store to restore), under a
     # `small` that has since gained a read the run began without (config.json decides)
     monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(
