@@ -141,7 +141,8 @@ def test_decay_mask_is_the_old_rule_leaf_by_leaf(name):
     destination match's gain (small), a gain like the norms', nor the destination memory's
     and prior's rows (small), which keep what they learned between a destination's visits,
     nor the context copy's and the stores' gate biases and widths (small: scalars with a
-    meaning of their own), nor the stores themselves (data)."""
+    meaning of their own), nor P(failed)'s anchor's constants and bias (small), nor the
+    stores themselves (data)."""
     cfg = MODELS[name]
     shapes = arch.map_params(lambda p: jax.ShapeDtypeStruct(p.shape, jnp.float32),
                              arch.param_specs(cfg))
@@ -153,7 +154,8 @@ def test_decay_mask_is_the_old_rule_leaf_by_leaf(name):
                                           "pair_bias", "pair_width", "placed_bias",
                                           "placed_width", "krig_store", "krig_noise",
                                           "krig_bias", "krig_width", "fwd_bias", "fwd_width",
-                                          "fail_bias", "cfail_bias", "pair_latest")),
+                                          "fail_bias", "cfail_bias", "pair_latest",
+                                          "['fanchor']", "fanchor_bias")),
         shapes)
     new = arch.decay_mask(cfg)
     assert jax.tree.structure(new) == jax.tree.structure(old)
