@@ -254,8 +254,10 @@ def test_the_destination_prior_can_leave_the_results_split_alone():
     """dst_prior_result=False: the destination prior moves no FAILED or RTT_START logit
     (the same with its rows zeroed), so P(failed) is the layers' alone; it still moves
     the other tokens' after a whole destination. With True (the default) it moves them."""
+    # (without small's anchor, which sets P(failed) before a result from the counts: the
+    # logits here are the layers' and the prior's)
     on = dataclasses.replace(arch.MODELS["small"], seq_len=len(ROW2), dst_memory=256,
-                             dst_prior_result=True)
+                             dst_prior_result=True, context_fail_anchor=False)
     off = dataclasses.replace(on, dst_prior_result=False)
     assert arch.MODELS["tiny"].dst_prior_result and not arch.MODELS["small"].dst_prior_result
     params = model.init_params(on, 0)
