@@ -348,9 +348,12 @@ def _gate_held_open(row, name, latest=None, **cfg_kw):
     gate ``name`` held open and its spreads sharp, run on ``row``: (cfg, params, tokens,
     segment ids, the probabilities, those before the stores). ``latest``: the quantiles of
     the own pair's table (ModelConfig.pair_recent_own's pair_latest), the store's where
-    None (PAIR_ROW's pings are all in the latest)."""
+    None (PAIR_ROW's pings are all in the latest). Without the anchor (P(failed) from the
+    context's counts before a result, tested apart), so the split before a result is the
+    layers' and the stores'."""
     cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(row), dst_store=0,
-                              pair_store=1024, context_copy=0.0, **cfg_kw)
+                              pair_store=1024, context_copy=0.0, context_fail_anchor=False,
+                              **cfg_kw)
     table, _ = store.build(np.asarray([PAIR_ROW] * 10, np.uint16),
                            np.ones((10, len(PAIR_ROW)), np.uint8), 1024, key="pair",
                            failures=cfg.pair_fail)
@@ -969,7 +972,8 @@ def test_the_failure_gate_moves_p_failed_to_the_pairs_share():
     10) and every other position keep the model's. In training it reads only on the
     forward read's fold, and its gate learns from there alone."""
     cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(FAIL_ASK), dst_store=0,
-                              pair_store=1024, context_copy=0.0, pair_fail_recent=0)
+                              pair_store=1024, context_copy=0.0, pair_fail_recent=0,
+                              context_fail_anchor=False)
     table, _ = store.build(*FAIL_ROWS, 1024, key="pair", min_count=cfg.pair_min, failures=True)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     params = {**params, "pair_store": jnp.asarray(table), "fail_bias": jnp.float32(30.0)}

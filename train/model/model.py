@@ -307,6 +307,12 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         if probes is not None:
             p_on = p_store[1] if p_copy is None else p_store[1] & ~p_copy[1]
             out_p = _mix_copy(params, out_p, xp, p_store[0], p_on, name)
+    if cfg.context_fail and cfg.context_fail_anchor:  # the baselines' rule on the context's
+        # counts, and the residual's logit; the pair store's failures mix in after it
+        failed, pings = context_fails(tokens, seg, match)
+        c_failed, c_pings = segment_fails(tokens, seg)
+        out = _anchor_fail(params, out, x, failed, pings, c_failed, c_pings, cfg.context_fail,
+                           before_result(tokens, seg))
     if cfg.pair_store and cfg.pair_fail:  # the own pair's failures, before its result
         key, key_on = next(k for _, n, k, _ in stores if n == "fwd")[:2]
         share, f_on = fail_share(jax.lax.stop_gradient(params["pair_store"]), key, cfg.pair_min,
@@ -315,12 +321,8 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         if pair_fold is not None:  # in training, only on the forward read's fold
             f_on = f_on & pair_fold
         out = _mix_fail(params, out, x, share, f_on, pair_fold)
-    if cfg.context_fail and cfg.context_fail_anchor:  # the baselines' rule, and the residual
-        failed, pings = context_fails(tokens, seg, match)
-        c_failed, c_pings = segment_fails(tokens, seg)
-        out = _anchor_fail(params, out, x, failed, pings, c_failed, c_pings, cfg.context_fail,
-                           before_result(tokens, seg))
-    elif cfg.context_fail:  # the pair's own failures in the context update what came before
+    if cfg.context_fail and not cfg.context_fail_anchor:  # the pair's own failures in the
+        # context update what came before
         failed, pings = context_fails(tokens, seg, match)
         out = _update_fail(params, out, x, failed, pings, cfg.context_fail,
                            before_result(tokens, seg) & (pings > 0), cfg.context_dead,
