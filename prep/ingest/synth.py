@@ -52,6 +52,12 @@ NAT_POOL = ["192.168.1.2", "192.168.1.10", "192.168.0.2", "192.168.0.100", "192.
             "192.168.1.100"]
 USER_TARGETS = 400
 USER_INTERVALS = np.array([60, 120, 300, 900, 1800, 3600])
+# Failures, drawn once per stream (probe, target, family): its rate FAIL_SCALE x
+# Beta(*FAIL_BETA); FIREWALLED[0] of the user streams fail at FIREWALLED[1] instead; every
+# IPv6 stream of a probe with broken IPv6 (V6_BROKEN of the dual-stack ones) fails
+FAIL_BETA, FAIL_SCALE = (0.6, 4.0), 0.9
+FIREWALLED = (0.12, 0.95)
+V6_BROKEN = 0.03
 
 
 @dataclass(frozen=True)
@@ -138,7 +144,8 @@ def _malformed(rng, src, dst, ipv, empty: int):
 
 
 def generate(cfg: SynthConfig) -> dict[str, np.ndarray | list]:
-    """All rows as columns (sorted by time), plus the address pool they index into."""
+    """All rows as columns (sorted by time), plus the address pool they index into and each
+    row's true failure rate, ``fail_p`` (its stream's; bench.fail_floor reads it)."""
     rng = np.random.default_rng(cfg.seed)
     P, N, span = cfg.probes, cfg.rows, cfg.days * 86_400
     prb_id = np.sort(rng.choice(np.arange(1, 1_200_000), size=P, replace=False)).astype(np.int64)
@@ -146,7 +153,7 @@ def generate(cfg: SynthConfig) -> dict[str, np.ndarray | list]:
     busy = rng.lognormal(0.0, 1.4, P)
     uptime = rng.beta(0.6, 0.6, P)  # sparse probes are the ones mostly offline
     dual = rng.random(P) < 0.75
-    v6_broken = dual & (rng.random(P) < 0.03)
+    v6_broken = dual & (rng.random(P) < V6_BROKEN)
     nat = rng.random(P) < 0.4
     # Address pool: [probe v4 | probe v6 | NAT pool | root v4 | root v6 | user v4 | user v6 | ""].
     v4_public = _v4_public(rng, P)
@@ -197,8 +204,8 @@ def generate(cfg: SynthConfig) -> dict[str, np.ndarray | list]:
         base += geo.lognormal(np.log(cfg.access_ms), cfg.access_sigma, P)[s_probe]
     jitter = base * rng.lognormal(np.log(0.03), 0.8, S)
     diurnal = rng.lognormal(np.log(0.08), 0.9, S)
-    fail_p = rng.beta(0.6, 4.0, S) * 0.9
-    fail_p = np.where(~s_builtin & (rng.random(S) < 0.12), 0.95, fail_p)  # firewalled targets
+    fail_p = rng.beta(*FAIL_BETA, S) * FAIL_SCALE
+    fail_p = np.where(~s_builtin & (rng.random(S) < FIREWALLED[0]), FIREWALLED[1], fail_p)
     fail_p = np.where(s_six & v6_broken[s_probe], 1.0, fail_p)
 
     # Rows per stream, then each stream's contiguous run of its schedule.
@@ -218,7 +225,8 @@ def generate(cfg: SynthConfig) -> dict[str, np.ndarray | list]:
     order = np.argsort(t * S + sid, kind="stable")  # by time; ties by stream, so deterministic
     return {"time": t[order] + START, "prb_id": prb_id[s_probe[sid]][order], "src": src[order],
             "dst": dst[order], "ip_version": ipv[order], "rtt": rtt[order],
-            "msm_id": s_msm[sid][order], "size": s_size[sid][order], "pool": pool}
+            "msm_id": s_msm[sid][order], "size": s_size[sid][order], "pool": pool,
+            "fail_p": fail_p[sid][order]}  # each row's true failure rate (not written)
 
 
 def _hour_name(ts: int) -> str:
@@ -230,6 +238,7 @@ def synth(cfg: SynthConfig) -> dict:
     t0 = time.perf_counter()
     cols = generate(cfg)
     pool = pa.array(cols.pop("pool"), pa.string())
+    del cols["fail_p"]
     out = Path(cfg.out)
     hour = (cols["time"] - START) // 3600
     cuts = np.searchsorted(hour, np.arange(cfg.days * 24 + 1))
