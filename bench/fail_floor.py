@@ -13,10 +13,10 @@ run on that world's shards (its answers file, train.eval.answers), per stratum, 
   (built-in streams are never firewalled), and for IPv6 the context's IPv6 pings (one reply
   says the probe's IPv6 works; all failed weigh broken IPv6 against each stream's failing);
   ``bayes_no_kind``: the same without the destination's kind;
-- ``rule_dst_prior``: the context baselines' rule (train.model.failprior, the eval's fitted
-  FailPrior) with the destination's priors from the train split in place of one for all:
-  the rate its pairs fail at (each pair once), the share of them that is dead and a live
-  pair's rate, each shrunk toward all destinations' over ``DST_SHRINK`` pairs;
+- ``rule``: the context baselines' rule (train.model.failprior, the eval's fitted FailPrior)
+  with one prior for all destinations; ``rule_dst_prior``: with each destination's from the
+  train split (failprior.dst_offsets: the rate its pairs fail at, each pair once, the share
+  of them that is dead and a live pair's rate, each shrunk toward all destinations');
 - ``model`` and the lowest-Brier baseline, from the answers.
 
     python -m bench.fail_floor --data shards-256 --answers runs/X/eval/step-2400.answers.npz
@@ -44,11 +44,9 @@ from train.eval import context_baselines as CB
 from train.eval import evaluate as E
 from train.eval import metrics as EM
 from train.fit.reader import read_split
-from train.model.failprior import FailPrior, _pair_share, fail_shares
+from train.model.failprior import DST_SHRINK, FailPrior, dst_offsets, fail_shares, pair_counts
 
 GRID = 20_000  # equal-mass points of a live stream's rate (the posterior's integral)
-DST_SHRINK = 20.0  # pairs of all destinations' priors a destination's are shrunk toward
-DEAD_MIN, DEAD_SHARE = 3, 0.9  # a train pair is dead with >= this many pings, this share failed
 
 
 def _hilo(addr: str) -> tuple[int, int]:
@@ -131,45 +129,6 @@ def bayes_fail(starts, dst, family, failed, is_root, prior: StreamPrior, kind: b
     return out
 
 
-def dst_priors(src, dst, failed, n_dst: int, shrink: float = DST_SHRINK):
-    """Per destination id (< n_dst) from the train split's measurements: (the rate its pairs
-    fail at, each pair once; the share of its pairs with >= DEAD_MIN pings that failed at >=
-    DEAD_SHARE; the mean rate of the others), each shrunk toward all destinations' over
-    ``shrink`` pairs; and all destinations' three."""
-    pair, inv = np.unique(np.column_stack([src, dst]), axis=0, return_inverse=True)
-    inv = inv.ravel()
-    pings = np.bincount(inv).astype(float)
-    share = np.bincount(inv, failed.astype(float)) / pings
-    d = pair[:, -1]
-    seen = pings >= DEAD_MIN
-    dead = seen & (share >= DEAD_SHARE)
-    live = seen & ~dead
-    g = np.array([share.mean(), dead[seen].mean(), share[live].mean()])
-
-    def shrunk(values, weights, g0):
-        s = np.bincount(d, values * weights, minlength=n_dst)
-        w = np.bincount(d, weights.astype(float), minlength=n_dst)
-        return (s + shrink * g0) / (w + shrink)
-
-    return np.stack([shrunk(share, np.ones(len(share)), g[0]),
-                     shrunk(dead.astype(float), seen, g[1]),
-                     shrunk(share, live, g[2])]), g
-
-
-def rule_dst_prior(counts, q_dst, priors, g, rate: float, fp: FailPrior) -> np.ndarray:
-    """fail_shares' rule with the query's destination's priors (dst_priors) in place of the
-    fitted ones, each scaled by the fitted one over all destinations'."""
-    f_p, n_p, f_c, n_c = counts
-    r = priors[0, q_dst] * rate / g[0]
-    ctx = np.where(n_c > 0, (f_c + fp.context * r) / np.maximum(n_c + fp.context, 1e-9), r)
-    live = priors[2, q_dst] * (fp.live if fp.live is not None else g[2]) / g[2]
-    dead = np.clip(priors[1, q_dst] * fp.dead / g[1], 1e-4, 0.9)
-    out = ctx.copy()
-    for i in np.flatnonzero(n_p > 0):
-        out[i] = _pair_share(f_p[i], n_p[i], live[i], fp._replace(dead=float(dead[i])))
-    return out
-
-
 def _ids(*keys):
     """Dense ids of the rows of stacked uint64 keys, shared over the arrays given."""
     allk = np.concatenate(keys)
@@ -210,7 +169,7 @@ def floor(data: Path, answers_path: Path, cfg: S.SynthConfig, log=print) -> dict
     (t_dst, q_dst), n_dst = _ids(np.column_stack([tm.dst_hi, tm.dst_lo]),
                                  np.column_stack([qm.dst_hi, qm.dst_lo]))
     (t_src,), _ = _ids(np.column_stack([tm.src_hi, tm.src_lo]))
-    priors, g = dst_priors(t_src, t_dst, tm.failed, n_dst)
+    off = dst_offsets(*pair_counts(t_src, t_dst, tm.failed), n_dst)[:, q_dst]
 
     ctx = qm.row.astype(np.int64) * 256 + qm.segment
     starts = CB.context_starts(ctx)
@@ -224,7 +183,7 @@ def floor(data: Path, answers_path: Path, cfg: S.SynthConfig, log=print) -> dict
         "oracle": p_true,
         "bayes": bayes_fail(starts, q_dst, qm.family, failed, is_root, sp),
         "bayes_no_kind": bayes_fail(starts, q_dst, qm.family, failed, is_root, sp, kind=False),
-        "rule_dst_prior": rule_dst_prior(counts, q_dst, priors, g, fpd["rate"], fp),
+        "rule_dst_prior": fail_shares(counts, fpd["rate"], fp, off),
         "rule": fail_shares(counts, fpd["rate"], fp),
         "model": ans["p_failed"][names.index("model")],
     }

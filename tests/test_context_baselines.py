@@ -93,6 +93,44 @@ def test_a_pair_dead_or_live_weighed_by_its_pings():
     assert beta[0] == pytest.approx((3 + 2 * (3 + 4 * RATE) / 8) / 5)
 
 
+def test_destination_priors_from_its_train_pairs():
+    """fail_offsets: per destination, from its train (source, destination) pairs, each pair
+    once: the rate they fail at, the share of those with >= 3 pings that failed on >= 90 %
+    (dead) and the others' mean rate, each shrunk toward all destinations' over 20 pairs;
+    logit offsets from all destinations'. Planted: destination 1 has 4 pairs, two dead
+    (3 of 3 failed, 4 of 4), two live (1 of 4, 0 of 4); destination 2 two live pairs (0 of
+    3, 1 of 3); destination 3 none."""
+    from math import log
+    src, dst, failed = [], [], []
+    for s_, d_, f_, n_ in ((0, 1, 3, 3), (1, 1, 4, 4), (2, 1, 1, 4), (3, 1, 0, 4),
+                           (0, 2, 0, 3), (1, 2, 1, 3)):
+        src += [s_] * n_
+        dst += [d_] * n_
+        failed += [True] * f_ + [False] * (n_ - f_)
+    off = C.fail_offsets(np.array(src), np.array(dst), np.array(failed), 4)
+    lg = lambda p: log(p / (1 - p))
+    shares = [1.0, 1.0, 0.25, 0.0, 0.0, 1 / 3]
+    g = (sum(shares) / 6, 2 / 6, (0.25 + 0 + 0 + 1 / 3) / 4)
+    own = lambda s, n, k: (s + 20 * g[k]) / (n + 20)
+    want = [[0.0, lg(own(2.25, 4, 0)) - lg(g[0]), lg(own(1 / 3, 2, 0)) - lg(g[0]), 0.0],
+            [0.0, lg(own(2, 4, 1)) - lg(g[1]), lg(own(0, 2, 1)) - lg(g[1]), 0.0],
+            [0.0, lg(own(0.25, 2, 2)) - lg(g[2]), lg(own(1 / 3, 2, 2)) - lg(g[2]), 0.0]]
+    np.testing.assert_allclose(off, want, rtol=1e-6, atol=1e-7)
+    assert off[1, 1] > 0.1 and off[1, 2] < -0.1  # more dead pairs at 1, none at 2
+    # the rule with them: its rate, P(dead) and live rate moved by the destination's
+    fp = C.FailPrior(2.0, 4.0, dead=0.1, dead_rate=0.95, live=0.1)
+    counts = np.array([[0.0, 3.0], [0.0, 3.0], [1.0, 0.0], [4.0, 2.0]])
+    o = off[:, [2, 1]]
+    got = C.fail_shares(counts, RATE, fp, o)
+    sig = lambda z: 1 / (1 + np.exp(-z))
+    r = sig(lg(RATE) + o[0, 0])
+    assert got[0] == pytest.approx((1 + 4 * r) / (4 + 4), rel=1e-6)  # (o is float32)
+    moved = C.FailPrior(2.0, 4.0, dead=float(sig(lg(0.1) + o[1, 1])), dead_rate=0.95,
+                        live=float(sig(lg(0.1) + o[2, 1])))
+    assert got[1] == pytest.approx(C.fail_shares(counts[:, 1:], RATE, moved)[0], rel=1e-6)
+    assert got[1] > C.fail_shares(counts[:, 1:], RATE, fp)[0] + 0.005  # more dead pairs at 1
+
+
 def test_fail_prior_fit_on_contexts_of_their_own():
     """Planted: 400 contexts of 8 pings to one destination each; half fail every time, half
     never, so a pair's own pings say all and the weakest priors win; contexts whose

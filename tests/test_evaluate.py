@@ -122,13 +122,20 @@ def test_eval_counts_every_query_and_target(run, full):
     assert fp["dead"] in (0.0, *context_baselines.DEAD_PRIORS)
     assert fail_prior_line(fp) in text.splitlines()
     q = detail.queries
-    (_, q_dst), = evaluate_lib.node_ids([q])[0]
+    train = rowdecode.decode_rows(*reader.read_split(run / "shards", manifest, "train"))
+    ((t_src, t_dst), (_, q_dst)), n_nodes = evaluate_lib.node_ids([train, q])
     counts = context_baselines.fail_counts(
         context_baselines.context_starts(q.row * 256 + q.segment), q_dst, q.failed)
-    want = context_baselines.fail_shares(counts, fp["rate"], context_baselines.FailPrior(
-        **{k: v for k, v in fp.items() if k != "rate"}))
+    prior = context_baselines.FailPrior(
+        **{k: v for k, v in fp.items() if k not in ("rate", "dst_shrink")})
+    # each destination's priors from its train pairs (failprior.dst_offsets), shrunk over 20
+    assert fp["dst_shrink"] == 20.0
+    off = context_baselines.fail_offsets(t_src, t_dst, train.failed, n_nodes)[:, q_dst]
+    want = context_baselines.fail_shares(counts, fp["rate"], prior, off)
     for name in ("context_last", "context_krig"):
         np.testing.assert_allclose(detail.p_failed[name], want, rtol=1e-12)
+    plain = context_baselines.fail_shares(counts, fp["rate"], prior)
+    assert np.abs(want - plain).max() > 0.01 and (np.abs(off) > 0.05).any()
     assert (counts[1] > 0).sum() > 50 and (counts[0] > 0).sum() > 5  # pairs, and failures
     # fewer than 1,000 replies: a warning, in the report and its table; the split was the limit
     assert n_rtt < 1000 and report["warnings"] == [

@@ -142,7 +142,7 @@ def test_decay_mask_is_the_old_rule_leaf_by_leaf(name):
     and prior's rows (small), which keep what they learned between a destination's visits,
     nor the context copy's and the stores' gate biases and widths (small: scalars with a
     meaning of their own), nor P(failed)'s anchor's constants and bias (small), nor the
-    stores themselves (data)."""
+    stores themselves (data: P(failed)'s priors by destination too)."""
     cfg = MODELS[name]
     shapes = arch.map_params(lambda p: jax.ShapeDtypeStruct(p.shape, jnp.float32),
                              arch.param_specs(cfg))
@@ -155,7 +155,7 @@ def test_decay_mask_is_the_old_rule_leaf_by_leaf(name):
                                           "placed_width", "krig_store", "krig_noise",
                                           "krig_bias", "krig_width", "fwd_bias", "fwd_width",
                                           "fail_bias", "cfail_bias", "pair_latest",
-                                          "['fanchor']", "fanchor_bias")),
+                                          "['fanchor']", "fanchor_bias", "fail_dst")),
         shapes)
     new = arch.decay_mask(cfg)
     assert jax.tree.structure(new) == jax.tree.structure(old)

@@ -257,7 +257,7 @@ def test_the_destination_prior_can_leave_the_results_split_alone():
     # (without small's anchor, which sets P(failed) before a result from the counts: the
     # logits here are the layers' and the prior's)
     on = dataclasses.replace(arch.MODELS["small"], seq_len=len(ROW2), dst_memory=256,
-                             dst_prior_result=True, context_fail_anchor=False)
+                             dst_prior_result=True, context_fail_anchor=False, fail_dst=False)
     off = dataclasses.replace(on, dst_prior_result=False)
     assert arch.MODELS["tiny"].dst_prior_result and not arch.MODELS["small"].dst_prior_result
     params = model.init_params(on, 0)

@@ -144,7 +144,7 @@ def test_the_store_gate_mixes_the_store_into_the_distribution(bias, stored):
     reaches the table: it is data, not a parameter to learn."""
     cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(ROW), dst_store=1024,
                               context_copy=0.0, copy_aux=0.0, placed_store=0.0)
-    off = dataclasses.replace(cfg, dst_store=0)
+    off = dataclasses.replace(cfg, dst_store=0, fail_dst=False)
     table, _ = store.build(*planted(), 1024)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     params = {**params, "dst_store": jnp.asarray(table), "store_gate": params["store_gate"] * 0,
@@ -254,6 +254,10 @@ def test_a_run_fills_its_store_from_the_train_split_and_keeps_it(tmp_path, monke
             f"best: their rate {fails.mean():.3f} over {prior.context:g} pseudo-pings") in err
     np.testing.assert_allclose(np.asarray(loaded.params["fanchor"]), failprior.anchor_start(
         prior, fails.mean(), arch.MODELS["small"].context_fail), atol=0.01)
+    # and its priors by destination (fail_dst), beside the destination store's rows
+    table, line = store.fail_offsets(tok, seg, want)
+    assert line in err and "at 1 of 3 destinations (those with a store row)" in line
+    np.testing.assert_array_equal(np.asarray(loaded.params["fail_dst"]), table)
     # and a resume keeps it off (its checkpoint has no pair store to restore), under a
     # `small` that has since gained a read the run began without (config.json decides)
     monkeypatch.setitem(arch.MODELS, "small", dataclasses.replace(
@@ -353,6 +357,7 @@ def _gate_held_open(row, name, latest=None, **cfg_kw):
     layers' and the stores'."""
     cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(row), dst_store=0,
                               pair_store=1024, context_copy=0.0, context_fail_anchor=False,
+                              fail_dst=False,
                               **cfg_kw)
     table, _ = store.build(np.asarray([PAIR_ROW] * 10, np.uint16),
                            np.ones((10, len(PAIR_ROW)), np.uint8), 1024, key="pair",
@@ -973,7 +978,7 @@ def test_the_failure_gate_moves_p_failed_to_the_pairs_share():
     forward read's fold, and its gate learns from there alone."""
     cfg = dataclasses.replace(arch.MODELS["small"], seq_len=len(FAIL_ASK), dst_store=0,
                               pair_store=1024, context_copy=0.0, pair_fail_recent=0,
-                              context_fail_anchor=False)
+                              context_fail_anchor=False, fail_dst=False)
     table, _ = store.build(*FAIL_ROWS, 1024, key="pair", min_count=cfg.pair_min, failures=True)
     params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
     params = {**params, "pair_store": jnp.asarray(table), "fail_bias": jnp.float32(30.0)}
@@ -1018,7 +1023,7 @@ def _ctx_fails_config():
     return dataclasses.replace(arch.MODELS["small"], seq_len=len(CTX_FAILS), dst_store=0,
                                pair_store=0, pair_forward=0, pair_fail=False,
                                placed_store=0.0, context_copy=0.0, context_fail=0.0,
-                               context_fail_anchor=False)
+                               context_fail_anchor=False, fail_dst=False)
 
 
 def test_the_contexts_failures_to_the_destination_update_p_failed():
@@ -1181,6 +1186,56 @@ def test_the_anchor_starts_at_the_context_baselines_rule():
     assert abs(float(g["fanchor_bias"])) > 0 and np.abs(np.asarray(g["fanchor_gate"])).sum() > 0
     with pytest.raises(ValueError, match="context_fail_anchor reads context_fail"):
         dataclasses.replace(base, context_fail_anchor=True)
+
+
+def test_the_anchor_reads_the_destinations_priors():
+    """ModelConfig.fail_dst: where the destination store has the destination's row, the
+    rule's rate, P(dead) and live rate are moved by the offsets in fail_dst's table beside
+    it: at the start the model's P(FAILED) / (P(FAILED) + P(RTT_START)) before each result of
+    CTX_FAILS is fail_shares with each query's destination's offsets (node 2: planted; node
+    4: no store row, none), the context baselines' rule with fail_offsets. Their sum and every
+    other token are the model's; the table is data (no gradient)."""
+    from train.eval import context_baselines as cb
+    K = arch.STORE_K
+    base = dataclasses.replace(_ctx_fails_config(), dst_store=1024)
+    cfg = dataclasses.replace(base, context_fail=4.0, context_fail_anchor=True, fail_dst=True)
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    tok, F, R = jnp.asarray([CTX_FAILS]), V.FAILED, V.RTT_START
+    seg = jnp.ones(tok.shape, jnp.int32)
+    heads = [11, 27, 41, 55, 71, 85]
+    h, on = (np.asarray(x)[0] for x in model.dst_hashes(tok, seg)[:2])
+    assert on[[x - 1 for x in heads]].all()
+    h2 = int(h[heads[0] - 1])
+    assert int(h[heads[4] - 1]) != h2  # node 4's
+    row = int(np.asarray(model.store_rows(h2, 1024)[0]))
+    store = np.zeros((1024, K + 2), np.float32)
+    store[row, :K] = 0x5010  # an RTT code; the read needs STORE_MIN replies and the check
+    store[row, K], store[row, K + 1] = arch.STORE_MIN, model.store_check(np.int32(h2))
+    table = np.zeros((1024, 3), np.float32)
+    planted = np.array([0.4, -0.5, 0.3], np.float32)
+    table[row] = planted
+    params = {**params, "dst_store": jnp.asarray(store), "fail_dst": jnp.asarray(table)}
+    off = np.asarray(model.dst_fail_offsets(params, tok, seg))[0]
+    np.testing.assert_array_equal(off[[x - 1 for x in heads]],
+                                  [planted] * 4 + [[0, 0, 0]] + [planted])
+    dst, fail = np.array([2, 2, 2, 2, 4, 2]), np.array([0, 1, 1, 0, 1, 0], bool)
+    counts = cb.fail_counts(cb.context_starts(np.zeros(6)), dst, fail)
+    prior = cb.FailPrior(pair=4.0, context=16.0, dead=0.05, dead_rate=0.97, live=0.1)
+    want = cb.fail_shares(counts, 0.12, prior, off[[x - 1 for x in heads]].T)
+    plain = cb.fail_shares(counts, 0.12, prior)
+    assert np.abs(want - plain)[[0, 1, 2, 3, 5]].min() > 0.01 and want[4] == plain[4]
+    logits = model.forward(params, tok, seg, cfg)
+    p, p_own = (np.exp(np.asarray(jax.nn.log_softmax(x), np.float64))[0]
+                for x in (logits, model.forward(params, tok, seg, base)))
+    got = np.array([p[x - 1, F] / (p[x - 1, F] + p[x - 1, R]) for x in heads])
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    rest = np.ones(p.shape[1], bool)
+    rest[[F, R]] = False
+    np.testing.assert_allclose(p[:, rest], p_own[:, rest], rtol=1e-5, atol=1e-9)
+    g = jax.grad(lambda q: model.loss_sum(q, {"tokens": tok, "segment_ids": seg}, cfg)[2])(params)
+    assert not np.asarray(g["fail_dst"]).any() and (np.abs(np.asarray(g["fanchor"])) > 0).all()
+    with pytest.raises(ValueError, match="fail_dst moves context_fail_anchor's rule"):
+        dataclasses.replace(cfg, dst_store=0)
 
 
 def test_a_run_fits_where_p_failed_starts_on_its_train_rows():

@@ -43,8 +43,8 @@ from train.eval import coord_kernels as K
 from train.eval import registry
 # the rule and its grids are the model's too (ModelConfig.context_fail_anchor)
 from train.model.failprior import (  # noqa: F401 (the grids: this module's names too)
-    DEAD_PRIORS, DEAD_RATES, FAIL_STRENGTHS, FIT_SAMPLE, LIVE_RATES, FailPrior, fail_shares,
-    fit_counts)
+    DEAD_PRIORS, DEAD_RATES, FAIL_STRENGTHS, FIT_SAMPLE, LIVE_RATES, FailPrior, dst_offsets,
+    fail_shares, fit_counts, pair_counts)
 from train.model.store import KRIG_SHRINK, pairs_in_runs
 
 CONTEXT_BASELINES = registry.names(registry.CONTEXT)  # names, labels, order: train/eval/registry.py
@@ -120,7 +120,7 @@ def krig_table(pair_median: B.PairTable, src, dst, rtt) -> tuple:
 
 
 def predict(ctx, src, dst, rtt, *, fallback: np.ndarray, fail_rate: float,
-            fail_prior: FailPrior = FailPrior(),
+            fail_prior: FailPrior = FailPrior(), fail_dst: np.ndarray | None = None,
             vivaldi: B.Vivaldi | None = None,
             knn: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
             krig: tuple | None = None) -> dict[str, B.Prediction]:
@@ -129,12 +129,14 @@ def predict(ctx, src, dst, rtt, *, fallback: np.ndarray, fail_rate: float,
     only earlier ones are read). ``fallback``: per query, what an empty answer becomes;
     ``vivaldi``, ``knn`` (``knn_table``), ``krig`` (``krig_table``): context_vivaldi's,
     context_knn's and context_krig's train fits. ``fail_prior``: P(failed)'s priors
-    (``fit_fail_prior``; the default: the plain shares)."""
+    (``fit_fail_prior``; the default: the plain shares); ``fail_dst``: each destination's
+    offsets to them (``fail_offsets``, float[3, nodes]; None: one prior for all)."""
     starts = context_starts(ctx)
     src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
     rtt = np.asarray(rtt, np.float64)
     last, ema, med = _scan(starts, dst, rtt, B.EMA_ALPHA)
-    p_fail = fail_shares(fail_counts(starts, dst, rtt < 0), fail_rate, fail_prior)
+    p_fail = fail_shares(fail_counts(starts, dst, rtt < 0), fail_rate, fail_prior,
+                         None if fail_dst is None else fail_dst[:, dst])
     own = {"context_last": last, "context_ema": ema, "context_median": med}
     if vivaldi is not None:
         own["context_vivaldi"] = K.place_in_contexts(
@@ -172,6 +174,12 @@ def _fail_counts(starts, dst, failed):
                     out[0, i] += failed[j]
                     out[1, i] += 1.0
     return out
+
+
+def fail_offsets(src, dst, failed, n_nodes: int) -> np.ndarray:
+    """float32[3, n_nodes]: each destination's offsets to P(failed)'s priors from the train
+    split's measurements (node ids; train.model.failprior.dst_offsets over their pairs)."""
+    return dst_offsets(*pair_counts(src, dst, failed), n_nodes)
 
 
 def fit_fail_prior(ctx, dst, failed, rate: float, seed: int = 0) -> FailPrior:

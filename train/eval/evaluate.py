@@ -51,6 +51,7 @@ from train.eval import metrics as EM
 from train.eval.report import report_path, write_report
 from train.fit.reader import dataset_fingerprint, local_copy, read_split
 from train.model import model
+from train.model.failprior import DST_SHRINK
 from train.model.store import local_scope
 from train.predict import predictor as P
 
@@ -310,6 +311,7 @@ def _baselines(data, manifest: dict, qm, seed: int):
         qm.row * 256 + qm.segment, q_src, q_dst, qm.rtt_ms(),
         fallback=context_baselines.fallback_chain(fitted, q_src, q_dst),
         fail_rate=rate, fail_prior=prior, vivaldi=fitted["vivaldi"],
+        fail_dst=context_baselines.fail_offsets(tr_src, tr_dst, train.failed, n_nodes),
         knn=context_baselines.knn_table(fitted["pair_median"]),
         krig=context_baselines.krig_table(fitted["pair_median"], tr_src, tr_dst, train.rtt_ms()))
     context_s = time.perf_counter() - t_c
@@ -319,7 +321,7 @@ def _baselines(data, manifest: dict, qm, seed: int):
     preds = {name: (p.rtt_ms, p.p_fail, p.covered) for name, p in (ctx | base).items()}
     return train, preds, known, {"baselines_s": round(fit_s, 3),
                                  "context_baselines_s": round(context_s, 3)}, \
-        fitted["pair_mode"], {**prior._asdict(), "rate": rate}
+        fitted["pair_mode"], {**prior._asdict(), "rate": rate, "dst_shrink": DST_SHRINK}
 
 
 def _sample_rows(seg, meas, max_queries: int, rng) -> np.ndarray:

@@ -104,7 +104,10 @@ def fail_prior_line(fp: dict) -> str:
     return ("P(failed) of the context baselines: the context's failures to the destination "
             f"over {fp['pair']:g} pseudo-pings of {live}{dead}; else the context's failures "
             f"to any over {fp['context']:g} of the train split's rate {fp['rate']:.3f} (beta "
-            "priors fit on the train split's contexts)")
+            "priors fit on the train split's contexts)"
+            + (f"; the rate, P(dead) and the live rate each destination's, from its train "
+               f"pairs shrunk over {fp['dst_shrink']:g} pairs toward all destinations'"
+               if fp.get("dst_shrink") else ""))
 
 
 def point_line(pt: dict) -> str:

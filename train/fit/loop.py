@@ -262,6 +262,9 @@ def _store_tables(mcfg, data, manifest: dict):
     if mcfg.context_fail and mcfg.context_fail_anchor:  # P(failed)'s start: the rule fit
         tables["fanchor"], line = _anchor_start(tok, seg, mcfg)
         lines.append(line)
+    if mcfg.fail_dst and "dst_store" in tables:  # the rule's priors by destination
+        tables["fail_dst"], line = store_lib.fail_offsets(tok, seg, tables["dst_store"])
+        lines.append(line)
     if mcfg.dst_store and mcfg.krig_store:  # read through the destination store's medians
         table, noise, summary = store_lib.build_krig(tok, seg, mcfg.krig_store,
                                                      tables["dst_store"], fold=fold)

@@ -238,6 +238,13 @@ class ModelConfig:
     # baselines' answer and learns what the layers add to it. The layers' split counted a
     # pair's failures a second time under the update (docs/learning.md section 8.30)
     context_fail_anchor: bool = False
+    # with context_fail_anchor and dst_store: the rule's rate, P(dead) and live rate each the
+    # destination's where the destination store has its row: their logits moved by the
+    # destination's offsets from its train pairs (train.model.failprior.dst_offsets, a table
+    # beside the store's rows filled at a run's start: train.model.store.fail_offsets), as
+    # the context baselines' rule moves them. A firewalled target fails on most pairs; a
+    # root server on few (docs/learning.md section 8.32)
+    fail_dst: bool = False
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
     # replies to their destinations' store medians, over their count plus this shrink;
@@ -294,6 +301,9 @@ class ModelConfig:
             raise ValueError("context_fail_anchor reads context_fail's counts: set context_fail")
         if self.context_fail_anchor and self.context_dead:
             raise ValueError("context_fail_anchor weighs a dead pair itself: unset context_dead")
+        if self.fail_dst and not (self.context_fail_anchor and self.dst_store):
+            raise ValueError("fail_dst moves context_fail_anchor's rule by the destination "
+                             "store's rows: set context_fail_anchor and dst_store")
         if self.store_without_fold and not self.gate_fold:
             raise ValueError("store_without_fold leaves out the gate fold's contexts: set gate_fold")
 
@@ -325,7 +335,7 @@ MODELS = {
                          pair_recent_own=True, pair_recent_check=True, pair_fail=True,
                          pair_fail_recent=16, pair_shared=False,
                          pair_shared_by_split=True, context_fail=4.0,
-                         context_fail_anchor=True, dst_prior_result=False),
+                         context_fail_anchor=True, fail_dst=True, dst_prior_result=False),
     # ping-llm's ~95M model (98.6M parameters here, untied output head); its layers
     # unrolled: 1.21x the scan's tokens/s on an H200 (bench/results/gpu-nvidia-h200-unrolled.json)
     "base": ModelConfig(n_layers=20, d_model=640, n_heads=10, head_dim=64, d_mlp=2560,
@@ -441,6 +451,8 @@ def param_specs(cfg: ModelConfig) -> dict:
         memory |= {"fanchor": Param((6,), 0.0, decay=False, zeros=True),
                    "fanchor_gate": Param((D,), 0.0, zeros=True),
                    "fanchor_bias": Param((), 0.0, decay=False, zeros=True)}
+    if cfg.fail_dst:  # each destination store row's offsets (train.model.store.fail_offsets)
+        memory |= {"fail_dst": Param((cfg.dst_store, 3), 0.0, decay=False, data=True)}
     if cfg.context_dead:  # P(dead)'s logit (a gate) and a dead pair's rate, offsets in the model
         memory |= {"cdead_gate": Param((D,), 0.0, zeros=True),
                    "cdead_bias": Param((), 0.0, decay=False, zeros=True),

@@ -29,6 +29,12 @@ FIT_SAMPLE = 200_000
 # (anchor_start, train.fit.loop)
 FAIL_ANCHOR = (math.log(0.12 / 0.88), math.log(16.0), math.log(0.1 / 0.9), 0.0,
                math.log(0.05 / 0.95), math.log(0.97 / 0.03))
+# A destination's own priors (``dst_offsets``; the context baselines' rule and
+# ModelConfig.fail_dst): from the train split's pairs to it, each pair once, shrunk toward all
+# destinations' over DST_SHRINK pairs; a pair with >= DEAD_MIN pings of which >= DEAD_SHARE
+# failed counts as dead (a firewalled target's: docs/learning.md section 8.32)
+DST_SHRINK = 20.0
+DEAD_MIN, DEAD_SHARE = 3, 0.9
 
 
 class FailPrior(NamedTuple):
@@ -45,23 +51,39 @@ class FailPrior(NamedTuple):
     live: float | None = None
 
 
-def fail_shares(counts: np.ndarray, rate: float, prior: FailPrior) -> np.ndarray:
+def fail_shares(counts: np.ndarray, rate: float, prior: FailPrior,
+                off: np.ndarray | None = None) -> np.ndarray:
     """P(failed) per measurement from its counts, float[4, n]: how many of its context's
     earlier measurements to its destination failed and how many there are, then the same
     over every destination (train.eval.context_baselines.fail_counts). The context's share
     of failures over (failed + s_c rate) / (pings + s_c), the pair's as FailPrior says, each
-    the one before it where it has no ping (s_c, s_p = prior.context, prior.pair)."""
+    the one before it where it has no ping (s_c, s_p = prior.context, prior.pair). ``off``
+    (float[3, n], ``dst_offsets`` of each measurement's destination): the rate's, P(dead)'s
+    and a constant live rate's logits moved by them."""
     f_p, n_p, f_c, n_c = counts
+    dead, live = prior.dead, prior.live
+    if off is not None:
+        rate = shift(rate, off[0])
+        dead = shift(dead, off[1]) if dead else dead
+        live = shift(live, off[2]) if live is not None else live
     with np.errstate(invalid="ignore", divide="ignore"):
         ctx = np.where(n_c > 0, (f_c + prior.context * rate) / (n_c + prior.context), rate)
-        pair = _pair_share(f_p, n_p, ctx if prior.live is None else prior.live, prior)
+        pair = _pair_share(f_p, n_p, ctx if live is None else live, prior, dead)
     return np.where(n_p > 0, pair, ctx)
 
 
-def _pair_share(f, n, live, prior: FailPrior) -> np.ndarray:
-    """The pair's P(failed) from its counts (f of n): FailPrior's rule."""
+def shift(p, off) -> np.ndarray:
+    """sigmoid(logit(p) + off), p kept in (1e-6, 1 - 1e-6)."""
+    p = np.clip(p, 1e-6, 1.0 - 1e-6)
+    return 1.0 / (1.0 + np.exp(-(np.log(p / (1.0 - p)) + off)))
+
+
+def _pair_share(f, n, live, prior: FailPrior, dead=None) -> np.ndarray:
+    """The pair's P(failed) from its counts (f of n): FailPrior's rule (``dead``: P(dead)
+    per measurement instead of prior.dead)."""
     s = prior.pair
     share = (f + s * live) / (n + s)
+    dead_p = prior.dead if dead is None else dead
     if not prior.dead:
         return share
     m = np.clip(live, 1e-4, 1 - 1e-4)
@@ -69,9 +91,53 @@ def _pair_share(f, n, live, prior: FailPrior) -> np.ndarray:
     alive = gammaln(f + a) + gammaln(n - f + b) - gammaln(n + s) - gammaln(a) - gammaln(b) \
         + gammaln(s)
     dead = f * np.log(prior.dead_rate) + (n - f) * np.log1p(-prior.dead_rate)
-    w = 1.0 / (1.0 + np.exp(np.clip(alive - dead - np.log(prior.dead / (1 - prior.dead)),
+    w = 1.0 / (1.0 + np.exp(np.clip(alive - dead - np.log(dead_p / (1 - dead_p)),
                                     -700, 700)))
     return w * prior.dead_rate + (1 - w) * share
+
+
+def pair_counts(src, dst, failed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dst, failed, pings) per ordered (src, dst) pair of the measurements given (ids or
+    hashes, int), in key order."""
+    keys = np.column_stack([np.asarray(src, np.int64), np.asarray(dst, np.int64)])
+    if not len(keys):
+        return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
+    pair, inv = np.unique(keys, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    return (pair[:, 1], np.bincount(inv, np.asarray(failed, np.float64), len(pair)),
+            np.bincount(inv, minlength=len(pair)).astype(np.float64))
+
+
+def dst_offsets(pair_dst, pair_failed, pair_pings, n_dst: int,
+                shrink: float = DST_SHRINK) -> np.ndarray:
+    """float32[3, n_dst]: per destination id (< n_dst; ``pair_counts``' pairs to it) the
+    logit offsets, from all destinations', of the rate its pairs fail at (each pair's share
+    once), the share of its pairs with >= DEAD_MIN pings that are dead (>= DEAD_SHARE of them
+    failed) and the mean share of the others, each shrunk toward all destinations' over
+    ``shrink`` pairs (0 for a destination with none)."""
+    d = np.asarray(pair_dst, np.int64)
+    out = np.zeros((3, n_dst), np.float32)
+    if not len(d):
+        return out
+    share = np.asarray(pair_failed, np.float64) / np.asarray(pair_pings, np.float64)
+    seen = np.asarray(pair_pings) >= DEAD_MIN
+    dead = seen & (share >= DEAD_SHARE)
+    live = seen & ~dead
+    for k, (value, weight) in enumerate(((share, np.ones(len(d), bool)), (dead, seen),
+                                         (share, live))):
+        if not weight.any():
+            continue
+        g = float(np.mean(value[weight]))
+        s = np.bincount(d, np.where(weight, value, 0.0), n_dst)
+        w = np.bincount(d, weight.astype(np.float64), n_dst)
+        own = (s + shrink * g) / (w + shrink)
+        out[k] = _lg(own) - _lg(g)
+    return out
+
+
+def _lg(p):
+    p = np.clip(p, 1e-4, 1.0 - 1e-4)
+    return np.log(p / (1.0 - p))
 
 
 def fit_counts(counts: np.ndarray, failed, rate: float, seed: int = 0, *,

@@ -52,7 +52,7 @@ def count_params(params: dict) -> int:
 
 
 # data: filled, not learned
-STORES = ("dst_store", "pair_store", "pair_latest", "krig_store", "krig_noise")
+STORES = ("dst_store", "pair_store", "pair_latest", "krig_store", "krig_noise", "fail_dst")
 
 
 def positions(segment_ids: jax.Array) -> jax.Array:
@@ -311,8 +311,9 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         # counts, and the residual's logit; the pair store's failures mix in after it
         failed, pings = context_fails(tokens, seg, match)
         c_failed, c_pings = segment_fails(tokens, seg)
+        off = dst_fail_offsets(params, tokens, seg) if cfg.fail_dst else None
         out = _anchor_fail(params, out, x, failed, pings, c_failed, c_pings, cfg.context_fail,
-                           before_result(tokens, seg))
+                           before_result(tokens, seg), off)
     if cfg.pair_store and cfg.pair_fail:  # the own pair's failures, before its result
         key, key_on = next(k for _, n, k, _ in stores if n == "fwd")[:2]
         share, f_on = fail_share(jax.lax.stop_gradient(params["pair_store"]), key, cfg.pair_min,
@@ -475,16 +476,18 @@ def segment_fails(tokens: jax.Array, segment_ids: jax.Array):
     return _so_far(failed, first), _so_far(pings, first)
 
 
-def anchor_rule(c: jax.Array, failed, pings, c_failed, c_pings, strength: float):
+def anchor_rule(c: jax.Array, failed, pings, c_failed, c_pings, strength: float, off=None):
     """P(failed) by the context baselines' dead-or-live rule (train.model.failprior's
     FailPrior and fail_shares) from the pair's counts (``failed`` of ``pings``) and the context's
     (``c_failed`` of ``c_pings``), its constants ``c`` (float32[6]) offsets from
     FAIL_ANCHOR's: the context's share (c_failed + s_c r) / (c_pings + s_c) where the pair
     has no ping, else w q + (1 - w) (failed + s live) / (pings + s), w the posterior
-    P(dead) (dead_posterior), s = ``strength`` exp(c[3])."""
+    P(dead) (dead_posterior), s = ``strength`` exp(c[3]). ``off`` ([..., 3], the
+    destination's: dst_fail_offsets) moves the logits of r, P(dead) and live."""
     c = c + jnp.asarray(FAIL_ANCHOR, jnp.float32)
-    rate, s_c, live = jax.nn.sigmoid(c[0]), jnp.exp(c[1]), jax.nn.sigmoid(c[2])
-    s, prior, q = strength * jnp.exp(c[3]), c[4], jax.nn.sigmoid(c[5])
+    o = [0.0, 0.0, 0.0] if off is None else [off[..., k] for k in range(3)]
+    rate, s_c, live = jax.nn.sigmoid(c[0] + o[0]), jnp.exp(c[1]), jax.nn.sigmoid(c[2] + o[2])
+    s, prior, q = strength * jnp.exp(c[3]), c[4] + o[1], jax.nn.sigmoid(c[5])
     ctx = (c_failed + s_c * rate) / (c_pings + s_c)
     w = dead_posterior(failed, pings, s * live, s * (1.0 - live), prior, q)
     pair = w * q + (1.0 - w) * (failed + s * live) / (pings + s)
@@ -509,6 +512,52 @@ def _result_counts(tokens: jax.Array, segment_ids: jax.Array):
     return counts, nxt == vocab.FAILED, at
 
 
+def dst_fail_offsets(params: dict, tokens: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """float32[B, T, 3]: at each token, the offsets (ModelConfig.fail_dst's table, beside
+    the destination store's rows) of the destination its measurement has named whole up to
+    it, where the destination store holds that destination's row; 0 elsewhere."""
+    h, on, _, _ = dst_hashes(tokens, segment_ids)
+    store = jax.lax.stop_gradient(params["dst_store"])
+    table = jax.lax.stop_gradient(params["fail_dst"])
+    K = arch.STORE_K
+    mine = lambda r: (store[r, K] >= arch.STORE_MIN) & (store[r, K + 1] == store_check(h))
+    r1, r2 = store_rows(h, store.shape[0])
+    ok1, ok2 = mine(r1), mine(r2)
+    off = jnp.where(ok1[..., None], table[r1], table[r2])
+    return jnp.where((on & (ok1 | ok2))[..., None], off, 0.0)
+
+
+@jax.jit
+def _result_pairs(tokens: jax.Array, segment_ids: jax.Array):
+    """(dst, src, failed, at), [B, T - 1] each: at each token followed by its measurement's
+    result (``at``), the hashes of the measurement's whole destination and source
+    (address_hashes') and whether the result is FAILED."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    dst = address_hashes(tokens, seg, "dst")[1][:, :-1]
+    src = address_hashes(tokens, seg, "src")[1][:, :-1]
+    nxt = tokens[:, 1:]
+    at = (before_result(tokens, seg)[:, :-1] & (seg[:, 1:] > 0)
+          & ((nxt == vocab.FAILED) | (nxt == vocab.RTT_START)))
+    return dst, src, nxt == vocab.FAILED, at
+
+
+def result_pairs(tokens: np.ndarray, segment_ids: np.ndarray, batch: int = 256):
+    """(dst, src int32[n], failed bool[n]) of every result in the rows, in row order: its
+    measurement's destination and source hashes (the destination store's keys) and whether
+    it failed."""
+    out = []
+    for a in range(0, len(tokens), batch):
+        tok, seg = tokens[a:a + batch], segment_ids[a:a + batch]
+        if len(tok) < batch:  # one compiled shape: the last batch padded with empty rows
+            pad = ((0, batch - len(tok)), (0, 0))
+            tok, seg = np.pad(tok, pad), np.pad(seg, pad)
+        d, s_, f, at = (np.asarray(x) for x in _result_pairs(tok, seg))
+        out.append((d[at], s_[at], f[at]))
+    if not out:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, bool)
+    return tuple(np.concatenate(x) for x in zip(*out))
+
+
 def result_fail_counts(tokens: np.ndarray, segment_ids: np.ndarray, batch: int = 256):
     """(counts float64[4, n], failed bool[n]) over every result in the rows (``tokens``,
     ``segment_ids`` [rows, T], numpy) whose destination came before it, in row order: the
@@ -530,11 +579,11 @@ def result_fail_counts(tokens: np.ndarray, segment_ids: np.ndarray, batch: int =
 
 
 def _anchor_fail(params: dict, logits: jax.Array, x: jax.Array, failed, pings, c_failed,
-                 c_pings, strength: float, on: jax.Array) -> jax.Array:
+                 c_pings, strength: float, on: jax.Array, off=None) -> jax.Array:
     """Where ``on``: log-probabilities whose FAILED and RTT_START keep their sum and split
     it as sigmoid(logit(anchor_rule) + x . fanchor_gate + fanchor_bias)
-    (ModelConfig.context_fail_anchor); the logits elsewhere."""
-    p = jnp.clip(anchor_rule(params["fanchor"], failed, pings, c_failed, c_pings, strength),
+    (ModelConfig.context_fail_anchor; ``off``: anchor_rule's); the logits elsewhere."""
+    p = jnp.clip(anchor_rule(params["fanchor"], failed, pings, c_failed, c_pings, strength, off),
                  1e-6, 1.0 - 1e-6)
     z = jnp.log(p) - jnp.log1p(-p) + _gate(params, x, "fanchor")
     return _resplit_fail(logits, lambda m: jax.nn.sigmoid(z), on)

@@ -27,7 +27,7 @@ import numpy as np
 from prep.base.words import count
 from prep.schema import vocab
 from prep.tokens import rowdecode
-from train.model import arch
+from train.model import arch, failprior
 from train.model import model as M
 
 
@@ -401,6 +401,34 @@ def build(tokens: np.ndarray, segment_ids: np.ndarray, rows: int, *, key: str = 
                                recent, int(n_failed[keep].sum()) if failures else -1,
                                int(keep.sum()) if failures else -1, untimed, fail_recent,
                                unread, left_out)
+
+
+def fail_offsets(tokens: np.ndarray, segment_ids: np.ndarray, dst_table: np.ndarray,
+                 batch: int = 256) -> tuple[np.ndarray, str]:
+    """(float32[rows, 3], a log line): ModelConfig.fail_dst's table, beside the destination
+    store's ``dst_table``: at each destination's row, its offsets to P(failed)'s rule
+    (train.model.failprior.dst_offsets over the rows' (source, destination) pairs, keyed by
+    the model's hashes: model.result_pairs); 0 in rows of no destination."""
+    dst, src, failed = M.result_pairs(tokens, segment_ids, batch)
+    d, f, n = failprior.pair_counts(src, dst, failed)
+    keys, inv = np.unique(d, return_inverse=True)
+    off = failprior.dst_offsets(inv.ravel(), f, n, len(keys))
+    rows, K = len(dst_table), arch.STORE_K
+    table = np.zeros((rows, 3), np.float32)
+    if len(keys):
+        r1, r2 = (np.asarray(r) for r in M.store_rows(keys, rows))
+        check = np.asarray(M.store_check(keys))
+        mine = lambda r: (dst_table[r, K] >= arch.STORE_MIN) & (dst_table[r, K + 1] == check)
+        ok1, ok2 = mine(r1), mine(r2)
+        row = np.where(ok1, r1, np.where(ok2, r2, -1))
+        table[row[row >= 0]] = off[:, row >= 0].T
+    else:
+        row = np.zeros(0, np.int64)
+    line = (f"P(failed): the rule's rate, P(dead) and live rate by destination at "
+            f"{int((row >= 0).sum()):,} of {len(keys):,} destinations (those with a store row), "
+            f"from {len(d):,} train pairs' {len(failed):,} results, each destination's "
+            f"shrunk over {failprior.DST_SHRINK:g} pairs toward all destinations'")
+    return table, line
 
 
 @dataclass(frozen=True)
