@@ -153,7 +153,8 @@ def floor(data: Path, answers_path: Path, cfg: S.SynthConfig, log=print) -> dict
     qm = meas.take(E.full_mode_queries(meas, 0, None))
     failed, stratum = ans["failed"], ans["stratum"]
     if len(qm) != len(failed) or not np.array_equal(qm.failed, failed):
-        raise SystemExit(f"{answers_path}: its queries are not {data}'s test split's")
+        raise SystemExit(f"{answers_path}: its queries are not {data}'s test split's (the "
+                         f"answers of `train eval RUN_DIR --data {data}` are)")
     log(f"fail_floor: {len(qm):,} queries of {data}; generating world {cfg.seed} ...")
     rates, roots = world_fail_p(cfg)
     keys = zip(qm.src_hi.tolist(), qm.src_lo.tolist(), qm.dst_hi.tolist(), qm.dst_lo.tolist(),
@@ -209,8 +210,15 @@ def floor(data: Path, answers_path: Path, cfg: S.SynthConfig, log=print) -> dict
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    class Fmt(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        pass
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.fail_floor", description=__doc__.split("\n\n")[0],
+        formatter_class=Fmt, epilog="examples (the built-in world; world 1):\n"
+        "  python -m bench.fail_floor --data shards-256 \\\n"
+        "      --answers runs/X/eval/step-2400.answers.npz\n"
+        "  python -m bench.fail_floor --data shards-256-s1 --synth-seed 1 \\\n"
+        "      --answers runs/Y/eval/step-2400.answers.npz")
     ap.add_argument("--data", type=Path, required=True, help="the world's shards")
     ap.add_argument("--answers", type=Path, required=True,
                     help="a whole-split `train eval`'s RUN_DIR/eval/step-S.answers.npz")
