@@ -229,6 +229,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None,
                     help="default: bench/results/fail-floor-world<seed>.json")
     a = ap.parse_args(argv)
+    if not (a.data / "manifest.json").is_file():
+        ap.error(f"--data {a.data}: no shards there (prep shards writes them)")
+    if not a.answers.is_file():
+        ap.error(f"--answers {a.answers}: no such file (train eval RUN_DIR writes "
+                 "RUN_DIR/eval/step-S.answers.npz)")
     t0 = time.perf_counter()
     cfg = S.SynthConfig(out=Path("."), rows=a.rows, probes=a.probes, days=a.days,
                         seed=a.synth_seed)

@@ -62,3 +62,16 @@ def test_world_rates_are_the_streams():
     assert (p <= S.FAIL_SCALE)[~fire & (p != 1.0)].all()
     # keyed by (source, destination, time): a few rows share one (a NAT's probes)
     assert 0.99 * len(p) <= len(rates) <= len(p)
+
+
+def test_wrong_input_names_the_command_that_makes_it(tmp_path, capsys):
+    from bench.fail_floor import main
+    with pytest.raises(SystemExit) as e:
+        main(["--data", str(tmp_path), "--answers", str(tmp_path / "a.npz")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--data {tmp_path}: no shards there (prep shards writes them)" in err
+    (tmp_path / "manifest.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        main(["--data", str(tmp_path), "--answers", str(tmp_path / "a.npz")])
+    assert "no such file (train eval RUN_DIR writes" in capsys.readouterr().err
