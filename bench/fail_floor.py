@@ -211,7 +211,7 @@ def floor(data: Path, answers_path: Path, cfg: S.SynthConfig, log=print) -> dict
 
 def main(argv=None) -> int:
     class Fmt(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-        pass
+        """Defaults shown, and the examples' line breaks kept."""
     ap = argparse.ArgumentParser(
         prog="python -m bench.fail_floor", description=__doc__.split("\n\n")[0],
         formatter_class=Fmt, epilog="examples (the built-in world; world 1):\n"
