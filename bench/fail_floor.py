@@ -44,7 +44,7 @@ from train.eval import context_baselines as CB
 from train.eval import evaluate as E
 from train.eval import metrics as EM
 from train.fit.reader import read_split
-from train.model.failprior import DST_SHRINK, FailPrior, dst_offsets, fail_shares, pair_counts
+from train.model.failprior import DST_SHRINK, FailPrior, fail_shares
 
 GRID = 20_000  # equal-mass points of a live stream's rate (the posterior's integral)
 
@@ -129,17 +129,6 @@ def bayes_fail(starts, dst, family, failed, is_root, prior: StreamPrior, kind: b
     return out
 
 
-def _ids(*keys):
-    """Dense ids of the rows of stacked uint64 keys, shared over the arrays given."""
-    allk = np.concatenate(keys)
-    inv = np.unique(allk, axis=0, return_inverse=True)[1].ravel()
-    out, at = [], 0
-    for k in keys:
-        out.append(inv[at:at + len(k)])
-        at += len(k)
-    return out, int(inv.max()) + 1
-
-
 def floor(data: Path, answers_path: Path, cfg: S.SynthConfig, log=print) -> dict:
     """The report: per stratum the Brier of each rule above on the answers' queries."""
     ans = np.load(answers_path)
@@ -167,10 +156,8 @@ def floor(data: Path, answers_path: Path, cfg: S.SynthConfig, log=print) -> dict
 
     t_tok, t_seg = read_split(data, manifest, "train")
     tm = rowdecode.decode_rows(t_tok, t_seg, where=f"{data}/train")
-    (t_dst, q_dst), n_dst = _ids(np.column_stack([tm.dst_hi, tm.dst_lo]),
-                                 np.column_stack([qm.dst_hi, qm.dst_lo]))
-    (t_src,), _ = _ids(np.column_stack([tm.src_hi, tm.src_lo]))
-    off = dst_offsets(*pair_counts(t_src, t_dst, tm.failed), n_dst)[:, q_dst]
+    ((t_src, t_dst), (_, q_dst)), n_nodes = E.node_ids([tm, qm])  # as `train eval` does
+    off = CB.fail_offsets(t_src, t_dst, tm.failed, n_nodes)[:, q_dst]
 
     ctx = qm.row.astype(np.int64) * 256 + qm.segment
     starts = CB.context_starts(ctx)
