@@ -12,7 +12,8 @@ run on that world's shards (its answers file, train.eval.answers), per stratum, 
   priors: the pair's earlier pings and failures, whether the destination is a root server
   (built-in streams are never firewalled), and for IPv6 the context's IPv6 pings (one reply
   says the probe's IPv6 works; all failed weigh broken IPv6 against each stream's failing);
-  ``bayes_no_kind``: the same without the destination's kind;
+  ``bayes_no_kind``: the same without the destination's kind; ``bayes_no_family``: without
+  the context's IPv6 pings (each stream alone: what a probe's broken IPv6 is worth);
 - ``rule``: the context baselines' rule (train.model.failprior, the eval's fitted FailPrior)
   with one prior for all destinations; ``rule_dst_prior``: with each destination's from the
   train split (failprior.dst_offsets: the rate its pairs fail at, each pair once, the share
@@ -92,11 +93,13 @@ class StreamPrior:
         return ((1.0 - f) * m1 + f * lf * q) / m, m
 
 
-def bayes_fail(starts, dst, family, failed, is_root, prior: StreamPrior, kind: bool = True):
+def bayes_fail(starts, dst, family, failed, is_root, prior: StreamPrior, kind: bool = True,
+               broken: bool = True):
     """float64[n]: per query (contexts from ``starts``, context order) the posterior mean of
     its failing given its context's earlier measurements under `prep synth`'s priors:
     ``dst`` ids, ``family`` 4/6, ``failed`` and ``is_root`` per measurement; ``kind``: whether
-    the destination's kind (root or user target) is known."""
+    the destination's kind (root or user target) is known; ``broken``: whether the context's
+    IPv6 pings weigh the probe's broken IPv6 (else each stream alone)."""
     n = len(dst)
     out = np.empty(n)
     cache: dict = {}
@@ -115,7 +118,7 @@ def bayes_fail(starts, dst, family, failed, is_root, prior: StreamPrior, kind: b
             user = (not is_root[i]) if kind else None
             p_live = pred(int(failed[same].sum()), len(same), user)[0]
             six = prev[family[prev] == 6]
-            if family[i] != 6 or (~failed[six]).any():
+            if not broken or family[i] != 6 or (~failed[six]).any():
                 out[i] = p_live  # IPv4, or a reply says the probe's IPv6 works
                 continue
             # every IPv6 ping so far failed: broken IPv6 (each stream fails) against each
@@ -124,8 +127,8 @@ def bayes_fail(starts, dst, family, failed, is_root, prior: StreamPrior, kind: b
             for d in np.unique(dst[six]):
                 m = int((dst[six] == d).sum())
                 like *= pred(m, m, (not is_root[six][dst[six] == d][0]) if kind else None)[1]
-            broken = S.V6_BROKEN / (S.V6_BROKEN + (1.0 - S.V6_BROKEN) * like)
-            out[i] = broken + (1.0 - broken) * p_live
+            w = S.V6_BROKEN / (S.V6_BROKEN + (1.0 - S.V6_BROKEN) * like)
+            out[i] = w + (1.0 - w) * p_live
     return out
 
 
@@ -171,6 +174,8 @@ def floor(data: Path, answers_path: Path, cfg: S.SynthConfig, log=print) -> dict
         "oracle": p_true,
         "bayes": bayes_fail(starts, q_dst, qm.family, failed, is_root, sp),
         "bayes_no_kind": bayes_fail(starts, q_dst, qm.family, failed, is_root, sp, kind=False),
+        "bayes_no_family": bayes_fail(starts, q_dst, qm.family, failed, is_root, sp,
+                                      broken=False),
         "rule_dst_prior": fail_shares(counts, fpd["rate"], fp, off),
         "rule": fail_shares(counts, fpd["rate"], fp),
         "model": ans["p_failed"][names.index("model")],

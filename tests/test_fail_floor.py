@@ -47,6 +47,11 @@ def test_bayes_reads_kind_and_broken_ipv6(prior):
     # without the kind: the even mixture of the two
     blind = bayes_fail(np.array([0, 5]), dst, family, failed, root, prior, kind=False)
     assert blind[0] == pytest.approx(0.5 * (MEAN + user), abs=1e-5)
+    # without the probe's IPv6 state: each stream alone (user 1 a priori, root 2 after none)
+    alone = bayes_fail(np.array([0, 5]), dst, family, failed, root, prior, broken=False)
+    assert alone[1] == pytest.approx(user, abs=1e-9)
+    assert alone[2] == pytest.approx(MEAN, abs=2e-6)
+    assert alone[3:].tolist() == got[3:].tolist()
 
 
 def test_world_rates_are_the_streams():
