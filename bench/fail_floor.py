@@ -18,6 +18,9 @@ run on that world's shards (its answers file, train.eval.answers), per stratum, 
   with one prior for all destinations; ``rule_dst_prior``: with each destination's from the
   train split (failprior.dst_offsets: the rate its pairs fail at, each pair once, the share
   of them that is dead and a live pair's rate, each shrunk toward all destinations');
+  ``rule_family``: that, and where every earlier ping of the query's family failed, the
+  probe's family broken (failprior.broken_shares, the eval's fitted FailPrior.broken): the
+  context baselines' P(failed) since 2026-12-02;
 - ``model`` and the lowest-Brier baseline, from the answers.
 
     python -m bench.fail_floor --data shards-256 --answers runs/X/eval/step-2400.answers.npz
@@ -45,7 +48,7 @@ from train.eval import context_baselines as CB
 from train.eval import evaluate as E
 from train.eval import metrics as EM
 from train.fit.reader import read_split
-from train.model.failprior import DST_SHRINK, FailPrior, fail_shares
+from train.model.failprior import DST_SHRINK, FailPrior, broken_shares, fail_shares
 
 GRID = 20_000  # equal-mass points of a live stream's rate (the posterior's integral)
 
@@ -167,7 +170,10 @@ def floor(data: Path, answers_path: Path, cfg: S.SynthConfig, log=print) -> dict
     counts = CB.fail_counts(starts, q_dst, failed)
     report = json.loads(Path(str(answers_path).replace(".answers.npz", ".json")).read_text())
     fpd = report["fail_prior"]
-    fp = FailPrior(fpd["pair"], fpd["context"], fpd["dead"], fpd["dead_rate"], fpd["live"])
+    fp = FailPrior(fpd["pair"], fpd["context"], fpd["dead"], fpd["dead_rate"], fpd["live"],
+                   tuple(fpd.get("broken") or (0.0, 0.0)))
+    rule_dst = fail_shares(counts, fpd["rate"], fp, off)
+    chain = CB.family_chain(starts, qm.family, failed, rule_dst)
     sp = StreamPrior()
     names = [str(x) for x in ans["names"]]
     preds = {
@@ -176,7 +182,8 @@ def floor(data: Path, answers_path: Path, cfg: S.SynthConfig, log=print) -> dict
         "bayes_no_kind": bayes_fail(starts, q_dst, qm.family, failed, is_root, sp, kind=False),
         "bayes_no_family": bayes_fail(starts, q_dst, qm.family, failed, is_root, sp,
                                       broken=False),
-        "rule_dst_prior": fail_shares(counts, fpd["rate"], fp, off),
+        "rule_family": broken_shares(rule_dst, qm.family, *chain, fp.broken),
+        "rule_dst_prior": rule_dst,
         "rule": fail_shares(counts, fpd["rate"], fp),
         "model": ans["p_failed"][names.index("model")],
     }
@@ -234,8 +241,8 @@ def main(argv=None) -> int:
     out = a.out or RESULTS / f"fail-floor-world{a.synth_seed}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=str) + "\n")
-    cols = ("oracle", "bayes", "bayes_no_kind", "rule_dst_prior", "rule", "model",
-            "best_baseline_brier")
+    cols = ("oracle", "bayes", "bayes_no_kind", "bayes_no_family", "rule", "rule_dst_prior",
+            "rule_family", "model", "best_baseline_brier")
     print(f"{'Brier':<16}" + "".join(f"{c[:14]:>15}" for c in ("n",) + cols))
     for name, row in res["strata"].items():
         print(f"{name:<16}{row['n']:>15,}" + "".join(f"{row[c]:>15.4f}" for c in cols))

@@ -369,3 +369,36 @@ def test_cost_of_a_few_hundred_thousand_queries():
     seconds = time.process_time() - t0
     assert set(got) == set(C.CONTEXT_BASELINES)
     assert seconds < 5.0, seconds  # 1.9 s of CPU on the 2-core machine, at load 4
+
+
+def test_a_broken_family_against_its_pings_failing_each_on_its_own():
+    """family_chain: per query, where each earlier ping of its family in its context failed,
+    how many and the sum of their P(failed)'s logs; broken_shares mixes in the family broken
+    by its posterior; fit_broken finds a planted broken share."""
+    # one context: v6 fails (p .2), v4 replies (p .1), v6 fails (p .5), v6 (the query)
+    # replies, v6 after a reply; a second context: v4 fails (p .3), v4
+    starts = np.array([0, 5, 7])
+    family = np.array([6, 4, 6, 6, 6, 4, 4])
+    failed = np.array([True, False, True, False, False, True, False])
+    p = np.array([0.2, 0.1, 0.5, 0.4, 0.4, 0.3, 0.25])
+    n_fam, ll = C.family_chain(starts, family, failed, p)
+    assert n_fam.tolist() == [0, 0, 1, 2, 0, 0, 1]
+    np.testing.assert_allclose(ll, [0, 0, np.log(0.2), np.log(0.2 * 0.5), 0, 0, np.log(0.3)])
+    got = C.broken_shares(p, family, n_fam, ll, (0.1, 0.05))
+    w = 0.05 / (0.05 + 0.95 * 0.1)  # two v6 pings failed at .2 and .5 on their own
+    assert got[3] == pytest.approx(w + (1 - w) * 0.4, abs=1e-12)
+    w4 = 0.1 / (0.1 + 0.9 * 0.3)
+    assert got[6] == pytest.approx(w4 + (1 - w4) * 0.25, abs=1e-12)
+    assert got[[0, 1, 4, 5]].tolist() == p[[0, 1, 4, 5]].tolist()
+    assert C.broken_shares(p, family, n_fam, ll, (0.0, 0.0)).tolist() == p.tolist()
+    # planted: 6,000 contexts of 6 pings to distinct destinations, each failing at 0.2 on
+    # its own; the even ones IPv6, broken (all fail) in 5 % of them; the odd ones IPv4, never
+    rng = np.random.default_rng(1)
+    n = 6000
+    ctx, dst = np.repeat(np.arange(n), 6), np.arange(6 * n)
+    fam = np.where(ctx % 2 == 0, 6, 4)
+    broken = np.repeat(rng.random(n) < 0.05, 6) & (fam == 6)
+    planted = broken | (rng.random(6 * n) < 0.2)
+    fp = C.fit_fail_prior(ctx, dst, planted, 0.2, family=fam)
+    assert fp.broken == (0.0, 0.05)
+    assert C.fit_fail_prior(ctx, dst, planted, 0.2).broken == (0.0, 0.0)  # no family: none

@@ -217,3 +217,22 @@ def test_grouped_paired_interval():
     c = np.random.default_rng(1).exponential(size=505)
     assert EM.paired_bootstrap_ci(c + 0.5, c, np.median, groups=g) == pytest.approx([0.5, 0.5])
     assert EM.paired_bootstrap_ci(c + 0.5, c, np.mean, groups=g) == pytest.approx([0.5, 0.5])
+
+
+def test_fail_prior_line_says_each_part_of_the_rule():
+    from train.eval.report import fail_prior_line
+    fp = {"pair": 4.0, "context": 32.0, "dead": 0.05, "dead_rate": 0.95, "live": 0.1,
+          "rate": 0.18, "dst_shrink": 20.0, "broken": (0.0, 0.02)}
+    assert fail_prior_line(fp) == (
+        "P(failed) of the context baselines: the context's failures to the destination over "
+        "4 pseudo-pings of a live pair's rate 0.1; or the pair is dead (fails at 0.95), prior "
+        "0.05, weighed by its pings' likelihood; else the context's failures to any over 32 "
+        "of the train split's rate 0.180 (beta priors fit on the train split's contexts); the "
+        "rate, P(dead) and the live rate each destination's, from its train pairs shrunk over "
+        "20 pairs toward all destinations'; where every earlier ping of the query's family "
+        "failed, the probe's family broken (IPv4 prior 0, IPv6 0.02) against each failing on "
+        "its own")
+    # a report from before 2026-12-02 (no family term): the line as it was
+    old = {k: v for k, v in fp.items() if k != "broken"}
+    assert fail_prior_line(old) == fail_prior_line(fp | {"broken": [0.0, 0.0]})
+    assert "broken" not in fail_prior_line(old)

@@ -29,6 +29,7 @@ from train.eval.report import fail_prior_line, format_report, label, point_line
 from train.fit import reader
 from train.fit.config import TrainConfig
 from train.fit.loop import train
+from train.model import failprior
 from train.predict import predictor as P
 
 L = 128
@@ -132,6 +133,11 @@ def test_eval_counts_every_query_and_target(run, full):
     assert fp["dst_shrink"] == 20.0
     off = context_baselines.fail_offsets(t_src, t_dst, train.failed, n_nodes)[:, q_dst]
     want = context_baselines.fail_shares(counts, fp["rate"], prior, off)
+    # where each earlier ping of the query's family failed, the family may be broken
+    starts = context_baselines.context_starts(q.row * 256 + q.segment)
+    chain = context_baselines.family_chain(starts, q.family, q.failed, want)
+    want = context_baselines.broken_shares(want, q.family, *chain, prior.broken)
+    assert len(fp["broken"]) == 2 and set(fp["broken"]) <= {0.0, *failprior.BROKEN_PRIORS}
     for name in ("context_last", "context_krig"):
         np.testing.assert_allclose(detail.p_failed[name], want, rtol=1e-12)
     plain = context_baselines.fail_shares(counts, fp["rate"], prior)

@@ -29,7 +29,11 @@ nearly every ping: a firewalled target, a broken family) with a prior probabilit
 against the beta by its pings' likelihood (``FailPrior``). The priors are those of the grids
 below that score best (Brier) on the train split's own contexts (``fit_fail_prior``); with
 none, the plain shares (the rule until 2026-12-01, which a pair seen to fail on 1 ping of 1
-gave 1); the dead-or-live mixture since 2026-12-02 (docs/learning.md section 8.30). Cost:
+gave 1); the dead-or-live mixture since 2026-12-02 (docs/learning.md section 8.30); each
+destination's priors (section 8.32); and where every earlier ping of the query's family in
+its context failed, the probe's family broken (all its pings fail, e.g. IPv6 without a
+route) weighed against each of those pings failing on its own (``family_chain``,
+FailPrior.broken; section 8.33). Cost:
 Numba passes, O(k²) in a context's length k (k <= row length / 12); rates: `make bench`,
 eval.*.
 """
@@ -43,8 +47,8 @@ from train.eval import coord_kernels as K
 from train.eval import registry
 # the rule and its grids are the model's too (ModelConfig.context_fail_anchor)
 from train.model.failprior import (  # noqa: F401 (the grids: this module's names too)
-    DEAD_PRIORS, DEAD_RATES, FAIL_STRENGTHS, FIT_SAMPLE, LIVE_RATES, FailPrior, dst_offsets,
-    fail_shares, fit_counts, pair_counts)
+    DEAD_PRIORS, DEAD_RATES, FAIL_STRENGTHS, FIT_SAMPLE, LIVE_RATES, FailPrior, broken_shares,
+    dst_offsets, fail_shares, fit_broken, fit_counts, pair_counts)
 from train.model.store import KRIG_SHRINK, pairs_in_runs
 
 CONTEXT_BASELINES = registry.names(registry.CONTEXT)  # names, labels, order: train/eval/registry.py
@@ -121,6 +125,7 @@ def krig_table(pair_median: B.PairTable, src, dst, rtt) -> tuple:
 
 def predict(ctx, src, dst, rtt, *, fallback: np.ndarray, fail_rate: float,
             fail_prior: FailPrior = FailPrior(), fail_dst: np.ndarray | None = None,
+            family: np.ndarray | None = None,
             vivaldi: B.Vivaldi | None = None,
             knn: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
             krig: tuple | None = None) -> dict[str, B.Prediction]:
@@ -130,13 +135,18 @@ def predict(ctx, src, dst, rtt, *, fallback: np.ndarray, fail_rate: float,
     ``vivaldi``, ``knn`` (``knn_table``), ``krig`` (``krig_table``): context_vivaldi's,
     context_knn's and context_krig's train fits. ``fail_prior``: P(failed)'s priors
     (``fit_fail_prior``; the default: the plain shares); ``fail_dst``: each destination's
-    offsets to them (``fail_offsets``, float[3, nodes]; None: one prior for all)."""
+    offsets to them (``fail_offsets``, float[3, nodes]; None: one prior for all);
+    ``family`` (4/6 per query): where each earlier ping of the query's family in its
+    context failed, the family may be broken (FailPrior.broken; None: never)."""
     starts = context_starts(ctx)
     src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
     rtt = np.asarray(rtt, np.float64)
     last, ema, med = _scan(starts, dst, rtt, B.EMA_ALPHA)
     p_fail = fail_shares(fail_counts(starts, dst, rtt < 0), fail_rate, fail_prior,
                          None if fail_dst is None else fail_dst[:, dst])
+    if family is not None and any(fail_prior.broken):
+        p_fail = broken_shares(p_fail, family, *family_chain(starts, family, rtt < 0, p_fail),
+                               fail_prior.broken)
     own = {"context_last": last, "context_ema": ema, "context_median": med}
     if vivaldi is not None:
         own["context_vivaldi"] = K.place_in_contexts(
@@ -182,11 +192,51 @@ def fail_offsets(src, dst, failed, n_nodes: int) -> np.ndarray:
     return dst_offsets(*pair_counts(src, dst, failed), n_nodes)
 
 
-def fit_fail_prior(ctx, dst, failed, rate: float, seed: int = 0) -> FailPrior:
+def fit_fail_prior(ctx, dst, failed, rate: float, seed: int = 0,
+                   family: np.ndarray | None = None) -> FailPrior:
     """The FailPrior whose fail_shares score the lowest Brier on measurements in contexts of
     their own (the train split's: ``ctx`` a context id per measurement, in context order),
-    over those with an earlier one (train.model.failprior.fit_counts on their fail_counts)."""
-    return fit_counts(fail_counts(context_starts(ctx), dst, failed), failed, rate, seed)
+    over those with an earlier one (train.model.failprior.fit_counts on their fail_counts);
+    with ``family`` (4/6 per measurement), then its ``broken`` priors (fit_broken on those
+    whose context's earlier pings of their family all failed)."""
+    starts = context_starts(ctx)
+    counts = fail_counts(starts, dst, failed)
+    prior = fit_counts(counts, failed, rate, seed)
+    if family is None:
+        return prior
+    p = fail_shares(counts, rate, prior)
+    n_fam, loglik = family_chain(starts, family, failed, p)
+    return prior._replace(broken=fit_broken(p, family, n_fam, loglik, failed))
+
+
+def family_chain(starts, family, failed, p) -> tuple[np.ndarray, np.ndarray]:
+    """(n_fam, loglik) per query (contexts from ``starts``): where every one of its
+    context's earlier measurements of its family (4/6) failed, how many there are and the
+    sum of the logs of their P(failed) ``p`` (the likelihood that they failed each on its
+    own, by the chain rule); 0 and 0 where one replied or there is none
+    (train.model.failprior.broken_shares)."""
+    return _family_chain(np.asarray(starts, np.int64), np.asarray(family, np.int64),
+                         np.asarray(failed, np.bool_), np.asarray(p, np.float64))
+
+
+@njit(cache=True)
+def _family_chain(starts, family, failed, p):
+    n_fam, loglik = np.zeros(len(family)), np.zeros(len(family))
+    for c in range(len(starts) - 1):
+        a, b = starts[c], starts[c + 1]
+        for fam in (4, 6):
+            k, ll, ok = 0.0, 0.0, True
+            for i in range(a, b):
+                if family[i] != fam:
+                    continue
+                if ok and k > 0:
+                    n_fam[i], loglik[i] = k, ll
+                if failed[i]:
+                    k += 1.0
+                    ll += np.log(max(p[i], 1e-12))
+                else:
+                    ok = False
+    return n_fam, loglik
 
 
 @njit(cache=True)

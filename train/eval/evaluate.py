@@ -306,13 +306,13 @@ def _baselines(data, manifest: dict, qm, seed: int):
     rate = fitted["global_median"].fail_rate
     # P(failed)'s beta priors, fit on the train split's own contexts (train.eval.context_baselines)
     prior = context_baselines.fit_fail_prior(train.row * 256 + train.segment, tr_dst,
-                                             train.failed, rate, seed)
+                                             train.failed, rate, seed, train.family)
     ctx = context_baselines.predict(
         qm.row * 256 + qm.segment, q_src, q_dst, qm.rtt_ms(),
         fallback=context_baselines.fallback_chain(fitted, q_src, q_dst),
         fail_rate=rate, fail_prior=prior, vivaldi=fitted["vivaldi"],
         fail_dst=context_baselines.fail_offsets(tr_src, tr_dst, train.failed, n_nodes),
-        knn=context_baselines.knn_table(fitted["pair_median"]),
+        family=qm.family, knn=context_baselines.knn_table(fitted["pair_median"]),
         krig=context_baselines.krig_table(fitted["pair_median"], tr_src, tr_dst, train.rtt_ms()))
     context_s = time.perf_counter() - t_c
     in_train = np.zeros(n_nodes, bool)

@@ -107,7 +107,10 @@ def fail_prior_line(fp: dict) -> str:
             "priors fit on the train split's contexts)"
             + (f"; the rate, P(dead) and the live rate each destination's, from its train "
                f"pairs shrunk over {fp['dst_shrink']:g} pairs toward all destinations'"
-               if fp.get("dst_shrink") else ""))
+               if fp.get("dst_shrink") else "")
+            + ("; where every earlier ping of the query's family failed, the probe's family "
+               "broken (IPv4 prior {:g}, IPv6 {:g}) against each failing on its own".format(
+                   *fp["broken"]) if any(fp.get("broken") or ()) else ""))
 
 
 def point_line(pt: dict) -> str:

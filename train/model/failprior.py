@@ -35,6 +35,9 @@ FAIL_ANCHOR = (math.log(0.12 / 0.88), math.log(16.0), math.log(0.1 / 0.9), 0.0,
 # failed counts as dead (a firewalled target's: docs/learning.md section 8.32)
 DST_SHRINK = 20.0
 DEAD_MIN, DEAD_SHARE = 3, 0.9
+# A family broken at the probe (``broken_shares``: every ping of it fails, e.g. IPv6 with no
+# route): the prior probabilities fit_broken tries, per family
+BROKEN_PRIORS = (0.0, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4)
 
 
 class FailPrior(NamedTuple):
@@ -49,6 +52,9 @@ class FailPrior(NamedTuple):
     dead: float = 0.0
     dead_rate: float = 0.99
     live: float | None = None
+    # (IPv4, IPv6): the prior probability that the probe's family is broken, where each of
+    # the context's earlier pings of the query's family failed (broken_shares)
+    broken: tuple[float, float] = (0.0, 0.0)
 
 
 def fail_shares(counts: np.ndarray, rate: float, prior: FailPrior,
@@ -138,6 +144,37 @@ def dst_offsets(pair_dst, pair_failed, pair_pings, n_dst: int,
 def _lg(p):
     p = np.clip(p, 1e-4, 1.0 - 1e-4)
     return np.log(p / (1.0 - p))
+
+
+def broken_shares(p, family, n_fam, loglik, broken) -> np.ndarray:
+    """P(failed) where every one of the context's ``n_fam`` (>= 1) earlier pings of the
+    query's ``family`` (4 or 6) failed: the family broken at the probe (each ping fails),
+    prior ``broken`` (FailPrior.broken, per family), against each failing on its own, whose
+    likelihood is exp(``loglik``) (the sum of their own P(failed)'s logs, the chain of the
+    rule's answers): w + (1 - w) p, w the posterior P(broken); ``p`` elsewhere."""
+    b = np.where(np.asarray(family) == 6, broken[1], broken[0])
+    on = (np.asarray(n_fam) > 0) & (b > 0)
+    bb = np.clip(b, 1e-9, 1.0 - 1e-9)
+    w = 1.0 / (1.0 + np.exp(np.clip(np.log1p(-bb) - np.log(bb) + loglik, -700, 700)))
+    return np.where(on, w + (1.0 - w) * p, p)
+
+
+def fit_broken(p, family, n_fam, loglik, failed) -> tuple[float, float]:
+    """FailPrior.broken: per family, the BROKEN_PRIORS value whose broken_shares score the
+    lowest Brier on the measurements whose context's earlier pings of their family all
+    failed (``n_fam`` > 0; 0 where there are none)."""
+    y = np.asarray(failed, np.float64)
+    family = np.asarray(family)
+    out = []
+    for fam in (4, 6):
+        sel = (family == fam) & (np.asarray(n_fam) > 0)
+        if not sel.any():
+            out.append(0.0)
+            continue
+        out.append(min(BROKEN_PRIORS, key=lambda b: float(np.mean(
+            (broken_shares(p[sel], family[sel], n_fam[sel], loglik[sel], (b, b))
+             - y[sel]) ** 2))))
+    return tuple(out)
 
 
 def fit_counts(counts: np.ndarray, failed, rate: float, seed: int = 0, *,
