@@ -1188,6 +1188,38 @@ def test_the_anchor_starts_at_the_context_baselines_rule():
         dataclasses.replace(base, context_fail_anchor=True)
 
 
+def test_a_fixed_anchor_keeps_the_rule_where_the_pair_has_no_ping():
+    """ModelConfig.fail_anchor_fixed: the rule's six constants are data (no gradient; not
+    counted as learned) and the residual's logit moves P(failed) only where the pair has an
+    earlier ping in the context: with a bias of 0.7, CTX_FAILS' first result (no ping
+    before it) and the one to node 4 (none to it) keep the rule's P(failed), the other four
+    are moved by the bias as the anchor moves them."""
+    from train.eval import context_baselines as cb
+    base = _ctx_fails_config()
+    cfg = dataclasses.replace(base, context_fail=4.0, context_fail_anchor=True,
+                              fail_anchor_fixed=True)
+    free = dataclasses.replace(cfg, fail_anchor_fixed=False)
+    assert arch.n_params(free) - arch.n_params(cfg) == 6
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    tok, F, R = jnp.asarray([CTX_FAILS]), V.FAILED, V.RTT_START
+    seg = jnp.ones(tok.shape, jnp.int32)
+    heads = [11, 27, 41, 55, 71, 85]
+    dst, fail = np.array([2, 2, 2, 2, 4, 2]), np.array([0, 1, 1, 0, 1, 0], bool)
+    counts = cb.fail_counts(cb.context_starts(np.zeros(6)), dst, fail)
+    prior = cb.FailPrior(pair=4.0, context=16.0, dead=0.05, dead_rate=0.97, live=0.1)
+    want = cb.fail_shares(counts, 0.12, prior)
+    shifted = 1 / (1 + (1 / want - 1) * np.exp(-0.7))
+    logits = model.forward({**params, "fanchor_bias": jnp.float32(0.7)}, tok, seg, cfg)
+    p = np.exp(np.asarray(jax.nn.log_softmax(logits), np.float64))[0]
+    got = np.array([p[h - 1, F] / (p[h - 1, F] + p[h - 1, R]) for h in heads])
+    np.testing.assert_allclose(got, np.where(counts[1] > 0, shifted, want), rtol=1e-4)
+    assert counts[1].tolist() == [0, 1, 2, 3, 0, 4]
+    g = jax.grad(lambda q: model.loss_sum(q, {"tokens": tok, "segment_ids": seg}, cfg)[2])(params)
+    assert (np.asarray(g["fanchor"]) == 0).all() and abs(float(g["fanchor_bias"])) > 0
+    with pytest.raises(ValueError, match="fail_anchor_fixed keeps context_fail_anchor"):
+        dataclasses.replace(base, fail_anchor_fixed=True)
+
+
 def test_the_anchor_reads_the_destinations_priors():
     """ModelConfig.fail_dst: where the destination store has the destination's row, the
     rule's rate, P(dead) and live rate are moved by the offsets in fail_dst's table beside

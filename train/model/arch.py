@@ -245,6 +245,11 @@ class ModelConfig:
     # the context baselines' rule moves them. A firewalled target fails on most pairs; a
     # root server on few (docs/learning.md section 8.32)
     fail_dst: bool = False
+    # with context_fail_anchor: the rule's constants kept as the run's start fit them (data,
+    # not learned) and the gate's logit only where the pair has a ping in the context: what
+    # the gate and the drifting constants added where it has none was noise uncorrelated
+    # with the rule's miss, on held-out probes (docs/learning.md section 8.33)
+    fail_anchor_fixed: bool = False
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
     # replies to their destinations' store medians, over their count plus this shrink;
@@ -301,6 +306,9 @@ class ModelConfig:
             raise ValueError("context_fail_anchor reads context_fail's counts: set context_fail")
         if self.context_fail_anchor and self.context_dead:
             raise ValueError("context_fail_anchor weighs a dead pair itself: unset context_dead")
+        if self.fail_anchor_fixed and not self.context_fail_anchor:
+            raise ValueError("fail_anchor_fixed keeps context_fail_anchor's rule: set "
+                             "context_fail_anchor")
         if self.fail_dst and not (self.context_fail_anchor and self.dst_store):
             raise ValueError("fail_dst moves context_fail_anchor's rule by the destination "
                              "store's rows: set context_fail_anchor and dst_store")
@@ -448,7 +456,8 @@ def param_specs(cfg: ModelConfig) -> dict:
     if cfg.context_fail_anchor:  # the rule's constants, offsets from FAIL_ANCHOR's
         # (train.model.failprior; a run sets them from its train rows), and the residual's
         # logit on top of it; no draws
-        memory |= {"fanchor": Param((6,), 0.0, decay=False, zeros=True),
+        memory |= {"fanchor": Param((6,), 0.0, decay=False, data=cfg.fail_anchor_fixed,
+                                    zeros=True),
                    "fanchor_gate": Param((D,), 0.0, zeros=True),
                    "fanchor_bias": Param((), 0.0, decay=False, zeros=True)}
     if cfg.fail_dst:  # each destination store row's offsets (train.model.store.fail_offsets)

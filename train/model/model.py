@@ -313,7 +313,7 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         c_failed, c_pings = segment_fails(tokens, seg)
         off = dst_fail_offsets(params, tokens, seg) if cfg.fail_dst else None
         out = _anchor_fail(params, out, x, failed, pings, c_failed, c_pings, cfg.context_fail,
-                           before_result(tokens, seg), off)
+                           before_result(tokens, seg), off, cfg.fail_anchor_fixed)
     if cfg.pair_store and cfg.pair_fail:  # the own pair's failures, before its result
         key, key_on = next(k for _, n, k, _ in stores if n == "fwd")[:2]
         share, f_on = fail_share(jax.lax.stop_gradient(params["pair_store"]), key, cfg.pair_min,
@@ -579,13 +579,20 @@ def result_fail_counts(tokens: np.ndarray, segment_ids: np.ndarray, batch: int =
 
 
 def _anchor_fail(params: dict, logits: jax.Array, x: jax.Array, failed, pings, c_failed,
-                 c_pings, strength: float, on: jax.Array, off=None) -> jax.Array:
+                 c_pings, strength: float, on: jax.Array, off=None,
+                 fixed: bool = False) -> jax.Array:
     """Where ``on``: log-probabilities whose FAILED and RTT_START keep their sum and split
     it as sigmoid(logit(anchor_rule) + x . fanchor_gate + fanchor_bias)
-    (ModelConfig.context_fail_anchor; ``off``: anchor_rule's); the logits elsewhere."""
-    p = jnp.clip(anchor_rule(params["fanchor"], failed, pings, c_failed, c_pings, strength, off),
+    (ModelConfig.context_fail_anchor; ``off``: anchor_rule's); the logits elsewhere. With
+    ``fixed`` (ModelConfig.fail_anchor_fixed) the rule's constants are data and the gate
+    adds its logit only where the pair has a ping (``pings`` > 0)."""
+    c = jax.lax.stop_gradient(params["fanchor"]) if fixed else params["fanchor"]
+    p = jnp.clip(anchor_rule(c, failed, pings, c_failed, c_pings, strength, off),
                  1e-6, 1.0 - 1e-6)
-    z = jnp.log(p) - jnp.log1p(-p) + _gate(params, x, "fanchor")
+    g = _gate(params, x, "fanchor")
+    if fixed:
+        g = jnp.where(pings > 0, g, 0.0)
+    z = jnp.log(p) - jnp.log1p(-p) + g
     return _resplit_fail(logits, lambda m: jax.nn.sigmoid(z), on)
 
 
