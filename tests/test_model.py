@@ -131,7 +131,14 @@ def test_base_config_size():
     n = arch.n_params(MODELS["base"])
     assert n == 20 * (4 * 640 * 640 + 2 * 640 * 2560 + 2 * 640) + 2 * 267 * 640 + 640
     tiny = MODELS["tiny"]
-    assert arch.n_params(tiny) == model.count_params(model.init_params(tiny, 0))
+    assert arch.n_params(tiny) == sum(x.size for x in jax.tree.leaves(model.init_params(tiny, 0)))
+    # data (filled at a run's start, not learned) is not counted: fail_anchor_fixed's six
+    # constants, the pair store's latest replies
+    small = MODELS["small"]
+    assert small.context_fail_anchor and not small.fail_anchor_fixed
+    fixed = dataclasses.replace(small, fail_anchor_fixed=True)
+    assert arch.n_params(fixed) == arch.n_params(small) - 6
+    assert arch.n_params(dataclasses.replace(small, pair_recent_own=False)) == arch.n_params(small)
 
 
 @pytest.mark.parametrize("name", ["tiny", "small", "base"])

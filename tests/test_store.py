@@ -569,8 +569,6 @@ def test_with_pair_recent_own_the_own_pair_reads_the_latest_table():
     assert p[11, B + 0x50] == pytest.approx(0.75, abs=1e-4)
     assert p[11, B + 0x51] == pytest.approx(0.25, abs=1e-4)
     assert arch.MODELS["small"].pair_recent_own
-    assert model.count_params(params) == model.count_params(
-        {**params, "pair_latest": jnp.zeros((1024, K + 2))})  # data, not learned
     for kw in ({"pair_recent": 0}, {"pair_forward": 0, "pair_fail": False}):  # unread
         cfg = dataclasses.replace(arch.MODELS["small"], **kw)
         assert cfg.pair_recent_own and not cfg.own_latest
@@ -1218,6 +1216,109 @@ def test_a_fixed_anchor_keeps_the_rule_where_the_pair_has_no_ping():
     assert (np.asarray(g["fanchor"]) == 0).all() and abs(float(g["fanchor_bias"])) > 0
     with pytest.raises(ValueError, match="fail_anchor_fixed keeps context_fail_anchor"):
         dataclasses.replace(base, fail_anchor_fixed=True)
+
+
+def ping6(src_last, dst_last, b1, b2):
+    """``ping`` over IPv6: 2001::<src_last> -> 2001::<dst_last>."""
+    addr = lambda last: [B + 0x20, B + 0x01] + [B] * 13 + [B + last]
+    return ([V.MEASUREMENT_START, V.SRC_IPV6, *addr(src_last), V.DST_IPV6, *addr(dst_last),
+             V.RTT_START, B + b1, B + b2, V.TIMESTAMP_DELTA1, B + 240])
+
+
+def failed6(src_last, dst_last):
+    """``ping6`` without a reply."""
+    return ping6(src_last, dst_last, 0, 0)[:35] + [V.FAILED, V.TIMESTAMP_DELTA1, B + 240]
+
+
+# a dual-stack probe: IPv4 fails, IPv6 fails twice, IPv4 fails, IPv6 replies, fails, IPv4 replies
+BROKEN_ROW = (failed(1, 2) + failed6(1, 5) + failed6(1, 6) + failed(1, 2) + ping6(1, 7, 0x50, 0)
+              + failed6(1, 5) + ping(1, 2, 0x50, 0x10))
+BROKEN_DST = np.array([2, 5, 6, 2, 7, 5, 2])
+BROKEN_FAIL = np.array([1, 1, 1, 1, 0, 1, 0], bool)
+BROKEN_FAMILY = np.array([4, 6, 6, 4, 6, 6, 4])
+
+
+def test_the_anchor_weighs_a_broken_family():
+    """ModelConfig.fail_broken: where every earlier ping of the measurement's address family
+    in the row failed (before BROKEN_ROW's results: 0, 0, 1, 1, 2 of them, then none after
+    IPv6's reply, and 2 of IPv4), the model's P(FAILED) / (P(FAILED) + P(RTT_START)) at the
+    start is the context baselines' rule with the broken family (broken_shares over
+    family_chain of the rule's own answers) for planted priors, IPv4's and IPv6's; with
+    priors of 0 it is the rule. The priors are data (no gradient)."""
+    from train.eval import context_baselines as cb
+    row = BROKEN_ROW
+    base = dataclasses.replace(_ctx_fails_config(), seq_len=len(row), context_fail=4.0,
+                               context_fail_anchor=True)
+    cfg = dataclasses.replace(base, fail_broken=True)
+    assert arch.n_params(cfg) == arch.n_params(base)
+    params = jax.tree.map(jnp.asarray, model.init_params(cfg, 0))
+    tok, F, R = jnp.asarray([row]), V.FAILED, V.RTT_START
+    seg = jnp.ones(tok.shape, jnp.int32)
+    heads = [i for i, t in enumerate(row) if t in (F, R)]
+    assert len(heads) == 7
+    starts = cb.context_starts(np.zeros(7))
+    prior = cb.FailPrior(pair=4.0, context=16.0, dead=0.05, dead_rate=0.97, live=0.1)
+    rule = cb.fail_shares(cb.fail_counts(starts, BROKEN_DST, BROKEN_FAIL), 0.12, prior)
+    n, loglik = cb.family_chain(starts, BROKEN_FAMILY, BROKEN_FAIL, rule)
+    assert n.tolist() == [0, 0, 1, 1, 2, 0, 2]
+    fam, n_m, ll_m = (np.asarray(x)[0, [h - 1 for h in heads]] for x in model.family_chain(
+        tok, seg, jnp.log(jnp.full(tok.shape, 0.5))))
+    assert fam.tolist() == BROKEN_FAMILY.tolist() and n_m.tolist() == n.tolist()
+    np.testing.assert_allclose(ll_m, n * np.log(0.5), rtol=1e-6)
+
+    def split(p):
+        lp = np.exp(np.asarray(jax.nn.log_softmax(model.forward(p, tok, seg, cfg)),
+                               np.float64))[0]
+        return np.array([lp[h - 1, F] / (lp[h - 1, F] + lp[h - 1, R]) for h in heads])
+    np.testing.assert_allclose(split(params), rule, rtol=1e-4)  # priors of 0: the rule
+    planted = (0.1, 0.05)
+    want = cb.broken_shares(rule, BROKEN_FAMILY, n, loglik, planted)
+    assert np.abs(want - rule)[[2, 3, 4, 6]].min() > 0.005
+    assert (want == rule)[[0, 1, 5]].all()
+    with_prior = {**params, "fbroken": jnp.asarray(planted, jnp.float32)}
+    np.testing.assert_allclose(split(with_prior), want, rtol=1e-4)
+    g = jax.grad(lambda q: model.loss_sum(q, {"tokens": tok, "segment_ids": seg}, cfg)[2])(
+        with_prior)
+    assert not np.asarray(g["fbroken"]).any() and abs(float(g["fanchor_bias"])) > 0
+    with pytest.raises(ValueError, match="fail_broken weighs context_fail_anchor"):
+        dataclasses.replace(_ctx_fails_config(), fail_broken=True)
+
+
+def test_a_run_fits_the_broken_familys_priors_on_its_train_rows():
+    """result_family_chain: BROKEN_ROW's results (twice, the second row a segment of its
+    first four measurements and one of its last three) with the anchor's P(failed) under
+    the constants a run starts from, the family chain of it and the outcome, as the context
+    baselines compute them; the run's fit (train.fit.loop._broken_start) is fit_broken on
+    them, and its line says the priors and how many results they were fit on."""
+    from train.eval import context_baselines as cb
+    from train.fit import loop
+    from train.model import failprior
+    row = np.asarray(BROKEN_ROW, np.uint16)
+    cut = len(failed(1, 2) * 2 + failed6(1, 5) * 2)
+    seg2 = np.where(np.arange(len(row)) < cut, 1, 2).astype(np.uint8)
+    tok, seg = np.stack([row, row]), np.stack([np.ones(len(row), np.uint8), seg2])
+    fanchor = np.zeros(6, np.float32)
+    p, fam, n, ll, y = model.result_family_chain(tok, seg, fanchor, 4.0, batch=1)
+    ctx = np.array([0] * 7 + [1] * 4 + [2] * 3)
+    dst, fail, family = (np.concatenate([x, x]) for x in (BROKEN_DST, BROKEN_FAIL,
+                                                          BROKEN_FAMILY))
+    starts = cb.context_starts(ctx)
+    prior = cb.FailPrior(pair=4.0, context=16.0, dead=0.05, dead_rate=0.97, live=0.1)
+    rule = cb.fail_shares(cb.fail_counts(starts, dst, fail), 0.12, prior)
+    want_n, want_ll = cb.family_chain(starts, family, fail, rule)
+    assert want_n.tolist() == [0, 0, 1, 1, 2, 0, 2, 0, 0, 1, 1, 0, 0, 0]
+    assert fam.tolist() == family.tolist() and n.tolist() == want_n.tolist()
+    assert y.tolist() == fail.tolist()
+    np.testing.assert_allclose(p, rule, rtol=1e-5)
+    np.testing.assert_allclose(ll, want_ll, rtol=1e-5)
+    cfg = dataclasses.replace(_ctx_fails_config(), seq_len=len(row), context_fail=4.0,
+                              context_fail_anchor=True, fail_broken=True)
+    got, line = loop._broken_start(tok, seg, cfg, fanchor)
+    fit = failprior.fit_broken(rule, family, want_n, want_ll, fail)
+    assert tuple(got.tolist()) == pytest.approx(fit)
+    assert line == (f"P(failed): a broken address family at the probe, prior {fit[0]:g} for "
+                    f"IPv4 and {fit[1]:g} for IPv6, fit on the 3 and 3 results whose context's "
+                    f"earlier pings of their family had all failed")
 
 
 def test_the_anchor_reads_the_destinations_priors():

@@ -265,6 +265,9 @@ def _store_tables(mcfg, data, manifest: dict):
     if mcfg.fail_dst and "dst_store" in tables:  # the rule's priors by destination
         tables["fail_dst"], line = store_lib.fail_offsets(tok, seg, tables["dst_store"])
         lines.append(line)
+    if mcfg.fail_broken:  # P(broken) per family, on the rule fit above
+        tables["fbroken"], line = _broken_start(tok, seg, mcfg, tables["fanchor"])
+        lines.append(line)
     if mcfg.dst_store and mcfg.krig_store:  # read through the destination store's medians
         table, noise, summary = store_lib.build_krig(tok, seg, mcfg.krig_store,
                                                      tables["dst_store"], fold=fold)
@@ -284,9 +287,7 @@ def _anchor_start(tok, seg, mcfg) -> tuple[np.ndarray, str]:
     context baselines' grids with a constant live rate) on the train rows' results (of at
     most ANCHOR_ROWS rows, a seeded sample), each with its row's counts before it, and
     their failure rate."""
-    rows = np.arange(len(tok))
-    if len(rows) > ANCHOR_ROWS:  # a seeded sample: the counts cost a row's T x T match
-        rows = np.sort(np.random.default_rng(0).choice(rows, ANCHOR_ROWS, replace=False))
+    rows = _anchor_rows(len(tok))
     counts, failed = model.result_fail_counts(tok[rows], seg[rows])
     if not len(failed):
         return np.zeros(6, np.float32), "P(failed): no result in the train rows to fit its start"
@@ -298,6 +299,31 @@ def _anchor_start(tok, seg, mcfg) -> tuple[np.ndarray, str]:
         f"their rate {rate:.3f} over {prior.context:g} pseudo-pings (the context's share), "
         f"a pair's {prior.pair:g} of a live {live:g}, dead with prior {prior.dead:g} at "
         f"{prior.dead_rate:g}")
+
+
+def _anchor_rows(n: int) -> np.ndarray:
+    """The train rows P(failed)'s start is fit on: all, or a seeded sample of ANCHOR_ROWS
+    (the counts cost a row's T x T match)."""
+    rows = np.arange(n)
+    if n > ANCHOR_ROWS:
+        rows = np.sort(np.random.default_rng(0).choice(rows, ANCHOR_ROWS, replace=False))
+    return rows
+
+
+def _broken_start(tok, seg, mcfg, fanchor: np.ndarray) -> tuple[np.ndarray, str]:
+    """(fbroken, a log line): ModelConfig.fail_broken's priors, IPv4's and IPv6's
+    (train.model.failprior.fit_broken: the Brier on the results whose context's earlier
+    pings of their family all failed), under the rule ``fanchor`` sets, on _anchor_start's
+    rows."""
+    rows = _anchor_rows(len(tok))
+    p, family, n, loglik, failed = model.result_family_chain(tok[rows], seg[rows], fanchor,
+                                                              mcfg.context_fail)
+    broken = failprior.fit_broken(p, family, n, loglik, failed)
+    at = [int(((family == f) & (n > 0)).sum()) for f in (4, 6)]
+    return np.asarray(broken, np.float32), (
+        f"P(failed): a broken address family at the probe, prior {broken[0]:g} for IPv4 and "
+        f"{broken[1]:g} for IPv6, fit on the {at[0]:,} and {at[1]:,} results whose context's "
+        f"earlier pings of their family had all failed")
 
 
 def _shared_fails(mcfg) -> bool:
@@ -376,7 +402,7 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
     primary = multihost.is_primary()  # process 0 logs (train.fit.multihost)
     log = print if primary else (lambda *a, **k: None)
     hosts = f" on {jax.process_count()} processes" if jax.process_count() > 1 else ""
-    log(f"model {cfg.model}: {model.count_params(state['params']):,} parameters, "
+    log(f"model {cfg.model}: {arch.n_params(mcfg):,} parameters, "
         f"{mcfg.n_layers} layers, d_model {mcfg.d_model}, seq {mcfg.seq_len} | attention "
         f"{att.implementation}"
         + (f" (segment tables per batch, up to {att.max_segments})" if per_batch else "")
@@ -470,5 +496,5 @@ def _run(cfg: TrainConfig, mcfg, att: AttentionConfig, mesh, state: dict, it,
             "tokens_per_s": t["tokens"] / t["time"] if t["time"] else None,
             "data_wait": t["wait"] / t["time"] if t["time"] else None,
             "mfu": t["flops"] / t["time"] / (peak * mesh.size) if t["time"] and peak else None,
-            "params": model.count_params(state["params"]), "attention": att.implementation,
+            "params": arch.n_params(mcfg), "attention": att.implementation,
             "segment_tables": {str(k): v for k, v in sorted(tables.items())} or None}

@@ -250,6 +250,13 @@ class ModelConfig:
     # the gate and the drifting constants added where it has none was noise uncorrelated
     # with the rule's miss, on held-out probes (docs/learning.md section 8.33)
     fail_anchor_fixed: bool = False
+    # with context_fail_anchor: where every earlier ping of the measurement's address family
+    # in its context failed, the family broken at the probe (every ping of it fails, as IPv6
+    # without a route) weighed against those pings failing each on its own, as the context
+    # baselines' rule weighs it (train.model.failprior.broken_shares; the chain of the
+    # anchor's own P(failed) at them, read as a constant; a prior per family, data, fit on
+    # the train rows when a run starts: docs/learning.md section 8.34)
+    fail_broken: bool = False
     # with dst_store: the store read a second time, its quantiles moved by the probe's
     # factor as the context says it (the sum of the log ratios of the context's earlier
     # replies to their destinations' store medians, over their count plus this shrink;
@@ -308,6 +315,9 @@ class ModelConfig:
             raise ValueError("context_fail_anchor weighs a dead pair itself: unset context_dead")
         if self.fail_anchor_fixed and not self.context_fail_anchor:
             raise ValueError("fail_anchor_fixed keeps context_fail_anchor's rule: set "
+                             "context_fail_anchor")
+        if self.fail_broken and not self.context_fail_anchor:
+            raise ValueError("fail_broken weighs context_fail_anchor's rule: set "
                              "context_fail_anchor")
         if self.fail_dst and not (self.context_fail_anchor and self.dst_store):
             raise ValueError("fail_dst moves context_fail_anchor's rule by the destination "
@@ -460,6 +470,8 @@ def param_specs(cfg: ModelConfig) -> dict:
                                     zeros=True),
                    "fanchor_gate": Param((D,), 0.0, zeros=True),
                    "fanchor_bias": Param((), 0.0, decay=False, zeros=True)}
+    if cfg.fail_broken:  # P(broken) per family (IPv4, IPv6): fit when a run starts
+        memory |= {"fbroken": Param((2,), 0.0, decay=False, data=True, zeros=True)}
     if cfg.fail_dst:  # each destination store row's offsets (train.model.store.fail_offsets)
         memory |= {"fail_dst": Param((cfg.dst_store, 3), 0.0, decay=False, data=True)}
     if cfg.context_dead:  # P(dead)'s logit (a gate) and a dead pair's rate, offsets in the model

@@ -45,16 +45,6 @@ def init_params(cfg: ModelConfig, seed: int) -> dict:
     return arch.map_params(draw, arch.param_specs(cfg))
 
 
-def count_params(params: dict) -> int:
-    """Learned parameters: all but the stores, which are data (ModelConfig.dst_store and
-    pair_store)."""
-    return sum(x.size for k, v in params.items() if k not in STORES for x in jax.tree.leaves(v))
-
-
-# data: filled, not learned
-STORES = ("dst_store", "pair_store", "pair_latest", "krig_store", "krig_noise", "fail_dst")
-
-
 def positions(segment_ids: jax.Array) -> jax.Array:
     """Index of each token within its segment (0 at each segment start and on padding)."""
     T = segment_ids.shape[-1]
@@ -313,7 +303,8 @@ def forward(params: dict, tokens: jax.Array, segment_ids: jax.Array, cfg: ModelC
         c_failed, c_pings = segment_fails(tokens, seg)
         off = dst_fail_offsets(params, tokens, seg) if cfg.fail_dst else None
         out = _anchor_fail(params, out, x, failed, pings, c_failed, c_pings, cfg.context_fail,
-                           before_result(tokens, seg), off, cfg.fail_anchor_fixed)
+                           before_result(tokens, seg), off, cfg.fail_anchor_fixed,
+                           (tokens, seg) if cfg.fail_broken else None)
     if cfg.pair_store and cfg.pair_fail:  # the own pair's failures, before its result
         key, key_on = next(k for _, n, k, _ in stores if n == "fwd")[:2]
         share, f_on = fail_share(jax.lax.stop_gradient(params["pair_store"]), key, cfg.pair_min,
@@ -541,21 +532,30 @@ def _result_pairs(tokens: jax.Array, segment_ids: jax.Array):
     return dst, src, nxt == vocab.FAILED, at
 
 
+def _at_results(fn, tokens: np.ndarray, segment_ids: np.ndarray, batch: int, *args):
+    """fn's outputs (jitted; [B, T - 1] each, the last its ``at`` mask, with args after the
+    rows) at every ``at`` of the rows (numpy, [rows, T]), in row order, over batches of
+    ``batch`` rows (the last padded with empty rows: one compiled shape); a leading axis
+    kept. None without rows."""
+    out = []
+    for a in range(0, len(tokens), batch):
+        tok, seg = tokens[a:a + batch], segment_ids[a:a + batch]
+        if len(tok) < batch:
+            pad = ((0, batch - len(tok)), (0, 0))
+            tok, seg = np.pad(tok, pad), np.pad(seg, pad)
+        *xs, at = (np.asarray(x) for x in fn(tok, seg, *args))
+        out.append([x[..., at] for x in xs])
+    return [np.concatenate(x, axis=-1) for x in zip(*out)] if out else None
+
+
 def result_pairs(tokens: np.ndarray, segment_ids: np.ndarray, batch: int = 256):
     """(dst, src int32[n], failed bool[n]) of every result in the rows, in row order: its
     measurement's destination and source hashes (the destination store's keys) and whether
     it failed."""
-    out = []
-    for a in range(0, len(tokens), batch):
-        tok, seg = tokens[a:a + batch], segment_ids[a:a + batch]
-        if len(tok) < batch:  # one compiled shape: the last batch padded with empty rows
-            pad = ((0, batch - len(tok)), (0, 0))
-            tok, seg = np.pad(tok, pad), np.pad(seg, pad)
-        d, s_, f, at = (np.asarray(x) for x in _result_pairs(tok, seg))
-        out.append((d[at], s_[at], f[at]))
-    if not out:
+    got = _at_results(_result_pairs, tokens, segment_ids, batch)
+    if got is None:
         return np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, bool)
-    return tuple(np.concatenate(x) for x in zip(*out))
+    return tuple(got)
 
 
 def result_fail_counts(tokens: np.ndarray, segment_ids: np.ndarray, batch: int = 256):
@@ -564,31 +564,105 @@ def result_fail_counts(tokens: np.ndarray, segment_ids: np.ndarray, batch: int =
     pair's earlier (failed, pings) in its segment and the segment's (failed, results) before
     it, as the model reads them before the result (train.model.failprior.fail_shares'
     counts); whether it failed."""
-    out, ys = [], []
-    for a in range(0, len(tokens), batch):
-        tok, seg = tokens[a:a + batch], segment_ids[a:a + batch]
-        if len(tok) < batch:  # one compiled shape: the last batch padded with empty rows
-            pad = ((0, batch - len(tok)), (0, 0))
-            tok, seg = np.pad(tok, pad), np.pad(seg, pad)
-        counts, failed, at = (np.asarray(x) for x in _result_counts(tok, seg))
-        out.append(counts[:, at])
-        ys.append(failed[at])
-    if not out:
+    got = _at_results(_result_counts, tokens, segment_ids, batch)
+    if got is None:
         return np.zeros((4, 0)), np.zeros(0, bool)
-    return np.concatenate(out, axis=1).astype(np.float64), np.concatenate(ys)
+    return got[0].astype(np.float64), got[1]
+
+
+def family_chain(tokens: jax.Array, segment_ids: jax.Array, logp: jax.Array):
+    """(family int32, n float32, loglik float32), [B, T] each: at each token, the address
+    family (4, 6) its measurement has named so far (0 before its first address header)
+    and, where every one of the segment's earlier measurements of that family failed, how
+    many there are and the sum of ``logp`` ([B, T], log P(failed) at each token) at the
+    token before each of their results (what the model gave each failure); 0 and 0 where
+    one of them replied or there is none. The context baselines' chain
+    (train.eval.context_baselines.family_chain) for the broken family
+    (ModelConfig.fail_broken)."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    start, first = _starts(tokens, seg)
+    on = seg > 0
+    named = lambda *ids: _so_far((jnp.isin(tokens, jnp.asarray(ids)) & on).astype(jnp.int32),
+                                 first) > 0
+    fam = jnp.where(named(vocab.SRC_IPV6, vocab.DST_IPV6), 6,
+                    jnp.where(named(vocab.SRC_IPV4, vocab.DST_IPV4), 4, 0))
+    fail = (tokens == vocab.FAILED) & on
+    was_failed = _so_far(fail.astype(jnp.int32), first) > 0
+    replied = named(vocab.RTT_START)
+    ll = _so_far(jnp.where(fail, jnp.pad(logp, ((0, 0), (1, 0)))[:, :-1], 0.0), first)
+    # a measurement's last token: its family, its result and what it was given are whole
+    last = jnp.concatenate([start[:, 1:] | (seg[:, 1:] != seg[:, :-1]),
+                            jnp.ones_like(start[:, :1])], axis=1) & on
+    idx = jnp.arange(tokens.shape[1], dtype=jnp.int32)
+    new = on & (seg != jnp.pad(seg, ((0, 0), (1, 0)))[:, :-1])
+    seg_first = jax.lax.cummax(jnp.where(new, idx, 0), axis=1)
+    n, loglik = jnp.zeros(tokens.shape), jnp.zeros(tokens.shape)
+    for f in (4, 6):  # the segment's measurements so far that ended before each token
+        mine = last & (fam == f)
+        k = _so_far(jnp.where(mine & was_failed, 1.0, 0.0), seg_first)
+        ok = _so_far(jnp.where(mine & replied, 1.0, 0.0), seg_first) == 0
+        lk = _so_far(jnp.where(mine & was_failed, ll, 0.0), seg_first)
+        n = jnp.where((fam == f) & ok, k, n)
+        loglik = jnp.where((fam == f) & ok, lk, loglik)
+    return fam, n, loglik
+
+
+def broken_mix(p: jax.Array, family, n, loglik, broken: jax.Array) -> jax.Array:
+    """train.model.failprior.broken_shares in jax: w + (1 - w) p where ``n`` > 0 and the
+    family's prior (``broken``, float32[2]: IPv4's, IPv6's) is above 0, w the posterior
+    P(broken) = b / (b + (1 - b) exp(loglik)); ``p`` elsewhere."""
+    b = jnp.where(family == 6, broken[1], broken[0])
+    on = (n > 0) & (b > 0)
+    b = jnp.clip(b, 1e-9, 1.0 - 1e-9)
+    w = jax.nn.sigmoid(jnp.log(b) - jnp.log1p(-b) - loglik)
+    return jnp.where(on, w + (1.0 - w) * p, p)
+
+
+@functools.partial(jax.jit, static_argnames="strength")
+def _result_chain(tokens: jax.Array, segment_ids: jax.Array, c: jax.Array, strength: float):
+    """(p, family, n, loglik, failed, at), [B, T - 1] each: anchor_rule's P(failed) with
+    constants ``c`` and the broken family's chain of it (family_chain) at each token before
+    a result, whether that result failed, and where it is one result_fail_counts takes."""
+    tokens, seg = tokens.astype(jnp.int32), segment_ids.astype(jnp.int32)
+    failed, pings = context_fails(tokens, seg, same_destination(tokens, seg)[0])
+    p = jnp.clip(anchor_rule(c, failed, pings, *segment_fails(tokens, seg), strength),
+                 1e-6, 1.0 - 1e-6)
+    chain = family_chain(tokens, seg, jnp.log(p))
+    _, y, at = _result_counts(tokens, seg)
+    return (p[:, :-1], *(x[:, :-1] for x in chain), y, at)
+
+
+def result_family_chain(tokens: np.ndarray, segment_ids: np.ndarray, c: np.ndarray,
+                        strength: float, batch: int = 256):
+    """(p, family, n, loglik, failed), [n] each, over the results result_fail_counts takes,
+    in row order: the anchor's P(failed) with constants ``c`` (fanchor's), the broken
+    family's chain of it and whether the result failed: what
+    train.model.failprior.fit_broken fits the priors of ModelConfig.fail_broken on."""
+    got = _at_results(_result_chain, tokens, segment_ids, batch,
+                      jnp.asarray(c, jnp.float32), float(strength))
+    if got is None:
+        return (np.zeros(0),) * 5
+    p, fam, n, ll, y = got
+    return p.astype(np.float64), fam, n.astype(np.float64), ll.astype(np.float64), y
 
 
 def _anchor_fail(params: dict, logits: jax.Array, x: jax.Array, failed, pings, c_failed,
                  c_pings, strength: float, on: jax.Array, off=None,
-                 fixed: bool = False) -> jax.Array:
+                 fixed: bool = False, rows=None) -> jax.Array:
     """Where ``on``: log-probabilities whose FAILED and RTT_START keep their sum and split
     it as sigmoid(logit(anchor_rule) + x . fanchor_gate + fanchor_bias)
     (ModelConfig.context_fail_anchor; ``off``: anchor_rule's); the logits elsewhere. With
     ``fixed`` (ModelConfig.fail_anchor_fixed) the rule's constants are data and the gate
-    adds its logit only where the pair has a ping (``pings`` > 0)."""
+    adds its logit only where the pair has a ping (``pings`` > 0). With ``rows`` (tokens,
+    segment_ids: ModelConfig.fail_broken) the rule weighs the broken family (broken_mix,
+    the chain of its own answers as a constant, fbroken's priors)."""
     c = jax.lax.stop_gradient(params["fanchor"]) if fixed else params["fanchor"]
     p = jnp.clip(anchor_rule(c, failed, pings, c_failed, c_pings, strength, off),
                  1e-6, 1.0 - 1e-6)
+    if rows is not None:
+        chain = family_chain(*rows, jax.lax.stop_gradient(jnp.log(p)))
+        p = jnp.clip(broken_mix(p, *chain, jax.lax.stop_gradient(params["fbroken"])),
+                     1e-6, 1.0 - 1e-6)
     g = _gate(params, x, "fanchor")
     if fixed:
         g = jnp.where(pings > 0, g, 0.0)
